@@ -1,0 +1,382 @@
+//! The WebSocket edge, with API Gateway WebSocket semantics: `$connect` (the only place auth
+//! happens), `$disconnect` clean-up, `$default` routing of protocol messages, 128 KB message
+//! and 32 KB frame limits (close 1009 when exceeded), idle and maximum lifetimes, and server
+//! push. Channel ends attach at `/ws/channels/{id}?key=…&dir=read|write`.
+
+use futures_util::{SinkExt, StreamExt};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::channels::{ChannelError, ChannelFrame, Direction, constant_time_eq};
+use crate::engine::{Engine, Outbound, Outbox};
+use crate::protocol::{self, ErrorBody, Message};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:49134";
+pub const CLOSE_TOO_BIG: u16 = 1009;
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// When set, `$connect` requires `Authorization: Bearer <token>` or `?token=<token>`.
+    pub token: Option<String>,
+    pub max_message_bytes: usize,
+    pub max_frame_bytes: usize,
+    pub idle_timeout: Duration,
+    pub max_lifetime: Duration,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            max_message_bytes: 128 * 1024,
+            max_frame_bytes: 32 * 1024,
+            idle_timeout: Duration::from_secs(600),
+            max_lifetime: Duration::from_secs(2 * 3600),
+        }
+    }
+}
+
+enum Route {
+    Worker,
+    Channel { id: String, key: String, dir: Direction },
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| v.to_string())
+    })
+}
+
+fn reject(status: u16, body: &str) -> ErrorResponse {
+    let mut resp = ErrorResponse::new(Some(body.to_string()));
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
+    resp
+}
+
+/// `$connect`: authenticate and pick the route, before the upgrade.
+fn on_connect(engine: &Engine, cfg: &EdgeConfig, req: &Request) -> Result<Route, ErrorResponse> {
+    let query = req.uri().query();
+    if let Some(token) = &cfg.token {
+        let bearer = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::to_owned);
+        let presented = bearer.or_else(|| query_param(query, "token"));
+        let ok = presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes()));
+        if !ok {
+            return Err(reject(401, "missing or wrong engine token"));
+        }
+    }
+    let path = req.uri().path();
+    if let Some(id) = path.strip_prefix("/ws/channels/") {
+        let key = query_param(query, "key").ok_or_else(|| reject(400, "missing `key`"))?;
+        let dir = query_param(query, "dir")
+            .as_deref()
+            .and_then(Direction::parse)
+            .ok_or_else(|| reject(400, "`dir` must be read or write"))?;
+        engine.channels.check(id, &key, dir).map_err(|e| match e {
+            ChannelError::NotFound(_) => reject(404, &e.to_string()),
+            ChannelError::Forbidden(_) => reject(403, &e.to_string()),
+            ChannelError::AlreadyAttached(..) => reject(409, &e.to_string()),
+        })?;
+        return Ok(Route::Channel {
+            id: id.to_string(),
+            key,
+            dir,
+        });
+    }
+    Ok(Route::Worker)
+}
+
+/// Accept connections until the listener fails.
+pub async fn serve(engine: Arc<Engine>, listener: TcpListener, cfg: EdgeConfig) -> std::io::Result<()> {
+    let cfg = Arc::new(cfg);
+    loop {
+        let (stream, addr) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and similar: back off rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let engine = engine.clone();
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle_connection(engine, cfg, stream, addr).await {
+                tracing::debug!(%addr, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn handle_connection(
+    engine: Arc<Engine>,
+    cfg: Arc<EdgeConfig>,
+    stream: TcpStream,
+    addr: SocketAddr,
+) -> Result<(), WsError> {
+    let _ = stream.set_nodelay(true);
+    let ws_config = WebSocketConfig::default()
+        .max_message_size(Some(cfg.max_message_bytes))
+        .max_frame_size(Some(cfg.max_frame_bytes));
+    let route: Arc<Mutex<Option<Route>>> = Arc::new(Mutex::new(None));
+    let route_out = route.clone();
+    let engine_cb = engine.clone();
+    let cfg_cb = cfg.clone();
+    let callback = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+        let r = on_connect(&engine_cb, &cfg_cb, req)?;
+        if let Ok(mut slot) = route_out.lock() {
+            *slot = Some(r);
+        }
+        Ok(resp)
+    };
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config)).await?;
+    let route = route.lock().ok().and_then(|mut r| r.take());
+    match route {
+        Some(Route::Worker) => run_worker_connection(engine, cfg, ws, addr).await,
+        Some(Route::Channel { id, key, dir }) => run_channel_end(engine, ws, id, key, dir).await,
+        None => Ok(()),
+    }
+}
+
+fn close_msg(code: u16, reason: &str) -> WsMessage {
+    WsMessage::Close(Some(CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.to_string().into(),
+    }))
+}
+
+fn is_too_big(e: &WsError) -> bool {
+    matches!(e, WsError::Capacity(_))
+}
+
+async fn run_worker_connection(
+    engine: Arc<Engine>,
+    cfg: Arc<EdgeConfig>,
+    ws: WebSocketStream<TcpStream>,
+    addr: SocketAddr,
+) -> Result<(), WsError> {
+    let (mut sink, mut stream) = ws.split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
+    let worker_id = engine.connect_remote(tx.clone(), Some(addr.to_string()));
+
+    // Writer: batch what is queued, flush when the queue is empty.
+    let writer = tokio::spawn(async move {
+        while let Some(out) = rx.recv().await {
+            let (msg, last) = match out {
+                Outbound::Text(t) => (WsMessage::text(t), false),
+                Outbound::Close(code, reason) => (close_msg(code, &reason), true),
+            };
+            if sink.feed(msg).await.is_err() {
+                break;
+            }
+            if last {
+                let _ = sink.flush().await;
+                break;
+            }
+            if rx.is_empty() && sink.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+
+    let _ = tx.send(Outbound::Text(
+        Message::WorkerRegistered {
+            worker_id: worker_id.clone(),
+        }
+        .to_json(),
+    ));
+    let lifetime = tokio::time::sleep(cfg.max_lifetime);
+    tokio::pin!(lifetime);
+    let mut idle_deadline = tokio::time::Instant::now() + cfg.idle_timeout;
+    loop {
+        let idle = tokio::time::sleep_until(idle_deadline);
+        tokio::select! {
+            frame = stream.next() => {
+                idle_deadline = tokio::time::Instant::now() + cfg.idle_timeout;
+                match frame {
+                    Some(Ok(WsMessage::Text(text))) => handle_frame(&engine, &worker_id, &tx, text.as_str()),
+                    Some(Ok(WsMessage::Binary(bytes))) => match std::str::from_utf8(&bytes) {
+                        Ok(text) => handle_frame(&engine, &worker_id, &tx, text),
+                        Err(_) => send_error(&tx, ErrorBody::invalid("binary frame is not UTF-8 JSON"), None),
+                    },
+                    Some(Ok(WsMessage::Close(_))) | None => break,
+                    Some(Ok(_)) => {} // ping/pong frames: answered by the WebSocket layer
+                    Some(Err(e)) if is_too_big(&e) => {
+                        let _ = tx.send(Outbound::Close(CLOSE_TOO_BIG, format!("message too big: {e}")));
+                        break;
+                    }
+                    Some(Err(_)) => break,
+                }
+            }
+            _ = idle => {
+                let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "idle timeout".into()));
+                break;
+            }
+            _ = &mut lifetime => {
+                let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "maximum connection lifetime reached".into()));
+                break;
+            }
+        }
+    }
+    // $disconnect
+    engine.disconnect(&worker_id);
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    Ok(())
+}
+
+fn send_error(tx: &Outbox, error: ErrorBody, in_reply_to: Option<String>) {
+    let _ = tx.send(Outbound::Text(Message::Error { error, in_reply_to }.to_json()));
+}
+
+/// `$default`: one protocol message.
+pub fn handle_frame(engine: &Arc<Engine>, worker_id: &str, tx: &Outbox, text: &str) {
+    let msg = match protocol::parse(text) {
+        Ok(m) => m,
+        Err(fail) => {
+            match (fail.message_type.as_deref(), fail.invocation_id) {
+                (Some("invokefunction"), Some(invocation_id)) => {
+                    let msg = Message::InvocationResult(protocol::InvocationResult {
+                        invocation_id,
+                        function_id: fail.function_id.unwrap_or_default(),
+                        result: None,
+                        error: Some(fail.error),
+                        traceparent: None,
+                        baggage: None,
+                    });
+                    let _ = tx.send(Outbound::Text(msg.to_json()));
+                }
+                (ty, _) => send_error(tx, fail.error, ty.map(str::to_owned)),
+            }
+            return;
+        }
+    };
+    match msg {
+        Message::RegisterFunction(def) => {
+            if let Err(e) = engine.register_remote(worker_id, def) {
+                send_error(tx, e, Some("registerfunction".into()));
+            }
+        }
+        Message::UnregisterFunction { id } => {
+            engine.unregister_function(worker_id, &id);
+        }
+        Message::RegisterTrigger(reg) => {
+            let answer = Message::TriggerRegistrationResult {
+                id: reg.id.clone(),
+                trigger_type: reg.trigger_type.clone(),
+                function_id: reg.function_id.clone(),
+                error: engine.register_trigger(worker_id, reg).err(),
+            };
+            let _ = tx.send(Outbound::Text(answer.to_json()));
+        }
+        Message::UnregisterTrigger { id } => {
+            engine.unregister_trigger(worker_id, &id);
+        }
+        Message::InvokeFunction(inv) => engine.handle_invoke(worker_id, tx, inv),
+        Message::InvocationResult(r) => engine.complete(worker_id, r),
+        Message::Ping => {
+            let _ = tx.send(Outbound::Text(Message::Pong.to_json()));
+        }
+        Message::Pong => {}
+        Message::StreamSubscribe {
+            stream_name,
+            group_id,
+        } => engine.stream_subscribe(worker_id, &stream_name, group_id.as_deref()),
+        Message::StreamUnsubscribe {
+            stream_name,
+            group_id,
+        } => engine.stream_unsubscribe(worker_id, &stream_name, group_id.as_deref()),
+        other @ (Message::WorkerRegistered { .. }
+        | Message::TriggerRegistrationResult { .. }
+        | Message::Error { .. }
+        | Message::StreamEvent { .. }
+        | Message::Push { .. }) => {
+            let ty = serde_json::to_value(&other)
+                .ok()
+                .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_owned));
+            send_error(
+                tx,
+                ErrorBody::invalid(format!(
+                    "`{}` is sent by the engine, not to it",
+                    ty.as_deref().unwrap_or("?")
+                )),
+                ty,
+            );
+        }
+    }
+}
+
+async fn run_channel_end(
+    engine: Arc<Engine>,
+    ws: WebSocketStream<TcpStream>,
+    id: String,
+    key: String,
+    dir: Direction,
+) -> Result<(), WsError> {
+    let (mut sink, mut stream) = ws.split();
+    match dir {
+        Direction::Write => {
+            let Ok(tx) = engine.channels.attach_writer(&id, &key) else {
+                let _ = sink.send(close_msg(1008, "channel end unavailable")).await;
+                return Ok(());
+            };
+            while let Some(frame) = stream.next().await {
+                let frame = match frame {
+                    Ok(WsMessage::Text(t)) => ChannelFrame::Text(t.as_str().to_string()),
+                    Ok(WsMessage::Binary(b)) => ChannelFrame::Binary(b.to_vec()),
+                    Ok(WsMessage::Close(_)) => break,
+                    Ok(_) => continue,
+                    Err(e) if is_too_big(&e) => {
+                        let _ = sink.send(close_msg(CLOSE_TOO_BIG, "frame too big")).await;
+                        break;
+                    }
+                    Err(_) => break,
+                };
+                if tx.send(frame).await.is_err() {
+                    let _ = sink.send(close_msg(CLOSE_GOING_AWAY, "reader went away")).await;
+                    break;
+                }
+            }
+            // Dropping `tx` ends the reader's stream.
+        }
+        Direction::Read => {
+            let Ok(mut rx) = engine.channels.attach_reader(&id, &key) else {
+                let _ = sink.send(close_msg(1008, "channel end unavailable")).await;
+                return Ok(());
+            };
+            loop {
+                tokio::select! {
+                    frame = rx.recv() => match frame {
+                        Some(ChannelFrame::Text(t)) => sink.send(WsMessage::text(t)).await?,
+                        Some(ChannelFrame::Binary(b)) => sink.send(WsMessage::binary(b)).await?,
+                        None => {
+                            let _ = sink.send(close_msg(1000, "writer closed")).await;
+                            break;
+                        }
+                    },
+                    incoming = stream.next() => match incoming {
+                        Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1130 @@
+//! The router and everything that runs on it: function registry (last registration wins,
+//! owner-safe clean-up), invocations with timeouts, triggers (state, queue, stream,
+//! durable:subscriber), queue consumers, stream fan-out, channels and the span store.
+//! Transport-agnostic: the WebSocket edge and in-process workers both drive it.
+
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::channels::ChannelHub;
+use crate::protocol::{
+    Action, ErrorBody, InvocationResult, InvokeFunction, Message, RegisterFunction,
+    RegisterTrigger, StreamEventBody, codes,
+};
+use crate::queue::{Delivery, QueueBackend, QueueConfig, QueueMessage};
+use crate::state::{ChangeFeed, ChangeRecord, StateStore};
+use crate::trace::{ATTR_FUNCTION_ID, Span, SpanStore, TraceContext, now_ms};
+
+pub type HandlerResult = Result<Value, ErrorBody>;
+pub type Handler = Arc<dyn Fn(Invocation) -> BoxFuture<'static, HandlerResult> + Send + Sync>;
+
+/// The built-in queue that carries `durable:subscriber` copies.
+pub const DURABLE_QUEUE: &str = "iii::durable";
+/// Scope prefix of stream items in the state store (reserved: never fires state triggers).
+pub const STREAM_SCOPE_PREFIX: &str = "$stream:";
+
+/// One call as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub function_id: String,
+    pub data: Value,
+    /// The engine's span for this call: the parent of whatever the handler does.
+    pub trace: TraceContext,
+    /// The worker (connection) that made the call, when it came from one.
+    pub caller: Option<String>,
+}
+
+/// Something that can receive frames pushed by the engine (a WebSocket connection).
+pub type Outbox = mpsc::UnboundedSender<Outbound>;
+
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    Text(String),
+    Close(u16, String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerKind {
+    Remote,
+    Embedded,
+}
+
+struct WorkerInfo {
+    id: String,
+    kind: WorkerKind,
+    outbox: Option<Outbox>,
+    remote_addr: Option<String>,
+    connected_at_ms: u64,
+    name: Option<String>,
+    metadata: Value,
+}
+
+enum Target {
+    Local(Handler),
+    Remote(Outbox),
+}
+
+struct FunctionEntry {
+    def: RegisterFunction,
+    owner: String,
+    target: Target,
+    registered_at_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+enum TriggerKind {
+    State {
+        scope: Option<String>,
+        key: Option<String>,
+        condition_function_id: Option<String>,
+    },
+    Queue {
+        queue: String,
+    },
+    Stream {
+        stream_name: String,
+        group_id: Option<String>,
+        item_id: Option<String>,
+    },
+    Durable {
+        topic: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct TriggerEntry {
+    reg: RegisterTrigger,
+    owner: String,
+    kind: TriggerKind,
+}
+
+struct PendingCall {
+    callee: String,
+    reply: oneshot::Sender<HandlerResult>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub default_timeout: Duration,
+    /// After a restart, wait this long before dispatching recovered state changes, so
+    /// reconnecting workers can re-register their triggers first.
+    pub trigger_grace: Duration,
+    pub span_capacity: usize,
+    pub otlp_endpoint: Option<String>,
+    pub condition_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(30),
+            trigger_grace: Duration::from_millis(0),
+            span_capacity: 50_000,
+            otlp_endpoint: None,
+            condition_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct Backends {
+    pub state: Arc<dyn StateStore>,
+    pub changes: Arc<dyn ChangeFeed>,
+    pub queues: Arc<dyn QueueBackend>,
+}
+
+pub struct Engine {
+    pub config: EngineConfig,
+    pub state: Arc<dyn StateStore>,
+    changes: Arc<dyn ChangeFeed>,
+    pub queues: Arc<dyn QueueBackend>,
+    pub channels: ChannelHub,
+    pub spans: Arc<SpanStore>,
+    functions: RwLock<HashMap<String, FunctionEntry>>,
+    workers: RwLock<HashMap<String, WorkerInfo>>,
+    triggers: RwLock<HashMap<String, TriggerEntry>>,
+    pending: Mutex<HashMap<String, PendingCall>>,
+    /// (stream_name, group_id or "*") → subscribed worker ids.
+    stream_subs: RwLock<HashMap<(String, String), HashSet<String>>>,
+    consumers: Mutex<HashMap<String, JoinHandle<()>>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    call_seq: AtomicU64,
+    boot_id: String,
+    me: Weak<Engine>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Glob with `*` as the only wildcard, anchored at both ends.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let mut rest = text;
+    for (i, part) in parts.iter().enumerate() {
+        if i == 0 {
+            match rest.strip_prefix(part) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        } else if i == parts.len() - 1 {
+            return rest.ends_with(part);
+        } else if let Some(pos) = rest.find(part) {
+            rest = &rest[pos + part.len()..];
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+impl Engine {
+    /// Build the engine and start its background work: the state-trigger dispatcher, queue
+    /// consumers for every known queue, the channel sweeper and (optionally) OTLP export.
+    pub async fn start(config: EngineConfig, backends: Backends) -> Arc<Engine> {
+        let spans = Arc::new(SpanStore::new(config.span_capacity, config.otlp_endpoint.is_some()));
+        let engine = Arc::new_cyclic(|me| Engine {
+            config: config.clone(),
+            state: backends.state,
+            changes: backends.changes,
+            queues: backends.queues,
+            channels: ChannelHub::default(),
+            spans: spans.clone(),
+            functions: RwLock::new(HashMap::new()),
+            workers: RwLock::new(HashMap::new()),
+            triggers: RwLock::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            stream_subs: RwLock::new(HashMap::new()),
+            consumers: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
+            call_seq: AtomicU64::new(0),
+            boot_id: crate::trace::random_hex(4),
+            me: me.clone(),
+        });
+        crate::builtins::register(&engine);
+        if let Err(e) = engine
+            .queues
+            .declare(&QueueConfig::standard(DURABLE_QUEUE))
+            .await
+        {
+            tracing::error!(error = %e, "cannot declare the durable queue");
+        }
+        for cfg in engine.queues.queues().await {
+            engine.ensure_consumer(&cfg.name);
+        }
+        let mut tasks = Vec::new();
+        let weak = Arc::downgrade(&engine);
+        tasks.push(tokio::spawn(run_state_dispatcher(weak.clone())));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let Some(engine) = weak.upgrade() else { return };
+                engine.channels.sweep(crate::channels::UNATTACHED_TTL);
+            }
+        }));
+        if let Some(endpoint) = config.otlp_endpoint.clone() {
+            tasks.push(tokio::spawn(crate::trace::run_otlp_exporter(
+                spans,
+                endpoint,
+                Duration::from_millis(500),
+            )));
+        }
+        lock(&engine.tasks).extend(tasks);
+        engine
+    }
+
+    /// Stop background work and fail every call in flight.
+    pub fn shutdown(&self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        for (_, t) in lock(&self.consumers).drain() {
+            t.abort();
+        }
+        let pending: Vec<PendingCall> = lock(&self.pending).drain().map(|(_, p)| p).collect();
+        for p in pending {
+            let _ = p.reply.send(Err(ErrorBody::new(
+                codes::INVOCATION_STOPPED,
+                "the engine is shutting down",
+            )));
+        }
+    }
+
+    fn arc(&self) -> Option<Arc<Engine>> {
+        self.me.upgrade()
+    }
+
+    // ---------------------------------------------------------------- workers
+
+    /// A WebSocket connection arrived: give it a worker id.
+    pub fn connect_remote(&self, outbox: Outbox, remote_addr: Option<String>) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        write(&self.workers).insert(
+            id.clone(),
+            WorkerInfo {
+                id: id.clone(),
+                kind: WorkerKind::Remote,
+                outbox: Some(outbox),
+                remote_addr,
+                connected_at_ms: now_ms(),
+                name: None,
+                metadata: Value::Null,
+            },
+        );
+        id
+    }
+
+    /// An in-process worker: its handlers are called directly.
+    pub fn connect_embedded(&self, name: &str) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        write(&self.workers).insert(
+            id.clone(),
+            WorkerInfo {
+                id: id.clone(),
+                kind: WorkerKind::Embedded,
+                outbox: None,
+                remote_addr: None,
+                connected_at_ms: now_ms(),
+                name: Some(name.to_string()),
+                metadata: Value::Null,
+            },
+        );
+        id
+    }
+
+    /// `$disconnect`: drop what this worker still owns and fail its in-flight calls.
+    pub fn disconnect(&self, worker_id: &str) {
+        write(&self.workers).remove(worker_id);
+        write(&self.functions).retain(|_, f| f.owner != worker_id);
+        write(&self.triggers).retain(|_, t| t.owner != worker_id);
+        for subs in write(&self.stream_subs).values_mut() {
+            subs.remove(worker_id);
+        }
+        let stopped: Vec<PendingCall> = {
+            let mut pending = lock(&self.pending);
+            let ids: Vec<String> = pending
+                .iter()
+                .filter(|(_, p)| p.callee == worker_id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            ids.into_iter().filter_map(|k| pending.remove(&k)).collect()
+        };
+        for p in stopped {
+            let _ = p.reply.send(Err(ErrorBody::new(
+                codes::INVOCATION_STOPPED,
+                "the worker serving this call disconnected",
+            )));
+        }
+    }
+
+    pub fn set_worker_info(&self, worker_id: &str, name: Option<String>, metadata: Value) -> bool {
+        match write(&self.workers).get_mut(worker_id) {
+            Some(w) => {
+                if name.is_some() {
+                    w.name = name;
+                }
+                if !metadata.is_null() {
+                    w.metadata = metadata;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Push a frame to a connection (the `@connections` model). `false` = gone.
+    pub fn push(&self, worker_id: &str, msg: &Message) -> bool {
+        let outbox = read(&self.workers)
+            .get(worker_id)
+            .and_then(|w| w.outbox.clone());
+        match outbox {
+            Some(o) => o.send(Outbound::Text(msg.to_json())).is_ok(),
+            None => false,
+        }
+    }
+
+    // ---------------------------------------------------------------- functions
+
+    fn validate_function_id(id: &str) -> Result<(), ErrorBody> {
+        if id.trim().is_empty() {
+            return Err(ErrorBody::invalid("function `id` must not be empty"));
+        }
+        if id.len() > 256 {
+            return Err(ErrorBody::invalid("function `id` is longer than 256 characters"));
+        }
+        Ok(())
+    }
+
+    /// Register a function served by a remote connection (last registration wins).
+    pub fn register_remote(&self, worker_id: &str, def: RegisterFunction) -> Result<(), ErrorBody> {
+        Self::validate_function_id(&def.id)?;
+        let outbox = read(&self.workers)
+            .get(worker_id)
+            .and_then(|w| w.outbox.clone())
+            .ok_or_else(|| ErrorBody::invalid("unknown connection"))?;
+        self.insert_function(worker_id, def, Target::Remote(outbox));
+        Ok(())
+    }
+
+    /// Register an in-process handler (embedded workers and engine built-ins).
+    pub fn register_local(&self, owner: &str, def: RegisterFunction, handler: Handler) -> Result<(), ErrorBody> {
+        Self::validate_function_id(&def.id)?;
+        self.insert_function(owner, def, Target::Local(handler));
+        Ok(())
+    }
+
+    fn insert_function(&self, owner: &str, def: RegisterFunction, target: Target) {
+        let id = def.id.clone();
+        write(&self.functions).insert(
+            id,
+            FunctionEntry {
+                def,
+                owner: owner.to_string(),
+                target,
+                registered_at_ms: now_ms(),
+            },
+        );
+    }
+
+    /// Remove a registration only if `owner` still owns it.
+    pub fn unregister_function(&self, owner: &str, id: &str) -> bool {
+        let mut f = write(&self.functions);
+        if f.get(id).is_some_and(|e| e.owner == owner) {
+            f.remove(id);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn has_function(&self, id: &str) -> bool {
+        read(&self.functions).contains_key(id)
+    }
+
+    pub fn list_functions(&self) -> Value {
+        let mut out: Vec<Value> = read(&self.functions)
+            .values()
+            .map(|f| {
+                json!({
+                    "function_id": f.def.id,
+                    "description": f.def.description,
+                    "request_format": f.def.request_format,
+                    "response_format": f.def.response_format,
+                    "metadata": f.def.metadata,
+                    "worker_id": f.owner,
+                    "registered_at_ms": f.registered_at_ms,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a["function_id"].as_str().cmp(&b["function_id"].as_str()));
+        json!({ "functions": out })
+    }
+
+    pub fn list_workers(&self) -> Value {
+        let functions = read(&self.functions);
+        let mut out: Vec<Value> = read(&self.workers)
+            .values()
+            .map(|w| {
+                let mut fns: Vec<&str> = functions
+                    .values()
+                    .filter(|f| f.owner == w.id)
+                    .map(|f| f.def.id.as_str())
+                    .collect();
+                fns.sort_unstable();
+                json!({
+                    "worker_id": w.id,
+                    "kind": match w.kind { WorkerKind::Remote => "remote", WorkerKind::Embedded => "embedded" },
+                    "name": w.name,
+                    "metadata": w.metadata,
+                    "remote_addr": w.remote_addr,
+                    "connected_at_ms": w.connected_at_ms,
+                    "functions": fns,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a["connected_at_ms"].as_u64().cmp(&b["connected_at_ms"].as_u64()));
+        json!({ "workers": out })
+    }
+
+    // ---------------------------------------------------------------- invocations
+
+    /// Call a function and wait for its answer (bounded by `timeout`, default from config).
+    pub async fn invoke(
+        &self,
+        function_id: &str,
+        data: Value,
+        parent: &TraceContext,
+        caller: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> HandlerResult {
+        let timeout = timeout.unwrap_or(self.config.default_timeout);
+        let mut span = Span::start(function_id, "engine", parent);
+        span.attributes
+            .insert(ATTR_FUNCTION_ID.to_string(), function_id.to_string());
+        let ctx = span.context(&parent.baggage);
+        let result = self.dispatch(function_id, data, ctx, caller, timeout).await;
+        span.finish(result.is_err());
+        if let Err(e) = &result {
+            span.attributes.insert("error.code".into(), e.code.clone());
+        }
+        self.spans.record(span);
+        result
+    }
+
+    async fn dispatch(
+        &self,
+        function_id: &str,
+        data: Value,
+        ctx: TraceContext,
+        caller: Option<&str>,
+        timeout: Duration,
+    ) -> HandlerResult {
+        enum Route {
+            Local(Handler),
+            Remote(Outbox, String),
+        }
+        let route = {
+            let functions = read(&self.functions);
+            match functions.get(function_id) {
+                None => None,
+                Some(FunctionEntry {
+                    target: Target::Local(h),
+                    ..
+                }) => Some(Route::Local(h.clone())),
+                Some(FunctionEntry {
+                    target: Target::Remote(o),
+                    owner,
+                    ..
+                }) => Some(Route::Remote(o.clone(), owner.clone())),
+            }
+        };
+        let Some(route) = route else {
+            return Err(ErrorBody::new(
+                codes::FUNCTION_NOT_FOUND,
+                format!("function `{function_id}` is not registered"),
+            ));
+        };
+        let timed_out = || {
+            ErrorBody::new(
+                codes::TIMEOUT,
+                format!("`{function_id}` did not answer within {} ms", timeout.as_millis()),
+            )
+        };
+        match route {
+            Route::Local(handler) => {
+                let inv = Invocation {
+                    function_id: function_id.to_string(),
+                    data,
+                    trace: ctx,
+                    caller: caller.map(str::to_owned),
+                };
+                // Run in its own task so a panicking handler becomes an error, not a crash.
+                let task = tokio::spawn(handler(inv));
+                match tokio::time::timeout(timeout, task).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(join)) => Err(ErrorBody::new(
+                        codes::INVOCATION_ERROR,
+                        format!("`{function_id}` failed: {join}"),
+                    )),
+                    Err(_) => Err(timed_out()),
+                }
+            }
+            Route::Remote(outbox, callee) => {
+                let invocation_id = format!(
+                    "{}-{}",
+                    self.boot_id,
+                    self.call_seq.fetch_add(1, Ordering::Relaxed)
+                );
+                let (tx, rx) = oneshot::channel();
+                lock(&self.pending).insert(
+                    invocation_id.clone(),
+                    PendingCall {
+                        callee,
+                        reply: tx,
+                    },
+                );
+                let msg = Message::InvokeFunction(InvokeFunction {
+                    invocation_id: Some(invocation_id.clone()),
+                    function_id: function_id.to_string(),
+                    data,
+                    traceparent: ctx.traceparent(),
+                    baggage: ctx.baggage_header(),
+                    action: None,
+                    timeout_ms: None,
+                });
+                if outbox.send(Outbound::Text(msg.to_json())).is_err() {
+                    lock(&self.pending).remove(&invocation_id);
+                    return Err(ErrorBody::new(
+                        codes::INVOCATION_STOPPED,
+                        "the worker serving this call disconnected",
+                    ));
+                }
+                match tokio::time::timeout(timeout, rx).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err(ErrorBody::new(
+                        codes::INVOCATION_STOPPED,
+                        "the call was dropped",
+                    )),
+                    Err(_) => {
+                        lock(&self.pending).remove(&invocation_id);
+                        Err(timed_out())
+                    }
+                }
+            }
+        }
+    }
+
+    /// A worker answered a call the engine sent it. Only the callee may answer.
+    pub fn complete(&self, from_worker: &str, result: InvocationResult) {
+        let pending = {
+            let mut p = lock(&self.pending);
+            match p.get(&result.invocation_id) {
+                Some(call) if call.callee == from_worker => p.remove(&result.invocation_id),
+                _ => None,
+            }
+        };
+        let Some(call) = pending else {
+            tracing::debug!(invocation_id = %result.invocation_id, "result for no pending call (late or foreign)");
+            return;
+        };
+        let answer = match result.error {
+            Some(e) => Err(e),
+            None => Ok(result.result.unwrap_or(Value::Null)),
+        };
+        let _ = call.reply.send(answer);
+    }
+
+    /// Handle an `invokefunction` from a connection: sync, void or enqueue.
+    pub fn handle_invoke(&self, caller: &str, outbox: &Outbox, inv: InvokeFunction) {
+        let Some(engine) = self.arc() else { return };
+        let caller = caller.to_string();
+        let outbox = outbox.clone();
+        let parent = TraceContext::from_headers(inv.traceparent.as_deref(), inv.baggage.as_deref());
+        let timeout = inv.timeout_ms.map(Duration::from_millis);
+        match inv.action {
+            Some(Action::Enqueue {
+                queue,
+                message_group_id,
+                deduplication_id,
+            }) => {
+                tokio::spawn(async move {
+                    let r = engine
+                        .enqueue(
+                            &queue,
+                            Some(&inv.function_id),
+                            inv.data,
+                            &parent,
+                            message_group_id.as_deref(),
+                            deduplication_id,
+                        )
+                        .await
+                        .map(|id| json!({ "message_receipt_id": id }));
+                    if let Some(invocation_id) = inv.invocation_id {
+                        reply(&outbox, invocation_id, inv.function_id, r);
+                    }
+                });
+            }
+            action => {
+                // No invocation id, or an explicit void: nobody waits for an answer.
+                let answer_to = match action {
+                    Some(Action::Void) => None,
+                    _ => inv.invocation_id,
+                };
+                tokio::spawn(async move {
+                    let r = engine
+                        .invoke(&inv.function_id, inv.data, &parent, Some(&caller), timeout)
+                        .await;
+                    match answer_to {
+                        Some(invocation_id) => reply(&outbox, invocation_id, inv.function_id, r),
+                        None => {
+                            if let Err(e) = r {
+                                tracing::debug!(function_id = %inv.function_id, error = %e, "void invocation failed");
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- queues
+
+    /// Put an invocation on a queue; answers with the message id at once.
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: Option<&str>,
+        data: Value,
+        parent: &TraceContext,
+        group: Option<&str>,
+        deduplication_id: Option<String>,
+    ) -> Result<String, ErrorBody> {
+        crate::queue::validate_queue_name(queue).map_err(ErrorBody::from)?;
+        let cfg = match self.queues.config(queue).await {
+            Some(c) => c,
+            None => {
+                let c = QueueConfig::standard(queue);
+                self.queues.declare(&c).await.map_err(ErrorBody::from)?;
+                c
+            }
+        };
+        let msg = QueueMessage {
+            id: uuid::Uuid::new_v4().to_string(),
+            queue: queue.to_string(),
+            group: cfg.group_of(group, &data),
+            function_id: function_id.map(str::to_owned),
+            data,
+            traceparent: parent.traceparent(),
+            baggage: parent.baggage_header(),
+            deduplication_id,
+            attempts: 0,
+            enqueued_at_ms: now_ms(),
+            last_error: None,
+        };
+        let id = self
+            .queues
+            .send(msg)
+            .await
+            .map_err(|e| ErrorBody::new(codes::ENQUEUE_ERROR, e.to_string()))?;
+        self.ensure_consumer(queue);
+        Ok(id)
+    }
+
+    /// Declare (or re-declare) a queue and make sure it is being consumed.
+    pub async fn declare_queue(&self, cfg: QueueConfig) -> Result<(), ErrorBody> {
+        self.queues.declare(&cfg).await.map_err(ErrorBody::from)?;
+        // A new concurrency setting takes effect with a fresh consumer.
+        if let Some(old) = lock(&self.consumers).remove(&cfg.name) {
+            old.abort();
+        }
+        self.ensure_consumer(&cfg.name);
+        Ok(())
+    }
+
+    fn ensure_consumer(&self, queue: &str) {
+        let mut consumers = lock(&self.consumers);
+        if consumers.get(queue).is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        let weak = self.me.clone();
+        let name = queue.to_string();
+        consumers.insert(queue.to_string(), tokio::spawn(run_queue_consumer(weak, name)));
+    }
+
+    fn queue_trigger_function(&self, queue: &str) -> Option<String> {
+        read(&self.triggers)
+            .values()
+            .find(|t| matches!(&t.kind, TriggerKind::Queue { queue: q } if q == queue))
+            .map(|t| t.reg.function_id.clone())
+    }
+
+    async fn deliver(&self, cfg: &QueueConfig, d: Delivery) {
+        let function_id = d
+            .message
+            .function_id
+            .clone()
+            .or_else(|| self.queue_trigger_function(&cfg.name));
+        let Some(function_id) = function_id.filter(|f| self.has_function(f)) else {
+            // Nobody consumes it yet (e.g. workers still reconnecting): not an attempt.
+            let _ = self.queues.release(&d, Duration::from_millis(500)).await;
+            return;
+        };
+        let parent = TraceContext::from_headers(
+            d.message.traceparent.as_deref(),
+            d.message.baggage.as_deref(),
+        );
+        let result = self
+            .invoke(
+                &function_id,
+                d.message.data.clone(),
+                &parent,
+                None,
+                Some(Duration::from_millis(cfg.visibility_timeout_ms)),
+            )
+            .await;
+        let outcome = match result {
+            Ok(_) => self.queues.ack(&d).await,
+            Err(e) if e.code == codes::FUNCTION_NOT_FOUND => {
+                self.queues.release(&d, Duration::from_millis(500)).await
+            }
+            Err(e) => {
+                let dead = d.attempt > cfg.max_retries;
+                if dead {
+                    tracing::warn!(queue = %cfg.name, message_id = %d.message.id, attempts = d.attempt, error = %e, "dead-lettered");
+                }
+                self.queues
+                    .fail(&d, &e.to_string(), cfg.backoff(d.attempt), dead)
+                    .await
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::error!(queue = %cfg.name, error = %e, "queue bookkeeping failed");
+        }
+    }
+
+    pub async fn publish_durable(&self, topic: &str, data: Value, parent: &TraceContext) -> Result<usize, ErrorBody> {
+        let subscribers: Vec<String> = read(&self.triggers)
+            .values()
+            .filter(|t| matches!(&t.kind, TriggerKind::Durable { topic: tp } if tp == topic))
+            .map(|t| t.reg.function_id.clone())
+            .collect();
+        for f in &subscribers {
+            self.enqueue(DURABLE_QUEUE, Some(f), data.clone(), parent, None, None)
+                .await?;
+        }
+        Ok(subscribers.len())
+    }
+
+    // ---------------------------------------------------------------- triggers
+
+    pub fn register_trigger(&self, owner: &str, reg: RegisterTrigger) -> Result<(), ErrorBody> {
+        if reg.id.is_empty() {
+            return Err(ErrorBody::invalid("trigger `id` must not be empty"));
+        }
+        Self::validate_function_id(&reg.function_id)?;
+        let cfg = &reg.config;
+        let opt = |field: &str| -> Result<Option<String>, ErrorBody> {
+            match cfg.get(field) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => Err(ErrorBody::invalid(format!(
+                    "trigger config field `{field}` must be a string, got {}",
+                    crate::protocol::kind_of(other)
+                ))),
+            }
+        };
+        let req = |field: &str| -> Result<String, ErrorBody> {
+            opt(field)?.ok_or_else(|| {
+                ErrorBody::invalid(format!(
+                    "`{}` trigger config is missing field `{field}`",
+                    reg.trigger_type
+                ))
+            })
+        };
+        let kind = match reg.trigger_type.as_str() {
+            "state" => TriggerKind::State {
+                scope: opt("scope")?,
+                key: opt("key")?,
+                condition_function_id: opt("condition_function_id")?,
+            },
+            "queue" => {
+                let queue = opt("queue")?.or(opt("name")?).ok_or_else(|| {
+                    ErrorBody::invalid("`queue` trigger config is missing field `queue`")
+                })?;
+                if cfg.get("type").is_some() || cfg.get("message_group_field").is_some() {
+                    let qc = QueueConfig::from_json(cfg).map_err(ErrorBody::from)?;
+                    if let Some(engine) = self.arc() {
+                        tokio::spawn(async move {
+                            if let Err(e) = engine.declare_queue(qc).await {
+                                tracing::error!(error = %e, "queue declaration from trigger failed");
+                            }
+                        });
+                    }
+                } else {
+                    self.ensure_consumer(&queue);
+                }
+                TriggerKind::Queue { queue }
+            }
+            "stream" => TriggerKind::Stream {
+                stream_name: req("stream_name")?,
+                group_id: opt("group_id")?,
+                item_id: opt("item_id")?,
+            },
+            "durable:subscriber" => TriggerKind::Durable {
+                topic: req("topic")?,
+            },
+            other => {
+                return Err(ErrorBody::new(
+                    codes::TRIGGER_TYPE_NOT_FOUND,
+                    format!(
+                        "trigger type `{other}` is not known (state, queue, stream, durable:subscriber)"
+                    ),
+                ));
+            }
+        };
+        write(&self.triggers).insert(
+            reg.id.clone(),
+            TriggerEntry {
+                reg,
+                owner: owner.to_string(),
+                kind,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn unregister_trigger(&self, owner: &str, id: &str) -> bool {
+        let mut t = write(&self.triggers);
+        if t.get(id).is_some_and(|e| e.owner == owner) {
+            t.remove(id);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn list_triggers(&self) -> Value {
+        let mut out: Vec<Value> = read(&self.triggers)
+            .values()
+            .map(|t| {
+                json!({
+                    "id": t.reg.id,
+                    "trigger_type": t.reg.trigger_type,
+                    "function_id": t.reg.function_id,
+                    "config": t.reg.config,
+                    "worker_id": t.owner,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+        json!({ "triggers": out })
+    }
+
+    fn state_triggers_for(&self, rec: &ChangeRecord) -> Vec<(String, Option<String>)> {
+        read(&self.triggers)
+            .values()
+            .filter_map(|t| match &t.kind {
+                TriggerKind::State {
+                    scope,
+                    key,
+                    condition_function_id,
+                } => {
+                    let scope_ok = scope.as_deref().is_none_or(|s| glob_match(s, &rec.scope));
+                    let key_ok = key.as_deref().is_none_or(|k| glob_match(k, &rec.key));
+                    (scope_ok && key_ok)
+                        .then(|| (t.reg.function_id.clone(), condition_function_id.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Fire the state triggers of one committed change. The writer never waits for this;
+    /// a failing handler is logged and does not undo the write.
+    fn fire_state_change(&self, rec: ChangeRecord) {
+        let targets = self.state_triggers_for(&rec);
+        if targets.is_empty() {
+            return;
+        }
+        let Some(engine) = self.arc() else { return };
+        let event = json!({
+            "type": "state",
+            "event_type": rec.kind.as_str(),
+            "scope": rec.scope,
+            "key": rec.key,
+            "old_value": rec.old_value,
+            "new_value": rec.new_value,
+        });
+        let parent = TraceContext::from_headers(rec.traceparent.as_deref(), rec.baggage.as_deref());
+        for (function_id, condition) in targets {
+            let engine = engine.clone();
+            let event = event.clone();
+            let parent = parent.clone();
+            tokio::spawn(async move {
+                if let Some(cond) = condition {
+                    let verdict = engine
+                        .invoke(&cond, event.clone(), &parent, None, Some(engine.config.condition_timeout))
+                        .await;
+                    let fire = match &verdict {
+                        Ok(Value::Bool(b)) => *b,
+                        Ok(v) => v.get("result").and_then(Value::as_bool).unwrap_or(false),
+                        Err(_) => false,
+                    };
+                    if !fire {
+                        return;
+                    }
+                }
+                if let Err(e) = engine.invoke(&function_id, event, &parent, None, None).await {
+                    tracing::warn!(function_id = %function_id, error = %e, "state trigger handler failed");
+                }
+            });
+        }
+    }
+
+    // ---------------------------------------------------------------- streams
+
+    pub fn stream_subscribe(&self, worker_id: &str, stream_name: &str, group_id: Option<&str>) {
+        write(&self.stream_subs)
+            .entry((stream_name.to_string(), group_id.unwrap_or("*").to_string()))
+            .or_default()
+            .insert(worker_id.to_string());
+    }
+
+    pub fn stream_unsubscribe(&self, worker_id: &str, stream_name: &str, group_id: Option<&str>) {
+        if let Some(s) = write(&self.stream_subs)
+            .get_mut(&(stream_name.to_string(), group_id.unwrap_or("*").to_string()))
+        {
+            s.remove(worker_id);
+        }
+    }
+
+    /// Fan a stream event out to subscribed connections and `stream` triggers.
+    pub fn emit_stream_event(
+        &self,
+        stream_name: &str,
+        group_id: &str,
+        item_id: &str,
+        event: StreamEventBody,
+        parent: &TraceContext,
+    ) {
+        let subscribers: Vec<String> = {
+            let subs = read(&self.stream_subs);
+            let mut ids: Vec<String> = Vec::new();
+            for g in [group_id, "*"] {
+                if let Some(s) = subs.get(&(stream_name.to_string(), g.to_string())) {
+                    ids.extend(s.iter().cloned());
+                }
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        if !subscribers.is_empty() {
+            let msg = Message::StreamEvent {
+                stream_name: stream_name.to_string(),
+                group_id: group_id.to_string(),
+                item_id: item_id.to_string(),
+                event: event.clone(),
+            };
+            for w in subscribers {
+                self.push(&w, &msg);
+            }
+        }
+        let functions: Vec<String> = read(&self.triggers)
+            .values()
+            .filter_map(|t| match &t.kind {
+                TriggerKind::Stream {
+                    stream_name: s,
+                    group_id: g,
+                    item_id: i,
+                } if s == stream_name
+                    && g.as_deref().is_none_or(|g| g == group_id)
+                    && i.as_deref().is_none_or(|i| i == item_id) =>
+                {
+                    Some(t.reg.function_id.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        if functions.is_empty() {
+            return;
+        }
+        let Some(engine) = self.arc() else { return };
+        let payload = json!({
+            "type": "stream",
+            "stream_name": stream_name,
+            "group_id": group_id,
+            "item_id": item_id,
+            "event": event,
+        });
+        for f in functions {
+            let engine = engine.clone();
+            let payload = payload.clone();
+            let parent = parent.clone();
+            tokio::spawn(async move {
+                if let Err(e) = engine.invoke(&f, payload, &parent, None, None).await {
+                    tracing::debug!(function_id = %f, error = %e, "stream trigger handler failed");
+                }
+            });
+        }
+    }
+}
+
+fn reply(outbox: &Outbox, invocation_id: String, function_id: String, r: HandlerResult) {
+    let (result, error) = match r {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(e)),
+    };
+    let msg = Message::InvocationResult(InvocationResult {
+        invocation_id,
+        function_id,
+        result,
+        error,
+        traceparent: None,
+        baggage: None,
+    });
+    let _ = outbox.send(Outbound::Text(msg.to_json()));
+}
+
+async fn run_state_dispatcher(engine: Weak<Engine>) {
+    let grace = match engine.upgrade() {
+        Some(e) => e.config.trigger_grace,
+        None => return,
+    };
+    tokio::time::sleep(grace).await;
+    loop {
+        let Some(e) = engine.upgrade() else { return };
+        let feed = e.changes.clone();
+        drop(e);
+        let batch = match feed.next_batch(256, Duration::from_secs(1)).await {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::error!(error = %err, "change feed read failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let Some(last) = batch.last().map(|r| r.seq) else { continue };
+        let Some(e) = engine.upgrade() else { return };
+        for rec in batch {
+            e.fire_state_change(rec);
+        }
+        if let Err(err) = feed.ack(last).await {
+            tracing::error!(error = %err, "change feed ack failed");
+        }
+    }
+}
+
+async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
+    let cfg = match engine.upgrade() {
+        Some(e) => e.queues.config(&queue).await,
+        None => return,
+    };
+    let cfg = cfg.unwrap_or_else(|| QueueConfig::standard(&queue));
+    let permits = Arc::new(Semaphore::new(cfg.concurrency));
+    loop {
+        let Ok(first) = permits.clone().acquire_owned().await else { return };
+        let room = permits.available_permits() + 1;
+        let Some(e) = engine.upgrade() else { return };
+        let backend = e.queues.clone();
+        drop(e);
+        let batch = match backend.receive(&queue, room, Duration::from_secs(1)).await {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::error!(queue = %queue, error = %err, "queue receive failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let mut first = Some(first);
+        for d in batch {
+            let permit = match first.take() {
+                Some(p) => p,
+                None => match permits.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let Some(e) = engine.upgrade() else { return };
+            let cfg = cfg.clone();
+            tokio::spawn(async move {
+                e.deliver(&cfg, d).await;
+                drop(permit);
+            });
+        }
+    }
+}

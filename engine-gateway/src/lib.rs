@@ -1,0 +1,20 @@
+//! engine-gateway: the bus every worker runs on.
+//!
+//! - [`protocol`]: the wire messages of SPEC §1.
+//! - [`engine`]: router, invocations, triggers, queue consumers, streams.
+//! - [`edge`]: the WebSocket server with API Gateway WebSocket semantics.
+//! - [`state`], [`queue`]: the ports; [`embedded`]: the default redb backend.
+//! - [`channels`], [`trace`], [`builtins`].
+
+pub mod builtins;
+pub mod channels;
+pub mod edge;
+pub mod embedded;
+pub mod engine;
+pub mod protocol;
+pub mod queue;
+pub mod server;
+pub mod state;
+pub mod trace;
+
+pub use engine::{Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};

@@ -1,0 +1,139 @@
+//! `engine-gateway serve`: options, backend selection, and start-up shared by the
+//! stand-alone binary and the composite (embedded) entry point.
+
+use clap::Args;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+use crate::edge::{self, EdgeConfig};
+use crate::embedded::EmbeddedBackend;
+use crate::engine::{Backends, Engine, EngineConfig};
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeOptions {
+    /// Address of the WebSocket edge (workers, clients, channel ends).
+    #[arg(long, env = "ENGINE_LISTEN", default_value = edge::DEFAULT_LISTEN)]
+    pub listen: String,
+    /// Directory of the embedded durable backend (state, queues, stream items).
+    #[arg(long, env = "ENGINE_DATA_DIR", default_value = "./.harness-data")]
+    pub data_dir: PathBuf,
+    /// When set, `$connect` requires `Authorization: Bearer <token>` or `?token=<token>`.
+    #[arg(long, env = "ENGINE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Largest WebSocket message accepted; a larger one closes the connection with 1009.
+    #[arg(long, env = "ENGINE_MAX_MESSAGE_BYTES", default_value_t = 128 * 1024)]
+    pub max_message_bytes: usize,
+    /// Largest WebSocket frame accepted (clients fragment bigger messages).
+    #[arg(long, env = "ENGINE_MAX_FRAME_BYTES", default_value_t = 32 * 1024)]
+    pub max_frame_bytes: usize,
+    /// A connection with no inbound frame for this long is closed (1001).
+    #[arg(long, env = "ENGINE_IDLE_TIMEOUT_SECS", default_value_t = 600)]
+    pub idle_timeout_secs: u64,
+    /// Every connection is closed (1001) after this long; SDKs reconnect.
+    #[arg(long, env = "ENGINE_MAX_LIFETIME_SECS", default_value_t = 7200)]
+    pub max_lifetime_secs: u64,
+    /// Default timeout of a synchronous call (a call may set its own `timeout_ms`).
+    #[arg(long, env = "ENGINE_CALL_TIMEOUT_MS", default_value_t = 30_000)]
+    pub call_timeout_ms: u64,
+    /// After a restart, wait this long before dispatching recovered state changes so
+    /// reconnecting workers can re-register their triggers.
+    #[arg(long, env = "ENGINE_TRIGGER_GRACE_MS", default_value_t = 2_000)]
+    pub trigger_grace_ms: u64,
+    /// Spans kept in memory for `engine::traces::*`.
+    #[arg(long, env = "ENGINE_SPAN_CAPACITY", default_value_t = 50_000)]
+    pub span_capacity: usize,
+    /// OTLP/HTTP endpoint (JSON encoding); spans are POSTed to `<endpoint>/v1/traces`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl ServeOptions {
+    pub fn for_data_dir(data_dir: PathBuf) -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            data_dir,
+            token: None,
+            max_message_bytes: 128 * 1024,
+            max_frame_bytes: 32 * 1024,
+            idle_timeout_secs: 600,
+            max_lifetime_secs: 7200,
+            call_timeout_ms: 30_000,
+            trigger_grace_ms: 0,
+            span_capacity: 50_000,
+            otlp_endpoint: None,
+        }
+    }
+
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            default_timeout: Duration::from_millis(self.call_timeout_ms),
+            trigger_grace: Duration::from_millis(self.trigger_grace_ms),
+            span_capacity: self.span_capacity,
+            otlp_endpoint: self.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+            ..EngineConfig::default()
+        }
+    }
+
+    pub fn edge_config(&self) -> EdgeConfig {
+        EdgeConfig {
+            token: self.token.clone().filter(|t| !t.is_empty()),
+            max_message_bytes: self.max_message_bytes,
+            max_frame_bytes: self.max_frame_bytes,
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+            max_lifetime: Duration::from_secs(self.max_lifetime_secs),
+        }
+    }
+}
+
+pub struct RunningServer {
+    pub engine: Arc<Engine>,
+    pub local_addr: SocketAddr,
+    pub edge: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningServer {
+    pub fn url(&self) -> String {
+        format!("ws://{}", self.local_addr)
+    }
+
+    pub fn stop(&self) {
+        self.edge.abort();
+        self.engine.shutdown();
+    }
+}
+
+/// Open the embedded backend, start the engine and the edge.
+pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
+    let backend = EmbeddedBackend::open(&opts.data_dir)?;
+    let engine = Engine::start(
+        opts.engine_config(),
+        Backends {
+            state: backend.clone(),
+            changes: backend.clone(),
+            queues: backend,
+        },
+    )
+    .await;
+    let listener = TcpListener::bind(&opts.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+    let local_addr = listener.local_addr()?;
+    let edge = tokio::spawn(edge::serve(engine.clone(), listener, opts.edge_config()));
+    Ok(RunningServer {
+        engine,
+        local_addr,
+        edge,
+    })
+}
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,398 @@
+//! The state port: (scope, key) → JSON with a version number, conditional writes, atomic
+//! update ops, and a change feed that drives state triggers.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::protocol::{ErrorBody, codes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(
+        "version_conflict on {scope}/{key}: expected version {expected}, found {}",
+        found.map(|v| v.to_string()).unwrap_or_else(|| "no record".into())
+    )]
+    VersionConflict {
+        scope: String,
+        key: String,
+        expected: u64,
+        found: Option<u64>,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+impl From<StateError> for ErrorBody {
+    fn from(e: StateError) -> Self {
+        let code = match &e {
+            StateError::VersionConflict { .. } => codes::VERSION_CONFLICT,
+            StateError::Invalid(_) => codes::INVALID_MESSAGE,
+            StateError::Storage(_) => codes::STORAGE_ERROR,
+        };
+        ErrorBody::new(code, e.to_string())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Versioned {
+    pub value: Value,
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriteOutcome {
+    pub old_value: Option<Value>,
+    pub new_value: Option<Value>,
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: String,
+    pub value: Value,
+    pub version: u64,
+}
+
+/// One atomic `state::update` operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum UpdateOp {
+    Set {
+        #[serde(default)]
+        path: String,
+        value: Value,
+    },
+    Append {
+        #[serde(default)]
+        path: String,
+        value: Value,
+    },
+    Increment {
+        #[serde(default)]
+        path: String,
+        by: f64,
+    },
+    Remove {
+        #[serde(default)]
+        path: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    #[serde(rename = "state:created")]
+    Created,
+    #[serde(rename = "state:updated")]
+    Updated,
+    #[serde(rename = "state:deleted")]
+    Deleted,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Created => "state:created",
+            ChangeKind::Updated => "state:updated",
+            ChangeKind::Deleted => "state:deleted",
+        }
+    }
+}
+
+/// One committed write, as the change feed reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChangeRecord {
+    pub seq: u64,
+    pub kind: ChangeKind,
+    pub scope: String,
+    pub key: String,
+    pub old_value: Option<Value>,
+    pub new_value: Option<Value>,
+    /// The writer's trace position, so the trigger continues the writer's trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baggage: Option<String>,
+}
+
+/// Who wrote: carried into the change record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WriteMeta {
+    pub traceparent: Option<String>,
+    pub baggage: Option<String>,
+}
+
+/// Scopes starting with `$` are the engine's own (stream items, registries): they never fire
+/// state triggers.
+pub fn is_reserved_scope(scope: &str) -> bool {
+    scope.starts_with('$')
+}
+
+pub fn validate_address(scope: &str, key: &str) -> Result<(), StateError> {
+    if scope.is_empty() {
+        return Err(StateError::Invalid("`scope` must not be empty".into()));
+    }
+    if key.is_empty() {
+        return Err(StateError::Invalid("`key` must not be empty".into()));
+    }
+    if scope.contains('\0') || key.contains('\0') {
+        return Err(StateError::Invalid(
+            "`scope` and `key` must not contain NUL".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[async_trait]
+pub trait StateStore: Send + Sync {
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError>;
+    /// `expected_version`: `Some(0)` means "only if absent", `Some(n)` "only if at version n".
+    async fn set(
+        &self,
+        scope: &str,
+        key: &str,
+        value: Value,
+        expected_version: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Result<WriteOutcome, StateError>;
+    /// Apply every op to the current value (or `{}`) in one atomic write.
+    async fn update(
+        &self,
+        scope: &str,
+        key: &str,
+        ops: Vec<UpdateOp>,
+        expected_version: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Result<WriteOutcome, StateError>;
+    async fn delete(
+        &self,
+        scope: &str,
+        key: &str,
+        expected_version: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Result<WriteOutcome, StateError>;
+    async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError>;
+}
+
+/// The change feed behind state triggers: at-least-once, in commit order.
+#[async_trait]
+pub trait ChangeFeed: Send + Sync {
+    /// Wait up to `wait` for committed changes not yet acknowledged.
+    async fn next_batch(
+        &self,
+        max: usize,
+        wait: std::time::Duration,
+    ) -> Result<Vec<ChangeRecord>, StateError>;
+    /// Everything up to and including `seq` has been dispatched.
+    async fn ack(&self, seq: u64) -> Result<(), StateError>;
+}
+
+pub fn check_expected(
+    scope: &str,
+    key: &str,
+    expected: Option<u64>,
+    current: Option<u64>,
+) -> Result<(), StateError> {
+    match expected {
+        None => Ok(()),
+        Some(0) if current.is_none() => Ok(()),
+        Some(n) if current == Some(n) && n > 0 => Ok(()),
+        Some(n) => Err(StateError::VersionConflict {
+            scope: scope.into(),
+            key: key.into(),
+            expected: n,
+            found: current,
+        }),
+    }
+}
+
+/// Apply update ops to a value (pure; the store makes it atomic).
+pub fn apply_ops(mut current: Value, ops: &[UpdateOp]) -> Result<Value, StateError> {
+    for op in ops {
+        match op {
+            UpdateOp::Set { path, value } => {
+                *slot(&mut current, path, true)?.ok_or_else(|| missing(path))? = value.clone();
+            }
+            UpdateOp::Append { path, value } => {
+                let target = slot(&mut current, path, true)?.ok_or_else(|| missing(path))?;
+                match target {
+                    Value::Null => *target = Value::Array(vec![value.clone()]),
+                    Value::Array(items) => items.push(value.clone()),
+                    Value::String(s) => match value {
+                        Value::String(more) => s.push_str(more),
+                        other => {
+                            return Err(StateError::Invalid(format!(
+                                "append at `{path}`: cannot append {} to a string",
+                                crate::protocol::kind_of(other)
+                            )));
+                        }
+                    },
+                    other => {
+                        return Err(StateError::Invalid(format!(
+                            "append at `{path}`: target is {}, not an array or string",
+                            crate::protocol::kind_of(other)
+                        )));
+                    }
+                }
+            }
+            UpdateOp::Increment { path, by } => {
+                let target = slot(&mut current, path, true)?.ok_or_else(|| missing(path))?;
+                let base = match target {
+                    Value::Null => 0.0,
+                    Value::Number(n) => n.as_f64().unwrap_or(0.0),
+                    other => {
+                        return Err(StateError::Invalid(format!(
+                            "increment at `{path}`: target is {}, not a number",
+                            crate::protocol::kind_of(other)
+                        )));
+                    }
+                };
+                let sum = base + by;
+                *target = if sum.fract() == 0.0 && sum.abs() < 9.0e15 {
+                    Value::from(sum as i64)
+                } else {
+                    serde_json::Number::from_f64(sum)
+                        .map(Value::Number)
+                        .ok_or_else(|| StateError::Invalid(format!("increment at `{path}`: result is not finite")))?
+                };
+            }
+            UpdateOp::Remove { path } => remove_at(&mut current, path)?,
+        }
+    }
+    Ok(current)
+}
+
+fn missing(path: &str) -> StateError {
+    StateError::Invalid(format!("path `{path}` does not exist"))
+}
+
+fn split_path(path: &str) -> Vec<String> {
+    if path.is_empty() {
+        return Vec::new();
+    }
+    if let Some(pointer) = path.strip_prefix('/') {
+        pointer
+            .split('/')
+            .map(|p| p.replace("~1", "/").replace("~0", "~"))
+            .collect()
+    } else {
+        path.split('.').map(str::to_owned).collect()
+    }
+}
+
+/// The slot a path names, creating intermediate objects when `create`.
+fn slot<'a>(root: &'a mut Value, path: &str, create: bool) -> Result<Option<&'a mut Value>, StateError> {
+    let mut cur = root;
+    for part in split_path(path) {
+        if cur.is_null() && create {
+            *cur = Value::Object(Map::new());
+        }
+        cur = match cur {
+            Value::Object(map) => {
+                if !map.contains_key(&part) && !create {
+                    return Ok(None);
+                }
+                map.entry(part).or_insert(Value::Null)
+            }
+            Value::Array(items) => {
+                let idx: usize = part.parse().map_err(|_| {
+                    StateError::Invalid(format!("path `{path}`: `{part}` is not an array index"))
+                })?;
+                match items.get_mut(idx) {
+                    Some(v) => v,
+                    None => {
+                        return Err(StateError::Invalid(format!(
+                            "path `{path}`: index {idx} is out of bounds"
+                        )));
+                    }
+                }
+            }
+            other => {
+                return Err(StateError::Invalid(format!(
+                    "path `{path}`: cannot descend into {}",
+                    crate::protocol::kind_of(other)
+                )));
+            }
+        };
+    }
+    Ok(Some(cur))
+}
+
+fn remove_at(root: &mut Value, path: &str) -> Result<(), StateError> {
+    let mut parts = split_path(path);
+    let Some(last) = parts.pop() else {
+        *root = Value::Null;
+        return Ok(());
+    };
+    let parent_path = parts.join(".");
+    let parent = if parts.is_empty() {
+        Some(root)
+    } else if path.starts_with('/') {
+        slot(root, &format!("/{}", parts.join("/")), false)?
+    } else {
+        slot(root, &parent_path, false)?
+    };
+    match parent {
+        Some(Value::Object(map)) => {
+            map.remove(&last);
+        }
+        Some(Value::Array(items)) => {
+            if let Ok(i) = last.parse::<usize>() {
+                if i < items.len() {
+                    items.remove(i);
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ops(v: Value) -> Vec<UpdateOp> {
+        serde_json::from_value(v).expect("ops")
+    }
+
+    #[test]
+    fn ops_apply_in_order() {
+        let out = apply_ops(
+            json!({"a": {"n": 1}, "list": [1]}),
+            &ops(json!([
+                {"type":"increment","path":"a.n","by":2},
+                {"type":"append","path":"list","value":2},
+                {"type":"append","path":"new","value":"x"},
+                {"type":"set","path":"/b/c","value":true},
+                {"type":"remove","path":"a"},
+                {"type":"increment","path":"f","by":0.5},
+            ])),
+        )
+        .expect("apply");
+        assert_eq!(out, json!({"list":[1,2],"new":["x"],"b":{"c":true},"f":0.5}));
+    }
+
+    #[test]
+    fn ops_reject_type_mismatch_with_path() {
+        let err = apply_ops(json!({"s": 1}), &ops(json!([{"type":"append","path":"s","value":1}])))
+            .unwrap_err();
+        assert!(err.to_string().contains("`s`"), "{err}");
+        let err = apply_ops(json!({"s": "x"}), &ops(json!([{"type":"increment","path":"s","by":1}])))
+            .unwrap_err();
+        assert!(err.to_string().contains("not a number"), "{err}");
+    }
+
+    #[test]
+    fn expected_version_rules() {
+        assert!(check_expected("s", "k", Some(0), None).is_ok());
+        assert!(check_expected("s", "k", Some(0), Some(1)).is_err());
+        assert!(check_expected("s", "k", Some(2), Some(2)).is_ok());
+        assert!(check_expected("s", "k", Some(2), Some(3)).is_err());
+        assert!(check_expected("s", "k", Some(1), None).is_err());
+        assert!(check_expected("s", "k", None, Some(9)).is_ok());
+    }
+}
