@@ -1,1 +1,75 @@
+//! harness-sdk: what every worker uses. A [`Worker`] is a named set of functions and
+//! triggers; handlers get a [`Ctx`] to call other functions, use state, queues, streams and
+//! channels. The same worker runs three ways: [`run_embedded`] (in process with the engine),
+//! [`run_remote`] (over the engine's WebSocket, `ENGINE_URL`), and [`run_lambda`] (AWS Lambda).
 
+pub mod bus;
+pub mod channel;
+pub mod ctx;
+pub mod embedded;
+pub mod error;
+pub mod lambda;
+pub mod remote;
+pub mod worker;
+
+pub use bus::{Bus, EnqueueOptions};
+pub use channel::{ChannelReader, ChannelWriter};
+pub use ctx::Ctx;
+pub use embedded::run_embedded;
+pub use engine_gateway::channels::{ChannelFrame, ChannelRef};
+pub use engine_gateway::protocol::{ErrorBody, RegisterFunction};
+pub use error::BusError;
+pub use lambda::{handle_event, run_lambda};
+pub use remote::{RemoteOptions, connect_client, run_remote};
+pub use worker::{FnResult, Worker};
+
+use std::sync::Arc;
+
+/// A running worker: its bus (to make calls from outside a handler) and a way to stop it.
+pub struct WorkerHandle {
+    worker_id: String,
+    bus: Arc<dyn Bus>,
+    stop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    remote: Option<Arc<remote::RemoteBus>>,
+}
+
+impl WorkerHandle {
+    fn new(worker_id: String, bus: Arc<dyn Bus>, stop: Box<dyn FnOnce() + Send + Sync>) -> Self {
+        Self {
+            worker_id,
+            bus,
+            stop: Some(stop),
+            remote: None,
+        }
+    }
+
+    pub fn bus(&self) -> Arc<dyn Bus> {
+        self.bus.clone()
+    }
+
+    /// A context for calls made outside any handler (starts a new trace).
+    pub fn ctx(&self) -> Ctx {
+        Ctx::root(self.bus.clone())
+    }
+
+    /// The engine's id for this worker (remote: the current connection's).
+    pub fn worker_id(&self) -> String {
+        match &self.remote {
+            Some(r) => r.worker_id().unwrap_or_default(),
+            None => self.worker_id.clone(),
+        }
+    }
+
+    /// Unregister everything (embedded) or close the connection (remote).
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            stop();
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

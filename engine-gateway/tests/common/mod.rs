@@ -1,0 +1,120 @@
+#![allow(dead_code)]
+//! Helpers for tests that talk to a live engine over a real WebSocket.
+
+use engine_gateway::server::{self, RunningServer, ServeOptions};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub async fn start(dir: &std::path::Path) -> RunningServer {
+    start_with(ServeOptions::for_data_dir(dir.to_path_buf())).await
+}
+
+pub async fn start_with(opts: ServeOptions) -> RunningServer {
+    server::start(&opts).await.expect("engine starts")
+}
+
+/// A raw protocol client: what a worker in any language would do.
+pub struct Raw {
+    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    pub worker_id: String,
+}
+
+impl Raw {
+    pub async fn connect(url: &str) -> Raw {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+        let mut raw = Raw { ws, worker_id: String::new() };
+        let hello = raw.recv().await;
+        assert_eq!(hello["type"], "workerregistered", "{hello}");
+        raw.worker_id = hello["worker_id"].as_str().expect("worker_id").to_string();
+        raw
+    }
+
+    pub async fn send(&mut self, v: Value) {
+        self.ws.send(Message::text(v.to_string())).await.expect("send");
+    }
+
+    pub async fn send_text(&mut self, t: &str) {
+        self.ws.send(Message::text(t.to_string())).await.expect("send");
+    }
+
+    /// Next JSON message (panics after 10 s).
+    pub async fn recv(&mut self) -> Value {
+        loop {
+            let m = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("a message within 10 s")
+                .expect("stream open")
+                .expect("frame");
+            if let Message::Text(t) = m {
+                return serde_json::from_str(t.as_str()).expect("engine sends JSON");
+            }
+        }
+    }
+
+    pub async fn recv_until(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let v = self.recv().await;
+            if pred(&v) {
+                return v;
+            }
+        }
+    }
+
+    /// Round trip: ping → pong proves everything sent before was processed.
+    pub async fn barrier(&mut self) {
+        self.send(json!({"type": "ping"})).await;
+        self.recv_until(|v| v["type"] == "pong").await;
+    }
+
+    pub async fn register(&mut self, id: &str) {
+        self.send(json!({"type": "registerfunction", "id": id})).await;
+        self.barrier().await;
+    }
+
+    pub async fn call_with(&mut self, function_id: &str, data: Value, extra: Value) -> Value {
+        let iid = uuid::Uuid::new_v4().to_string();
+        let mut msg = json!({"type": "invokefunction", "invocation_id": iid, "function_id": function_id, "data": data});
+        if let Value::Object(extra) = extra {
+            for (k, v) in extra {
+                msg[k] = v;
+            }
+        }
+        self.send(msg).await;
+        self.recv_until(|v| v["type"] == "invocationresult" && v["invocation_id"] == iid.as_str()).await
+    }
+
+    pub async fn call(&mut self, function_id: &str, data: Value) -> Value {
+        self.call_with(function_id, data, json!({})).await
+    }
+
+    /// Answer the next invocation of this worker with `f(data)`; returns the invocation.
+    pub async fn serve_one(&mut self, f: impl Fn(&Value) -> Value) -> Value {
+        let inv = self.recv_until(|v| v["type"] == "invokefunction").await;
+        let result = f(&inv["data"]);
+        let iid = inv["invocation_id"].clone();
+        self.send(json!({"type": "invocationresult", "invocation_id": iid, "function_id": inv["function_id"], "result": result}))
+            .await;
+        inv
+    }
+}
+
+pub async fn wait_for<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}

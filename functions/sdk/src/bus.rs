@@ -1,0 +1,71 @@
+//! The transport port: how a worker reaches the engine. In process (`embedded`), over the
+//! WebSocket (`remote`), or from a Lambda (the remote transport without registrations).
+
+use async_trait::async_trait;
+use engine_gateway::channels::ChannelRef;
+use engine_gateway::trace::{Span, TraceContext};
+use serde_json::Value;
+use std::time::Duration;
+
+use crate::channel::{ChannelReader, ChannelWriter};
+use crate::error::BusError;
+
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueOptions {
+    pub message_group_id: Option<String>,
+    pub deduplication_id: Option<String>,
+}
+
+#[async_trait]
+pub trait Bus: Send + Sync {
+    /// Call a function and wait for its answer.
+    async fn call(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError>;
+    /// Fire and forget.
+    async fn call_void(&self, function_id: &str, data: Value, trace: &TraceContext) -> Result<(), BusError>;
+    /// Queue an invocation of `function_id`; returns the message receipt id.
+    async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        opts: EnqueueOptions,
+    ) -> Result<String, BusError>;
+    async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError>;
+    async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError>;
+    /// Hand a finished span to the engine's trace store.
+    fn report_span(&self, span: Span);
+}
+
+/// A bus for a Lambda with no engine to reach: every outbound call fails clearly.
+pub struct NoBus;
+
+fn none() -> BusError {
+    BusError::Disconnected("no engine transport configured (set ENGINE_URL)".into())
+}
+
+#[async_trait]
+impl Bus for NoBus {
+    async fn call(&self, _: &str, _: Value, _: &TraceContext, _: Option<Duration>) -> Result<Value, BusError> {
+        Err(none())
+    }
+    async fn call_void(&self, _: &str, _: Value, _: &TraceContext) -> Result<(), BusError> {
+        Err(none())
+    }
+    async fn enqueue(&self, _: &str, _: &str, _: Value, _: &TraceContext, _: EnqueueOptions) -> Result<String, BusError> {
+        Err(none())
+    }
+    async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {
+        Err(none())
+    }
+    async fn open_reader(&self, _: &ChannelRef) -> Result<ChannelReader, BusError> {
+        Err(none())
+    }
+    fn report_span(&self, _: Span) {}
+}

@@ -1,0 +1,86 @@
+//! Channel ends as a worker sees them: in process (the engine's hub) or over a WebSocket.
+
+use engine_gateway::channels::ChannelFrame;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::error::BusError;
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+pub enum ChannelWriter {
+    Local(mpsc::Sender<ChannelFrame>),
+    Remote(SplitSink<Ws, WsMessage>, SplitStream<Ws>),
+}
+
+fn closed(e: impl std::fmt::Display) -> BusError {
+    BusError::InvocationStopped(format!("channel closed: {e}"))
+}
+
+impl ChannelWriter {
+    pub async fn send(&mut self, frame: ChannelFrame) -> Result<(), BusError> {
+        match self {
+            ChannelWriter::Local(tx) => tx.send(frame).await.map_err(closed),
+            ChannelWriter::Remote(sink, _) => {
+                let msg = match frame {
+                    ChannelFrame::Text(t) => WsMessage::text(t),
+                    ChannelFrame::Binary(b) => WsMessage::binary(b),
+                };
+                sink.send(msg).await.map_err(closed)
+            }
+        }
+    }
+
+    pub async fn send_text(&mut self, text: impl Into<String>) -> Result<(), BusError> {
+        self.send(ChannelFrame::Text(text.into())).await
+    }
+
+    /// End the stream: the reader sees the end after every frame sent before.
+    pub async fn close(self) -> Result<(), BusError> {
+        match self {
+            ChannelWriter::Local(tx) => {
+                drop(tx);
+                Ok(())
+            }
+            ChannelWriter::Remote(mut sink, mut stream) => {
+                sink.send(WsMessage::Close(None)).await.map_err(closed)?;
+                // Wait for the engine's close so every frame is through before we return.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                    while let Some(Ok(m)) = stream.next().await {
+                        if matches!(m, WsMessage::Close(_)) {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                Ok(())
+            }
+        }
+    }
+}
+
+pub enum ChannelReader {
+    Local(mpsc::Receiver<ChannelFrame>),
+    Remote(Ws),
+}
+
+impl ChannelReader {
+    /// The next frame, or `None` once the writer closed.
+    pub async fn next(&mut self) -> Option<ChannelFrame> {
+        match self {
+            ChannelReader::Local(rx) => rx.recv().await,
+            ChannelReader::Remote(ws) => loop {
+                match ws.next().await? {
+                    Ok(WsMessage::Text(t)) => return Some(ChannelFrame::Text(t.as_str().to_string())),
+                    Ok(WsMessage::Binary(b)) => return Some(ChannelFrame::Binary(b.to_vec())),
+                    Ok(WsMessage::Close(_)) | Err(_) => return None,
+                    Ok(_) => continue,
+                }
+            },
+        }
+    }
+}

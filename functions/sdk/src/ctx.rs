@@ -1,0 +1,158 @@
+//! `Ctx`: what a handler holds to talk to the bus. Every call it makes carries the handler's
+//! span as parent and the baggage it received, so a chain of calls is one trace.
+
+use engine_gateway::channels::ChannelRef;
+use engine_gateway::trace::{ATTR_MESSAGE_ID, ATTR_SESSION_ID, TraceContext};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bus::{Bus, EnqueueOptions};
+use crate::channel::{ChannelReader, ChannelWriter};
+use crate::error::BusError;
+
+#[derive(Clone)]
+pub struct Ctx {
+    bus: Arc<dyn Bus>,
+    trace: TraceContext,
+    function_id: Arc<str>,
+}
+
+impl Ctx {
+    pub fn new(bus: Arc<dyn Bus>, trace: TraceContext, function_id: &str) -> Self {
+        Self {
+            bus,
+            trace,
+            function_id: function_id.into(),
+        }
+    }
+
+    /// A context outside any handler (a program or test driving the bus): a new trace.
+    pub fn root(bus: Arc<dyn Bus>) -> Self {
+        Self::new(bus, TraceContext::new_root(), "")
+    }
+
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.bus
+    }
+    pub fn trace(&self) -> &TraceContext {
+        &self.trace
+    }
+    pub fn function_id(&self) -> &str {
+        &self.function_id
+    }
+    pub fn session_id(&self) -> Option<&str> {
+        self.trace.baggage_get(ATTR_SESSION_ID)
+    }
+    pub fn message_id(&self) -> Option<&str> {
+        self.trace.baggage_get(ATTR_MESSAGE_ID)
+    }
+
+    /// The same context with one more baggage entry (travels to every downstream call).
+    pub fn with_baggage(&self, key: &str, value: &str) -> Ctx {
+        Ctx {
+            bus: self.bus.clone(),
+            trace: self.trace.clone().with_baggage(key, value),
+            function_id: self.function_id.clone(),
+        }
+    }
+
+    pub async fn trigger(&self, function_id: &str, payload: Value) -> Result<Value, BusError> {
+        self.bus.call(function_id, payload, &self.trace, None).await
+    }
+
+    pub async fn trigger_timeout(&self, function_id: &str, payload: Value, timeout: Duration) -> Result<Value, BusError> {
+        self.bus.call(function_id, payload, &self.trace, Some(timeout)).await
+    }
+
+    pub async fn trigger_void(&self, function_id: &str, payload: Value) -> Result<(), BusError> {
+        self.bus.call_void(function_id, payload, &self.trace).await
+    }
+
+    pub async fn enqueue(&self, queue: &str, function_id: &str, payload: Value) -> Result<String, BusError> {
+        self.bus
+            .enqueue(queue, function_id, payload, &self.trace, EnqueueOptions::default())
+            .await
+    }
+
+    pub async fn enqueue_with(&self, queue: &str, function_id: &str, payload: Value, opts: EnqueueOptions) -> Result<String, BusError> {
+        self.bus.enqueue(queue, function_id, payload, &self.trace, opts).await
+    }
+
+    // ---- state helpers (the engine's state::* functions)
+
+    pub async fn state_get(&self, scope: &str, key: &str) -> Result<Value, BusError> {
+        self.trigger("state::get", json!({"scope": scope, "key": key})).await
+    }
+
+    /// `{value, version}` or null.
+    pub async fn state_get_versioned(&self, scope: &str, key: &str) -> Result<Value, BusError> {
+        self.trigger("state::get_versioned", json!({"scope": scope, "key": key})).await
+    }
+
+    pub async fn state_set(&self, scope: &str, key: &str, value: Value) -> Result<Value, BusError> {
+        self.trigger("state::set", json!({"scope": scope, "key": key, "value": value})).await
+    }
+
+    /// Conditional write: fails with `version_conflict` unless the record is at `expected`
+    /// (0 = only if absent).
+    pub async fn state_set_if(&self, scope: &str, key: &str, value: Value, expected: u64) -> Result<Value, BusError> {
+        self.trigger(
+            "state::set",
+            json!({"scope": scope, "key": key, "value": value, "expected_version": expected}),
+        )
+        .await
+    }
+
+    pub async fn state_update(&self, scope: &str, key: &str, ops: Value) -> Result<Value, BusError> {
+        self.trigger("state::update", json!({"scope": scope, "key": key, "ops": ops})).await
+    }
+
+    pub async fn state_delete(&self, scope: &str, key: &str) -> Result<Value, BusError> {
+        self.trigger("state::delete", json!({"scope": scope, "key": key})).await
+    }
+
+    pub async fn state_list(&self, scope: &str, prefix: Option<&str>) -> Result<Value, BusError> {
+        self.trigger("state::list", json!({"scope": scope, "prefix": prefix})).await
+    }
+
+    // ---- streams
+
+    pub async fn stream_set(&self, stream_name: &str, group_id: &str, item_id: &str, data: Value) -> Result<Value, BusError> {
+        self.trigger(
+            "stream::set",
+            json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data}),
+        )
+        .await
+    }
+
+    pub async fn stream_send(&self, stream_name: &str, group_id: &str, event_type: &str, data: Value) -> Result<Value, BusError> {
+        self.trigger(
+            "stream::send",
+            json!({"stream_name": stream_name, "group_id": group_id, "type": event_type, "data": data}),
+        )
+        .await
+    }
+
+    // ---- channels
+
+    /// Create a channel: `(writer_ref, reader_ref)`, each to be attached once.
+    pub async fn create_channel(&self, buffer_size: Option<usize>) -> Result<(ChannelRef, ChannelRef), BusError> {
+        let v = self
+            .trigger("engine::channels::create", json!({"buffer_size": buffer_size}))
+            .await?;
+        let parse = |field: &str| {
+            serde_json::from_value::<ChannelRef>(v.get(field).cloned().unwrap_or(Value::Null))
+                .map_err(|e| BusError::InvalidMessage(format!("bad channel ref `{field}`: {e}")))
+        };
+        Ok((parse("writer")?, parse("reader")?))
+    }
+
+    pub async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
+        self.bus.open_writer(channel).await
+    }
+
+    pub async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
+        self.bus.open_reader(channel).await
+    }
+}

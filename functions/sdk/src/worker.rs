@@ -1,0 +1,157 @@
+//! `Worker`: a named set of functions and triggers. The same `Worker` runs embedded, as a
+//! remote WebSocket worker, or as a Lambda; `dispatch` is the one code path that handles a
+//! call in all three (span, context, panic containment).
+
+use engine_gateway::protocol::{ErrorBody, RegisterFunction, RegisterTrigger, codes};
+use engine_gateway::trace::{ATTR_FUNCTION_ID, Span, TraceContext};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::bus::Bus;
+use crate::ctx::Ctx;
+
+pub type FnResult = Result<Value, ErrorBody>;
+pub type FnHandler = Arc<dyn Fn(Ctx, Value) -> BoxFuture<'static, FnResult> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct FunctionSpec {
+    pub def: RegisterFunction,
+    pub handler: FnHandler,
+}
+
+#[derive(Clone)]
+pub struct Worker {
+    pub name: String,
+    functions: Vec<FunctionSpec>,
+    index: HashMap<String, usize>,
+    triggers: Vec<RegisterTrigger>,
+}
+
+impl Worker {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            functions: Vec::new(),
+            index: HashMap::new(),
+            triggers: Vec::new(),
+        }
+    }
+
+    /// Register a handler taking and returning raw JSON.
+    pub fn register_function<F, Fut>(&mut self, def: RegisterFunction, handler: F) -> &mut Self
+    where
+        F: Fn(Ctx, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = FnResult> + Send + 'static,
+    {
+        let handler: FnHandler = Arc::new(move |ctx, data| handler(ctx, data).boxed());
+        match self.index.get(&def.id) {
+            Some(&i) => self.functions[i] = FunctionSpec { def, handler },
+            None => {
+                self.index.insert(def.id.clone(), self.functions.len());
+                self.functions.push(FunctionSpec { def, handler });
+            }
+        }
+        self
+    }
+
+    /// Builder form of [`register_function`](Self::register_function).
+    pub fn function<F, Fut>(mut self, id: &str, description: &str, handler: F) -> Self
+    where
+        F: Fn(Ctx, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = FnResult> + Send + 'static,
+    {
+        let mut def = RegisterFunction::new(id);
+        def.description = Some(description.to_string());
+        self.register_function(def, handler);
+        self
+    }
+
+    /// A handler with typed request and response; a request that does not deserialize is
+    /// answered with `invalid_message` naming the field.
+    pub fn typed_function<Req, Resp, F, Fut>(mut self, def: RegisterFunction, handler: F) -> Self
+    where
+        Req: DeserializeOwned + Send + 'static,
+        Resp: Serialize + Send + 'static,
+        F: Fn(Ctx, Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, ErrorBody>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let id = def.id.clone();
+        self.register_function(def, move |ctx, data| {
+            let handler = handler.clone();
+            let id = id.clone();
+            async move {
+                let req: Req = serde_json::from_value(data).map_err(|e| {
+                    ErrorBody::invalid(format!("invalid request for `{id}`: {e}"))
+                })?;
+                let resp = handler(ctx, req).await?;
+                serde_json::to_value(resp)
+                    .map_err(|e| ErrorBody::new(codes::SERIALIZATION_ERROR, e.to_string()))
+            }
+        });
+        self
+    }
+
+    /// Register a trigger; its id is derived from the worker and function so a reconnect
+    /// replaces rather than duplicates it.
+    pub fn register_trigger(&mut self, trigger_type: &str, function_id: &str, config: Value) -> &mut Self {
+        let id = format!("{}:{}:{}:{}", self.name, function_id, trigger_type, self.triggers.len());
+        self.triggers.push(RegisterTrigger {
+            id,
+            trigger_type: trigger_type.to_string(),
+            function_id: function_id.to_string(),
+            config,
+        });
+        self
+    }
+
+    pub fn trigger(mut self, trigger_type: &str, function_id: &str, config: Value) -> Self {
+        self.register_trigger(trigger_type, function_id, config);
+        self
+    }
+
+    pub fn functions(&self) -> &[FunctionSpec] {
+        &self.functions
+    }
+
+    pub fn triggers(&self) -> &[RegisterTrigger] {
+        &self.triggers
+    }
+
+    pub fn handler(&self, function_id: &str) -> Option<&FnHandler> {
+        self.index.get(function_id).map(|&i| &self.functions[i].handler)
+    }
+
+    /// Handle one call: open a span (child of the caller's), run the handler in its own task
+    /// (a panic becomes an `invocation_error`), report the span.
+    pub async fn dispatch(&self, bus: Arc<dyn Bus>, function_id: &str, data: Value, parent: &TraceContext) -> FnResult {
+        let Some(handler) = self.handler(function_id).cloned() else {
+            return Err(ErrorBody::new(
+                codes::FUNCTION_NOT_FOUND,
+                format!("worker `{}` does not serve `{function_id}`", self.name),
+            ));
+        };
+        let mut span = Span::start(function_id, &self.name, parent);
+        span.attributes.insert(ATTR_FUNCTION_ID.into(), function_id.into());
+        let ctx = Ctx::new(bus.clone(), span.context(&parent.baggage), function_id);
+        let result = match tokio::spawn(handler(ctx, data)).await {
+            Ok(r) => r,
+            Err(join) => Err(ErrorBody::new(
+                codes::INVOCATION_ERROR,
+                format!("`{function_id}` panicked: {join}"),
+            )),
+        };
+        span.finish(result.is_err());
+        if let Err(e) = &result {
+            span.attributes.insert("error.code".into(), e.code.clone());
+        }
+        bus.report_span(span);
+        result
+    }
+}
