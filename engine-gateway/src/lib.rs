@@ -18,3 +18,12 @@ pub mod state;
 pub mod trace;
 
 pub use engine::{Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
+
+/// Install rustls' ring provider once (reqwest is built without a default provider, so
+/// no C crypto toolchain is needed).
+pub fn ensure_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

@@ -33,11 +33,12 @@ pub struct TraceContext {
 }
 
 impl TraceContext {
-    /// Start a new trace (no parent).
+    /// Start a new trace. The root position gets its own span id so that every call made
+    /// from it carries a valid `traceparent` and lands in the same trace.
     pub fn new_root() -> Self {
         Self {
             trace_id: random_hex(16),
-            span_id: String::new(),
+            span_id: random_hex(8),
             baggage: Vec::new(),
         }
     }
@@ -391,6 +392,7 @@ pub async fn run_otlp_exporter(
     interval: std::time::Duration,
 ) {
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    crate::ensure_crypto_provider();
     let client = reqwest::Client::new();
     loop {
         tokio::time::sleep(interval).await;
@@ -427,7 +429,7 @@ mod tests {
         );
         let bad = TraceContext::from_headers(Some("00-zz-00-01"), Some("%%%,=x,a=%E2%82%AC"));
         assert_eq!(bad.trace_id.len(), 32);
-        assert!(bad.span_id.is_empty());
+        assert_eq!(bad.span_id.len(), 16, "a fresh root has its own span id");
         assert_eq!(bad.baggage_get("a"), Some("€"));
         let zero = TraceContext::from_headers(
             Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),

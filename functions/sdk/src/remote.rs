@@ -360,7 +360,7 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
             Message::WorkerRegistered { worker_id: id } => worker_id = Some(id),
             Message::Pong if !registered => {
                 registered = true;
-                let _ = bus.connected.send(Some(worker_id.clone().unwrap_or_default()));
+                let _ = bus.connected.send_replace(Some(worker_id.clone().unwrap_or_default()));
             }
             Message::Pong => {}
             Message::Ping => {
@@ -428,7 +428,7 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
         }
     }
     *lock(&bus.out) = None;
-    let _ = bus.connected.send(None);
+    let _ = bus.connected.send_replace(None);
     drop(tx);
     writer.abort();
     Ok(())
@@ -493,7 +493,7 @@ pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
             conn.abort();
             flusher.abort();
             *lock(&stop_bus.out) = None;
-            let _ = stop_bus.connected.send(None);
+            let _ = stop_bus.connected.send_replace(None);
             stop_bus.fail_pending("the worker stopped");
         }),
     );
