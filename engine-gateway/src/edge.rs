@@ -203,6 +203,7 @@ async fn run_worker_connection(
     ));
     let lifetime = tokio::time::sleep(cfg.max_lifetime);
     tokio::pin!(lifetime);
+    let mut closing = engine.closing();
     let mut idle_deadline = tokio::time::Instant::now() + cfg.idle_timeout;
     loop {
         let idle = tokio::time::sleep_until(idle_deadline);
@@ -226,6 +227,10 @@ async fn run_worker_connection(
             }
             _ = idle => {
                 let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "idle timeout".into()));
+                break;
+            }
+            _ = closing.wait_for(|c| *c) => {
+                let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "engine shutting down".into()));
                 break;
             }
             _ = &mut lifetime => {

@@ -155,6 +155,7 @@ pub struct Engine {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     call_seq: AtomicU64,
     boot_id: String,
+    closing: tokio::sync::watch::Sender<bool>,
     me: Weak<Engine>,
 }
 
@@ -213,6 +214,7 @@ impl Engine {
             tasks: Mutex::new(Vec::new()),
             call_seq: AtomicU64::new(0),
             boot_id: crate::trace::random_hex(4),
+            closing: tokio::sync::watch::channel(false).0,
             me: me.clone(),
         });
         crate::builtins::register(&engine);
@@ -247,8 +249,14 @@ impl Engine {
         engine
     }
 
-    /// Stop background work and fail every call in flight.
+    /// Resolves once `shutdown` has been called (connections close on it).
+    pub fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// Stop background work, close every connection and fail every call in flight.
     pub fn shutdown(&self) {
+        self.closing.send_replace(true);
         for t in lock(&self.tasks).drain(..) {
             t.abort();
         }

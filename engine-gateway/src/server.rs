@@ -99,9 +99,20 @@ impl RunningServer {
         format!("ws://{}", self.local_addr)
     }
 
+    /// Stop accepting, close every connection, stop background work.
     pub fn stop(&self) {
         self.edge.abort();
         self.engine.shutdown();
+    }
+
+    /// `stop`, then wait (up to 5 s) until every task has let go of the engine, so its
+    /// data dir can be opened again in this process.
+    pub async fn shutdown(self) {
+        self.stop();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&self.engine) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

@@ -49,12 +49,17 @@ fn parse_envelope(v: &Value) -> Result<Envelope, ErrorBody> {
 
 /// Run `worker` under the Lambda Runtime API (`AWS_LAMBDA_RUNTIME_API`).
 pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
-    let bus: Arc<dyn Bus> = match std::env::var("ENGINE_URL") {
+    // The client handle must live as long as the runtime: dropping it closes the connection.
+    let client = match std::env::var("ENGINE_URL") {
         Ok(url) if !url.is_empty() => {
             let opts = RemoteOptions::new(&url).with_token(std::env::var("ENGINE_TOKEN").ok());
-            connect_client(&format!("{}-lambda", worker.name), opts).await.bus()
+            Some(connect_client(&format!("{}-lambda", worker.name), opts).await)
         }
-        _ => Arc::new(NoBus),
+        _ => None,
+    };
+    let bus: Arc<dyn Bus> = match &client {
+        Some(c) => c.bus(),
+        None => Arc::new(NoBus),
     };
     let worker = Arc::new(worker);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
@@ -64,5 +69,7 @@ pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
             Ok::<Value, lambda_runtime::Error>(handle_event(&worker, bus, event.payload, xray.as_deref()).await)
         }
     }))
-    .await
+    .await?;
+    drop(client);
+    Ok(())
 }

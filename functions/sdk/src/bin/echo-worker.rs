@@ -20,6 +20,7 @@ pub fn echo_worker() -> Worker {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    engine_gateway::server::init_logging();
     let mode = std::env::args().nth(1).unwrap_or_else(|| "remote".into());
     match mode.as_str() {
         "lambda" => run_lambda(echo_worker()).await?,
