@@ -168,16 +168,23 @@ fn percent_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `bytes` random bytes as lower-case hex, never all zeros (W3C forbids zero ids).
 pub fn random_hex(bytes: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut rng = rand::rng();
-    let mut s = String::with_capacity(bytes * 2);
+    let mut out = Vec::with_capacity(bytes * 2);
     loop {
-        s.clear();
+        out.clear();
+        let mut nonzero = false;
         for _ in 0..bytes {
-            s.push_str(&format!("{:02x}", rng.random::<u8>()));
+            let b: u8 = rng.random();
+            nonzero |= b != 0;
+            out.push(HEX[(b >> 4) as usize]);
+            out.push(HEX[(b & 0xf) as usize]);
         }
-        if s.bytes().any(|b| b != b'0') {
-            return s;
+        if nonzero {
+            // Only ASCII hex digits were pushed.
+            return String::from_utf8(out).unwrap_or_default();
         }
     }
 }

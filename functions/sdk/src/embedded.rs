@@ -31,6 +31,12 @@ impl EmbeddedBus {
         }
     }
 
+    /// A bus for code that is not a worker (a program driving the engine in process).
+    pub fn shared(engine: &Arc<Engine>, name: &str) -> Arc<dyn Bus> {
+        let id = engine.connect_embedded(name);
+        Arc::new(Self::new(engine, &id))
+    }
+
     fn engine(&self) -> Result<Arc<Engine>, BusError> {
         self.engine
             .upgrade()

@@ -8,6 +8,7 @@ pub mod channel;
 pub mod ctx;
 pub mod embedded;
 pub mod error;
+pub mod examples;
 pub mod lambda;
 pub mod remote;
 pub mod worker;
