@@ -9,7 +9,11 @@ use harness_sdk::run_embedded;
 use serde_json::json;
 
 #[derive(Parser)]
-#[command(name = "harness", version, about = "Agent harness: engine + workers in one process (embedded backend)")]
+#[command(
+    name = "harness",
+    version,
+    about = "Agent harness: engine + workers in one process (embedded backend)"
+)]
 struct Cli {
     #[command(flatten)]
     serve: ServeOptions,
@@ -24,15 +28,27 @@ async fn main() -> anyhow::Result<()> {
     server::init_logging();
     let running = server::start(&cli.serve).await?;
     let _echo = run_embedded(echo_worker(), &running.engine).map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!("engine-gateway listening on {} (data dir {})", running.url(), cli.serve.data_dir.display());
+    println!(
+        "engine-gateway listening on {} (data dir {})",
+        running.url(),
+        cli.serve.data_dir.display()
+    );
 
     // A short demonstration through the bus: one call that hops twice, traced end to end.
-    let demo = harness_sdk::Ctx::root(harness_sdk::embedded::EmbeddedBus::shared(&running.engine, "demo"))
-        .with_baggage(ATTR_SESSION_ID, "demo-session");
-    let greeting = demo.trigger("demo::greet", json!({"name": "harness"})).await?;
+    let demo = harness_sdk::Ctx::root(harness_sdk::embedded::EmbeddedBus::shared(
+        &running.engine,
+        "demo",
+    ))
+    .with_baggage(ATTR_SESSION_ID, "demo-session");
+    let greeting = demo
+        .trigger("demo::greet", json!({"name": "harness"}))
+        .await?;
     let chained = demo.trigger("demo::chain", json!({"hello": "bus"})).await?;
     let traces = demo
-        .trigger("engine::traces::group_by", json!({"attribute": ATTR_SESSION_ID}))
+        .trigger(
+            "engine::traces::group_by",
+            json!({"attribute": ATTR_SESSION_ID}),
+        )
         .await?;
     println!("demo::greet  → {greeting}");
     println!("demo::chain  → {chained}");
@@ -44,7 +60,10 @@ async fn main() -> anyhow::Result<()> {
         running.shutdown().await;
         return Ok(());
     }
-    println!("workers connect with ENGINE_URL={} ; Ctrl-C stops", running.url());
+    println!(
+        "workers connect with ENGINE_URL={} ; Ctrl-C stops",
+        running.url()
+    );
     tokio::signal::ctrl_c().await?;
     running.shutdown().await;
     Ok(())

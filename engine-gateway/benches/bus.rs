@@ -32,7 +32,9 @@ async fn round_trips(url: &str, callers: usize, secs: u64) -> (Vec<u64>, f64) {
             let payload = json!({"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"});
             while Instant::now() < deadline {
                 let t0 = Instant::now();
-                ctx.trigger("bench::echo", payload.clone()).await.expect("echo");
+                ctx.trigger("bench::echo", payload.clone())
+                    .await
+                    .expect("echo");
                 lat.push(t0.elapsed().as_nanos() as u64);
             }
             lat
@@ -50,9 +52,14 @@ async fn round_trips(url: &str, callers: usize, secs: u64) -> (Vec<u64>, f64) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let secs: u64 = std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let secs: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let dir = tempfile::tempdir().expect("tempdir");
-    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf())).await.expect("engine");
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("engine");
     let url = srv.url();
 
     let arrivals: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
@@ -79,17 +86,27 @@ async fn main() {
         })
         .trigger("state", "bench::on_state", json!({"scope": "bench"}));
     let w = run_remote(worker, RemoteOptions::new(&url));
-    w.wait_connected(Duration::from_secs(10)).await.expect("worker");
+    w.wait_connected(Duration::from_secs(10))
+        .await
+        .expect("worker");
 
-    println!("# bus benchmark: engine (embedded backend, on-disk redb) + remote SDK echo worker, loopback");
+    println!(
+        "# bus benchmark: engine (embedded backend, on-disk redb) + remote SDK echo worker, loopback"
+    );
     println!("metric | value");
     println!("--- | ---");
     // warm-up
     let _ = round_trips(&url, 1, 1).await;
     for callers in [1usize, 16] {
         let (lat, rate) = round_trips(&url, callers, secs).await;
-        println!("sync trigger, {callers} caller(s): p50 | {:.1} µs", pct(&lat, 0.5));
-        println!("sync trigger, {callers} caller(s): p99 | {:.1} µs", pct(&lat, 0.99));
+        println!(
+            "sync trigger, {callers} caller(s): p50 | {:.1} µs",
+            pct(&lat, 0.5)
+        );
+        println!(
+            "sync trigger, {callers} caller(s): p99 | {:.1} µs",
+            pct(&lat, 0.99)
+        );
         println!("sync trigger, {callers} caller(s): calls/s | {rate:.0}");
     }
 
@@ -105,10 +122,14 @@ async fn main() {
                 let t0 = Instant::now();
                 match name {
                     "state" => {
-                        ctx.state_set("bench", &format!("k{}", i % 16), json!({"id": id})).await.expect("write");
+                        ctx.state_set("bench", &format!("k{}", i % 16), json!({"id": id}))
+                            .await
+                            .expect("write");
                     }
                     _ => {
-                        ctx.enqueue("bench-jobs", "bench::job", json!({"id": id})).await.expect("enqueue");
+                        ctx.enqueue("bench-jobs", "bench::job", json!({"id": id}))
+                            .await
+                            .expect("enqueue");
                     }
                 }
                 let arrived = loop {
@@ -124,8 +145,14 @@ async fn main() {
         }
     };
     let lat = measure("state", 1_000_000).await;
-    println!("state write → trigger delivery: p50 | {:.1} µs", pct(&lat, 0.5));
-    println!("state write → trigger delivery: p99 | {:.1} µs", pct(&lat, 0.99));
+    println!(
+        "state write → trigger delivery: p50 | {:.1} µs",
+        pct(&lat, 0.5)
+    );
+    println!(
+        "state write → trigger delivery: p99 | {:.1} µs",
+        pct(&lat, 0.99)
+    );
     let lat = measure("queue", 2_000_000).await;
     println!("enqueue → handler: p50 | {:.1} µs", pct(&lat, 0.5));
     println!("enqueue → handler: p99 | {:.1} µs", pct(&lat, 0.99));

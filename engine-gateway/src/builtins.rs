@@ -19,7 +19,9 @@ pub const ENGINE_OWNER: &str = "engine";
 pub fn req_str(data: &Value, field: &str) -> Result<String, ErrorBody> {
     match data.get(field) {
         Some(Value::String(s)) => Ok(s.clone()),
-        None | Some(Value::Null) => Err(ErrorBody::invalid(format!("missing required field `{field}`"))),
+        None | Some(Value::Null) => Err(ErrorBody::invalid(format!(
+            "missing required field `{field}`"
+        ))),
         Some(other) => Err(ErrorBody::invalid(format!(
             "field `{field}` must be a string, got {}",
             kind_of(other)
@@ -106,172 +108,440 @@ fn stream_addr(data: &Value) -> Result<(String, String), ErrorBody> {
 pub fn register(engine: &Arc<Engine>) {
     let s = |t: &str| json!({"type": t});
 
-    add(engine, "engine::functions::list", "Every registered function with its schemas and owner.", schema(&[], json!({})), |e, _| async move {
-        Ok(e.list_functions())
-    });
-    add(engine, "engine::triggers::list", "Every registered trigger.", schema(&[], json!({})), |e, _| async move {
-        Ok(e.list_triggers())
-    });
-    add(engine, "engine::workers::list", "Connected workers (remote and embedded) and their functions.", schema(&[], json!({})), |e, _| async move {
-        Ok(e.list_workers())
-    });
-    add(engine, "engine::workers::register", "Connect-time announce: name and metadata of the calling worker.", schema(&[], json!({"name": s("string"), "metadata": s("object")})), |e, inv| async move {
-        let name = opt_str(&inv.data, "name")?;
-        let caller = inv.caller.clone().ok_or_else(|| ErrorBody::invalid("only a connected worker can announce itself"))?;
-        let metadata = inv.data.get("metadata").cloned().unwrap_or(Value::Null);
-        e.set_worker_info(&caller, name, metadata);
-        Ok(json!({"worker_id": caller}))
-    });
-    add(engine, "engine::channels::create", "Create a channel; returns writer and reader refs, each attachable once.", schema(&[], json!({"buffer_size": s("integer")})), |e, inv| async move {
-        let buffer = opt_u64(&inv.data, "buffer_size")?.map(|b| b as usize);
-        let (writer, reader) = e.channels.create(buffer);
-        Ok(json!({"writer": writer, "reader": reader}))
-    });
-    add(engine, "engine::connections::post", "Push data to a connection (the @connections model); `gone` if it closed.", schema(&["connection_id", "data"], json!({"connection_id": s("string"), "data": {}})), |e, inv| async move {
-        let id = req_str(&inv.data, "connection_id")?;
-        let data = req_value(&inv.data, "data")?;
-        if e.push(&id, &Message::Push { data }) {
-            Ok(json!({"ok": true}))
-        } else {
-            Err(ErrorBody::new(codes::GONE, format!("connection `{id}` is gone")))
-        }
-    });
+    add(
+        engine,
+        "engine::functions::list",
+        "Every registered function with its schemas and owner.",
+        schema(&[], json!({})),
+        |e, _| async move { Ok(e.list_functions()) },
+    );
+    add(
+        engine,
+        "engine::triggers::list",
+        "Every registered trigger.",
+        schema(&[], json!({})),
+        |e, _| async move { Ok(e.list_triggers()) },
+    );
+    add(
+        engine,
+        "engine::workers::list",
+        "Connected workers (remote and embedded) and their functions.",
+        schema(&[], json!({})),
+        |e, _| async move { Ok(e.list_workers()) },
+    );
+    add(
+        engine,
+        "engine::workers::register",
+        "Connect-time announce: name and metadata of the calling worker.",
+        schema(&[], json!({"name": s("string"), "metadata": s("object")})),
+        |e, inv| async move {
+            let name = opt_str(&inv.data, "name")?;
+            let caller = inv
+                .caller
+                .clone()
+                .ok_or_else(|| ErrorBody::invalid("only a connected worker can announce itself"))?;
+            let metadata = inv.data.get("metadata").cloned().unwrap_or(Value::Null);
+            e.set_worker_info(&caller, name, metadata);
+            Ok(json!({"worker_id": caller}))
+        },
+    );
+    add(
+        engine,
+        "engine::channels::create",
+        "Create a channel; returns writer and reader refs, each attachable once.",
+        schema(&[], json!({"buffer_size": s("integer")})),
+        |e, inv| async move {
+            let buffer = opt_u64(&inv.data, "buffer_size")?.map(|b| b as usize);
+            let (writer, reader) = e.channels.create(buffer);
+            Ok(json!({"writer": writer, "reader": reader}))
+        },
+    );
+    add(
+        engine,
+        "engine::connections::post",
+        "Push data to a connection (the @connections model); `gone` if it closed.",
+        schema(
+            &["connection_id", "data"],
+            json!({"connection_id": s("string"), "data": {}}),
+        ),
+        |e, inv| async move {
+            let id = req_str(&inv.data, "connection_id")?;
+            let data = req_value(&inv.data, "data")?;
+            if e.push(&id, &Message::Push { data }) {
+                Ok(json!({"ok": true}))
+            } else {
+                Err(ErrorBody::new(
+                    codes::GONE,
+                    format!("connection `{id}` is gone"),
+                ))
+            }
+        },
+    );
 
     // ---- traces
-    add(engine, "engine::traces::group_by", "Group recent spans by an attribute value.", schema(&["attribute"], json!({"attribute": s("string"), "since_ms": s("integer"), "limit": s("integer")})), |e, inv| async move {
-        let attribute = req_str(&inv.data, "attribute")?;
-        let since = opt_u64(&inv.data, "since_ms")?;
-        let limit = opt_u64(&inv.data, "limit")?.map(|l| l as usize);
-        Ok(e.spans.group_by(&attribute, since, limit))
-    });
-    add(engine, "engine::traces::list", "Recent spans, optionally of one trace.", schema(&[], json!({"trace_id": s("string")})), |e, inv| async move {
-        let trace_id = opt_str(&inv.data, "trace_id")?;
-        let spans: Vec<Span> = e.spans.snapshot().into_iter().filter(|s| trace_id.as_deref().is_none_or(|t| s.trace_id == t)).collect();
-        Ok(json!({"spans": spans}))
-    });
-    add(engine, "engine::traces::ingest", "Workers report their finished spans here.", schema(&["spans"], json!({"spans": s("array")})), |e, inv| async move {
-        let spans: Vec<Span> = serde_json::from_value(req_value(&inv.data, "spans")?)
-            .map_err(|err| ErrorBody::invalid(format!("invalid `spans`: {err}")))?;
-        let n = spans.len();
-        for sp in spans {
-            e.spans.record(sp);
-        }
-        Ok(json!({"accepted": n}))
-    });
+    add(
+        engine,
+        "engine::traces::group_by",
+        "Group recent spans by an attribute value.",
+        schema(
+            &["attribute"],
+            json!({"attribute": s("string"), "since_ms": s("integer"), "limit": s("integer")}),
+        ),
+        |e, inv| async move {
+            let attribute = req_str(&inv.data, "attribute")?;
+            let since = opt_u64(&inv.data, "since_ms")?;
+            let limit = opt_u64(&inv.data, "limit")?.map(|l| l as usize);
+            Ok(e.spans.group_by(&attribute, since, limit))
+        },
+    );
+    add(
+        engine,
+        "engine::traces::list",
+        "Recent spans, optionally of one trace.",
+        schema(&[], json!({"trace_id": s("string")})),
+        |e, inv| async move {
+            let trace_id = opt_str(&inv.data, "trace_id")?;
+            let spans: Vec<Span> = e
+                .spans
+                .snapshot()
+                .into_iter()
+                .filter(|s| trace_id.as_deref().is_none_or(|t| s.trace_id == t))
+                .collect();
+            Ok(json!({"spans": spans}))
+        },
+    );
+    add(
+        engine,
+        "engine::traces::ingest",
+        "Workers report their finished spans here.",
+        schema(&["spans"], json!({"spans": s("array")})),
+        |e, inv| async move {
+            let spans: Vec<Span> = serde_json::from_value(req_value(&inv.data, "spans")?)
+                .map_err(|err| ErrorBody::invalid(format!("invalid `spans`: {err}")))?;
+            let n = spans.len();
+            for sp in spans {
+                e.spans.record(sp);
+            }
+            Ok(json!({"accepted": n}))
+        },
+    );
 
     // ---- state
-    add(engine, "state::get", "Read a value (null when absent).", schema(&["scope", "key"], json!({"scope": s("string"), "key": s("string")})), |e, inv| async move {
-        let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-        Ok(e.state.get(&scope, &key).await?.map(|v| v.value).unwrap_or(Value::Null))
-    });
-    add(engine, "state::get_versioned", "Read a value with its version: {value, version} or null.", schema(&["scope", "key"], json!({"scope": s("string"), "key": s("string")})), |e, inv| async move {
-        let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-        Ok(e.state.get(&scope, &key).await?.map(|v| json!({"value": v.value, "version": v.version})).unwrap_or(Value::Null))
-    });
-    add(engine, "state::set", "Write a value; with expected_version the write is conditional (0 = only if absent).", schema(&["scope", "key", "value"], json!({"scope": s("string"), "key": s("string"), "value": {}, "expected_version": s("integer")})), |e, inv| async move {
-        let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-        let value = req_value(&inv.data, "value")?;
-        let expected = opt_u64(&inv.data, "expected_version")?;
-        let out = e.state.set(&scope, &key, value, expected, &meta_of(&inv)).await?;
-        Ok(json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}))
-    });
-    add(engine, "state::update", "Apply ops (set, append, increment, remove) atomically.", schema(&["scope", "key", "ops"], json!({"scope": s("string"), "key": s("string"), "ops": s("array"), "expected_version": s("integer")})), |e, inv| async move {
-        let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-        let ops: Vec<UpdateOp> = serde_json::from_value(req_value(&inv.data, "ops")?)
-            .map_err(|err| ErrorBody::invalid(format!("invalid `ops`: {err}")))?;
-        let expected = opt_u64(&inv.data, "expected_version")?;
-        let out = e.state.update(&scope, &key, ops, expected, &meta_of(&inv)).await?;
-        Ok(json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}))
-    });
-    add(engine, "state::delete", "Delete a value.", schema(&["scope", "key"], json!({"scope": s("string"), "key": s("string"), "expected_version": s("integer")})), |e, inv| async move {
-        let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-        let expected = opt_u64(&inv.data, "expected_version")?;
-        let out = e.state.delete(&scope, &key, expected, &meta_of(&inv)).await?;
-        Ok(json!({"old_value": out.old_value, "deleted": out.old_value.is_some()}))
-    });
-    add(engine, "state::list", "List the entries of a scope, optionally under a key prefix.", schema(&["scope"], json!({"scope": s("string"), "prefix": s("string")})), |e, inv| async move {
-        let scope = req_str(&inv.data, "scope")?;
-        let prefix = opt_str(&inv.data, "prefix")?;
-        let entries = e.state.list(&scope, prefix.as_deref()).await?;
-        Ok(json!({"items": entries}))
-    });
+    add(
+        engine,
+        "state::get",
+        "Read a value (null when absent).",
+        schema(
+            &["scope", "key"],
+            json!({"scope": s("string"), "key": s("string")}),
+        ),
+        |e, inv| async move {
+            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
+            Ok(e.state
+                .get(&scope, &key)
+                .await?
+                .map(|v| v.value)
+                .unwrap_or(Value::Null))
+        },
+    );
+    add(
+        engine,
+        "state::get_versioned",
+        "Read a value with its version: {value, version} or null.",
+        schema(
+            &["scope", "key"],
+            json!({"scope": s("string"), "key": s("string")}),
+        ),
+        |e, inv| async move {
+            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
+            Ok(e.state
+                .get(&scope, &key)
+                .await?
+                .map(|v| json!({"value": v.value, "version": v.version}))
+                .unwrap_or(Value::Null))
+        },
+    );
+    add(
+        engine,
+        "state::set",
+        "Write a value; with expected_version the write is conditional (0 = only if absent).",
+        schema(
+            &["scope", "key", "value"],
+            json!({"scope": s("string"), "key": s("string"), "value": {}, "expected_version": s("integer")}),
+        ),
+        |e, inv| async move {
+            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
+            let value = req_value(&inv.data, "value")?;
+            let expected = opt_u64(&inv.data, "expected_version")?;
+            let out = e
+                .state
+                .set(&scope, &key, value, expected, &meta_of(&inv))
+                .await?;
+            Ok(
+                json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}),
+            )
+        },
+    );
+    add(
+        engine,
+        "state::update",
+        "Apply ops (set, append, increment, remove) atomically.",
+        schema(
+            &["scope", "key", "ops"],
+            json!({"scope": s("string"), "key": s("string"), "ops": s("array"), "expected_version": s("integer")}),
+        ),
+        |e, inv| async move {
+            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
+            let ops: Vec<UpdateOp> = serde_json::from_value(req_value(&inv.data, "ops")?)
+                .map_err(|err| ErrorBody::invalid(format!("invalid `ops`: {err}")))?;
+            let expected = opt_u64(&inv.data, "expected_version")?;
+            let out = e
+                .state
+                .update(&scope, &key, ops, expected, &meta_of(&inv))
+                .await?;
+            Ok(
+                json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}),
+            )
+        },
+    );
+    add(
+        engine,
+        "state::delete",
+        "Delete a value.",
+        schema(
+            &["scope", "key"],
+            json!({"scope": s("string"), "key": s("string"), "expected_version": s("integer")}),
+        ),
+        |e, inv| async move {
+            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
+            let expected = opt_u64(&inv.data, "expected_version")?;
+            let out = e
+                .state
+                .delete(&scope, &key, expected, &meta_of(&inv))
+                .await?;
+            Ok(json!({"old_value": out.old_value, "deleted": out.old_value.is_some()}))
+        },
+    );
+    add(
+        engine,
+        "state::list",
+        "List the entries of a scope, optionally under a key prefix.",
+        schema(
+            &["scope"],
+            json!({"scope": s("string"), "prefix": s("string")}),
+        ),
+        |e, inv| async move {
+            let scope = req_str(&inv.data, "scope")?;
+            let prefix = opt_str(&inv.data, "prefix")?;
+            let entries = e.state.list(&scope, prefix.as_deref()).await?;
+            Ok(json!({"items": entries}))
+        },
+    );
 
     // ---- streams
-    add(engine, "stream::set", "Store a stream item and push it to subscribers.", schema(&["stream_name", "group_id", "item_id", "data"], json!({"stream_name": s("string"), "group_id": s("string"), "item_id": s("string"), "data": {}})), |e, inv| async move {
-        let (scope, group) = stream_addr(&inv.data)?;
-        let item = req_str(&inv.data, "item_id")?;
-        let data = req_value(&inv.data, "data")?;
-        let key = format!("{group}\u{1}{item}");
-        let out = e.state.set(&scope, &key, data.clone(), None, &WriteMeta::default()).await?;
-        let event_type = if out.old_value.is_some() { "update" } else { "create" };
-        let name = req_str(&inv.data, "stream_name")?;
-        e.emit_stream_event(&name, &group, &item, StreamEventBody { event_type: event_type.into(), data }, &inv.trace);
-        Ok(json!({"old_value": out.old_value, "new_value": out.new_value}))
-    });
-    add(engine, "stream::send", "Push an event to a stream group without storing it.", schema(&["stream_name", "group_id", "data"], json!({"stream_name": s("string"), "group_id": s("string"), "type": s("string"), "item_id": s("string"), "data": {}})), |e, inv| async move {
-        let (_, group) = stream_addr(&inv.data)?;
-        let name = req_str(&inv.data, "stream_name")?;
-        let data = req_value(&inv.data, "data")?;
-        let event_type = opt_str(&inv.data, "type")?.unwrap_or_else(|| "send".into());
-        let item = opt_str(&inv.data, "item_id")?.unwrap_or_default();
-        e.emit_stream_event(&name, &group, &item, StreamEventBody { event_type, data }, &inv.trace);
-        Ok(json!({"ok": true}))
-    });
-    add(engine, "stream::get", "Read one stream item.", schema(&["stream_name", "group_id", "item_id"], json!({})), |e, inv| async move {
-        let (scope, group) = stream_addr(&inv.data)?;
-        let item = req_str(&inv.data, "item_id")?;
-        Ok(e.state.get(&scope, &format!("{group}\u{1}{item}")).await?.map(|v| v.value).unwrap_or(Value::Null))
-    });
-    add(engine, "stream::delete", "Delete one stream item and push a delete event.", schema(&["stream_name", "group_id", "item_id"], json!({})), |e, inv| async move {
-        let (scope, group) = stream_addr(&inv.data)?;
-        let item = req_str(&inv.data, "item_id")?;
-        let out = e.state.delete(&scope, &format!("{group}\u{1}{item}"), None, &WriteMeta::default()).await?;
-        if let Some(old) = out.old_value.clone() {
+    add(
+        engine,
+        "stream::set",
+        "Store a stream item and push it to subscribers.",
+        schema(
+            &["stream_name", "group_id", "item_id", "data"],
+            json!({"stream_name": s("string"), "group_id": s("string"), "item_id": s("string"), "data": {}}),
+        ),
+        |e, inv| async move {
+            let (scope, group) = stream_addr(&inv.data)?;
+            let item = req_str(&inv.data, "item_id")?;
+            let data = req_value(&inv.data, "data")?;
+            let key = format!("{group}\u{1}{item}");
+            let out = e
+                .state
+                .set(&scope, &key, data.clone(), None, &WriteMeta::default())
+                .await?;
+            let event_type = if out.old_value.is_some() {
+                "update"
+            } else {
+                "create"
+            };
             let name = req_str(&inv.data, "stream_name")?;
-            e.emit_stream_event(&name, &group, &item, StreamEventBody { event_type: "delete".into(), data: old }, &inv.trace);
-        }
-        Ok(json!({"deleted": out.old_value.is_some()}))
-    });
-    add(engine, "stream::list", "The stored items of a stream group, in item-id order.", schema(&["stream_name", "group_id"], json!({"stream_name": s("string"), "group_id": s("string")})), |e, inv| async move {
-        let (scope, group) = stream_addr(&inv.data)?;
-        let prefix = format!("{group}\u{1}");
-        let items: Vec<Value> = e.state.list(&scope, Some(&prefix)).await?.into_iter().map(|en| {
-            json!({"item_id": en.key[prefix.len()..], "data": en.value})
-        }).collect();
-        Ok(json!({"items": items}))
-    });
+            e.emit_stream_event(
+                &name,
+                &group,
+                &item,
+                StreamEventBody {
+                    event_type: event_type.into(),
+                    data,
+                },
+                &inv.trace,
+            );
+            Ok(json!({"old_value": out.old_value, "new_value": out.new_value}))
+        },
+    );
+    add(
+        engine,
+        "stream::send",
+        "Push an event to a stream group without storing it.",
+        schema(
+            &["stream_name", "group_id", "data"],
+            json!({"stream_name": s("string"), "group_id": s("string"), "type": s("string"), "item_id": s("string"), "data": {}}),
+        ),
+        |e, inv| async move {
+            let (_, group) = stream_addr(&inv.data)?;
+            let name = req_str(&inv.data, "stream_name")?;
+            let data = req_value(&inv.data, "data")?;
+            let event_type = opt_str(&inv.data, "type")?.unwrap_or_else(|| "send".into());
+            let item = opt_str(&inv.data, "item_id")?.unwrap_or_default();
+            e.emit_stream_event(
+                &name,
+                &group,
+                &item,
+                StreamEventBody { event_type, data },
+                &inv.trace,
+            );
+            Ok(json!({"ok": true}))
+        },
+    );
+    add(
+        engine,
+        "stream::get",
+        "Read one stream item.",
+        schema(&["stream_name", "group_id", "item_id"], json!({})),
+        |e, inv| async move {
+            let (scope, group) = stream_addr(&inv.data)?;
+            let item = req_str(&inv.data, "item_id")?;
+            Ok(e.state
+                .get(&scope, &format!("{group}\u{1}{item}"))
+                .await?
+                .map(|v| v.value)
+                .unwrap_or(Value::Null))
+        },
+    );
+    add(
+        engine,
+        "stream::delete",
+        "Delete one stream item and push a delete event.",
+        schema(&["stream_name", "group_id", "item_id"], json!({})),
+        |e, inv| async move {
+            let (scope, group) = stream_addr(&inv.data)?;
+            let item = req_str(&inv.data, "item_id")?;
+            let out = e
+                .state
+                .delete(
+                    &scope,
+                    &format!("{group}\u{1}{item}"),
+                    None,
+                    &WriteMeta::default(),
+                )
+                .await?;
+            if let Some(old) = out.old_value.clone() {
+                let name = req_str(&inv.data, "stream_name")?;
+                e.emit_stream_event(
+                    &name,
+                    &group,
+                    &item,
+                    StreamEventBody {
+                        event_type: "delete".into(),
+                        data: old,
+                    },
+                    &inv.trace,
+                );
+            }
+            Ok(json!({"deleted": out.old_value.is_some()}))
+        },
+    );
+    add(
+        engine,
+        "stream::list",
+        "The stored items of a stream group, in item-id order.",
+        schema(
+            &["stream_name", "group_id"],
+            json!({"stream_name": s("string"), "group_id": s("string")}),
+        ),
+        |e, inv| async move {
+            let (scope, group) = stream_addr(&inv.data)?;
+            let prefix = format!("{group}\u{1}");
+            let items: Vec<Value> = e
+                .state
+                .list(&scope, Some(&prefix))
+                .await?
+                .into_iter()
+                .map(|en| json!({"item_id": en.key[prefix.len()..], "data": en.value}))
+                .collect();
+            Ok(json!({"items": items}))
+        },
+    );
 
     // ---- queues and durable topics
-    add(engine, "engine::queue::declare", "Declare a queue: type fifo|standard, message_group_field, max_retries, backoff_ms, visibility_timeout_ms, concurrency.", schema(&["queue"], json!({"queue": s("string"), "type": s("string")})), |e, inv| async move {
-        let cfg = QueueConfig::from_json(&inv.data)?;
-        e.declare_queue(cfg.clone()).await?;
-        Ok(serde_json::to_value(cfg).unwrap_or(Value::Null))
-    });
+    add(
+        engine,
+        "engine::queue::declare",
+        "Declare a queue: type fifo|standard, message_group_field, max_retries, backoff_ms, visibility_timeout_ms, concurrency.",
+        schema(
+            &["queue"],
+            json!({"queue": s("string"), "type": s("string")}),
+        ),
+        |e, inv| async move {
+            let cfg = QueueConfig::from_json(&inv.data)?;
+            e.declare_queue(cfg.clone()).await?;
+            Ok(serde_json::to_value(cfg).unwrap_or(Value::Null))
+        },
+    );
     for id in ["engine::queue::redrive", "iii::queue::redrive"] {
-        add(engine, id, "Move every dead-lettered message of a queue back onto it.", schema(&["queue"], json!({"queue": s("string")})), |e, inv| async move {
-            let queue = req_str(&inv.data, "queue")?;
-            let redriven = e.queues.redrive(&queue).await?;
-            Ok(json!({"queue": queue, "redriven": redriven}))
-        });
+        add(
+            engine,
+            id,
+            "Move every dead-lettered message of a queue back onto it.",
+            schema(&["queue"], json!({"queue": s("string")})),
+            |e, inv| async move {
+                let queue = req_str(&inv.data, "queue")?;
+                let redriven = e.queues.redrive(&queue).await?;
+                Ok(json!({"queue": queue, "redriven": redriven}))
+            },
+        );
     }
-    add(engine, "engine::queue::stats", "Pending, in-flight and dead-lettered counts of a queue.", schema(&["queue"], json!({"queue": s("string")})), |e, inv| async move {
-        let queue = req_str(&inv.data, "queue")?;
-        let stats = e.queues.stats(&queue).await?;
-        Ok(json!({"queue": queue, "pending": stats.pending, "in_flight": stats.in_flight, "dead": stats.dead}))
-    });
-    add(engine, "engine::queue::dead_letters", "The dead-lettered messages of a queue.", schema(&["queue"], json!({"queue": s("string")})), |e, inv| async move {
-        let queue = req_str(&inv.data, "queue")?;
-        Ok(json!({"queue": queue, "messages": e.queues.dead_letters(&queue).await?}))
-    });
-    add(engine, "engine::queue::list", "Declared queues and their settings.", schema(&[], json!({})), |e, _| async move {
-        Ok(json!({"queues": e.queues.queues().await}))
-    });
+    add(
+        engine,
+        "engine::queue::stats",
+        "Pending, in-flight and dead-lettered counts of a queue.",
+        schema(&["queue"], json!({"queue": s("string")})),
+        |e, inv| async move {
+            let queue = req_str(&inv.data, "queue")?;
+            let stats = e.queues.stats(&queue).await?;
+            Ok(
+                json!({"queue": queue, "pending": stats.pending, "in_flight": stats.in_flight, "dead": stats.dead}),
+            )
+        },
+    );
+    add(
+        engine,
+        "engine::queue::dead_letters",
+        "The dead-lettered messages of a queue.",
+        schema(&["queue"], json!({"queue": s("string")})),
+        |e, inv| async move {
+            let queue = req_str(&inv.data, "queue")?;
+            Ok(json!({"queue": queue, "messages": e.queues.dead_letters(&queue).await?}))
+        },
+    );
+    add(
+        engine,
+        "engine::queue::list",
+        "Declared queues and their settings.",
+        schema(&[], json!({})),
+        |e, _| async move { Ok(json!({"queues": e.queues.queues().await})) },
+    );
     for id in ["engine::durable::publish", "iii::durable::publish"] {
-        add(engine, id, "Publish to a durable topic: every subscribed function gets its own copy.", schema(&["topic", "data"], json!({"topic": s("string"), "data": {}})), |e, inv| async move {
-            let topic = req_str(&inv.data, "topic")?;
-            let data = req_value(&inv.data, "data")?;
-            let delivered_to = e.publish_durable(&topic, data, &inv.trace).await?;
-            Ok(json!({"topic": topic, "subscribers": delivered_to}))
-        });
+        add(
+            engine,
+            id,
+            "Publish to a durable topic: every subscribed function gets its own copy.",
+            schema(
+                &["topic", "data"],
+                json!({"topic": s("string"), "data": {}}),
+            ),
+            |e, inv| async move {
+                let topic = req_str(&inv.data, "topic")?;
+                let data = req_value(&inv.data, "data")?;
+                let delivered_to = e.publish_durable(&topic, data, &inv.trace).await?;
+                Ok(json!({"topic": topic, "subscribers": delivered_to}))
+            },
+        );
     }
 }

@@ -118,7 +118,11 @@ impl ChannelHub {
         Ok(())
     }
 
-    pub fn attach_writer(&self, id: &str, key: &str) -> Result<mpsc::Sender<ChannelFrame>, ChannelError> {
+    pub fn attach_writer(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<mpsc::Sender<ChannelFrame>, ChannelError> {
         self.check(id, key, Direction::Write)?;
         let mut slots = self.lock();
         let slot = slots
@@ -134,7 +138,11 @@ impl ChannelHub {
         Ok(tx)
     }
 
-    pub fn attach_reader(&self, id: &str, key: &str) -> Result<mpsc::Receiver<ChannelFrame>, ChannelError> {
+    pub fn attach_reader(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<mpsc::Receiver<ChannelFrame>, ChannelError> {
         self.check(id, key, Direction::Read)?;
         let mut slots = self.lock();
         let slot = slots

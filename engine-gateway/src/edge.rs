@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
-use tokio_tungstenite::WebSocketStream;
 
 use crate::channels::{ChannelError, ChannelFrame, Direction, constant_time_eq};
 use crate::engine::{Engine, Outbound, Outbox};
@@ -47,7 +47,11 @@ impl Default for EdgeConfig {
 
 enum Route {
     Worker,
-    Channel { id: String, key: String, dir: Direction },
+    Channel {
+        id: String,
+        key: String,
+        dir: Direction,
+    },
 }
 
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {
@@ -59,11 +63,14 @@ fn query_param(query: Option<&str>, name: &str) -> Option<String> {
 
 fn reject(status: u16, body: &str) -> ErrorResponse {
     let mut resp = ErrorResponse::new(Some(body.to_string()));
-    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
+    *resp.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
     resp
 }
 
 /// `$connect`: authenticate and pick the route, before the upgrade.
+// The error type is tungstenite's handshake rejection, which the callback must return as is.
+#[allow(clippy::result_large_err)]
 fn on_connect(engine: &Engine, cfg: &EdgeConfig, req: &Request) -> Result<Route, ErrorResponse> {
     let query = req.uri().query();
     if let Some(token) = &cfg.token {
@@ -101,7 +108,11 @@ fn on_connect(engine: &Engine, cfg: &EdgeConfig, req: &Request) -> Result<Route,
 }
 
 /// Accept connections until the listener fails.
-pub async fn serve(engine: Arc<Engine>, listener: TcpListener, cfg: EdgeConfig) -> std::io::Result<()> {
+pub async fn serve(
+    engine: Arc<Engine>,
+    listener: TcpListener,
+    cfg: EdgeConfig,
+) -> std::io::Result<()> {
     let cfg = Arc::new(cfg);
     loop {
         let (stream, addr) = match listener.accept().await {
@@ -123,6 +134,7 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, cfg: EdgeConfig) 
     }
 }
 
+#[allow(clippy::result_large_err)]
 async fn handle_connection(
     engine: Arc<Engine>,
     cfg: Arc<EdgeConfig>,
@@ -144,7 +156,8 @@ async fn handle_connection(
         }
         Ok(resp)
     };
-    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config)).await?;
+    let ws =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config)).await?;
     let route = route.lock().ok().and_then(|mut r| r.take());
     match route {
         Some(Route::Worker) => run_worker_connection(engine, cfg, ws, addr).await,
@@ -247,7 +260,9 @@ async fn run_worker_connection(
 }
 
 fn send_error(tx: &Outbox, error: ErrorBody, in_reply_to: Option<String>) {
-    let _ = tx.send(Outbound::Text(Message::Error { error, in_reply_to }.to_json()));
+    let _ = tx.send(Outbound::Text(
+        Message::Error { error, in_reply_to }.to_json(),
+    ));
 }
 
 /// `$default`: one protocol message.
@@ -354,7 +369,9 @@ async fn run_channel_end(
                     Err(_) => break,
                 };
                 if tx.send(frame).await.is_err() {
-                    let _ = sink.send(close_msg(CLOSE_GOING_AWAY, "reader went away")).await;
+                    let _ = sink
+                        .send(close_msg(CLOSE_GOING_AWAY, "reader went away"))
+                        .await;
                     break;
                 }
             }

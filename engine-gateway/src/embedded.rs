@@ -19,7 +19,7 @@ use crate::queue::{
 };
 use crate::state::{
     ChangeFeed, ChangeKind, ChangeRecord, Entry, StateError, StateStore, UpdateOp, Versioned,
-    WriteOutcome, WriteMeta, apply_ops, check_expected, is_reserved_scope, validate_address,
+    WriteMeta, WriteOutcome, apply_ops, check_expected, is_reserved_scope, validate_address,
 };
 
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
@@ -90,6 +90,9 @@ pub struct EmbeddedBackend {
     db: Arc<Database>,
     /// Allocated inside the (serialized) write transaction, so seq order is commit order.
     change_seq: Arc<AtomicU64>,
+    /// Committed, not yet handed out changes, in seq order (the on-disk table is the truth
+    /// until acked; this is loaded from it at open).
+    feed: Mutex<BTreeMap<u64, ChangeRecord>>,
     change_notify: Notify,
     queue_seq: Arc<AtomicU64>,
     queues: Mutex<HashMap<String, MemQueue>>,
@@ -113,6 +116,7 @@ impl EmbeddedBackend {
         let mut queues: HashMap<String, MemQueue> = HashMap::new();
         let mut max_queue_seq = 0u64;
         let mut max_change_seq = 0u64;
+        let mut feed = BTreeMap::new();
         {
             let read = db.begin_read()?;
             for row in read.open_table(QUEUE_CONFIGS)?.iter()? {
@@ -143,13 +147,17 @@ impl EmbeddedBackend {
                 let (k, _) = row?;
                 max_queue_seq = max_queue_seq.max(k.value().1);
             }
-            if let Some(last) = read.open_table(CHANGES)?.last()? {
-                max_change_seq = last.0.value();
+            for row in read.open_table(CHANGES)?.iter()? {
+                let (seq, rec) = row?;
+                let rec: ChangeRecord = serde_json::from_slice(rec.value())?;
+                max_change_seq = max_change_seq.max(seq.value());
+                feed.insert(seq.value(), rec);
             }
         }
         Ok(Arc::new(Self {
             db: Arc::new(db),
             change_seq: Arc::new(AtomicU64::new(max_change_seq)),
+            feed: Mutex::new(feed),
             change_notify: Notify::new(),
             queue_seq: Arc::new(AtomicU64::new(max_queue_seq)),
             queues: Mutex::new(queues),
@@ -187,71 +195,78 @@ impl EmbeddedBackend {
         let (scope, key) = (scope.to_string(), key.to_string());
         let meta = meta.clone();
         let seqs = self.change_seq.clone();
-        let (outcome, changed) = self
-            .blocking(move |db| -> Result<(WriteOutcome, bool), StateError> {
-                let txn = db.begin_write().map_err(storage)?;
-                let outcome;
-                let mut changed = false;
-                {
-                    let mut table = txn.open_table(STATE).map_err(storage)?;
-                    let k = state_key(&scope, &key);
-                    let current = match table.get(k.as_str()).map_err(storage)? {
-                        Some(g) => Some(decode(g.value())?),
-                        None => None,
-                    };
-                    let current_version = current.as_ref().map(|c| c.version);
-                    check_expected(&scope, &key, expected_version, current_version)?;
-                    let new_value = compute(current.as_ref())?;
-                    let old_value = current.map(|c| c.value);
-                    let kind = match (&old_value, &new_value) {
-                        (None, Some(_)) => Some(ChangeKind::Created),
-                        (Some(_), Some(_)) => Some(ChangeKind::Updated),
-                        (Some(_), None) => Some(ChangeKind::Deleted),
-                        (None, None) => None,
-                    };
-                    let version = match &new_value {
-                        Some(v) => {
-                            let version = current_version.unwrap_or(0) + 1;
-                            table
-                                .insert(k.as_str(), encode(version, v).as_slice())
-                                .map_err(storage)?;
-                            version
-                        }
-                        None => {
-                            table.remove(k.as_str()).map_err(storage)?;
-                            current_version.unwrap_or(0)
-                        }
-                    };
-                    if let (Some(kind), false) = (kind, is_reserved_scope(&scope)) {
-                        let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
-                        let record = ChangeRecord {
-                            seq,
-                            kind,
-                            scope: scope.clone(),
-                            key: key.clone(),
-                            old_value: old_value.clone(),
-                            new_value: new_value.clone(),
-                            traceparent: meta.traceparent.clone(),
-                            baggage: meta.baggage.clone(),
+        let (outcome, change) = self
+            .blocking(
+                move |db| -> Result<(WriteOutcome, Option<ChangeRecord>), StateError> {
+                    let txn = db.begin_write().map_err(storage)?;
+                    let outcome;
+                    let mut change = None;
+                    {
+                        let mut table = txn.open_table(STATE).map_err(storage)?;
+                        let k = state_key(&scope, &key);
+                        let current = match table.get(k.as_str()).map_err(storage)? {
+                            Some(g) => Some(decode(g.value())?),
+                            None => None,
                         };
-                        let bytes = serde_json::to_vec(&record).map_err(storage)?;
-                        txn.open_table(CHANGES)
-                            .map_err(storage)?
-                            .insert(seq, bytes.as_slice())
-                            .map_err(storage)?;
-                        changed = true;
+                        let current_version = current.as_ref().map(|c| c.version);
+                        check_expected(&scope, &key, expected_version, current_version)?;
+                        let new_value = compute(current.as_ref())?;
+                        let old_value = current.map(|c| c.value);
+                        let kind = match (&old_value, &new_value) {
+                            (None, Some(_)) => Some(ChangeKind::Created),
+                            (Some(_), Some(_)) => Some(ChangeKind::Updated),
+                            (Some(_), None) => Some(ChangeKind::Deleted),
+                            (None, None) => None,
+                        };
+                        let version = match &new_value {
+                            Some(v) => {
+                                let version = current_version.unwrap_or(0) + 1;
+                                table
+                                    .insert(k.as_str(), encode(version, v).as_slice())
+                                    .map_err(storage)?;
+                                version
+                            }
+                            None => {
+                                table.remove(k.as_str()).map_err(storage)?;
+                                current_version.unwrap_or(0)
+                            }
+                        };
+                        if let (Some(kind), false) = (kind, is_reserved_scope(&scope)) {
+                            let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
+                            let record = ChangeRecord {
+                                seq,
+                                kind,
+                                scope: scope.clone(),
+                                key: key.clone(),
+                                old_value: old_value.clone(),
+                                new_value: new_value.clone(),
+                                traceparent: meta.traceparent.clone(),
+                                baggage: meta.baggage.clone(),
+                            };
+                            let bytes = serde_json::to_vec(&record).map_err(storage)?;
+                            txn.open_table(CHANGES)
+                                .map_err(storage)?
+                                .insert(seq, bytes.as_slice())
+                                .map_err(storage)?;
+                            change = Some(record);
+                        }
+                        outcome = WriteOutcome {
+                            old_value,
+                            new_value,
+                            version,
+                        };
                     }
-                    outcome = WriteOutcome {
-                        old_value,
-                        new_value,
-                        version,
-                    };
-                }
-                txn.commit().map_err(storage)?;
-                Ok((outcome, changed))
-            })
+                    txn.commit().map_err(storage)?;
+                    Ok((outcome, change))
+                },
+            )
             .await?;
-        if changed {
+        if let Some(record) = change {
+            // Only after the commit: a trigger never fires for a write that did not happen.
+            self.feed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(record.seq, record);
             self.change_notify.notify_one();
         }
         Ok(outcome)
@@ -357,25 +372,25 @@ impl StateStore for EmbeddedBackend {
 
 #[async_trait]
 impl ChangeFeed for EmbeddedBackend {
-    async fn next_batch(&self, max: usize, wait: Duration) -> Result<Vec<ChangeRecord>, StateError> {
+    async fn next_batch(
+        &self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<ChangeRecord>, StateError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.change_notify.notified();
-            let batch = self
-                .blocking(move |db| {
-                    let read = db.begin_read().map_err(storage)?;
-                    let table = read.open_table(CHANGES).map_err(storage)?;
-                    let mut out = Vec::new();
-                    for row in table.iter().map_err(storage)? {
-                        let (_, v) = row.map_err(storage)?;
-                        out.push(serde_json::from_slice::<ChangeRecord>(v.value()).map_err(storage)?);
-                        if out.len() >= max {
-                            break;
-                        }
+            let batch: Vec<ChangeRecord> = {
+                let mut feed = self.feed.lock().unwrap_or_else(|p| p.into_inner());
+                let mut out = Vec::new();
+                while out.len() < max {
+                    match feed.pop_first() {
+                        Some((_, r)) => out.push(r),
+                        None => break,
                     }
-                    Ok::<_, StateError>(out)
-                })
-                .await?;
+                }
+                out
+            };
             if !batch.is_empty() {
                 return Ok(batch);
             }
@@ -444,7 +459,8 @@ impl QueueBackend for EmbeddedBackend {
         if let Some(dedup) = &msg.deduplication_id {
             let now = Instant::now();
             let seen = self.with_queue(&msg.queue, |q| {
-                q.dedup.retain(|_, (_, at)| now.duration_since(*at) < DEDUP_WINDOW);
+                q.dedup
+                    .retain(|_, (_, at)| now.duration_since(*at) < DEDUP_WINDOW);
                 q.dedup.get(dedup).map(|(id, _)| id.clone())
             });
             if let Some(id) = seen {
@@ -484,7 +500,12 @@ impl QueueBackend for EmbeddedBackend {
         Ok(id)
     }
 
-    async fn receive(&self, queue: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let now = Instant::now();
@@ -505,16 +526,17 @@ impl QueueBackend for EmbeddedBackend {
                         break;
                     }
                     let group = m.message.group.as_deref().filter(|_| fifo);
-                    if let Some(g) = group {
-                        if blocked.contains(g) {
-                            continue;
-                        }
+                    if let Some(g) = group
+                        && blocked.contains(g)
+                    {
+                        continue;
                     }
                     if m.in_flight {
                         continue;
                     }
                     if m.visible_at > now {
-                        next_visible = Some(next_visible.map_or(m.visible_at, |n| n.min(m.visible_at)));
+                        next_visible =
+                            Some(next_visible.map_or(m.visible_at, |n| n.min(m.visible_at)));
                         if let Some(g) = group {
                             // The group's head is waiting out its backoff: the group waits too.
                             blocked.insert(g);
@@ -549,7 +571,9 @@ impl QueueBackend for EmbeddedBackend {
                     wake = nv;
                 }
             }
-            if tokio::time::timeout_at(wake, notify.notified()).await.is_err()
+            if tokio::time::timeout_at(wake, notify.notified())
+                .await
+                .is_err()
                 && tokio::time::Instant::now() >= deadline
             {
                 return Ok(Vec::new());
@@ -576,7 +600,13 @@ impl QueueBackend for EmbeddedBackend {
         Ok(())
     }
 
-    async fn fail(&self, d: &Delivery, error: &str, delay: Duration, dead_letter: bool) -> Result<(), QueueError> {
+    async fn fail(
+        &self,
+        d: &Delivery,
+        error: &str,
+        delay: Duration,
+        dead_letter: bool,
+    ) -> Result<(), QueueError> {
         let seq = Self::seq_of(d)?;
         let mut message = d.message.clone();
         message.attempts = d.attempt;

@@ -197,7 +197,10 @@ impl Engine {
     /// Build the engine and start its background work: the state-trigger dispatcher, queue
     /// consumers for every known queue, the channel sweeper and (optionally) OTLP export.
     pub async fn start(config: EngineConfig, backends: Backends) -> Arc<Engine> {
-        let spans = Arc::new(SpanStore::new(config.span_capacity, config.otlp_endpoint.is_some()));
+        let spans = Arc::new(SpanStore::new(
+            config.span_capacity,
+            config.otlp_endpoint.is_some(),
+        ));
         let engine = Arc::new_cyclic(|me| Engine {
             config: config.clone(),
             state: backends.state,
@@ -372,7 +375,9 @@ impl Engine {
             return Err(ErrorBody::invalid("function `id` must not be empty"));
         }
         if id.len() > 256 {
-            return Err(ErrorBody::invalid("function `id` is longer than 256 characters"));
+            return Err(ErrorBody::invalid(
+                "function `id` is longer than 256 characters",
+            ));
         }
         Ok(())
     }
@@ -389,7 +394,12 @@ impl Engine {
     }
 
     /// Register an in-process handler (embedded workers and engine built-ins).
-    pub fn register_local(&self, owner: &str, def: RegisterFunction, handler: Handler) -> Result<(), ErrorBody> {
+    pub fn register_local(
+        &self,
+        owner: &str,
+        def: RegisterFunction,
+        handler: Handler,
+    ) -> Result<(), ErrorBody> {
         Self::validate_function_id(&def.id)?;
         self.insert_function(owner, def, Target::Local(handler));
         Ok(())
@@ -464,7 +474,11 @@ impl Engine {
                 })
             })
             .collect();
-        out.sort_by(|a, b| a["connected_at_ms"].as_u64().cmp(&b["connected_at_ms"].as_u64()));
+        out.sort_by(|a, b| {
+            a["connected_at_ms"]
+                .as_u64()
+                .cmp(&b["connected_at_ms"].as_u64())
+        });
         json!({ "workers": out })
     }
 
@@ -529,7 +543,10 @@ impl Engine {
         let timed_out = || {
             ErrorBody::new(
                 codes::TIMEOUT,
-                format!("`{function_id}` did not answer within {} ms", timeout.as_millis()),
+                format!(
+                    "`{function_id}` did not answer within {} ms",
+                    timeout.as_millis()
+                ),
             )
         };
         match route {
@@ -558,13 +575,8 @@ impl Engine {
                     self.call_seq.fetch_add(1, Ordering::Relaxed)
                 );
                 let (tx, rx) = oneshot::channel();
-                lock(&self.pending).insert(
-                    invocation_id.clone(),
-                    PendingCall {
-                        callee,
-                        reply: tx,
-                    },
-                );
+                lock(&self.pending)
+                    .insert(invocation_id.clone(), PendingCall { callee, reply: tx });
                 let msg = Message::InvokeFunction(InvokeFunction {
                     invocation_id: Some(invocation_id.clone()),
                     function_id: function_id.to_string(),
@@ -730,7 +742,10 @@ impl Engine {
         }
         let weak = self.me.clone();
         let name = queue.to_string();
-        consumers.insert(queue.to_string(), tokio::spawn(run_queue_consumer(weak, name)));
+        consumers.insert(
+            queue.to_string(),
+            tokio::spawn(run_queue_consumer(weak, name)),
+        );
     }
 
     fn queue_trigger_function(&self, queue: &str) -> Option<String> {
@@ -784,7 +799,12 @@ impl Engine {
         }
     }
 
-    pub async fn publish_durable(&self, topic: &str, data: Value, parent: &TraceContext) -> Result<usize, ErrorBody> {
+    pub async fn publish_durable(
+        &self,
+        topic: &str,
+        data: Value,
+        parent: &TraceContext,
+    ) -> Result<usize, ErrorBody> {
         let subscribers: Vec<String> = read(&self.triggers)
             .values()
             .filter(|t| matches!(&t.kind, TriggerKind::Durable { topic: tp } if tp == topic))
@@ -945,7 +965,13 @@ impl Engine {
             tokio::spawn(async move {
                 if let Some(cond) = condition {
                     let verdict = engine
-                        .invoke(&cond, event.clone(), &parent, None, Some(engine.config.condition_timeout))
+                        .invoke(
+                            &cond,
+                            event.clone(),
+                            &parent,
+                            None,
+                            Some(engine.config.condition_timeout),
+                        )
                         .await;
                     let fire = match &verdict {
                         Ok(Value::Bool(b)) => *b,
@@ -956,7 +982,10 @@ impl Engine {
                         return;
                     }
                 }
-                if let Err(e) = engine.invoke(&function_id, event, &parent, None, None).await {
+                if let Err(e) = engine
+                    .invoke(&function_id, event, &parent, None, None)
+                    .await
+                {
                     tracing::warn!(function_id = %function_id, error = %e, "state trigger handler failed");
                 }
             });
@@ -1068,17 +1097,23 @@ fn reply(outbox: &Outbox, invocation_id: String, function_id: String, r: Handler
     let _ = outbox.send(Outbound::Text(msg.to_json()));
 }
 
+/// Acknowledge dispatched changes at most this often (acks are disk writes; a crash before
+/// the ack only means those triggers fire again, which at-least-once allows).
+const ACK_INTERVAL: Duration = Duration::from_millis(200);
+
 async fn run_state_dispatcher(engine: Weak<Engine>) {
     let grace = match engine.upgrade() {
         Some(e) => e.config.trigger_grace,
         None => return,
     };
     tokio::time::sleep(grace).await;
+    let mut dispatched: Option<u64> = None;
+    let mut last_ack = tokio::time::Instant::now();
     loop {
         let Some(e) = engine.upgrade() else { return };
         let feed = e.changes.clone();
         drop(e);
-        let batch = match feed.next_batch(256, Duration::from_secs(1)).await {
+        let batch = match feed.next_batch(256, ACK_INTERVAL).await {
             Ok(b) => b,
             Err(err) => {
                 tracing::error!(error = %err, "change feed read failed; retrying");
@@ -1086,13 +1121,21 @@ async fn run_state_dispatcher(engine: Weak<Engine>) {
                 continue;
             }
         };
-        let Some(last) = batch.last().map(|r| r.seq) else { continue };
-        let Some(e) = engine.upgrade() else { return };
-        for rec in batch {
-            e.fire_state_change(rec);
+        if let Some(last) = batch.last().map(|r| r.seq) {
+            let Some(e) = engine.upgrade() else { return };
+            for rec in batch {
+                e.fire_state_change(rec);
+            }
+            dispatched = Some(last);
         }
-        if let Err(err) = feed.ack(last).await {
-            tracing::error!(error = %err, "change feed ack failed");
+        if let Some(seq) = dispatched
+            && last_ack.elapsed() >= ACK_INTERVAL
+        {
+            match feed.ack(seq).await {
+                Ok(()) => dispatched = None,
+                Err(err) => tracing::error!(error = %err, "change feed ack failed"),
+            }
+            last_ack = tokio::time::Instant::now();
         }
     }
 }
@@ -1105,7 +1148,9 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
     let cfg = cfg.unwrap_or_else(|| QueueConfig::standard(&queue));
     let permits = Arc::new(Semaphore::new(cfg.concurrency));
     loop {
-        let Ok(first) = permits.clone().acquire_owned().await else { return };
+        let Ok(first) = permits.clone().acquire_owned().await else {
+            return;
+        };
         let room = permits.available_permits() + 1;
         let Some(e) = engine.upgrade() else { return };
         let backend = e.queues.clone();

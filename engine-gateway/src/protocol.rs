@@ -204,7 +204,9 @@ impl Message {
     pub fn to_json(&self) -> String {
         // Serializing these types cannot fail: every field is a String, number, or Value.
         serde_json::to_string(self).unwrap_or_else(|e| {
-            format!(r#"{{"type":"error","error":{{"code":"serialization_error","message":"{e}"}}}}"#)
+            format!(
+                r#"{{"type":"error","error":{{"code":"serialization_error","message":"{e}"}}}}"#
+            )
         })
     }
 }

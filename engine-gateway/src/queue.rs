@@ -109,7 +109,9 @@ impl QueueConfig {
         let cfg: QueueConfig = serde_json::from_value(Value::Object(norm))
             .map_err(|e| QueueError::Invalid(format!("invalid queue config: {e}")))?;
         if cfg.concurrency == 0 {
-            return Err(QueueError::Invalid("`concurrency` must be at least 1".into()));
+            return Err(QueueError::Invalid(
+                "`concurrency` must be at least 1".into(),
+            ));
         }
         Ok(cfg)
     }
@@ -138,7 +140,11 @@ impl QueueConfig {
     /// Exponential backoff after the n-th failed attempt (1-based).
     pub fn backoff(&self, attempt: u32) -> Duration {
         let exp = attempt.saturating_sub(1).min(16);
-        Duration::from_millis(self.backoff_ms.saturating_mul(1u64 << exp).min(15 * 60 * 1000))
+        Duration::from_millis(
+            self.backoff_ms
+                .saturating_mul(1u64 << exp)
+                .min(15 * 60 * 1000),
+        )
     }
 }
 

@@ -176,10 +176,12 @@ pub trait StateStore: Send + Sync {
     async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError>;
 }
 
-/// The change feed behind state triggers: at-least-once, in commit order.
+/// The change feed behind state triggers: at-least-once, in commit order. Records handed out
+/// are not handed out again by this process; records not yet acknowledged when the process
+/// dies are handed out again after a restart.
 #[async_trait]
 pub trait ChangeFeed: Send + Sync {
-    /// Wait up to `wait` for committed changes not yet acknowledged.
+    /// Wait up to `wait` for committed changes not yet handed out.
     async fn next_batch(
         &self,
         max: usize,
@@ -255,7 +257,11 @@ pub fn apply_ops(mut current: Value, ops: &[UpdateOp]) -> Result<Value, StateErr
                 } else {
                     serde_json::Number::from_f64(sum)
                         .map(Value::Number)
-                        .ok_or_else(|| StateError::Invalid(format!("increment at `{path}`: result is not finite")))?
+                        .ok_or_else(|| {
+                            StateError::Invalid(format!(
+                                "increment at `{path}`: result is not finite"
+                            ))
+                        })?
                 };
             }
             UpdateOp::Remove { path } => remove_at(&mut current, path)?,
@@ -283,7 +289,11 @@ fn split_path(path: &str) -> Vec<String> {
 }
 
 /// The slot a path names, creating intermediate objects when `create`.
-fn slot<'a>(root: &'a mut Value, path: &str, create: bool) -> Result<Option<&'a mut Value>, StateError> {
+fn slot<'a>(
+    root: &'a mut Value,
+    path: &str,
+    create: bool,
+) -> Result<Option<&'a mut Value>, StateError> {
     let mut cur = root;
     for part in split_path(path) {
         if cur.is_null() && create {
@@ -339,10 +349,10 @@ fn remove_at(root: &mut Value, path: &str) -> Result<(), StateError> {
             map.remove(&last);
         }
         Some(Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
-                }
+            if let Ok(i) = last.parse::<usize>()
+                && i < items.len()
+            {
+                items.remove(i);
             }
         }
         _ => {}
@@ -373,16 +383,25 @@ mod tests {
             ])),
         )
         .expect("apply");
-        assert_eq!(out, json!({"list":[1,2],"new":["x"],"b":{"c":true},"f":0.5}));
+        assert_eq!(
+            out,
+            json!({"list":[1,2],"new":["x"],"b":{"c":true},"f":0.5})
+        );
     }
 
     #[test]
     fn ops_reject_type_mismatch_with_path() {
-        let err = apply_ops(json!({"s": 1}), &ops(json!([{"type":"append","path":"s","value":1}])))
-            .unwrap_err();
+        let err = apply_ops(
+            json!({"s": 1}),
+            &ops(json!([{"type":"append","path":"s","value":1}])),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("`s`"), "{err}");
-        let err = apply_ops(json!({"s": "x"}), &ops(json!([{"type":"increment","path":"s","by":1}])))
-            .unwrap_err();
+        let err = apply_ops(
+            json!({"s": "x"}),
+            &ops(json!([{"type":"increment","path":"s","by":1}])),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("not a number"), "{err}");
     }
 

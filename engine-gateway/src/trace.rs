@@ -155,12 +155,13 @@ fn percent_decode(v: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push(h * 16 + l);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -333,7 +334,7 @@ impl SpanStore {
         }
         drop(inner);
         let mut out: Vec<(String, Group)> = groups.into_iter().collect();
-        out.sort_by(|a, b| b.1.last.cmp(&a.1.last));
+        out.sort_by_key(|g| std::cmp::Reverse(g.1.last));
         out.truncate(limit.unwrap_or(100));
         let groups: Vec<Value> = out
             .into_iter()
@@ -458,7 +459,10 @@ mod tests {
         let g = store.group_by(ATTR_SESSION_ID, None, None);
         assert_eq!(g["groups"][0]["value"], "s1");
         assert_eq!(g["groups"][0]["span_count"], 2);
-        assert_eq!(g["groups"][0]["trace_ids"].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            g["groups"][0]["trace_ids"].as_array().map(Vec::len),
+            Some(1)
+        );
         assert_eq!(g["groups"][0]["error_count"], 1);
         assert_eq!(b.parent_span_id.as_deref(), Some(a.span_id.as_str()));
         let otlp = otlp_json(&[a, b]);

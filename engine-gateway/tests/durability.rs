@@ -20,7 +20,14 @@ fn spawn_engine(data_dir: &std::path::Path) -> Engine {
 
 fn spawn_engine_with_grace(data_dir: &std::path::Path, grace_ms: u64) -> Engine {
     let mut child = Command::new(env!("CARGO_BIN_EXE_engine-gateway"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--trigger-grace-ms", &grace_ms.to_string(), "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--trigger-grace-ms",
+            &grace_ms.to_string(),
+            "--data-dir",
+        ])
         .arg(data_dir)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -29,8 +36,14 @@ fn spawn_engine_with_grace(data_dir: &std::path::Path, grace_ms: u64) -> Engine 
         .expect("engine binary starts");
     let stdout = child.stdout.take().expect("stdout");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("ready line");
-    let url = line.trim().strip_prefix("listening on ").expect("ready line format").to_string();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("ready line");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("ready line format")
+        .to_string();
     Engine { child, url }
 }
 
@@ -41,13 +54,21 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
 
     let mut client = Raw::connect(&engine.url).await;
     for i in 0..20 {
-        let r = client.call("state::set", json!({"scope": "durable", "key": format!("k{i}"), "value": {"i": i}})).await;
+        let r = client
+            .call(
+                "state::set",
+                json!({"scope": "durable", "key": format!("k{i}"), "value": {"i": i}}),
+            )
+            .await;
         assert_eq!(r["result"]["version"], 1, "{r}");
     }
     let r = client.call("state::update", json!({"scope": "durable", "key": "k0", "ops": [{"type": "set", "path": "extra", "value": true}]})).await;
     assert_eq!(r["result"]["version"], 2);
     let r = client
-        .call("engine::queue::declare", json!({"queue": "jobs", "type": "fifo", "message_group_field": "g", "backoff_ms": 50}))
+        .call(
+            "engine::queue::declare",
+            json!({"queue": "jobs", "type": "fifo", "message_group_field": "g", "backoff_ms": 50}),
+        )
         .await;
     assert!(r.get("error").is_none(), "{r}");
 
@@ -55,7 +76,11 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
     worker.register("t::job").await;
     for n in 1..=5 {
         let r = client
-            .call_with("t::job", json!({"g": "a", "n": n}), json!({"action": {"type": "enqueue", "queue": "jobs"}}))
+            .call_with(
+                "t::job",
+                json!({"g": "a", "n": n}),
+                json!({"action": {"type": "enqueue", "queue": "jobs"}}),
+            )
             .await;
         assert!(r["result"]["message_receipt_id"].is_string(), "{r}");
     }
@@ -67,7 +92,9 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
     let third = worker.recv_until(|v| v["type"] == "invokefunction").await;
     assert_eq!(third["data"]["n"], 3);
     // Give the engine a moment to commit the ack of message 2.
-    client.call("state::get", json!({"scope": "durable", "key": "k0"})).await;
+    client
+        .call("state::get", json!({"scope": "durable", "key": "k0"}))
+        .await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     engine.child.kill().expect("kill -9");
     engine.child.wait().unwrap();
@@ -75,14 +102,31 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
     let mut engine = spawn_engine(dir.path());
     let mut client = Raw::connect(&engine.url).await;
     for i in 0..20 {
-        let r = client.call("state::get", json!({"scope": "durable", "key": format!("k{i}")})).await;
+        let r = client
+            .call(
+                "state::get",
+                json!({"scope": "durable", "key": format!("k{i}")}),
+            )
+            .await;
         assert_eq!(r["result"]["i"], i, "state k{i} after kill -9: {r}");
     }
-    let r = client.call("state::get_versioned", json!({"scope": "durable", "key": "k0"})).await;
+    let r = client
+        .call(
+            "state::get_versioned",
+            json!({"scope": "durable", "key": "k0"}),
+        )
+        .await;
     assert_eq!(r["result"]["version"], 2);
     assert_eq!(r["result"]["value"]["extra"], true);
     let cfg = client.call("engine::queue::list", json!({})).await;
-    assert!(cfg["result"]["queues"].as_array().unwrap().iter().any(|q| q["name"] == "jobs" && q["type"] == "fifo"), "{cfg}");
+    assert!(
+        cfg["result"]["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["name"] == "jobs" && q["type"] == "fifo"),
+        "{cfg}"
+    );
 
     let mut worker = Raw::connect(&engine.url).await;
     worker.register("t::job").await;
@@ -91,12 +135,18 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
         let inv = worker.serve_one(|_| json!({"ok": true})).await;
         delivered.push(inv["data"]["n"].as_i64().unwrap());
     }
-    assert_eq!(delivered, vec![3, 4, 5], "unacknowledged messages come back in order; acknowledged ones do not");
+    assert_eq!(
+        delivered,
+        vec![3, 4, 5],
+        "unacknowledged messages come back in order; acknowledged ones do not"
+    );
     common::wait_for("queue empty", || {
         let url = engine.url.clone();
         async move {
             let mut c = Raw::connect(&url).await;
-            let s = c.call("engine::queue::stats", json!({"queue": "jobs"})).await;
+            let s = c
+                .call("engine::queue::stats", json!({"queue": "jobs"}))
+                .await;
             s["result"]["pending"] == 0 && s["result"]["in_flight"] == 0
         }
     })
@@ -104,7 +154,10 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
     // Nothing else arrives.
     worker.send(json!({"type": "ping"})).await;
     let next = worker.recv().await;
-    assert_eq!(next["type"], "pong", "no redelivery of acknowledged messages: {next}");
+    assert_eq!(
+        next["type"], "pong",
+        "no redelivery of acknowledged messages: {next}"
+    );
     engine.child.kill().unwrap();
     engine.child.wait().unwrap();
 }
@@ -116,7 +169,12 @@ async fn state_change_committed_before_a_crash_still_fires_its_trigger() {
     // trigger) before the crash.
     let mut engine = spawn_engine_with_grace(dir.path(), 5_000);
     let mut client = Raw::connect(&engine.url).await;
-    let r = client.call("state::set", json!({"scope": "approvals", "key": "s1/c1", "value": {"decision": "allow"}})).await;
+    let r = client
+        .call(
+            "state::set",
+            json!({"scope": "approvals", "key": "s1/c1", "value": {"decision": "allow"}}),
+        )
+        .await;
     assert_eq!(r["result"]["version"], 1);
     engine.child.kill().unwrap();
     engine.child.wait().unwrap();
@@ -125,7 +183,8 @@ async fn state_change_committed_before_a_crash_still_fires_its_trigger() {
     // receives the change committed before the crash.
     let mut engine = spawn_engine_with_grace(dir.path(), 2_000);
     let mut w = Raw::connect(&engine.url).await;
-    w.send(json!({"type": "registerfunction", "id": "t::on_approval"})).await;
+    w.send(json!({"type": "registerfunction", "id": "t::on_approval"}))
+        .await;
     w.send(json!({"type": "registertrigger", "id": "tr", "trigger_type": "state", "function_id": "t::on_approval", "config": {"scope": "approvals"}})).await;
     let inv = w.recv_until(|v| v["type"] == "invokefunction").await;
     assert_eq!(inv["data"]["key"], "s1/c1");

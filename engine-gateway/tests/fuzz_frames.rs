@@ -38,7 +38,11 @@ fn random_value(rng: &mut StdRng, depth: u32) -> Value {
         2 => json!(rng.random::<i64>()),
         3 => json!(rng.random::<f64>() * 1e6),
         4 => Value::String(random_string(rng)),
-        5 => Value::Array((0..rng.random_range(0..4)).map(|_| random_value(rng, depth + 1)).collect()),
+        5 => Value::Array(
+            (0..rng.random_range(0..4))
+                .map(|_| random_value(rng, depth + 1))
+                .collect(),
+        ),
         _ => {
             let mut m = Map::new();
             for _ in 0..rng.random_range(0..4) {
@@ -50,11 +54,32 @@ fn random_value(rng: &mut StdRng, depth: u32) -> Value {
 }
 
 fn random_string(rng: &mut StdRng) -> String {
-    const POOL: &[&str] = &["type", "id", "invocation_id", "function_id", "data", "action", "enqueue", "void", "queue", "", "\u{0}", "é", "::", "*", "state::set", "{", "\"", "\\"];
+    const POOL: &[&str] = &[
+        "type",
+        "id",
+        "invocation_id",
+        "function_id",
+        "data",
+        "action",
+        "enqueue",
+        "void",
+        "queue",
+        "",
+        "\u{0}",
+        "é",
+        "::",
+        "*",
+        "state::set",
+        "{",
+        "\"",
+        "\\",
+    ];
     if rng.random_bool(0.5) {
         POOL[rng.random_range(0..POOL.len())].to_string()
     } else {
-        (0..rng.random_range(0..12)).map(|_| char::from_u32(rng.random_range(0x20..0x2FF)).unwrap_or('?')).collect()
+        (0..rng.random_range(0..12))
+            .map(|_| char::from_u32(rng.random_range(0x20..0x2FF)).unwrap_or('?'))
+            .collect()
     }
 }
 
@@ -66,7 +91,10 @@ fn mutate(rng: &mut StdRng, mut v: Value) -> String {
             obj.remove(&keys[rng.random_range(0..keys.len())]);
         }
         1 if !keys.is_empty() => {
-            obj.insert(keys[rng.random_range(0..keys.len())].clone(), random_value(rng, 0));
+            obj.insert(
+                keys[rng.random_range(0..keys.len())].clone(),
+                random_value(rng, 0),
+            );
         }
         2 => {
             obj.insert(random_string(rng), random_value(rng, 0));
@@ -93,7 +121,13 @@ fn mutate(rng: &mut StdRng, mut v: Value) -> String {
             text = chars
                 .iter()
                 .enumerate()
-                .map(|(j, c)| if j == i { char::from_u32(rng.random_range(0x20..0x7F)).unwrap_or('x') } else { *c })
+                .map(|(j, c)| {
+                    if j == i {
+                        char::from_u32(rng.random_range(0x20..0x7F)).unwrap_or('x')
+                    } else {
+                        *c
+                    }
+                })
                 .collect();
         }
         _ => {}
@@ -105,15 +139,25 @@ fn mutate(rng: &mut StdRng, mut v: Value) -> String {
 async fn random_and_mutated_frames_never_break_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path()).await;
-    let seed: u64 = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
-    let rounds: usize = std::env::var("FUZZ_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let seed: u64 = std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    let rounds: usize = std::env::var("FUZZ_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
     let mut rng = StdRng::seed_from_u64(seed);
     let valid = valid_messages();
     let mut raw = Raw::connect(&srv.url()).await;
     let mut replies = 0usize;
     for round in 0..rounds {
         let frame: Message = match rng.random_range(0..10) {
-            0 => Message::binary((0..rng.random_range(0..64)).map(|_| rng.random::<u8>()).collect::<Vec<u8>>()),
+            0 => Message::binary(
+                (0..rng.random_range(0..64))
+                    .map(|_| rng.random::<u8>())
+                    .collect::<Vec<u8>>(),
+            ),
             1 => Message::text(random_string(&mut rng)),
             2 | 3 => Message::text(random_value(&mut rng, 0).to_string()),
             4 => Message::text(valid[rng.random_range(0..valid.len())].to_string()),
@@ -122,13 +166,18 @@ async fn random_and_mutated_frames_never_break_the_server() {
                 Message::text(mutate(&mut rng, base))
             }
         };
-        raw.ws.send(frame.clone()).await.unwrap_or_else(|e| panic!("round {round} (seed {seed}): send failed: {e} after {frame:?}"));
+        raw.ws.send(frame.clone()).await.unwrap_or_else(|e| {
+            panic!("round {round} (seed {seed}): send failed: {e} after {frame:?}")
+        });
         if round % 50 == 49 {
             raw.send(json!({"type": "ping"})).await;
             // Drain replies until the pong; each reply must be well-formed JSON with a type.
             loop {
                 let v = raw.recv().await;
-                assert!(v["type"].is_string(), "round {round} (seed {seed}): reply without type: {v}");
+                assert!(
+                    v["type"].is_string(),
+                    "round {round} (seed {seed}): reply without type: {v}"
+                );
                 if v["type"] == "invokefunction" {
                     // Our fuzz registrations route calls to us; answer some, ignore others.
                     continue;
@@ -140,10 +189,18 @@ async fn random_and_mutated_frames_never_break_the_server() {
             }
         }
     }
-    assert!(replies > rounds / 10, "the engine answered bad input with errors ({replies} replies)");
+    assert!(
+        replies > rounds / 10,
+        "the engine answered bad input with errors ({replies} replies)"
+    );
     // The engine still serves a fresh client normally.
     let mut fresh = Raw::connect(&srv.url()).await;
-    let r = fresh.call("state::set", json!({"scope": "after", "key": "fuzz", "value": true})).await;
+    let r = fresh
+        .call(
+            "state::set",
+            json!({"scope": "after", "key": "fuzz", "value": true}),
+        )
+        .await;
     assert_eq!(r["result"]["version"], 1, "{r}");
     let r = fresh.call("engine::functions::list", json!({})).await;
     assert!(r["result"]["functions"].is_array());

@@ -39,7 +39,14 @@ async fn fifo_keeps_order_per_group_under_concurrent_producers() {
         .trigger("queue", "t::step", json!({"queue": "steps", "type": "fifo", "message_group_field": "session_id", "concurrency": 8}));
     let c = remote(&srv, consumer);
     c.wait_connected(Duration::from_secs(5)).await.unwrap();
-    wait_for("queue declared", || async { srv.engine.queues.config("steps").await.is_some_and(|q| q.concurrency == 8) }).await;
+    wait_for("queue declared", || async {
+        srv.engine
+            .queues
+            .config("steps")
+            .await
+            .is_some_and(|q| q.concurrency == 8)
+    })
+    .await;
 
     // 4 producers at once, each owning a group; their messages interleave in the queue.
     let mut producers = Vec::new();
@@ -50,19 +57,35 @@ async fn fifo_keeps_order_per_group_under_concurrent_producers() {
             h.wait_connected(Duration::from_secs(5)).await.unwrap();
             let ctx = h.ctx();
             for n in 0..25u64 {
-                ctx.enqueue("steps", "t::step", json!({"session_id": format!("g{p}"), "n": n})).await.unwrap();
+                ctx.enqueue(
+                    "steps",
+                    "t::step",
+                    json!({"session_id": format!("g{p}"), "n": n}),
+                )
+                .await
+                .unwrap();
             }
         }));
     }
     for p in producers {
         p.await.unwrap();
     }
-    wait_for("all 100 delivered", || async { seen.lock().unwrap().values().map(Vec::len).sum::<usize>() == 100 }).await;
+    wait_for("all 100 delivered", || async {
+        seen.lock().unwrap().values().map(Vec::len).sum::<usize>() == 100
+    })
+    .await;
     let seen = seen.lock().unwrap();
     for g in 0..4 {
-        assert_eq!(seen[&format!("g{g}")], (0..25).collect::<Vec<u64>>(), "group g{g} out of order");
+        assert_eq!(
+            seen[&format!("g{g}")],
+            (0..25).collect::<Vec<u64>>(),
+            "group g{g} out of order"
+        );
     }
-    assert!(!*overlap.lock().unwrap(), "two messages of one group were in flight at once");
+    assert!(
+        !*overlap.lock().unwrap(),
+        "two messages of one group were in flight at once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,36 +109,80 @@ async fn failing_message_retries_then_dead_letters_then_redrives() {
         .trigger("queue", "t::flaky", json!({"queue": "work", "type": "fifo", "message_group_field": "g", "max_retries": 2, "backoff_ms": 50}));
     let mut wh = remote(&srv, w);
     wh.wait_connected(Duration::from_secs(5)).await.unwrap();
-    wait_for("declared", || async { srv.engine.queues.config("work").await.is_some_and(|q| q.max_retries == 2) }).await;
-    let ctx = wh.ctx();
-    ctx.enqueue("work", "t::flaky", json!({"g": "a", "n": 1})).await.unwrap();
-    ctx.enqueue("work", "t::flaky", json!({"g": "a", "n": 2})).await.unwrap();
-
-    wait_for("poison dead-lettered", || async {
-        ctx.trigger("engine::queue::stats", json!({"queue": "work"})).await.unwrap()["dead"] == 1
+    wait_for("declared", || async {
+        srv.engine
+            .queues
+            .config("work")
+            .await
+            .is_some_and(|q| q.max_retries == 2)
     })
     .await;
-    wait_for("the group moves on", || async { attempts.lock().unwrap().iter().any(|(n, _)| *n == 2) }).await;
+    let ctx = wh.ctx();
+    ctx.enqueue("work", "t::flaky", json!({"g": "a", "n": 1}))
+        .await
+        .unwrap();
+    ctx.enqueue("work", "t::flaky", json!({"g": "a", "n": 2}))
+        .await
+        .unwrap();
+
+    wait_for("poison dead-lettered", || async {
+        ctx.trigger("engine::queue::stats", json!({"queue": "work"}))
+            .await
+            .unwrap()["dead"]
+            == 1
+    })
+    .await;
+    wait_for("the group moves on", || async {
+        attempts.lock().unwrap().iter().any(|(n, _)| *n == 2)
+    })
+    .await;
     {
         let a = attempts.lock().unwrap();
-        let poison: Vec<std::time::Instant> = a.iter().filter(|(n, _)| *n == 1).map(|(_, t)| *t).collect();
+        let poison: Vec<std::time::Instant> =
+            a.iter().filter(|(n, _)| *n == 1).map(|(_, t)| *t).collect();
         assert_eq!(poison.len(), 3, "1 attempt + max_retries 2");
         // exponential backoff: 50 ms then 100 ms
         assert!(poison[1] - poison[0] >= Duration::from_millis(45));
         assert!(poison[2] - poison[1] >= Duration::from_millis(95));
         // FIFO: message 2 waited until 1 left the group.
         let first_2 = a.iter().position(|(n, _)| *n == 2).unwrap();
-        assert_eq!(first_2, 3, "message 2 must not overtake the failing head of its group");
+        assert_eq!(
+            first_2, 3,
+            "message 2 must not overtake the failing head of its group"
+        );
     }
-    let dead = ctx.trigger("engine::queue::dead_letters", json!({"queue": "work"})).await.unwrap();
-    assert!(dead["messages"][0]["last_error"].as_str().unwrap().contains("poison message"));
+    let dead = ctx
+        .trigger("engine::queue::dead_letters", json!({"queue": "work"}))
+        .await
+        .unwrap();
+    assert!(
+        dead["messages"][0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("poison message")
+    );
 
     *healthy.lock().unwrap() = true;
-    let r = ctx.trigger("engine::queue::redrive", json!({"queue": "work"})).await.unwrap();
+    let r = ctx
+        .trigger("engine::queue::redrive", json!({"queue": "work"}))
+        .await
+        .unwrap();
     assert_eq!(r, json!({"queue": "work", "redriven": 1}));
-    wait_for("redriven message succeeds", || async { attempts.lock().unwrap().iter().filter(|(n, _)| *n == 1).count() == 4 }).await;
+    wait_for("redriven message succeeds", || async {
+        attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(n, _)| *n == 1)
+            .count()
+            == 4
+    })
+    .await;
     wait_for("queue drained", || async {
-        let s = ctx.trigger("engine::queue::stats", json!({"queue": "work"})).await.unwrap();
+        let s = ctx
+            .trigger("engine::queue::stats", json!({"queue": "work"}))
+            .await
+            .unwrap();
         s["dead"] == 0 && s["pending"] == 0 && s["in_flight"] == 0
     })
     .await;
@@ -135,7 +202,9 @@ async fn durable_publish_gives_each_subscriber_its_own_copy() {
             .function(&fid, "", move |c, d: Value| {
                 let g = g.clone();
                 async move {
-                    g.lock().unwrap().push(format!("{}:{}", c.function_id(), d["x"]));
+                    g.lock()
+                        .unwrap()
+                        .push(format!("{}:{}", c.function_id(), d["x"]));
                     Ok(json!({}))
                 }
             })
@@ -144,7 +213,14 @@ async fn durable_publish_gives_each_subscriber_its_own_copy() {
         h.wait_connected(Duration::from_secs(5)).await.unwrap();
         handles.push(h);
     }
-    let r = handles[0].ctx().trigger("engine::durable::publish", json!({"topic": "news", "data": {"x": 7}})).await.unwrap();
+    let r = handles[0]
+        .ctx()
+        .trigger(
+            "engine::durable::publish",
+            json!({"topic": "news", "data": {"x": 7}}),
+        )
+        .await
+        .unwrap();
     assert_eq!(r["subscribers"], 2);
     wait_for("both copies", || async { got.lock().unwrap().len() == 2 }).await;
     let mut g = got.lock().unwrap().clone();
@@ -157,16 +233,39 @@ async fn state_functions_versions_and_atomic_updates() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path()).await;
     let mut c = Raw::connect(&srv.url()).await;
-    let r = c.call("state::set", json!({"scope": "s", "key": "k", "value": {"n": 1}, "expected_version": 0})).await;
+    let r = c
+        .call(
+            "state::set",
+            json!({"scope": "s", "key": "k", "value": {"n": 1}, "expected_version": 0}),
+        )
+        .await;
     assert_eq!(r["result"]["version"], 1, "{r}");
-    let r = c.call("state::set", json!({"scope": "s", "key": "k", "value": {"n": 2}, "expected_version": 0})).await;
+    let r = c
+        .call(
+            "state::set",
+            json!({"scope": "s", "key": "k", "value": {"n": 2}, "expected_version": 0}),
+        )
+        .await;
     assert_eq!(r["error"]["code"], "version_conflict", "{r}");
-    let r = c.call("state::set", json!({"scope": "s", "key": "k", "value": {"n": 2}, "expected_version": 1})).await;
+    let r = c
+        .call(
+            "state::set",
+            json!({"scope": "s", "key": "k", "value": {"n": 2}, "expected_version": 1}),
+        )
+        .await;
     assert_eq!(r["result"]["old_value"], json!({"n": 1}));
     assert_eq!(r["result"]["version"], 2);
-    let r = c.call("state::set", json!({"scope": "s", "key": "k", "value": {}, "expected_version": 1})).await;
+    let r = c
+        .call(
+            "state::set",
+            json!({"scope": "s", "key": "k", "value": {}, "expected_version": 1}),
+        )
+        .await;
     assert_eq!(r["error"]["code"], "version_conflict");
-    assert!(r["error"]["message"].as_str().unwrap().contains("found 2"), "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("found 2"),
+        "{r}"
+    );
 
     // Concurrent increments through many connections: atomic, none lost.
     let mut tasks = Vec::new();
@@ -183,20 +282,44 @@ async fn state_functions_versions_and_atomic_updates() {
     for t in tasks {
         t.await.unwrap();
     }
-    let v = c.call("state::get", json!({"scope": "s", "key": "counter"})).await;
+    let v = c
+        .call("state::get", json!({"scope": "s", "key": "counter"}))
+        .await;
     assert_eq!(v["result"]["n"], 200);
     assert_eq!(v["result"]["log"].as_array().unwrap().len(), 200);
     let r = c.call("state::update", json!({"scope": "s", "key": "counter", "ops": [{"type": "append", "path": "n", "value": 1}]})).await;
-    assert!(r["error"]["message"].as_str().unwrap().contains("`n`"), "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("`n`"),
+        "{r}"
+    );
 
-    c.call("state::set", json!({"scope": "s", "key": "a/1", "value": 1})).await;
-    c.call("state::set", json!({"scope": "s", "key": "a/2", "value": 2})).await;
-    let l = c.call("state::list", json!({"scope": "s", "prefix": "a/"})).await;
-    let keys: Vec<&str> = l["result"]["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap()).collect();
+    c.call(
+        "state::set",
+        json!({"scope": "s", "key": "a/1", "value": 1}),
+    )
+    .await;
+    c.call(
+        "state::set",
+        json!({"scope": "s", "key": "a/2", "value": 2}),
+    )
+    .await;
+    let l = c
+        .call("state::list", json!({"scope": "s", "prefix": "a/"}))
+        .await;
+    let keys: Vec<&str> = l["result"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
     assert_eq!(keys, vec!["a/1", "a/2"]);
-    let d = c.call("state::delete", json!({"scope": "s", "key": "a/1"})).await;
+    let d = c
+        .call("state::delete", json!({"scope": "s", "key": "a/1"}))
+        .await;
     assert_eq!(d["result"]["deleted"], true);
-    let g = c.call("state::get", json!({"scope": "s", "key": "a/1"})).await;
+    let g = c
+        .call("state::get", json!({"scope": "s", "key": "a/1"}))
+        .await;
     assert_eq!(g["result"], Value::Null);
 }
 
@@ -215,24 +338,52 @@ async fn state_triggers_fire_with_old_and_new_values_and_honour_conditions() {
             }
         })
         // Only fire when the new value's status is "done".
-        .function("t::is_done", "", |_c, ev: Value| async move { Ok(json!(ev["new_value"]["status"] == "done")) })
-        .trigger("state", "t::on_change", json!({"scope": "jobs", "key": "job/*"}))
-        .trigger("state", "t::on_change", json!({"scope": "other", "condition_function_id": "t::is_done"}));
+        .function("t::is_done", "", |_c, ev: Value| async move {
+            Ok(json!(ev["new_value"]["status"] == "done"))
+        })
+        .trigger(
+            "state",
+            "t::on_change",
+            json!({"scope": "jobs", "key": "job/*"}),
+        )
+        .trigger(
+            "state",
+            "t::on_change",
+            json!({"scope": "other", "condition_function_id": "t::is_done"}),
+        );
     let mut wh = remote(&srv, w);
     wh.wait_connected(Duration::from_secs(5)).await.unwrap();
     let ctx = wh.ctx();
-    ctx.state_set("jobs", "job/1", json!({"status": "new"})).await.unwrap();
-    ctx.state_set("jobs", "job/1", json!({"status": "running"})).await.unwrap();
+    ctx.state_set("jobs", "job/1", json!({"status": "new"}))
+        .await
+        .unwrap();
+    ctx.state_set("jobs", "job/1", json!({"status": "running"}))
+        .await
+        .unwrap();
     ctx.state_set("jobs", "unrelated", json!(1)).await.unwrap();
     ctx.state_delete("jobs", "job/1").await.unwrap();
-    ctx.state_set("other", "x", json!({"status": "pending"})).await.unwrap();
-    ctx.state_set("other", "x", json!({"status": "done"})).await.unwrap();
+    ctx.state_set("other", "x", json!({"status": "pending"}))
+        .await
+        .unwrap();
+    ctx.state_set("other", "x", json!({"status": "done"}))
+        .await
+        .unwrap();
     wait_for("4 events", || async { events.lock().unwrap().len() == 4 }).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut ev = events.lock().unwrap().clone();
     assert_eq!(ev.len(), 4, "{ev:?}");
-    ev.sort_by_key(|e| (e["scope"].as_str().unwrap().to_string(), e["event_type"].as_str().unwrap().to_string()));
-    let by_type = |t: &str| ev.iter().find(|e| e["scope"] == "jobs" && e["event_type"] == t).cloned().unwrap();
+    ev.sort_by_key(|e| {
+        (
+            e["scope"].as_str().unwrap().to_string(),
+            e["event_type"].as_str().unwrap().to_string(),
+        )
+    });
+    let by_type = |t: &str| {
+        ev.iter()
+            .find(|e| e["scope"] == "jobs" && e["event_type"] == t)
+            .cloned()
+            .unwrap()
+    };
     let created = by_type("state:created");
     assert_eq!(created["type"], "state");
     assert_eq!(created["key"], "job/1");
@@ -255,7 +406,9 @@ async fn streams_push_to_subscribers_and_triggers() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path()).await;
     let mut browser = Raw::connect(&srv.url()).await;
-    browser.send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"})).await;
+    browser
+        .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"}))
+        .await;
     browser.barrier().await;
     let hits: Arc<Mutex<Vec<Value>>> = Arc::default();
     let h = hits.clone();
@@ -267,33 +420,82 @@ async fn streams_push_to_subscribers_and_triggers() {
                 Ok(json!({}))
             }
         })
-        .trigger("stream", "t::on_event", json!({"stream_name": "agent::events"}));
+        .trigger(
+            "stream",
+            "t::on_event",
+            json!({"stream_name": "agent::events"}),
+        );
     let wh = remote(&srv, w);
     wh.wait_connected(Duration::from_secs(5)).await.unwrap();
     let ctx = wh.ctx();
-    ctx.stream_set("agent::events", "s1", "s1-1", json!({"type": "turn_end"})).await.unwrap();
-    ctx.stream_set("agent::events", "s2", "s2-1", json!({"type": "other-session"})).await.unwrap();
-    ctx.stream_send("agent::events", "s1", "ping", json!({"x": 1})).await.unwrap();
+    ctx.stream_set("agent::events", "s1", "s1-1", json!({"type": "turn_end"}))
+        .await
+        .unwrap();
+    ctx.stream_set(
+        "agent::events",
+        "s2",
+        "s2-1",
+        json!({"type": "other-session"}),
+    )
+    .await
+    .unwrap();
+    ctx.stream_send("agent::events", "s1", "ping", json!({"x": 1}))
+        .await
+        .unwrap();
     let first = browser.recv_until(|v| v["type"] == "streamevent").await;
     assert_eq!(first["group_id"], "s1");
     assert_eq!(first["item_id"], "s1-1");
-    assert_eq!(first["event"], json!({"type": "create", "data": {"type": "turn_end"}}));
+    assert_eq!(
+        first["event"],
+        json!({"type": "create", "data": {"type": "turn_end"}})
+    );
     let second = browser.recv_until(|v| v["type"] == "streamevent").await;
-    assert_eq!(second["event"]["type"], "ping", "s2 must not reach an s1 subscriber: {second}");
-    wait_for("trigger saw 3 events", || async { hits.lock().unwrap().len() == 3 }).await;
-    assert!(hits.lock().unwrap().iter().all(|e| e["type"] == "stream" && e["stream_name"] == "agent::events"));
-    let list = ctx.trigger("stream::list", json!({"stream_name": "agent::events", "group_id": "s1"})).await.unwrap();
-    assert_eq!(list["items"], json!([{"item_id": "s1-1", "data": {"type": "turn_end"}}]));
+    assert_eq!(
+        second["event"]["type"], "ping",
+        "s2 must not reach an s1 subscriber: {second}"
+    );
+    wait_for("trigger saw 3 events", || async {
+        hits.lock().unwrap().len() == 3
+    })
+    .await;
+    assert!(
+        hits.lock()
+            .unwrap()
+            .iter()
+            .all(|e| e["type"] == "stream" && e["stream_name"] == "agent::events")
+    );
+    let list = ctx
+        .trigger(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "s1"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        list["items"],
+        json!([{"item_id": "s1-1", "data": {"type": "turn_end"}}])
+    );
 
     // Server push to a connection; a closed one is `gone`.
-    let r = ctx.trigger("engine::connections::post", json!({"connection_id": browser.worker_id, "data": {"hello": 1}})).await.unwrap();
+    let r = ctx
+        .trigger(
+            "engine::connections::post",
+            json!({"connection_id": browser.worker_id, "data": {"hello": 1}}),
+        )
+        .await
+        .unwrap();
     assert_eq!(r["ok"], true);
     let push = browser.recv_until(|v| v["type"] == "push").await;
     assert_eq!(push["data"]["hello"], 1);
     let gone_id = browser.worker_id.clone();
     drop(browser);
     wait_for("gone", || async {
-        ctx.trigger("engine::connections::post", json!({"connection_id": gone_id, "data": {}})).await.is_err_and(|e| e.code() == "gone")
+        ctx.trigger(
+            "engine::connections::post",
+            json!({"connection_id": gone_id, "data": {}}),
+        )
+        .await
+        .is_err_and(|e| e.code() == "gone")
     })
     .await;
 }
@@ -304,7 +506,9 @@ async fn channels_stream_frames_between_workers_over_websockets() {
     let srv = start(dir.path()).await;
     // The producer writes tokens into a channel it is handed; the caller reads them.
     let producer = Worker::new("prod").function("t::produce", "", |ctx, d: Value| async move {
-        let writer_ref: harness_sdk::ChannelRef = serde_json::from_value(d["writer_ref"].clone()).map_err(|e| harness_sdk::ErrorBody::invalid(e.to_string()))?;
+        let writer_ref: harness_sdk::ChannelRef =
+            serde_json::from_value(d["writer_ref"].clone())
+                .map_err(|e| harness_sdk::ErrorBody::invalid(e.to_string()))?;
         let mut w = ctx.open_writer(&writer_ref).await?;
         for i in 0..50 {
             w.send_text(format!("tok{i}")).await?;
@@ -321,7 +525,10 @@ async fn channels_stream_frames_between_workers_over_websockets() {
     let mut r = ctx.open_reader(&reader).await.unwrap();
     let call = {
         let ctx = ctx.clone();
-        tokio::spawn(async move { ctx.trigger("t::produce", json!({"writer_ref": writer})).await })
+        tokio::spawn(async move {
+            ctx.trigger("t::produce", json!({"writer_ref": writer}))
+                .await
+        })
     };
     let mut frames = Vec::new();
     while let Some(f) = r.next().await {
@@ -335,7 +542,12 @@ async fn channels_stream_frames_between_workers_over_websockets() {
     // Each end attaches once; a wrong key is refused before the upgrade.
     assert!(ctx.open_reader(&reader).await.is_err());
     let (_, r2) = ctx.create_channel(None).await.unwrap();
-    let forged = harness_sdk::ChannelRef { access_key: "bad".into(), ..r2 };
-    let Err(err) = ctx.open_reader(&forged).await else { panic!("a forged key must be refused") };
+    let forged = harness_sdk::ChannelRef {
+        access_key: "bad".into(),
+        ..r2
+    };
+    let Err(err) = ctx.open_reader(&forged).await else {
+        panic!("a forged key must be refused")
+    };
     assert!(err.to_string().contains("403"), "{err}");
 }

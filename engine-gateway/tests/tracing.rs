@@ -20,7 +20,10 @@ fn two_hop_workers(url: &str) -> (harness_sdk::WorkerHandle, harness_sdk::Worker
     let b = Worker::new("worker-b").function("t::b", "leaf", |ctx, d: Value| async move {
         Ok(json!({"leaf": d, "session": ctx.session_id()}))
     });
-    (run_remote(a, RemoteOptions::new(url)), run_remote(b, RemoteOptions::new(url)))
+    (
+        run_remote(a, RemoteOptions::new(url)),
+        run_remote(b, RemoteOptions::new(url)),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,7 +45,13 @@ async fn one_trace_across_two_hops_grouped_by_session() {
     wait_for("spans from both workers", || {
         let (ctx, groups) = (query.clone(), groups.clone());
         async move {
-            let g = ctx.trigger("engine::traces::group_by", json!({"attribute": ATTR_SESSION_ID})).await.unwrap();
+            let g = ctx
+                .trigger(
+                    "engine::traces::group_by",
+                    json!({"attribute": ATTR_SESSION_ID}),
+                )
+                .await
+                .unwrap();
             let ok = g["groups"][0]["span_count"].as_u64().unwrap_or(0) >= 4;
             *groups.lock().unwrap() = g;
             ok
@@ -56,19 +65,48 @@ async fn one_trace_across_two_hops_grouped_by_session() {
     let trace_ids = groups_arr[0]["trace_ids"].as_array().unwrap();
     assert_eq!(trace_ids.len(), 1, "one connected trace: {g}");
 
-    let spans = query.trigger("engine::traces::list", json!({"trace_id": trace_ids[0]})).await.unwrap();
+    let spans = query
+        .trigger("engine::traces::list", json!({"trace_id": trace_ids[0]}))
+        .await
+        .unwrap();
     let spans = spans["spans"].as_array().unwrap().clone();
-    let services: std::collections::BTreeSet<&str> = spans.iter().map(|s| s["service"].as_str().unwrap()).collect();
-    assert!(services.contains("engine") && services.contains("worker-a") && services.contains("worker-b"), "{services:?}");
+    let services: std::collections::BTreeSet<&str> = spans
+        .iter()
+        .map(|s| s["service"].as_str().unwrap())
+        .collect();
+    assert!(
+        services.contains("engine")
+            && services.contains("worker-a")
+            && services.contains("worker-b"),
+        "{services:?}"
+    );
     // Parent links form one tree: every parent is a span of this trace, except the root's.
-    let ids: std::collections::HashSet<&str> = spans.iter().map(|s| s["span_id"].as_str().unwrap()).collect();
-    let orphans: Vec<&Value> = spans.iter().filter(|s| s["parent_span_id"].as_str().is_some_and(|p| !ids.contains(p))).collect();
-    assert!(orphans.len() <= 1, "only the caller's (unrecorded) root may be outside: {orphans:?}");
+    let ids: std::collections::HashSet<&str> = spans
+        .iter()
+        .map(|s| s["span_id"].as_str().unwrap())
+        .collect();
+    let orphans: Vec<&Value> = spans
+        .iter()
+        .filter(|s| {
+            s["parent_span_id"]
+                .as_str()
+                .is_some_and(|p| !ids.contains(p))
+        })
+        .collect();
+    assert!(
+        orphans.len() <= 1,
+        "only the caller's (unrecorded) root may be outside: {orphans:?}"
+    );
     let b_span = spans.iter().find(|s| s["service"] == "worker-b").unwrap();
     assert_eq!(b_span["attributes"]["iii.function.id"], "t::b");
     assert_eq!(b_span["attributes"][ATTR_SESSION_ID], "sess-42");
     // worker-b's span descends from worker-a's span through the engine's routing span.
-    let parent_of = |s: &Value| spans.iter().find(|p| p["span_id"] == s["parent_span_id"]).cloned();
+    let parent_of = |s: &Value| {
+        spans
+            .iter()
+            .find(|p| p["span_id"] == s["parent_span_id"])
+            .cloned()
+    };
     let route_b = parent_of(b_span).expect("engine span for t::b");
     assert_eq!(route_b["service"], "engine");
     let a_span = parent_of(&route_b).expect("worker-a span");
@@ -84,7 +122,9 @@ async fn spans_are_exported_over_otlp_http_json() {
     let sink = bodies.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
             let sink = sink.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
@@ -95,19 +135,28 @@ async fn spans_are_exported_over_otlp_http_json() {
                         return;
                     }
                     buf.extend_from_slice(&chunk[..n]);
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
                     let head = String::from_utf8_lossy(&buf[..end]).to_string();
                     let len: usize = head
                         .lines()
-                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
                         .unwrap_or(0);
                     if buf.len() < end + 4 + len {
                         continue;
                     }
                     let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let body: Value = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(Value::Null);
+                    let body: Value =
+                        serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(Value::Null);
                     sink.lock().unwrap().push((path, body));
-                    let _ = sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await;
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                        .await;
                     buf.drain(..end + 4 + len);
                 }
             });
@@ -120,15 +169,29 @@ async fn spans_are_exported_over_otlp_http_json() {
     let (a, b) = two_hop_workers(&srv.url());
     a.wait_connected(Duration::from_secs(5)).await.unwrap();
     b.wait_connected(Duration::from_secs(5)).await.unwrap();
-    a.ctx().with_baggage(ATTR_SESSION_ID, "otlp-1").trigger("t::a", json!({})).await.unwrap();
+    a.ctx()
+        .with_baggage(ATTR_SESSION_ID, "otlp-1")
+        .trigger("t::a", json!({}))
+        .await
+        .unwrap();
     wait_for("an OTLP export with worker-b's span", || async {
-        bodies.lock().unwrap().iter().any(|(_, b)| b.to_string().contains("worker-b"))
+        bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, b)| b.to_string().contains("worker-b"))
     })
     .await;
     let bodies = bodies.lock().unwrap();
     assert!(bodies.iter().all(|(p, _)| p == "/v1/traces"));
-    let all = bodies.iter().map(|(_, b)| b.to_string()).collect::<String>();
-    assert!(all.contains("\"traceId\"") && all.contains("\"spanId\"") && all.contains("otlp-1"), "{all}");
+    let all = bodies
+        .iter()
+        .map(|(_, b)| b.to_string())
+        .collect::<String>();
+    assert!(
+        all.contains("\"traceId\"") && all.contains("\"spanId\"") && all.contains("otlp-1"),
+        "{all}"
+    );
     let first = &bodies[0].1;
     assert!(first["resourceSpans"][0]["resource"]["attributes"][0]["key"] == "service.name");
 }

@@ -23,16 +23,28 @@ async fn sync_call_round_trip_and_unknown_function() {
         let mut c = Raw::connect(&url).await;
         c.call("t::double", json!({"n": 21})).await
     });
-    let inv = worker.serve_one(|d| json!({"n": d["n"].as_i64().unwrap() * 2})).await;
+    let inv = worker
+        .serve_one(|d| json!({"n": d["n"].as_i64().unwrap() * 2}))
+        .await;
     assert_eq!(inv["function_id"], "t::double");
-    assert!(inv["traceparent"].as_str().is_some_and(|t| t.starts_with("00-")), "{inv}");
+    assert!(
+        inv["traceparent"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("00-")),
+        "{inv}"
+    );
     let answer = call.await.unwrap();
     assert_eq!(answer["result"], json!({"n": 42}));
     assert!(answer.get("error").is_none());
 
     let missing = caller.call("t::nope", json!({})).await;
     assert_eq!(missing["error"]["code"], "function_not_found");
-    assert!(missing["error"]["message"].as_str().unwrap().contains("t::nope"));
+    assert!(
+        missing["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("t::nope")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,17 +76,22 @@ async fn last_registration_wins_and_cleanup_is_owner_safe() {
     assert_eq!(call.await.unwrap()["result"], "still b");
 
     // a foreign unregister is ignored; the owner's works.
-    c.send(json!({"type": "unregisterfunction", "id": "t::f"})).await;
+    c.send(json!({"type": "unregisterfunction", "id": "t::f"}))
+        .await;
     c.barrier().await;
     assert!(srv.engine.has_function("t::f"));
-    b.send(json!({"type": "unregisterfunction", "id": "t::f"})).await;
+    b.send(json!({"type": "unregisterfunction", "id": "t::f"}))
+        .await;
     b.barrier().await;
     assert!(!srv.engine.has_function("t::f"));
 
     // b disconnects: its remaining registrations go away.
     b.register("t::g").await;
     drop(b);
-    common::wait_for("b's clean-up", || async { !srv.engine.has_function("t::g") }).await;
+    common::wait_for("b's clean-up", || async {
+        !srv.engine.has_function("t::g")
+    })
+    .await;
     let r = c.call("t::g", json!({})).await;
     assert_eq!(r["error"]["code"], "function_not_found");
 }
@@ -92,7 +109,9 @@ async fn timeouts_default_and_per_call() {
     let r = caller.call("t::silent", json!({})).await;
     assert_eq!(r["error"]["code"], "timeout", "{r}");
     assert!(t0.elapsed() >= Duration::from_millis(250));
-    let r = caller.call_with("t::silent", json!({}), json!({"timeout_ms": 50})).await;
+    let r = caller
+        .call_with("t::silent", json!({}), json!({"timeout_ms": 50}))
+        .await;
     assert_eq!(r["error"]["code"], "timeout");
     // A late answer after the timeout is dropped quietly; the connection keeps working.
     let inv = silent.recv_until(|v| v["type"] == "invokefunction").await;
@@ -109,7 +128,8 @@ async fn disconnect_fails_in_flight_calls_with_invocation_stopped() {
     let mut w = Raw::connect(&srv.url()).await;
     w.register("t::hang").await;
     let url = srv.url();
-    let call = tokio::spawn(async move { Raw::connect(&url).await.call("t::hang", json!({})).await });
+    let call =
+        tokio::spawn(async move { Raw::connect(&url).await.call("t::hang", json!({})).await });
     w.recv_until(|v| v["type"] == "invokefunction").await;
     drop(w);
     let r = call.await.unwrap();
@@ -126,13 +146,17 @@ async fn a_worker_cannot_answer_another_workers_call() {
     w.register("t::mine").await;
     let mut intruder = Raw::connect(&srv.url()).await;
     let url = srv.url();
-    let call = tokio::spawn(async move { Raw::connect(&url).await.call("t::mine", json!({})).await });
+    let call =
+        tokio::spawn(async move { Raw::connect(&url).await.call("t::mine", json!({})).await });
     let inv = w.recv_until(|v| v["type"] == "invokefunction").await;
     intruder
         .send(json!({"type": "invocationresult", "invocation_id": inv["invocation_id"], "function_id": "t::mine", "result": "forged"}))
         .await;
     let r = call.await.unwrap();
-    assert_eq!(r["error"]["code"], "timeout", "the forged answer must not be accepted: {r}");
+    assert_eq!(
+        r["error"]["code"], "timeout",
+        "the forged answer must not be accepted: {r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,18 +169,27 @@ async fn connect_requires_the_token_when_set() {
         tokio_tungstenite::tungstenite::Error::Http(r) => r.status().as_u16(),
         other => panic!("expected an HTTP rejection, got {other}"),
     };
-    let missing = tokio_tungstenite::connect_async(srv.url()).await.unwrap_err();
+    let missing = tokio_tungstenite::connect_async(srv.url())
+        .await
+        .unwrap_err();
     assert_eq!(status(missing), 401);
-    let wrong = tokio_tungstenite::connect_async(format!("{}/?token=nope", srv.url())).await.unwrap_err();
+    let wrong = tokio_tungstenite::connect_async(format!("{}/?token=nope", srv.url()))
+        .await
+        .unwrap_err();
     assert_eq!(status(wrong), 401);
     let mut req = srv.url().into_client_request().unwrap();
-    req.headers_mut().insert("authorization", "Bearer wrong".parse().unwrap());
-    assert_eq!(status(tokio_tungstenite::connect_async(req).await.unwrap_err()), 401);
+    req.headers_mut()
+        .insert("authorization", "Bearer wrong".parse().unwrap());
+    assert_eq!(
+        status(tokio_tungstenite::connect_async(req).await.unwrap_err()),
+        401
+    );
 
     let mut ok = Raw::connect(&format!("{}/?token=s3cret", srv.url())).await;
     ok.barrier().await;
     let mut req = srv.url().into_client_request().unwrap();
-    req.headers_mut().insert("authorization", "Bearer s3cret".parse().unwrap());
+    req.headers_mut()
+        .insert("authorization", "Bearer s3cret".parse().unwrap());
     let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
     let hello = ws.next().await.unwrap().unwrap();
     assert!(hello.to_text().unwrap().contains("workerregistered"));
@@ -175,13 +208,20 @@ async fn oversize_message_closes_with_1009_but_fragments_within_limit_pass() {
     );
     w.wait_connected(Duration::from_secs(5)).await.unwrap();
     let blob = "é".repeat(50_000);
-    let n = w.ctx().trigger("t::len", json!({"blob": blob})).await.unwrap();
+    let n = w
+        .ctx()
+        .trigger("t::len", json!({"blob": blob}))
+        .await
+        .unwrap();
     assert_eq!(n, json!(100_000));
     w.stop();
 
     // One 40 KB frame: over the frame limit.
     let mut raw = Raw::connect(&srv.url()).await;
-    raw.ws.send(Message::text("x".repeat(40 * 1024))).await.unwrap();
+    raw.ws
+        .send(Message::text("x".repeat(40 * 1024)))
+        .await
+        .unwrap();
     expect_close(&mut raw, 1009).await;
 
     // 150 KB in fragments: over the message limit.
@@ -189,7 +229,11 @@ async fn oversize_message_closes_with_1009_but_fragments_within_limit_pass() {
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
     for i in 0..10 {
-        let op = if i == 0 { OpCode::Data(Data::Text) } else { OpCode::Data(Data::Continue) };
+        let op = if i == 0 {
+            OpCode::Data(Data::Text)
+        } else {
+            OpCode::Data(Data::Continue)
+        };
         let frame = Frame::message(vec![b'a'; 15 * 1024], op, i == 9);
         if raw.ws.send(Message::Frame(frame)).await.is_err() {
             break;
@@ -200,7 +244,10 @@ async fn oversize_message_closes_with_1009_but_fragments_within_limit_pass() {
 
 async fn expect_close(raw: &mut Raw, code: u16) {
     loop {
-        match tokio::time::timeout(Duration::from_secs(5), raw.ws.next()).await.expect("close within 5 s") {
+        match tokio::time::timeout(Duration::from_secs(5), raw.ws.next())
+            .await
+            .expect("close within 5 s")
+        {
             Some(Ok(Message::Close(Some(frame)))) => {
                 assert_eq!(u16::from(frame.code), code, "{frame:?}");
                 return;
@@ -250,9 +297,18 @@ async fn bad_input_gets_a_named_error_and_the_connection_stays_open() {
         (r#"{"type":42}"#, "`type` must be a string"),
         (r#"{"type":"teleport"}"#, "teleport"),
         (r#"{"type":"registerfunction"}"#, "`id`"),
-        (r#"{"type":"registerfunction","id":""}"#, "must not be empty"),
-        (r#"{"type":"registertrigger","id":"x","function_id":"f"}"#, "trigger_type"),
-        (r#"{"type":"workerregistered","worker_id":"me"}"#, "sent by the engine"),
+        (
+            r#"{"type":"registerfunction","id":""}"#,
+            "must not be empty",
+        ),
+        (
+            r#"{"type":"registertrigger","id":"x","function_id":"f"}"#,
+            "trigger_type",
+        ),
+        (
+            r#"{"type":"workerregistered","worker_id":"me"}"#,
+            "sent by the engine",
+        ),
     ];
     for (frame, expected) in cases {
         raw.send_text(frame).await;
@@ -263,11 +319,18 @@ async fn bad_input_gets_a_named_error_and_the_connection_stays_open() {
         assert!(msg.contains(expected), "{frame} → {msg}");
     }
     // A broken invokefunction with an id is answered on that id.
-    raw.send(json!({"type": "invokefunction", "invocation_id": "i-1", "data": {}})).await;
+    raw.send(json!({"type": "invokefunction", "invocation_id": "i-1", "data": {}}))
+        .await;
     let r = raw.recv().await;
     assert_eq!(r["type"], "invocationresult");
     assert_eq!(r["invocation_id"], "i-1");
-    assert!(r["error"]["message"].as_str().unwrap().contains("function_id"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("function_id"),
+        "{r}"
+    );
     // Unknown trigger type → trigger_type_not_found in the registration result.
     raw.send(json!({"type": "registertrigger", "id": "t1", "trigger_type": "cron", "function_id": "f", "config": {}})).await;
     let r = raw.recv().await;
@@ -276,16 +339,38 @@ async fn bad_input_gets_a_named_error_and_the_connection_stays_open() {
     // Missing config field names it.
     raw.send(json!({"type": "registertrigger", "id": "t2", "trigger_type": "stream", "function_id": "f", "config": {}})).await;
     let r = raw.recv().await;
-    assert!(r["error"]["message"].as_str().unwrap().contains("stream_name"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream_name"),
+        "{r}"
+    );
     // Binary frames that are not UTF-8.
-    raw.ws.send(Message::binary(vec![0xff, 0xfe, 0x00])).await.unwrap();
+    raw.ws
+        .send(Message::binary(vec![0xff, 0xfe, 0x00]))
+        .await
+        .unwrap();
     let r = raw.recv().await;
     assert_eq!(r["error"]["code"], "invalid_message");
     // Builtin argument errors name the field.
-    let r = raw.call("state::set", json!({"scope": "s", "value": 1})).await;
-    assert!(r["error"]["message"].as_str().unwrap().contains("`key`"), "{r}");
-    let r = raw.call("state::set", json!({"scope": 5, "key": "k", "value": 1})).await;
-    assert!(r["error"]["message"].as_str().unwrap().contains("must be a string"), "{r}");
+    let r = raw
+        .call("state::set", json!({"scope": "s", "value": 1}))
+        .await;
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("`key`"),
+        "{r}"
+    );
+    let r = raw
+        .call("state::set", json!({"scope": 5, "key": "k", "value": 1}))
+        .await;
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("must be a string"),
+        "{r}"
+    );
     raw.barrier().await;
 }
 
@@ -296,23 +381,44 @@ async fn engine_functions_list_what_is_registered() {
     let mut w = Raw::connect(&srv.url()).await;
     w.send(json!({"type": "registerfunction", "id": "t::listed", "description": "d", "request_format": {"type": "object"}})).await;
     w.send(json!({"type": "registertrigger", "id": "trig-1", "trigger_type": "state", "function_id": "t::listed", "config": {"scope": "s"}})).await;
-    let r = w.recv_until(|v| v["type"] == "triggerregistrationresult").await;
+    let r = w
+        .recv_until(|v| v["type"] == "triggerregistrationresult")
+        .await;
     assert!(r.get("error").is_none(), "{r}");
     w.send(json!({"type": "invokefunction", "invocation_id": "a", "function_id": "engine::workers::register", "data": {"name": "lister"}})).await;
     w.recv_until(|v| v["invocation_id"] == "a").await;
 
     let fns = w.call("engine::functions::list", json!({})).await;
-    let entry = fns["result"]["functions"].as_array().unwrap().iter().find(|f| f["function_id"] == "t::listed").cloned().unwrap();
+    let entry = fns["result"]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function_id"] == "t::listed")
+        .cloned()
+        .unwrap();
     assert_eq!(entry["description"], "d");
     assert_eq!(entry["worker_id"], w.worker_id.as_str());
-    assert!(fns["result"]["functions"].as_array().unwrap().iter().any(|f| f["function_id"] == "state::set"));
+    assert!(
+        fns["result"]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["function_id"] == "state::set")
+    );
     let trig = w.call("engine::triggers::list", json!({})).await;
     assert_eq!(trig["result"]["triggers"][0]["id"], "trig-1");
     let workers = w.call("engine::workers::list", json!({})).await;
-    let me = workers["result"]["workers"].as_array().unwrap().iter().find(|x| x["worker_id"] == w.worker_id.as_str()).cloned().unwrap();
+    let me = workers["result"]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["worker_id"] == w.worker_id.as_str())
+        .cloned()
+        .unwrap();
     assert_eq!(me["name"], "lister");
     assert_eq!(me["functions"], json!(["t::listed"]));
-    w.send(json!({"type": "unregistertrigger", "id": "trig-1"})).await;
+    w.send(json!({"type": "unregistertrigger", "id": "trig-1"}))
+        .await;
     let trig = w.call("engine::triggers::list", json!({})).await;
     assert_eq!(trig["result"]["triggers"], json!([]));
 }
@@ -329,7 +435,13 @@ async fn void_and_enqueue_actions() {
     let inv = w.serve_one(|_| json!(null)).await;
     assert_eq!(inv["data"]["k"], "void");
     // enqueue: answered at once with a receipt, delivered later.
-    let r = c.call_with("t::sink", json!({"k": "queued"}), json!({"action": {"type": "enqueue", "queue": "jobs"}})).await;
+    let r = c
+        .call_with(
+            "t::sink",
+            json!({"k": "queued"}),
+            json!({"action": {"type": "enqueue", "queue": "jobs"}}),
+        )
+        .await;
     assert!(r["result"]["message_receipt_id"].as_str().is_some(), "{r}");
     let inv = w.serve_one(|_| json!(null)).await;
     assert_eq!(inv["data"]["k"], "queued");

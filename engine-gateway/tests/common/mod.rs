@@ -27,8 +27,13 @@ pub struct Raw {
 
 impl Raw {
     pub async fn connect(url: &str) -> Raw {
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
-        let mut raw = Raw { ws, worker_id: String::new() };
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("connect");
+        let mut raw = Raw {
+            ws,
+            worker_id: String::new(),
+        };
         let hello = raw.recv().await;
         assert_eq!(hello["type"], "workerregistered", "{hello}");
         raw.worker_id = hello["worker_id"].as_str().expect("worker_id").to_string();
@@ -36,11 +41,17 @@ impl Raw {
     }
 
     pub async fn send(&mut self, v: Value) {
-        self.ws.send(Message::text(v.to_string())).await.expect("send");
+        self.ws
+            .send(Message::text(v.to_string()))
+            .await
+            .expect("send");
     }
 
     pub async fn send_text(&mut self, t: &str) {
-        self.ws.send(Message::text(t.to_string())).await.expect("send");
+        self.ws
+            .send(Message::text(t.to_string()))
+            .await
+            .expect("send");
     }
 
     /// Next JSON message (panics after 10 s).
@@ -73,7 +84,8 @@ impl Raw {
     }
 
     pub async fn register(&mut self, id: &str) {
-        self.send(json!({"type": "registerfunction", "id": id})).await;
+        self.send(json!({"type": "registerfunction", "id": id}))
+            .await;
         self.barrier().await;
     }
 
@@ -86,7 +98,8 @@ impl Raw {
             }
         }
         self.send(msg).await;
-        self.recv_until(|v| v["type"] == "invocationresult" && v["invocation_id"] == iid.as_str()).await
+        self.recv_until(|v| v["type"] == "invocationresult" && v["invocation_id"] == iid.as_str())
+            .await
     }
 
     pub async fn call(&mut self, function_id: &str, data: Value) -> Value {

@@ -27,7 +27,12 @@ pub trait Bus: Send + Sync {
         timeout: Option<Duration>,
     ) -> Result<Value, BusError>;
     /// Fire and forget.
-    async fn call_void(&self, function_id: &str, data: Value, trace: &TraceContext) -> Result<(), BusError>;
+    async fn call_void(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+    ) -> Result<(), BusError>;
     /// Queue an invocation of `function_id`; returns the message receipt id.
     async fn enqueue(
         &self,
@@ -52,13 +57,26 @@ fn none() -> BusError {
 
 #[async_trait]
 impl Bus for NoBus {
-    async fn call(&self, _: &str, _: Value, _: &TraceContext, _: Option<Duration>) -> Result<Value, BusError> {
+    async fn call(
+        &self,
+        _: &str,
+        _: Value,
+        _: &TraceContext,
+        _: Option<Duration>,
+    ) -> Result<Value, BusError> {
         Err(none())
     }
     async fn call_void(&self, _: &str, _: Value, _: &TraceContext) -> Result<(), BusError> {
         Err(none())
     }
-    async fn enqueue(&self, _: &str, _: &str, _: Value, _: &TraceContext, _: EnqueueOptions) -> Result<String, BusError> {
+    async fn enqueue(
+        &self,
+        _: &str,
+        _: &str,
+        _: Value,
+        _: &TraceContext,
+        _: EnqueueOptions,
+    ) -> Result<String, BusError> {
         Err(none())
     }
     async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {

@@ -14,7 +14,7 @@ type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 pub enum ChannelWriter {
     Local(mpsc::Sender<ChannelFrame>),
-    Remote(SplitSink<Ws, WsMessage>, SplitStream<Ws>),
+    Remote(Box<(SplitSink<Ws, WsMessage>, SplitStream<Ws>)>),
 }
 
 fn closed(e: impl std::fmt::Display) -> BusError {
@@ -25,7 +25,8 @@ impl ChannelWriter {
     pub async fn send(&mut self, frame: ChannelFrame) -> Result<(), BusError> {
         match self {
             ChannelWriter::Local(tx) => tx.send(frame).await.map_err(closed),
-            ChannelWriter::Remote(sink, _) => {
+            ChannelWriter::Remote(ends) => {
+                let sink = &mut ends.0;
                 let msg = match frame {
                     ChannelFrame::Text(t) => WsMessage::text(t),
                     ChannelFrame::Binary(b) => WsMessage::binary(b),
@@ -46,7 +47,8 @@ impl ChannelWriter {
                 drop(tx);
                 Ok(())
             }
-            ChannelWriter::Remote(mut sink, mut stream) => {
+            ChannelWriter::Remote(ends) => {
+                let (mut sink, mut stream) = *ends;
                 sink.send(WsMessage::Close(None)).await.map_err(closed)?;
                 // Wait for the engine's close so every frame is through before we return.
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
@@ -65,7 +67,7 @@ impl ChannelWriter {
 
 pub enum ChannelReader {
     Local(mpsc::Receiver<ChannelFrame>),
-    Remote(Ws),
+    Remote(Box<Ws>),
 }
 
 impl ChannelReader {
@@ -75,7 +77,9 @@ impl ChannelReader {
             ChannelReader::Local(rx) => rx.recv().await,
             ChannelReader::Remote(ws) => loop {
                 match ws.next().await? {
-                    Ok(WsMessage::Text(t)) => return Some(ChannelFrame::Text(t.as_str().to_string())),
+                    Ok(WsMessage::Text(t)) => {
+                        return Some(ChannelFrame::Text(t.as_str().to_string()));
+                    }
                     Ok(WsMessage::Binary(b)) => return Some(ChannelFrame::Binary(b.to_vec())),
                     Ok(WsMessage::Close(_)) | Err(_) => return None,
                     Ok(_) => continue,

@@ -61,42 +61,80 @@ impl Ctx {
         self.bus.call(function_id, payload, &self.trace, None).await
     }
 
-    pub async fn trigger_timeout(&self, function_id: &str, payload: Value, timeout: Duration) -> Result<Value, BusError> {
-        self.bus.call(function_id, payload, &self.trace, Some(timeout)).await
+    pub async fn trigger_timeout(
+        &self,
+        function_id: &str,
+        payload: Value,
+        timeout: Duration,
+    ) -> Result<Value, BusError> {
+        self.bus
+            .call(function_id, payload, &self.trace, Some(timeout))
+            .await
     }
 
     pub async fn trigger_void(&self, function_id: &str, payload: Value) -> Result<(), BusError> {
         self.bus.call_void(function_id, payload, &self.trace).await
     }
 
-    pub async fn enqueue(&self, queue: &str, function_id: &str, payload: Value) -> Result<String, BusError> {
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: &str,
+        payload: Value,
+    ) -> Result<String, BusError> {
         self.bus
-            .enqueue(queue, function_id, payload, &self.trace, EnqueueOptions::default())
+            .enqueue(
+                queue,
+                function_id,
+                payload,
+                &self.trace,
+                EnqueueOptions::default(),
+            )
             .await
     }
 
-    pub async fn enqueue_with(&self, queue: &str, function_id: &str, payload: Value, opts: EnqueueOptions) -> Result<String, BusError> {
-        self.bus.enqueue(queue, function_id, payload, &self.trace, opts).await
+    pub async fn enqueue_with(
+        &self,
+        queue: &str,
+        function_id: &str,
+        payload: Value,
+        opts: EnqueueOptions,
+    ) -> Result<String, BusError> {
+        self.bus
+            .enqueue(queue, function_id, payload, &self.trace, opts)
+            .await
     }
 
     // ---- state helpers (the engine's state::* functions)
 
     pub async fn state_get(&self, scope: &str, key: &str) -> Result<Value, BusError> {
-        self.trigger("state::get", json!({"scope": scope, "key": key})).await
+        self.trigger("state::get", json!({"scope": scope, "key": key}))
+            .await
     }
 
     /// `{value, version}` or null.
     pub async fn state_get_versioned(&self, scope: &str, key: &str) -> Result<Value, BusError> {
-        self.trigger("state::get_versioned", json!({"scope": scope, "key": key})).await
+        self.trigger("state::get_versioned", json!({"scope": scope, "key": key}))
+            .await
     }
 
     pub async fn state_set(&self, scope: &str, key: &str, value: Value) -> Result<Value, BusError> {
-        self.trigger("state::set", json!({"scope": scope, "key": key, "value": value})).await
+        self.trigger(
+            "state::set",
+            json!({"scope": scope, "key": key, "value": value}),
+        )
+        .await
     }
 
     /// Conditional write: fails with `version_conflict` unless the record is at `expected`
     /// (0 = only if absent).
-    pub async fn state_set_if(&self, scope: &str, key: &str, value: Value, expected: u64) -> Result<Value, BusError> {
+    pub async fn state_set_if(
+        &self,
+        scope: &str,
+        key: &str,
+        value: Value,
+        expected: u64,
+    ) -> Result<Value, BusError> {
         self.trigger(
             "state::set",
             json!({"scope": scope, "key": key, "value": value, "expected_version": expected}),
@@ -104,21 +142,38 @@ impl Ctx {
         .await
     }
 
-    pub async fn state_update(&self, scope: &str, key: &str, ops: Value) -> Result<Value, BusError> {
-        self.trigger("state::update", json!({"scope": scope, "key": key, "ops": ops})).await
+    pub async fn state_update(
+        &self,
+        scope: &str,
+        key: &str,
+        ops: Value,
+    ) -> Result<Value, BusError> {
+        self.trigger(
+            "state::update",
+            json!({"scope": scope, "key": key, "ops": ops}),
+        )
+        .await
     }
 
     pub async fn state_delete(&self, scope: &str, key: &str) -> Result<Value, BusError> {
-        self.trigger("state::delete", json!({"scope": scope, "key": key})).await
+        self.trigger("state::delete", json!({"scope": scope, "key": key}))
+            .await
     }
 
     pub async fn state_list(&self, scope: &str, prefix: Option<&str>) -> Result<Value, BusError> {
-        self.trigger("state::list", json!({"scope": scope, "prefix": prefix})).await
+        self.trigger("state::list", json!({"scope": scope, "prefix": prefix}))
+            .await
     }
 
     // ---- streams
 
-    pub async fn stream_set(&self, stream_name: &str, group_id: &str, item_id: &str, data: Value) -> Result<Value, BusError> {
+    pub async fn stream_set(
+        &self,
+        stream_name: &str,
+        group_id: &str,
+        item_id: &str,
+        data: Value,
+    ) -> Result<Value, BusError> {
         self.trigger(
             "stream::set",
             json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data}),
@@ -126,7 +181,13 @@ impl Ctx {
         .await
     }
 
-    pub async fn stream_send(&self, stream_name: &str, group_id: &str, event_type: &str, data: Value) -> Result<Value, BusError> {
+    pub async fn stream_send(
+        &self,
+        stream_name: &str,
+        group_id: &str,
+        event_type: &str,
+        data: Value,
+    ) -> Result<Value, BusError> {
         self.trigger(
             "stream::send",
             json!({"stream_name": stream_name, "group_id": group_id, "type": event_type, "data": data}),
@@ -137,9 +198,15 @@ impl Ctx {
     // ---- channels
 
     /// Create a channel: `(writer_ref, reader_ref)`, each to be attached once.
-    pub async fn create_channel(&self, buffer_size: Option<usize>) -> Result<(ChannelRef, ChannelRef), BusError> {
+    pub async fn create_channel(
+        &self,
+        buffer_size: Option<usize>,
+    ) -> Result<(ChannelRef, ChannelRef), BusError> {
         let v = self
-            .trigger("engine::channels::create", json!({"buffer_size": buffer_size}))
+            .trigger(
+                "engine::channels::create",
+                json!({"buffer_size": buffer_size}),
+            )
             .await?;
         let parse = |field: &str| {
             serde_json::from_value::<ChannelRef>(v.get(field).cloned().unwrap_or(Value::Null))

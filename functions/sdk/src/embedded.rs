@@ -11,11 +11,11 @@ use serde_json::Value;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::WorkerHandle;
 use crate::bus::{Bus, EnqueueOptions};
 use crate::channel::{ChannelReader, ChannelWriter};
 use crate::error::BusError;
 use crate::worker::Worker;
-use crate::WorkerHandle;
 
 pub struct EmbeddedBus {
     // Weak: the engine holds our handlers, which hold this bus.
@@ -50,7 +50,13 @@ fn channel_err(e: impl std::fmt::Display) -> BusError {
 
 #[async_trait]
 impl Bus for EmbeddedBus {
-    async fn call(&self, function_id: &str, data: Value, trace: &TraceContext, timeout: Option<Duration>) -> Result<Value, BusError> {
+    async fn call(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
         let engine = self.engine()?;
         engine
             .invoke(function_id, data, trace, Some(&self.worker_id), timeout)
@@ -58,16 +64,32 @@ impl Bus for EmbeddedBus {
             .map_err(BusError::from)
     }
 
-    async fn call_void(&self, function_id: &str, data: Value, trace: &TraceContext) -> Result<(), BusError> {
+    async fn call_void(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+    ) -> Result<(), BusError> {
         let engine = self.engine()?;
-        let (fid, trace, caller) = (function_id.to_string(), trace.clone(), self.worker_id.clone());
+        let (fid, trace, caller) = (
+            function_id.to_string(),
+            trace.clone(),
+            self.worker_id.clone(),
+        );
         tokio::spawn(async move {
             let _ = engine.invoke(&fid, data, &trace, Some(&caller), None).await;
         });
         Ok(())
     }
 
-    async fn enqueue(&self, queue: &str, function_id: &str, data: Value, trace: &TraceContext, opts: EnqueueOptions) -> Result<String, BusError> {
+    async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        opts: EnqueueOptions,
+    ) -> Result<String, BusError> {
         self.engine()?
             .enqueue(
                 queue,
@@ -120,12 +142,17 @@ pub fn run_embedded(worker: Worker, engine: &Arc<Engine>) -> Result<WorkerHandle
         engine.register_local(&worker_id, spec.def.clone(), handler)?;
     }
     for t in worker.triggers() {
-        engine.register_trigger(&worker_id, t.clone()).map_err(|e| {
-            ErrorBody::new(
-                e.code.clone(),
-                format!("trigger `{}` of worker `{}`: {}", t.id, worker.name, e.message),
-            )
-        })?;
+        engine
+            .register_trigger(&worker_id, t.clone())
+            .map_err(|e| {
+                ErrorBody::new(
+                    e.code.clone(),
+                    format!(
+                        "trigger `{}` of worker `{}`: {}",
+                        t.id, worker.name, e.message
+                    ),
+                )
+            })?;
     }
     let engine_weak = Arc::downgrade(engine);
     let id = worker_id.clone();
@@ -139,4 +166,3 @@ pub fn run_embedded(worker: Worker, engine: &Arc<Engine>) -> Result<WorkerHandle
         }),
     ))
 }
-

@@ -13,18 +13,27 @@ use crate::remote::{RemoteOptions, connect_client};
 use crate::worker::Worker;
 
 /// Handle one Lambda event (pure of the runtime, so it is tested directly).
-pub async fn handle_event(worker: &Worker, bus: Arc<dyn Bus>, payload: Value, xray_trace_id: Option<&str>) -> Value {
+pub async fn handle_event(
+    worker: &Worker,
+    bus: Arc<dyn Bus>,
+    payload: Value,
+    xray_trace_id: Option<&str>,
+) -> Value {
     let envelope = match parse_envelope(&payload) {
         Ok(e) => e,
         Err(e) => return json!({ "error": e }),
     };
-    let mut trace = TraceContext::from_headers(envelope.traceparent.as_deref(), envelope.baggage.as_deref());
-    if envelope.traceparent.is_none() {
-        if let Some(xray) = xray_trace_id {
-            trace = trace.with_baggage("aws.xray.trace_id", xray);
-        }
+    let mut trace =
+        TraceContext::from_headers(envelope.traceparent.as_deref(), envelope.baggage.as_deref());
+    if envelope.traceparent.is_none()
+        && let Some(xray) = xray_trace_id
+    {
+        trace = trace.with_baggage("aws.xray.trace_id", xray);
     }
-    match worker.dispatch(bus, &envelope.function_id, envelope.data, &trace).await {
+    match worker
+        .dispatch(bus, &envelope.function_id, envelope.data, &trace)
+        .await
+    {
         Ok(v) => json!({ "result": v }),
         Err(e) => json!({ "error": e }),
     }
@@ -66,7 +75,9 @@ pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
         let (worker, bus) = (worker.clone(), bus.clone());
         async move {
             let xray = event.context.xray_trace_id.clone();
-            Ok::<Value, lambda_runtime::Error>(handle_event(&worker, bus, event.payload, xray.as_deref()).await)
+            Ok::<Value, lambda_runtime::Error>(
+                handle_event(&worker, bus, event.payload, xray.as_deref()).await,
+            )
         }
     }))
     .await?;

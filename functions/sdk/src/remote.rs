@@ -5,9 +5,7 @@
 
 use async_trait::async_trait;
 use engine_gateway::channels::ChannelRef;
-use engine_gateway::protocol::{
-    self, ErrorBody, InvocationResult, InvokeFunction, Message, codes,
-};
+use engine_gateway::protocol::{self, ErrorBody, InvocationResult, InvokeFunction, Message, codes};
 use engine_gateway::trace::{Span, TraceContext};
 use futures_util::{SinkExt, StreamExt};
 use rand::Rng;
@@ -19,14 +17,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 
+use crate::WorkerHandle;
 use crate::bus::{Bus, EnqueueOptions};
 use crate::channel::{ChannelReader, ChannelWriter};
 use crate::error::BusError;
 use crate::worker::Worker;
-use crate::WorkerHandle;
 
 /// Payloads above this are sent as continuation frames (the edge accepts 32 KB frames).
 const FRAGMENT_BYTES: usize = 16 * 1024;
@@ -68,7 +66,10 @@ impl RemoteOptions {
         Self::new(&url).with_token(std::env::var("ENGINE_TOKEN").ok())
     }
 
-    fn request(&self, path_and_query: Option<String>) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, BusError> {
+    fn request(
+        &self,
+        path_and_query: Option<String>,
+    ) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, BusError> {
         let mut url = url::Url::parse(&self.url)
             .map_err(|e| BusError::InvalidMessage(format!("bad engine url `{}`: {e}", self.url)))?;
         if let Some(pq) = path_and_query {
@@ -81,9 +82,9 @@ impl RemoteOptions {
             .into_client_request()
             .map_err(|e| BusError::InvalidMessage(format!("bad engine url: {e}")))?;
         if let Some(t) = &self.token {
-            let value = format!("Bearer {t}")
-                .parse()
-                .map_err(|_| BusError::InvalidMessage("engine token is not a valid header value".into()))?;
+            let value = format!("Bearer {t}").parse().map_err(|_| {
+                BusError::InvalidMessage("engine token is not a valid header value".into())
+            })?;
             req.headers_mut().insert("authorization", value);
         }
         Ok(req)
@@ -171,7 +172,13 @@ impl RemoteBus {
 
 #[async_trait]
 impl Bus for RemoteBus {
-    async fn call(&self, function_id: &str, data: Value, trace: &TraceContext, timeout: Option<Duration>) -> Result<Value, BusError> {
+    async fn call(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
         let wait = timeout.unwrap_or(self.opts.default_call_timeout);
         self.wait_connected(wait).await?;
         let invocation_id = uuid::Uuid::new_v4().to_string();
@@ -203,7 +210,12 @@ impl Bus for RemoteBus {
         }
     }
 
-    async fn call_void(&self, function_id: &str, data: Value, trace: &TraceContext) -> Result<(), BusError> {
+    async fn call_void(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+    ) -> Result<(), BusError> {
         self.wait_connected(self.opts.default_call_timeout).await?;
         self.send(&Message::InvokeFunction(InvokeFunction {
             invocation_id: None,
@@ -216,7 +228,14 @@ impl Bus for RemoteBus {
         }))
     }
 
-    async fn enqueue(&self, queue: &str, function_id: &str, data: Value, trace: &TraceContext, opts: EnqueueOptions) -> Result<String, BusError> {
+    async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        opts: EnqueueOptions,
+    ) -> Result<String, BusError> {
         let wait = self.opts.default_call_timeout;
         self.wait_connected(wait).await?;
         let invocation_id = uuid::Uuid::new_v4().to_string();
@@ -254,18 +273,22 @@ impl Bus for RemoteBus {
     }
 
     async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
-        let (ws, _) = tokio_tungstenite::connect_async(self.opts.request(Some(channel_path(channel, "write")))?)
-            .await
-            .map_err(|e| BusError::Forbidden(format!("cannot attach channel writer: {e}")))?;
+        let (ws, _) = tokio_tungstenite::connect_async(
+            self.opts.request(Some(channel_path(channel, "write")))?,
+        )
+        .await
+        .map_err(|e| BusError::Forbidden(format!("cannot attach channel writer: {e}")))?;
         let (sink, stream) = ws.split();
-        Ok(ChannelWriter::Remote(sink, stream))
+        Ok(ChannelWriter::Remote(Box::new((sink, stream))))
     }
 
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
-        let (ws, _) = tokio_tungstenite::connect_async(self.opts.request(Some(channel_path(channel, "read")))?)
-            .await
-            .map_err(|e| BusError::Forbidden(format!("cannot attach channel reader: {e}")))?;
-        Ok(ChannelReader::Remote(ws))
+        let (ws, _) = tokio_tungstenite::connect_async(
+            self.opts.request(Some(channel_path(channel, "read")))?,
+        )
+        .await
+        .map_err(|e| BusError::Forbidden(format!("cannot attach channel reader: {e}")))?;
+        Ok(ChannelReader::Remote(Box::new(ws)))
     }
 
     fn report_span(&self, span: Span) {
@@ -277,7 +300,10 @@ impl Bus for RemoteBus {
 }
 
 fn channel_path(c: &ChannelRef, dir: &str) -> String {
-    format!("/ws/channels/{}?key={}&dir={dir}", c.channel_id, c.access_key)
+    format!(
+        "/ws/channels/{}?key={}&dir={dir}",
+        c.channel_id, c.access_key
+    )
 }
 
 /// Split a large text message into a text frame plus continuation frames.
@@ -300,7 +326,11 @@ fn fragments(text: &str) -> Vec<WsMessage> {
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
-            let opcode = if i == 0 { OpCode::Data(Data::Text) } else { OpCode::Data(Data::Continue) };
+            let opcode = if i == 0 {
+                OpCode::Data(Data::Text)
+            } else {
+                OpCode::Data(Data::Continue)
+            };
             WsMessage::Frame(Frame::message(p.as_bytes().to_vec(), opcode, i == last))
         })
         .collect()
@@ -333,10 +363,14 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
 
     // Registrations first, then the ping barrier.
     for f in bus.worker.functions() {
-        let _ = tx.send(WsMessage::text(Message::RegisterFunction(f.def.clone()).to_json()));
+        let _ = tx.send(WsMessage::text(
+            Message::RegisterFunction(f.def.clone()).to_json(),
+        ));
     }
     for t in bus.worker.triggers() {
-        let _ = tx.send(WsMessage::text(Message::RegisterTrigger(t.clone()).to_json()));
+        let _ = tx.send(WsMessage::text(
+            Message::RegisterTrigger(t.clone()).to_json(),
+        ));
     }
     let _ = tx.send(WsMessage::text(Message::Ping.to_json()));
     *lock(&bus.out) = Some(tx.clone());
@@ -360,7 +394,9 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
             Message::WorkerRegistered { worker_id: id } => worker_id = Some(id),
             Message::Pong if !registered => {
                 registered = true;
-                let _ = bus.connected.send_replace(Some(worker_id.clone().unwrap_or_default()));
+                let _ = bus
+                    .connected
+                    .send_replace(Some(worker_id.clone().unwrap_or_default()));
             }
             Message::Pong => {}
             Message::Ping => {
@@ -379,10 +415,18 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
                 let bus2 = bus.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let parent = TraceContext::from_headers(inv.traceparent.as_deref(), inv.baggage.as_deref());
+                    let parent = TraceContext::from_headers(
+                        inv.traceparent.as_deref(),
+                        inv.baggage.as_deref(),
+                    );
                     let dyn_bus: Arc<dyn Bus> = bus2.clone();
-                    let r = bus2.worker.dispatch(dyn_bus, &inv.function_id, inv.data, &parent).await;
-                    let Some(invocation_id) = inv.invocation_id else { return };
+                    let r = bus2
+                        .worker
+                        .dispatch(dyn_bus, &inv.function_id, inv.data, &parent)
+                        .await;
+                    let Some(invocation_id) = inv.invocation_id else {
+                        return;
+                    };
                     let (result, error) = match r {
                         Ok(v) => (Some(v), None),
                         Err(e) => (None, Some(e)),
@@ -403,7 +447,10 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
                             result: None,
                             error: Some(ErrorBody::new(
                                 codes::SERIALIZATION_ERROR,
-                                format!("result of {} bytes exceeds the {MAX_MESSAGE_BYTES}-byte message limit", text.len()),
+                                format!(
+                                    "result of {} bytes exceeds the {MAX_MESSAGE_BYTES}-byte message limit",
+                                    text.len()
+                                ),
                             )),
                             traceparent: None,
                             baggage: None,
@@ -413,7 +460,9 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
                     let _ = tx.send(WsMessage::text(text));
                 });
             }
-            Message::TriggerRegistrationResult { id, error: Some(e), .. } => {
+            Message::TriggerRegistrationResult {
+                id, error: Some(e), ..
+            } => {
                 tracing::error!(trigger = %id, error = %e, "trigger registration refused");
             }
             Message::Error { error, in_reply_to } => {

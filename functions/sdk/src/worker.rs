@@ -87,9 +87,8 @@ impl Worker {
             let handler = handler.clone();
             let id = id.clone();
             async move {
-                let req: Req = serde_json::from_value(data).map_err(|e| {
-                    ErrorBody::invalid(format!("invalid request for `{id}`: {e}"))
-                })?;
+                let req: Req = serde_json::from_value(data)
+                    .map_err(|e| ErrorBody::invalid(format!("invalid request for `{id}`: {e}")))?;
                 let resp = handler(ctx, req).await?;
                 serde_json::to_value(resp)
                     .map_err(|e| ErrorBody::new(codes::SERIALIZATION_ERROR, e.to_string()))
@@ -100,8 +99,19 @@ impl Worker {
 
     /// Register a trigger; its id is derived from the worker and function so a reconnect
     /// replaces rather than duplicates it.
-    pub fn register_trigger(&mut self, trigger_type: &str, function_id: &str, config: Value) -> &mut Self {
-        let id = format!("{}:{}:{}:{}", self.name, function_id, trigger_type, self.triggers.len());
+    pub fn register_trigger(
+        &mut self,
+        trigger_type: &str,
+        function_id: &str,
+        config: Value,
+    ) -> &mut Self {
+        let id = format!(
+            "{}:{}:{}:{}",
+            self.name,
+            function_id,
+            trigger_type,
+            self.triggers.len()
+        );
         self.triggers.push(RegisterTrigger {
             id,
             trigger_type: trigger_type.to_string(),
@@ -125,12 +135,20 @@ impl Worker {
     }
 
     pub fn handler(&self, function_id: &str) -> Option<&FnHandler> {
-        self.index.get(function_id).map(|&i| &self.functions[i].handler)
+        self.index
+            .get(function_id)
+            .map(|&i| &self.functions[i].handler)
     }
 
     /// Handle one call: open a span (child of the caller's), run the handler in its own task
     /// (a panic becomes an `invocation_error`), report the span.
-    pub async fn dispatch(&self, bus: Arc<dyn Bus>, function_id: &str, data: Value, parent: &TraceContext) -> FnResult {
+    pub async fn dispatch(
+        &self,
+        bus: Arc<dyn Bus>,
+        function_id: &str,
+        data: Value,
+        parent: &TraceContext,
+    ) -> FnResult {
         let Some(handler) = self.handler(function_id).cloned() else {
             return Err(ErrorBody::new(
                 codes::FUNCTION_NOT_FOUND,
@@ -138,7 +156,8 @@ impl Worker {
             ));
         };
         let mut span = Span::start(function_id, &self.name, parent);
-        span.attributes.insert(ATTR_FUNCTION_ID.into(), function_id.into());
+        span.attributes
+            .insert(ATTR_FUNCTION_ID.into(), function_id.into());
         let ctx = Ctx::new(bus.clone(), span.context(&parent.baggage), function_id);
         let result = match tokio::spawn(handler(ctx, data)).await {
             Ok(r) => r,

@@ -16,7 +16,9 @@ use std::time::Duration;
 fn worker() -> Worker {
     Worker::new("same")
         .function("same::double", "", |_c, d: Value| async move {
-            let n = d["n"].as_i64().ok_or_else(|| ErrorBody::invalid("missing required field `n`"))?;
+            let n = d["n"]
+                .as_i64()
+                .ok_or_else(|| ErrorBody::invalid("missing required field `n`"))?;
             Ok(json!({"n": n * 2}))
         })
         .function("same::panics", "", |_c, _d| async move {
@@ -30,26 +32,56 @@ fn worker() -> Worker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_and_remote_runners_serve_the_same_handlers() {
     let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf())).await.unwrap();
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf()))
+        .await
+        .unwrap();
 
     let mut emb = run_embedded(worker(), &srv.engine).unwrap();
     let client = harness_sdk::connect_client("client", RemoteOptions::new(&srv.url())).await;
     let ctx = client.ctx();
-    assert_eq!(ctx.trigger("same::double", json!({"n": 4})).await.unwrap(), json!({"n": 8}));
+    assert_eq!(
+        ctx.trigger("same::double", json!({"n": 4})).await.unwrap(),
+        json!({"n": 8})
+    );
     let err = ctx.trigger("same::double", json!({})).await.unwrap_err();
     assert_eq!(err.code(), "invalid_message");
     let err = ctx.trigger("same::panics", json!({})).await.unwrap_err();
-    assert_eq!(err.code(), "invocation_error", "a panic becomes an error: {err}");
+    assert_eq!(
+        err.code(),
+        "invocation_error",
+        "a panic becomes an error: {err}"
+    );
     assert!(err.to_string().contains("panicked"));
     // An embedded worker calls through the engine too.
-    assert_eq!(emb.ctx().trigger("same::double", json!({"n": 1})).await.unwrap(), json!({"n": 2}));
+    assert_eq!(
+        emb.ctx()
+            .trigger("same::double", json!({"n": 1}))
+            .await
+            .unwrap(),
+        json!({"n": 2})
+    );
     emb.stop();
-    assert_eq!(ctx.trigger("same::double", json!({"n": 4})).await.unwrap_err().code(), "function_not_found");
+    assert_eq!(
+        ctx.trigger("same::double", json!({"n": 4}))
+            .await
+            .unwrap_err()
+            .code(),
+        "function_not_found"
+    );
 
     let rem = run_remote(worker(), RemoteOptions::new(&srv.url()));
     rem.wait_connected(Duration::from_secs(5)).await.unwrap();
-    assert_eq!(ctx.trigger("same::double", json!({"n": 5})).await.unwrap(), json!({"n": 10}));
-    assert_eq!(ctx.trigger("same::panics", json!({})).await.unwrap_err().code(), "invocation_error");
+    assert_eq!(
+        ctx.trigger("same::double", json!({"n": 5})).await.unwrap(),
+        json!({"n": 10})
+    );
+    assert_eq!(
+        ctx.trigger("same::panics", json!({}))
+            .await
+            .unwrap_err()
+            .code(),
+        "invocation_error"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,8 +114,16 @@ async fn remote_worker_reconnects_and_re_registers_after_an_engine_restart() {
     }
     assert_eq!(answer.unwrap(), json!({"n": 42}));
     assert_ne!(rem.worker_id(), first_id, "a new connection");
-    let triggers = client.ctx().trigger("engine::triggers::list", json!({})).await.unwrap();
-    assert_eq!(triggers["triggers"].as_array().unwrap().len(), 1, "the trigger was re-sent once: {triggers}");
+    let triggers = client
+        .ctx()
+        .trigger("engine::triggers::list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        triggers["triggers"].as_array().unwrap().len(),
+        1,
+        "the trigger was re-sent once: {triggers}"
+    );
 }
 
 // ---------------------------------------------------------------- Lambda Runtime API
@@ -102,23 +142,54 @@ async fn next(State(api): State<Arc<RuntimeApi>>) -> impl IntoResponse {
         if let Some((id, event)) = item {
             let mut h = HeaderMap::new();
             h.insert("lambda-runtime-aws-request-id", id.parse().unwrap());
-            let deadline = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() + 30_000;
-            h.insert("lambda-runtime-deadline-ms", deadline.to_string().parse().unwrap());
-            h.insert("lambda-runtime-invoked-function-arn", "arn:aws:lambda:us-east-1:000000000000:function:echo".parse().unwrap());
-            h.insert("lambda-runtime-trace-id", "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1".parse().unwrap());
+            let deadline = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis()
+                + 30_000;
+            h.insert(
+                "lambda-runtime-deadline-ms",
+                deadline.to_string().parse().unwrap(),
+            );
+            h.insert(
+                "lambda-runtime-invoked-function-arn",
+                "arn:aws:lambda:us-east-1:000000000000:function:echo"
+                    .parse()
+                    .unwrap(),
+            );
+            h.insert(
+                "lambda-runtime-trace-id",
+                "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+                    .parse()
+                    .unwrap(),
+            );
             return (StatusCode::OK, h, event.to_string());
         }
         api.notify.notified().await;
     }
 }
 
-async fn response(State(api): State<Arc<RuntimeApi>>, Path(id): Path<String>, body: String) -> StatusCode {
-    api.responses.lock().unwrap().push((id, serde_json::from_str(&body).unwrap_or(Value::String(body))));
+async fn response(
+    State(api): State<Arc<RuntimeApi>>,
+    Path(id): Path<String>,
+    body: String,
+) -> StatusCode {
+    api.responses.lock().unwrap().push((
+        id,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    ));
     StatusCode::ACCEPTED
 }
 
-async fn error(State(api): State<Arc<RuntimeApi>>, Path(id): Path<String>, body: String) -> StatusCode {
-    api.errors.lock().unwrap().push((id, serde_json::from_str(&body).unwrap_or(Value::String(body))));
+async fn error(
+    State(api): State<Arc<RuntimeApi>>,
+    Path(id): Path<String>,
+    body: String,
+) -> StatusCode {
+    api.errors.lock().unwrap().push((
+        id,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    ));
     StatusCode::ACCEPTED
 }
 
@@ -126,7 +197,9 @@ async fn error(State(api): State<Arc<RuntimeApi>>, Path(id): Path<String>, body:
 async fn lambda_runner_answers_the_bus_envelope_through_the_runtime_api() {
     // An engine with the echo target that demo::chain calls outbound via ENGINE_URL.
     let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf())).await.unwrap();
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf()))
+        .await
+        .unwrap();
     let _echo = run_embedded(
         Worker::new("echo-target").function("demo::echo", "", |_c, d| async move { Ok(d) }),
         &srv.engine,
@@ -136,7 +209,10 @@ async fn lambda_runner_answers_the_bus_envelope_through_the_runtime_api() {
     let api = Arc::new(RuntimeApi::default());
     let app = Router::new()
         .route("/2018-06-01/runtime/invocation/next", get(next))
-        .route("/2018-06-01/runtime/invocation/{id}/response", post(response))
+        .route(
+            "/2018-06-01/runtime/invocation/{id}/response",
+            post(response),
+        )
         .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
         .with_state(api.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -144,14 +220,23 @@ async fn lambda_runner_answers_the_bus_envelope_through_the_runtime_api() {
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     let events = vec![
-        ("r1", json!({"function_id": "demo::greet", "data": {"name": "Ada"}})),
+        (
+            "r1",
+            json!({"function_id": "demo::greet", "data": {"name": "Ada"}}),
+        ),
         ("r2", json!({"function_id": "demo::greet", "data": {}})),
         ("r3", json!({"data": {}})),
-        ("r4", json!({"function_id": "demo::chain", "data": [1, 2], "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "baggage": "iii.session.id=lambda-s"})),
+        (
+            "r4",
+            json!({"function_id": "demo::chain", "data": [1, 2], "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "baggage": "iii.session.id=lambda-s"}),
+        ),
         ("r5", json!({"function_id": "demo::unknown", "data": null})),
     ];
     for (id, e) in &events {
-        api.queue.lock().unwrap().push_back((id.to_string(), e.clone()));
+        api.queue
+            .lock()
+            .unwrap()
+            .push_back((id.to_string(), e.clone()));
     }
     api.notify.notify_waiters();
 
@@ -164,33 +249,67 @@ async fn lambda_runner_answers_the_bus_envelope_through_the_runtime_api() {
         .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/echo")
         .env("AWS_LAMBDA_LOG_STREAM_NAME", "test")
         .env("ENGINE_URL", srv.url())
-        .env("RUST_LOG", std::env::var("CHILD_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .kill_on_drop(true)
         .spawn()
         .expect("echo-worker binary");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while api.responses.lock().unwrap().len() < events.len() {
-        assert!(tokio::time::Instant::now() < deadline, "responses: {:?}", api.responses.lock().unwrap());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "responses: {:?}",
+            api.responses.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
         api.notify.notify_waiters();
     }
     child.kill().await.ok();
     let responses = api.responses.lock().unwrap().clone();
-    let get = |id: &str| responses.iter().find(|(r, _)| r == id).map(|(_, v)| v.clone()).unwrap();
+    let get = |id: &str| {
+        responses
+            .iter()
+            .find(|(r, _)| r == id)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
     assert_eq!(get("r1"), json!({"result": {"greeting": "Hello, Ada!"}}));
     assert_eq!(get("r2")["error"]["code"], "invalid_message");
-    assert!(get("r3")["error"]["message"].as_str().unwrap().contains("function_id"));
-    assert_eq!(get("r4"), json!({"result": {"via": "demo::chain", "inner": [1, 2]}}));
+    assert!(
+        get("r3")["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("function_id")
+    );
+    assert_eq!(
+        get("r4"),
+        json!({"result": {"via": "demo::chain", "inner": [1, 2]}})
+    );
     assert_eq!(get("r5")["error"]["code"], "function_not_found");
-    assert!(api.errors.lock().unwrap().is_empty(), "envelope errors are answers, not Lambda errors");
+    assert!(
+        api.errors.lock().unwrap().is_empty(),
+        "envelope errors are answers, not Lambda errors"
+    );
 
     // The Lambda's outbound call joined the caller's trace.
     let client = harness_sdk::connect_client("q", RemoteOptions::new(&srv.url())).await;
     let mut found = false;
     for _ in 0..50 {
-        let spans = client.ctx().trigger("engine::traces::list", json!({"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"})).await.unwrap();
+        let spans = client
+            .ctx()
+            .trigger(
+                "engine::traces::list",
+                json!({"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}),
+            )
+            .await
+            .unwrap();
         let spans = spans["spans"].as_array().unwrap().clone();
-        if spans.iter().any(|s| s["name"] == "demo::echo" && s["attributes"]["iii.session.id"] == "lambda-s") {
+        if spans
+            .iter()
+            .any(|s| s["name"] == "demo::echo" && s["attributes"]["iii.session.id"] == "lambda-s")
+        {
             found = true;
             break;
         }

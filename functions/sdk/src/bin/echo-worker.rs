@@ -14,7 +14,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "remote" => {
             let opts = RemoteOptions::from_env();
             let handle = run_remote(echo_worker(), opts.clone());
-            handle.wait_connected(std::time::Duration::from_secs(30)).await?;
+            handle
+                .wait_connected(std::time::Duration::from_secs(30))
+                .await?;
             eprintln!("echo worker connected to {}", opts.url);
             tokio::signal::ctrl_c().await?;
         }
