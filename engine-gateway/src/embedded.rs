@@ -235,6 +235,7 @@ impl EmbeddedBackend {
                             let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
                             let record = ChangeRecord {
                                 seq,
+                                position: None,
                                 kind,
                                 scope: scope.clone(),
                                 key: key.clone(),
@@ -400,7 +401,10 @@ impl ChangeFeed for EmbeddedBackend {
         }
     }
 
-    async fn ack(&self, seq: u64) -> Result<(), StateError> {
+    async fn ack(&self, records: &[ChangeRecord]) -> Result<(), StateError> {
+        let Some(seq) = records.iter().map(|r| r.seq).max() else {
+            return Ok(());
+        };
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(storage)?;
             {

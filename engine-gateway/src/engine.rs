@@ -18,6 +18,7 @@ use crate::protocol::{
     RegisterTrigger, StreamEventBody, codes,
 };
 use crate::queue::{Delivery, QueueBackend, QueueConfig, QueueMessage};
+use crate::registry::Registry;
 use crate::state::{ChangeFeed, ChangeRecord, StateStore};
 use crate::trace::{ATTR_FUNCTION_ID, Span, SpanStore, TraceContext, now_ms};
 
@@ -104,6 +105,20 @@ struct TriggerEntry {
     kind: TriggerKind,
 }
 
+enum RegistryOp {
+    Put {
+        kind: &'static str,
+        id: String,
+        owner: String,
+        body: Value,
+    },
+    Remove {
+        kind: &'static str,
+        id: String,
+        owner: String,
+    },
+}
+
 struct PendingCall {
     callee: String,
     reply: oneshot::Sender<HandlerResult>,
@@ -136,6 +151,8 @@ pub struct Backends {
     pub state: Arc<dyn StateStore>,
     pub changes: Arc<dyn ChangeFeed>,
     pub queues: Arc<dyn QueueBackend>,
+    /// Where registrations are published outside the process (DynamoDB in AWS mode).
+    pub registry: Option<Arc<dyn Registry>>,
 }
 
 pub struct Engine {
@@ -143,6 +160,7 @@ pub struct Engine {
     pub state: Arc<dyn StateStore>,
     changes: Arc<dyn ChangeFeed>,
     pub queues: Arc<dyn QueueBackend>,
+    registry: Option<Arc<dyn Registry>>,
     pub channels: ChannelHub,
     pub spans: Arc<SpanStore>,
     functions: RwLock<HashMap<String, FunctionEntry>>,
@@ -206,6 +224,7 @@ impl Engine {
             state: backends.state,
             changes: backends.changes,
             queues: backends.queues,
+            registry: backends.registry,
             channels: ChannelHub::default(),
             spans: spans.clone(),
             functions: RwLock::new(HashMap::new()),
@@ -279,11 +298,41 @@ impl Engine {
         self.me.upgrade()
     }
 
+    /// Publish a registry change without making the caller wait (the router is the truth
+    /// inside this process; the registry is for the world outside).
+    fn publish_registry(&self, op: RegistryOp) {
+        let Some(registry) = self.registry.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let r = match &op {
+                RegistryOp::Put {
+                    kind,
+                    id,
+                    owner,
+                    body,
+                } => registry.put(kind, id, owner, body.clone()).await,
+                RegistryOp::Remove { kind, id, owner } => {
+                    registry.remove(kind, id, owner).await.map(|_| ())
+                }
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "registry update failed");
+            }
+        });
+    }
+
     // ---------------------------------------------------------------- workers
 
     /// A WebSocket connection arrived: give it a worker id.
     pub fn connect_remote(&self, outbox: Outbox, remote_addr: Option<String>) -> String {
         let id = uuid::Uuid::new_v4().to_string();
+        self.publish_registry(RegistryOp::Put {
+            kind: "connection",
+            id: id.clone(),
+            owner: id.clone(),
+            body: json!({"remote_addr": remote_addr, "connected_at_ms": now_ms()}),
+        });
         write(&self.workers).insert(
             id.clone(),
             WorkerInfo {
@@ -319,7 +368,28 @@ impl Engine {
 
     /// `$disconnect`: drop what this worker still owns and fail its in-flight calls.
     pub fn disconnect(&self, worker_id: &str) {
-        write(&self.workers).remove(worker_id);
+        let was_remote = write(&self.workers)
+            .remove(worker_id)
+            .is_some_and(|w| w.kind == WorkerKind::Remote);
+        if was_remote {
+            self.publish_registry(RegistryOp::Remove {
+                kind: "connection",
+                id: worker_id.to_string(),
+                owner: worker_id.to_string(),
+            });
+        }
+        let owned: Vec<String> = read(&self.functions)
+            .iter()
+            .filter(|(_, f)| f.owner == worker_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in owned {
+            self.publish_registry(RegistryOp::Remove {
+                kind: "function",
+                id,
+                owner: worker_id.to_string(),
+            });
+        }
         write(&self.functions).retain(|_, f| f.owner != worker_id);
         write(&self.triggers).retain(|_, t| t.owner != worker_id);
         for subs in write(&self.stream_subs).values_mut() {
@@ -407,6 +477,18 @@ impl Engine {
 
     fn insert_function(&self, owner: &str, def: RegisterFunction, target: Target) {
         let id = def.id.clone();
+        if owner != crate::builtins::ENGINE_OWNER {
+            let kind = match &target {
+                Target::Local(_) => "local",
+                Target::Remote(_) => "connection",
+            };
+            self.publish_registry(RegistryOp::Put {
+                kind: "function",
+                id: id.clone(),
+                owner: owner.to_string(),
+                body: json!({"target": kind, "worker_id": owner, "description": def.description}),
+            });
+        }
         write(&self.functions).insert(
             id,
             FunctionEntry {
@@ -423,6 +505,11 @@ impl Engine {
         let mut f = write(&self.functions);
         if f.get(id).is_some_and(|e| e.owner == owner) {
             f.remove(id);
+            self.publish_registry(RegistryOp::Remove {
+                kind: "function",
+                id: id.to_string(),
+                owner: owner.to_string(),
+            });
             true
         } else {
             false
@@ -755,7 +842,8 @@ impl Engine {
             .map(|t| t.reg.function_id.clone())
     }
 
-    async fn deliver(&self, cfg: &QueueConfig, d: Delivery) {
+    /// Returns whether the message succeeded (FIFO batches stop a group at its first failure).
+    async fn deliver(&self, cfg: &QueueConfig, d: Delivery) -> bool {
         let function_id = d
             .message
             .function_id
@@ -764,12 +852,25 @@ impl Engine {
         let Some(function_id) = function_id.filter(|f| self.has_function(f)) else {
             // Nobody consumes it yet (e.g. workers still reconnecting): not an attempt.
             let _ = self.queues.release(&d, Duration::from_millis(500)).await;
-            return;
+            return false;
         };
         let parent = TraceContext::from_headers(
             d.message.traceparent.as_deref(),
             d.message.baggage.as_deref(),
         );
+        // Keep the message hidden while a long handler runs (SQS visibility).
+        let visibility = Duration::from_millis(cfg.visibility_timeout_ms.max(1000));
+        let heartbeat = self.queues.needs_heartbeat().then(|| {
+            let (queues, d) = (self.queues.clone(), d.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(visibility / 2).await;
+                    if let Err(e) = queues.extend(&d, visibility).await {
+                        tracing::warn!(error = %e, "visibility extension failed");
+                    }
+                }
+            })
+        });
         let result = self
             .invoke(
                 &function_id,
@@ -779,6 +880,10 @@ impl Engine {
                 Some(Duration::from_millis(cfg.visibility_timeout_ms)),
             )
             .await;
+        if let Some(h) = heartbeat {
+            h.abort();
+        }
+        let ok = result.is_ok();
         let outcome = match result {
             Ok(_) => self.queues.ack(&d).await,
             Err(e) if e.code == codes::FUNCTION_NOT_FOUND => {
@@ -797,6 +902,7 @@ impl Engine {
         if let Err(e) = outcome {
             tracing::error!(queue = %cfg.name, error = %e, "queue bookkeeping failed");
         }
+        ok
     }
 
     pub async fn publish_durable(
@@ -1107,7 +1213,7 @@ async fn run_state_dispatcher(engine: Weak<Engine>) {
         None => return,
     };
     tokio::time::sleep(grace).await;
-    let mut dispatched: Option<u64> = None;
+    let mut dispatched: Vec<ChangeRecord> = Vec::new();
     let mut last_ack = tokio::time::Instant::now();
     loop {
         let Some(e) = engine.upgrade() else { return };
@@ -1121,18 +1227,18 @@ async fn run_state_dispatcher(engine: Weak<Engine>) {
                 continue;
             }
         };
-        if let Some(last) = batch.last().map(|r| r.seq) {
+        if !batch.is_empty() {
             let Some(e) = engine.upgrade() else { return };
-            for rec in batch {
-                e.fire_state_change(rec);
+            for rec in &batch {
+                e.fire_state_change(rec.clone());
             }
-            dispatched = Some(last);
+            dispatched.extend(batch);
         }
-        if let Some(seq) = dispatched
-            && last_ack.elapsed() >= ACK_INTERVAL
+        if !dispatched.is_empty()
+            && (last_ack.elapsed() >= ACK_INTERVAL || dispatched.len() >= 1024)
         {
-            match feed.ack(seq).await {
-                Ok(()) => dispatched = None,
+            match feed.ack(&dispatched).await {
+                Ok(()) => dispatched.clear(),
                 Err(err) => tracing::error!(error = %err, "change feed ack failed"),
             }
             last_ack = tokio::time::Instant::now();
@@ -1163,8 +1269,22 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
                 continue;
             }
         };
-        let mut first = Some(first);
+        // A FIFO backend may hand out several messages of one group in a batch (SQS does):
+        // run each group's messages in order, one at a time, and hand back the rest of a
+        // group after its first failure so nothing overtakes it.
+        let mut lanes: Vec<(Option<String>, Vec<Delivery>)> = Vec::new();
         for d in batch {
+            let group = d.message.group.clone();
+            match lanes
+                .iter_mut()
+                .find(|(g, _)| group.is_some() && *g == group)
+            {
+                Some((_, lane)) => lane.push(d),
+                None => lanes.push((group, vec![d])),
+            }
+        }
+        let mut first = Some(first);
+        for (_, lane) in lanes {
             let permit = match first.take() {
                 Some(p) => p,
                 None => match permits.clone().acquire_owned().await {
@@ -1175,7 +1295,15 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
             let Some(e) = engine.upgrade() else { return };
             let cfg = cfg.clone();
             tokio::spawn(async move {
-                e.deliver(&cfg, d).await;
+                let mut lane = lane.into_iter();
+                for d in lane.by_ref() {
+                    if !e.deliver(&cfg, d).await {
+                        break;
+                    }
+                }
+                for rest in lane {
+                    let _ = e.queues.release(&rest, Duration::ZERO).await;
+                }
                 drop(permit);
             });
         }

@@ -6,6 +6,7 @@
 //! - [`state`], [`queue`]: the ports; [`embedded`]: the default redb backend.
 //! - [`channels`], [`trace`], [`builtins`].
 
+pub mod aws;
 pub mod builtins;
 pub mod channels;
 pub mod edge;
@@ -13,6 +14,8 @@ pub mod embedded;
 pub mod engine;
 pub mod protocol;
 pub mod queue;
+pub mod registry;
+pub mod secrets;
 pub mod server;
 pub mod state;
 pub mod trace;

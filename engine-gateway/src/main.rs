@@ -12,11 +12,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the engine (embedded durable backend) and its WebSocket edge.
+    /// Run the engine and its WebSocket edge.
     ///
-    /// Environment: every flag has an ENGINE_* variable (shown per flag); RUST_LOG sets the
-    /// log filter (default `info`); OTEL_EXPORTER_OTLP_ENDPOINT enables OTLP/HTTP export.
+    /// Environment: every flag has a variable (shown per flag); RUST_LOG sets the log filter
+    /// (default `info`); OTEL_EXPORTER_OTLP_ENDPOINT enables OTLP/HTTP export; with
+    /// `--backend aws`, AWS_ENDPOINT_URL, AWS_REGION and the usual credential variables
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) select the account.
     Serve(ServeOptions),
+    /// Create every AWS resource (tables with streams, FIFO queues with DLQs, secrets)
+    /// idempotently, from the standard AWS environment, and print what exists.
+    Provision {
+        #[command(flatten)]
+        aws: engine_gateway::server::AwsOptions,
+    },
 }
 
 #[tokio::main]
@@ -24,6 +32,12 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     server::init_logging();
     match cli.command {
+        Command::Provision { aws } => {
+            let clients = engine_gateway::aws::AwsClients::from_env().await;
+            let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
+            let manifest = engine_gateway::aws::resources::ensure_all(&clients, &names).await?;
+            println!("{}", serde_json::to_string_pretty(&manifest)?);
+        }
         Command::Serve(opts) => {
             let running = server::start(&opts).await?;
             tracing::info!(listen = %running.local_addr, data_dir = %opts.data_dir.display(), "engine-gateway ready");

@@ -223,6 +223,14 @@ pub trait QueueBackend: Send + Sync {
     ) -> Result<(), QueueError>;
     /// Handed back without an attempt (e.g. no consumer registered yet).
     async fn release(&self, d: &Delivery, delay: Duration) -> Result<(), QueueError>;
+    /// Whether in-flight messages reappear on their own after the visibility timeout (SQS),
+    /// so a long handler needs `extend` calls to keep its message hidden.
+    fn needs_heartbeat(&self) -> bool {
+        false
+    }
+    async fn extend(&self, _d: &Delivery, _by: Duration) -> Result<(), QueueError> {
+        Ok(())
+    }
     /// Move every dead-lettered message of `queue` back to it; returns how many.
     async fn redrive(&self, queue: &str) -> Result<usize, QueueError>;
     async fn dead_letters(&self, queue: &str) -> Result<Vec<QueueMessage>, QueueError>;

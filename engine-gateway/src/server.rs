@@ -12,8 +12,35 @@ use crate::edge::{self, EdgeConfig};
 use crate::embedded::EmbeddedBackend;
 use crate::engine::{Backends, Engine, EngineConfig};
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// redb file under --data-dir (default; no cloud).
+    Embedded,
+    /// DynamoDB (+ Streams), SQS, Secrets Manager, from the standard AWS environment.
+    Aws,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AwsOptions {
+    /// Prefix of every AWS resource name (tables, queues, secrets).
+    #[arg(
+        long = "aws-prefix",
+        env = "HARNESS_AWS_PREFIX",
+        default_value = "harness-"
+    )]
+    pub prefix: String,
+    /// Create missing tables, queues and secrets at start (as `provision` does).
+    #[arg(long = "aws-create-resources", env = "HARNESS_AWS_CREATE_RESOURCES")]
+    pub create_resources: bool,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeOptions {
+    /// Where state, queues and stream items live.
+    #[arg(long, env = "ENGINE_BACKEND", value_enum, default_value_t = BackendKind::Embedded)]
+    pub backend: BackendKind,
+    #[command(flatten)]
+    pub aws: AwsOptions,
     /// Address of the WebSocket edge (workers, clients, channel ends).
     #[arg(long, env = "ENGINE_LISTEN", default_value = edge::DEFAULT_LISTEN)]
     pub listen: String,
@@ -53,6 +80,11 @@ pub struct ServeOptions {
 impl ServeOptions {
     pub fn for_data_dir(data_dir: PathBuf) -> Self {
         Self {
+            backend: BackendKind::Embedded,
+            aws: AwsOptions {
+                prefix: "harness-".into(),
+                create_resources: false,
+            },
             listen: "127.0.0.1:0".into(),
             data_dir,
             token: None,
@@ -116,18 +148,40 @@ impl RunningServer {
     }
 }
 
-/// Open the embedded backend, start the engine and the edge.
+/// Build the backends the options ask for.
+pub async fn backends(opts: &ServeOptions) -> anyhow::Result<Backends> {
+    match opts.backend {
+        BackendKind::Embedded => {
+            let backend = EmbeddedBackend::open(&opts.data_dir)?;
+            Ok(Backends {
+                state: backend.clone(),
+                changes: backend.clone(),
+                queues: backend,
+                registry: None,
+            })
+        }
+        BackendKind::Aws => {
+            use crate::aws::{self, AwsClients, AwsNames};
+            let clients = AwsClients::from_env().await;
+            let names = AwsNames::new(&opts.aws.prefix);
+            if opts.aws.create_resources {
+                aws::resources::ensure_all(&clients, &names).await?;
+            }
+            Ok(Backends {
+                state: Arc::new(aws::state::DynamoState::new(clients.clone(), &names)),
+                changes: Arc::new(aws::changes::StreamsFeed::new(clients.clone(), &names)),
+                queues: Arc::new(aws::queues::SqsQueues::new(clients.clone(), names.clone())),
+                registry: Some(Arc::new(aws::registry::DynamoRegistry::new(
+                    clients, &names,
+                ))),
+            })
+        }
+    }
+}
+
+/// Open the configured backend, start the engine and the edge.
 pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
-    let backend = EmbeddedBackend::open(&opts.data_dir)?;
-    let engine = Engine::start(
-        opts.engine_config(),
-        Backends {
-            state: backend.clone(),
-            changes: backend.clone(),
-            queues: backend,
-        },
-    )
-    .await;
+    let engine = Engine::start(opts.engine_config(), backends(opts).await?).await;
     let listener = TcpListener::bind(&opts.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;

@@ -104,7 +104,12 @@ impl ChangeKind {
 /// One committed write, as the change feed reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChangeRecord {
+    /// Commit order within one backend (embedded); 0 where the feed orders by `position`.
+    #[serde(default)]
     pub seq: u64,
+    /// The feed's own position of the record (DynamoDB Streams: `shard_id` + sequence number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<String>,
     pub kind: ChangeKind,
     pub scope: String,
     pub key: String,
@@ -187,8 +192,9 @@ pub trait ChangeFeed: Send + Sync {
         max: usize,
         wait: std::time::Duration,
     ) -> Result<Vec<ChangeRecord>, StateError>;
-    /// Everything up to and including `seq` has been dispatched.
-    async fn ack(&self, seq: u64) -> Result<(), StateError>;
+    /// These records (handed out by `next_batch`, in order) have been dispatched: durably
+    /// record that, so a restart resumes after them.
+    async fn ack(&self, records: &[ChangeRecord]) -> Result<(), StateError>;
 }
 
 pub fn check_expected(

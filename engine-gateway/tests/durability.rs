@@ -1,4 +1,4 @@
-//! Durability of the embedded backend across `kill -9` of a real engine process: committed
+//! Durability of the backend (embedded, or AWS with `HARNESS_TEST_BACKEND=aws`) across `kill -9` of a real engine process: committed
 //! state survives, unacknowledged queue messages are delivered again (in group order), and
 //! acknowledged ones are not.
 
@@ -14,11 +14,26 @@ struct Engine {
     url: String,
 }
 
-fn spawn_engine(data_dir: &std::path::Path) -> Engine {
-    spawn_engine_with_grace(data_dir, 300)
+/// The engine's durable home: a data dir (embedded) or a resource prefix (AWS backend).
+struct Home {
+    dir: tempfile::TempDir,
+    prefix: String,
 }
 
-fn spawn_engine_with_grace(data_dir: &std::path::Path, grace_ms: u64) -> Engine {
+impl Home {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            prefix: common::fresh_prefix(),
+        }
+    }
+}
+
+fn spawn_engine(home: &Home) -> Engine {
+    spawn_engine_with_grace(home, 300)
+}
+
+fn spawn_engine_with_grace(home: &Home, grace_ms: u64) -> Engine {
     let mut child = Command::new(env!("CARGO_BIN_EXE_engine-gateway"))
         .args([
             "serve",
@@ -26,9 +41,8 @@ fn spawn_engine_with_grace(data_dir: &std::path::Path, grace_ms: u64) -> Engine 
             "127.0.0.1:0",
             "--trigger-grace-ms",
             &grace_ms.to_string(),
-            "--data-dir",
         ])
-        .arg(data_dir)
+        .args(common::backend_args(home.dir.path(), &home.prefix))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -49,8 +63,8 @@ fn spawn_engine_with_grace(data_dir: &std::path::Path, grace_ms: u64) -> Engine 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut engine = spawn_engine(dir.path());
+    let home = Home::new();
+    let mut engine = spawn_engine(&home);
 
     let mut client = Raw::connect(&engine.url).await;
     for i in 0..20 {
@@ -67,7 +81,7 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
     let r = client
         .call(
             "engine::queue::declare",
-            json!({"queue": "jobs", "type": "fifo", "message_group_field": "g", "backoff_ms": 50}),
+            json!({"queue": "jobs", "type": "fifo", "message_group_field": "g", "backoff_ms": 50, "visibility_timeout_ms": 2000}),
         )
         .await;
     assert!(r.get("error").is_none(), "{r}");
@@ -99,7 +113,7 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
     engine.child.kill().expect("kill -9");
     engine.child.wait().unwrap();
 
-    let mut engine = spawn_engine(dir.path());
+    let mut engine = spawn_engine(&home);
     let mut client = Raw::connect(&engine.url).await;
     for i in 0..20 {
         let r = client
@@ -164,10 +178,10 @@ async fn kill_9_loses_nothing_committed_and_redelivers_only_unacked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_change_committed_before_a_crash_still_fires_its_trigger() {
-    let dir = tempfile::tempdir().unwrap();
+    let home = Home::new();
     // A long grace: the dispatcher must not run (and drop the change for lack of a
     // trigger) before the crash.
-    let mut engine = spawn_engine_with_grace(dir.path(), 5_000);
+    let mut engine = spawn_engine_with_grace(&home, 5_000);
     let mut client = Raw::connect(&engine.url).await;
     let r = client
         .call(
@@ -181,7 +195,7 @@ async fn state_change_committed_before_a_crash_still_fires_its_trigger() {
 
     // After restart, a worker re-registers its trigger within the grace period and still
     // receives the change committed before the crash.
-    let mut engine = spawn_engine_with_grace(dir.path(), 2_000);
+    let mut engine = spawn_engine_with_grace(&home, 2_000);
     let mut w = Raw::connect(&engine.url).await;
     w.send(json!({"type": "registerfunction", "id": "t::on_approval"}))
         .await;

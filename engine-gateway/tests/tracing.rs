@@ -4,7 +4,6 @@
 mod common;
 
 use common::{start, start_with, wait_for};
-use engine_gateway::server::ServeOptions;
 use engine_gateway::trace::ATTR_SESSION_ID;
 use harness_sdk::{RemoteOptions, Worker, connect_client, run_remote};
 use serde_json::{Value, json};
@@ -163,7 +162,7 @@ async fn spans_are_exported_over_otlp_http_json() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let mut opts = common::options(dir.path());
     opts.otlp_endpoint = Some(collector);
     let srv = start_with(opts).await;
     let (a, b) = two_hop_workers(&srv.url());

@@ -4,7 +4,6 @@
 mod common;
 
 use common::{Raw, start, start_with};
-use engine_gateway::server::ServeOptions;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -99,7 +98,7 @@ async fn last_registration_wins_and_cleanup_is_owner_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_default_and_per_call() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let mut opts = common::options(dir.path());
     opts.call_timeout_ms = 300;
     let srv = start_with(opts).await;
     let mut silent = Raw::connect(&srv.url()).await;
@@ -139,7 +138,7 @@ async fn disconnect_fails_in_flight_calls_with_invocation_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cannot_answer_another_workers_call() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let mut opts = common::options(dir.path());
     opts.call_timeout_ms = 500;
     let srv = start_with(opts).await;
     let mut w = Raw::connect(&srv.url()).await;
@@ -162,7 +161,7 @@ async fn a_worker_cannot_answer_another_workers_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_requires_the_token_when_set() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let mut opts = common::options(dir.path());
     opts.token = Some("s3cret".into());
     let srv = start_with(opts).await;
     let status = |e: tokio_tungstenite::tungstenite::Error| match e {
@@ -262,14 +261,14 @@ async fn expect_close(raw: &mut Raw, code: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_and_lifetime_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let mut opts = common::options(dir.path());
     opts.idle_timeout_secs = 1;
     let srv = start_with(opts).await;
     let mut raw = Raw::connect(&srv.url()).await;
     expect_close(&mut raw, 1001).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let mut opts = common::options(dir.path());
     opts.max_lifetime_secs = 1;
     let srv = start_with(opts).await;
     let mut raw = Raw::connect(&srv.url()).await;

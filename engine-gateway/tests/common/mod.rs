@@ -11,8 +11,44 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// Which backend the suite runs against: `HARNESS_TEST_BACKEND=aws` runs it on the AWS
+/// backend (the emulator at `AWS_ENDPOINT_URL`), each test with its own resource prefix.
+pub fn aws_backend() -> bool {
+    std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws")
+}
+
+pub fn fresh_prefix() -> String {
+    format!("t{}-", &uuid::Uuid::new_v4().simple().to_string()[..10])
+}
+
+/// Options for a test engine on the selected backend.
+pub fn options(dir: &std::path::Path) -> ServeOptions {
+    let mut opts = ServeOptions::for_data_dir(dir.to_path_buf());
+    if aws_backend() {
+        opts.backend = server::BackendKind::Aws;
+        opts.aws.prefix = fresh_prefix();
+        opts.aws.create_resources = true;
+    }
+    opts
+}
+
+/// Command-line arguments selecting the same backend for an `engine-gateway` process.
+pub fn backend_args(dir: &std::path::Path, prefix: &str) -> Vec<String> {
+    if aws_backend() {
+        vec![
+            "--backend".into(),
+            "aws".into(),
+            "--aws-prefix".into(),
+            prefix.into(),
+            "--aws-create-resources".into(),
+        ]
+    } else {
+        vec!["--data-dir".into(), dir.display().to_string()]
+    }
+}
+
 pub async fn start(dir: &std::path::Path) -> RunningServer {
-    start_with(ServeOptions::for_data_dir(dir.to_path_buf())).await
+    start_with(options(dir)).await
 }
 
 pub async fn start_with(opts: ServeOptions) -> RunningServer {

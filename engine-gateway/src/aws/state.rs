@@ -1,0 +1,349 @@
+//! `StateStore` on DynamoDB. Item: `scope` (hash), `key` (range), `value` (the JSON as a
+//! string), `version` (number), and the writer's `tp`/`bg` trace context so the stream record
+//! that fires a trigger continues the writer's trace.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use serde_json::Value;
+use std::collections::HashMap;
+
+use super::{AwsClients, AwsNames, err_code, err_text};
+use crate::state::{
+    Entry, StateError, StateStore, UpdateOp, Versioned, WriteMeta, WriteOutcome, apply_ops,
+    check_expected, validate_address,
+};
+
+/// How often a `state::update` retries after losing a race to another writer.
+const UPDATE_RETRIES: usize = 32;
+
+pub struct DynamoState {
+    clients: AwsClients,
+    table: String,
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_string())
+}
+
+fn storage(e: impl std::fmt::Display) -> StateError {
+    StateError::Storage(e.to_string())
+}
+
+/// Read `{value, version}` out of an item (also used for stream images).
+pub fn decode_item(item: &Item) -> Result<Option<Versioned>, StateError> {
+    let Some(AttributeValue::S(text)) = item.get("value") else {
+        return Ok(None);
+    };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| storage(format!("corrupt value: {e}")))?;
+    let version = match item.get("version") {
+        Some(AttributeValue::N(n)) => n.parse().map_err(|_| storage("corrupt version"))?,
+        _ => 0,
+    };
+    Ok(Some(Versioned { value, version }))
+}
+
+impl DynamoState {
+    pub fn new(clients: AwsClients, names: &AwsNames) -> Self {
+        Self {
+            clients,
+            table: names.state_table(),
+        }
+    }
+
+    async fn read(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError> {
+        let out = self
+            .clients
+            .dynamodb
+            .get_item()
+            .table_name(&self.table)
+            .key("scope", s(scope))
+            .key("key", s(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| storage(err_text(&e)))?;
+        match out.item() {
+            Some(item) => decode_item(item),
+            None => Ok(None),
+        }
+    }
+
+    fn conflict(scope: &str, key: &str, expected: u64, found: Option<u64>) -> StateError {
+        StateError::VersionConflict {
+            scope: scope.into(),
+            key: key.into(),
+            expected,
+            found,
+        }
+    }
+
+    /// Write `value` at the next version only if the record is still at `current`
+    /// (None = absent). `Ok(None)` means another writer got there first.
+    async fn put_if(
+        &self,
+        scope: &str,
+        key: &str,
+        value: &Value,
+        current: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Result<Option<Option<Versioned>>, StateError> {
+        let new_version = current.unwrap_or(0) + 1;
+        let mut req = self
+            .clients
+            .dynamodb
+            .put_item()
+            .table_name(&self.table)
+            .item("scope", s(scope))
+            .item("key", s(key))
+            .item("value", s(&value.to_string()))
+            .item("version", AttributeValue::N(new_version.to_string()))
+            .return_values(ReturnValue::AllOld);
+        if let Some(tp) = &meta.traceparent {
+            req = req.item("tp", s(tp));
+        }
+        if let Some(bg) = &meta.baggage {
+            req = req.item("bg", s(bg));
+        }
+        req = match current {
+            None => req
+                .condition_expression("attribute_not_exists(#k)")
+                .expression_attribute_names("#k", "key"),
+            Some(v) => req
+                .condition_expression("#v = :v")
+                .expression_attribute_names("#v", "version")
+                .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+        };
+        match req.send().await {
+            Ok(out) => match out.attributes() {
+                Some(item) if !item.is_empty() => Ok(Some(decode_item(item)?)),
+                _ => Ok(Some(None)),
+            },
+            Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {
+                Ok(None)
+            }
+            Err(e) => Err(storage(err_text(&e))),
+        }
+    }
+}
+
+#[async_trait]
+impl StateStore for DynamoState {
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError> {
+        validate_address(scope, key)?;
+        self.read(scope, key).await
+    }
+
+    async fn set(
+        &self,
+        scope: &str,
+        key: &str,
+        value: Value,
+        expected_version: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Result<WriteOutcome, StateError> {
+        validate_address(scope, key)?;
+        if let Some(expected) = expected_version {
+            let current = if expected == 0 { None } else { Some(expected) };
+            if let Some(old) = self.put_if(scope, key, &value, current, meta).await? {
+                return Ok(WriteOutcome {
+                    old_value: old.map(|o| o.value),
+                    new_value: Some(value),
+                    version: expected + 1,
+                });
+            }
+            let found = self.read(scope, key).await?.map(|v| v.version);
+            return Err(Self::conflict(scope, key, expected, found));
+        }
+        // Unconditional: one atomic UpdateItem bumps the version and returns the old image.
+        let mut names = vec![("#val", "value"), ("#ver", "version")];
+        let mut set = vec!["#val = :val", "#ver = if_not_exists(#ver, :zero) + :one"];
+        let mut req = self
+            .clients
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key("scope", s(scope))
+            .key("key", s(key))
+            .expression_attribute_values(":val", s(&value.to_string()))
+            .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .return_values(ReturnValue::AllOld);
+        if let Some(tp) = &meta.traceparent {
+            names.push(("#tp", "tp"));
+            set.push("#tp = :tp");
+            req = req.expression_attribute_values(":tp", s(tp));
+        }
+        if let Some(bg) = &meta.baggage {
+            names.push(("#bg", "bg"));
+            set.push("#bg = :bg");
+            req = req.expression_attribute_values(":bg", s(bg));
+        }
+        for (k, v) in names {
+            req = req.expression_attribute_names(k, v);
+        }
+        let out = req
+            .update_expression(format!("SET {}", set.join(", ")))
+            .send()
+            .await
+            .map_err(|e| storage(err_text(&e)))?;
+        let old = match out.attributes() {
+            Some(item) => decode_item(item)?,
+            None => None,
+        };
+        Ok(WriteOutcome {
+            version: old.as_ref().map(|o| o.version).unwrap_or(0) + 1,
+            old_value: old.map(|o| o.value),
+            new_value: Some(value),
+        })
+    }
+
+    async fn update(
+        &self,
+        scope: &str,
+        key: &str,
+        ops: Vec<UpdateOp>,
+        expected_version: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Result<WriteOutcome, StateError> {
+        validate_address(scope, key)?;
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.read(scope, key).await?;
+            let current_version = current.as_ref().map(|c| c.version);
+            check_expected(scope, key, expected_version, current_version)?;
+            let old_value = current.map(|c| c.value);
+            let base = old_value
+                .clone()
+                .unwrap_or_else(|| Value::Object(Default::default()));
+            let new_value = apply_ops(base, &ops)?;
+            if self
+                .put_if(scope, key, &new_value, current_version, meta)
+                .await?
+                .is_some()
+            {
+                return Ok(WriteOutcome {
+                    old_value,
+                    new_value: Some(new_value),
+                    version: current_version.unwrap_or(0) + 1,
+                });
+            }
+            if expected_version.is_some() {
+                let found = self.read(scope, key).await?.map(|v| v.version);
+                return Err(Self::conflict(
+                    scope,
+                    key,
+                    expected_version.unwrap_or(0),
+                    found,
+                ));
+            }
+            // Lost a race: read again and re-apply.
+        }
+        Err(StateError::Storage(format!(
+            "update of {scope}/{key} kept conflicting after {UPDATE_RETRIES} attempts"
+        )))
+    }
+
+    async fn delete(
+        &self,
+        scope: &str,
+        key: &str,
+        expected_version: Option<u64>,
+        _meta: &WriteMeta,
+    ) -> Result<WriteOutcome, StateError> {
+        validate_address(scope, key)?;
+        let mut req = self
+            .clients
+            .dynamodb
+            .delete_item()
+            .table_name(&self.table)
+            .key("scope", s(scope))
+            .key("key", s(key))
+            .return_values(ReturnValue::AllOld);
+        match expected_version {
+            None => {}
+            Some(0) => {
+                req = req
+                    .condition_expression("attribute_not_exists(#k)")
+                    .expression_attribute_names("#k", "key")
+            }
+            Some(v) => {
+                req = req
+                    .condition_expression("#v = :v")
+                    .expression_attribute_names("#v", "version")
+                    .expression_attribute_values(":v", AttributeValue::N(v.to_string()))
+            }
+        }
+        match req.send().await {
+            Ok(out) => {
+                let old = match out.attributes() {
+                    Some(item) => decode_item(item)?,
+                    None => None,
+                };
+                Ok(WriteOutcome {
+                    version: old.as_ref().map(|o| o.version).unwrap_or(0),
+                    old_value: old.map(|o| o.value),
+                    new_value: None,
+                })
+            }
+            Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {
+                let found = self.read(scope, key).await?.map(|v| v.version);
+                Err(Self::conflict(
+                    scope,
+                    key,
+                    expected_version.unwrap_or(0),
+                    found,
+                ))
+            }
+            Err(e) => Err(storage(err_text(&e))),
+        }
+    }
+
+    async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {
+        if scope.is_empty() {
+            return Err(StateError::Invalid("`scope` must not be empty".into()));
+        }
+        let mut out = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let mut req = self
+                .clients
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .expression_attribute_names("#s", "scope")
+                .expression_attribute_values(":s", s(scope));
+            req = match prefix.filter(|p| !p.is_empty()) {
+                Some(p) => req
+                    .key_condition_expression("#s = :s AND begins_with(#k, :p)")
+                    .expression_attribute_names("#k", "key")
+                    .expression_attribute_values(":p", s(p)),
+                None => req.key_condition_expression("#s = :s"),
+            };
+            if let Some(k) = start.take() {
+                req = req.set_exclusive_start_key(Some(k));
+            }
+            let page = req.send().await.map_err(|e| storage(err_text(&e)))?;
+            for item in page.items() {
+                let key = match item.get("key") {
+                    Some(AttributeValue::S(k)) => k.clone(),
+                    _ => continue,
+                };
+                if let Some(v) = decode_item(item)? {
+                    out.push(Entry {
+                        key,
+                        value: v.value,
+                        version: v.version,
+                    });
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+}
