@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The project's one test command: formatting, lints, every test of the workspace.
-# Prints how long each stage took. Needs only the Rust toolchain.
+# The project's one test command: formatting, lints, every test on the embedded backend, then
+# the bus suites again on the AWS backend against LocalStack (installed, started and stopped
+# here). Prints how long each stage took. Needs the Rust toolchain, python3, a JDK and npm.
+#   SKIP_AWS=1  skip the emulator stages      EMU=moto  use moto instead of LocalStack
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,8 +19,29 @@ stage "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 stage_done
 
-stage "tests (workspace)"
+stage "tests (workspace, embedded backend)"
 cargo test --workspace --locked
 stage_done
+
+if [ "${SKIP_AWS:-0}" != 1 ]; then
+  export EMU=${EMU:-localstack}
+  export EMU_HOME=${EMU_HOME:-$PWD/target/aws-emu}
+  if [ "$EMU" = moto ]; then export AWS_ENDPOINT_URL=http://127.0.0.1:4567; fi
+  source localstack/env.sh
+  stage "start the AWS emulator ($EMU)"
+  trap 'bash localstack/emu.sh stop >/dev/null 2>&1 || true' EXIT
+  bash localstack/emu.sh start
+  bash localstack/provision.sh >/dev/null
+  stage_done
+
+  stage "tests (bus suites on the AWS backend: DynamoDB + Streams, SQS, Secrets Manager)"
+  HARNESS_TEST_BACKEND=aws cargo test --locked -p engine-gateway
+  stage_done
+
+  stage "stop the AWS emulator"
+  bash localstack/emu.sh stop
+  trap - EXIT
+  stage_done
+fi
 
 echo "=== all stages passed in $(( $(date +%s) - total_start ))s"

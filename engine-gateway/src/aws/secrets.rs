@@ -68,6 +68,10 @@ impl SecretStore for AwsSecrets {
 
     async fn delete(&self, name: &str) -> Result<bool, SecretError> {
         validate_name(name)?;
+        // Emulators acknowledge deleting a missing secret; ask first so the answer is exact.
+        if self.get(name).await?.is_none() {
+            return Ok(false);
+        }
         match self
             .clients
             .secrets
