@@ -13,6 +13,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::channels::ChannelHub;
+use crate::lambda_host::{LambdaError, LambdaFunction};
 use crate::protocol::{
     Action, ErrorBody, InvocationResult, InvokeFunction, Message, RegisterFunction,
     RegisterTrigger, StreamEventBody, codes,
@@ -54,6 +55,8 @@ pub enum Outbound {
 pub enum WorkerKind {
     Remote,
     Embedded,
+    /// A function run as `bootstrap` processes under the local Lambda Runtime API.
+    Lambda,
 }
 
 struct WorkerInfo {
@@ -98,11 +101,14 @@ enum TriggerKind {
     },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct TriggerEntry {
     reg: RegisterTrigger,
     owner: String,
     kind: TriggerKind,
+    /// Set when the function is a Lambda: events reach it in batches, as AWS event-source
+    /// mappings deliver them (SQS batches, DynamoDB stream batches).
+    lambda: Option<Arc<LambdaFunction>>,
 }
 
 enum RegistryOp {
@@ -170,6 +176,7 @@ pub struct Engine {
     /// (stream_name, group_id or "*") → subscribed worker ids.
     stream_subs: RwLock<HashMap<(String, String), HashSet<String>>>,
     consumers: Mutex<HashMap<String, JoinHandle<()>>>,
+    lambdas: Mutex<Vec<Arc<LambdaFunction>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     call_seq: AtomicU64,
     boot_id: String,
@@ -233,6 +240,7 @@ impl Engine {
             pending: Mutex::new(HashMap::new()),
             stream_subs: RwLock::new(HashMap::new()),
             consumers: Mutex::new(HashMap::new()),
+            lambdas: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
             call_seq: AtomicU64::new(0),
             boot_id: crate::trace::random_hex(4),
@@ -284,6 +292,9 @@ impl Engine {
         }
         for (_, t) in lock(&self.consumers).drain() {
             t.abort();
+        }
+        for f in lock(&self.lambdas).drain(..) {
+            f.shutdown();
         }
         let pending: Vec<PendingCall> = lock(&self.pending).drain().map(|(_, p)| p).collect();
         for p in pending {
@@ -552,7 +563,7 @@ impl Engine {
                 fns.sort_unstable();
                 json!({
                     "worker_id": w.id,
-                    "kind": match w.kind { WorkerKind::Remote => "remote", WorkerKind::Embedded => "embedded" },
+                    "kind": match w.kind { WorkerKind::Remote => "remote", WorkerKind::Embedded => "embedded", WorkerKind::Lambda => "lambda" },
                     "name": w.name,
                     "metadata": w.metadata,
                     "remote_addr": w.remote_addr,
@@ -835,6 +846,16 @@ impl Engine {
         );
     }
 
+    fn queue_lambda(&self, queue: &str) -> Option<Arc<LambdaFunction>> {
+        read(&self.triggers)
+            .values()
+            .find(|t| {
+                matches!(&t.kind, TriggerKind::Queue { queue: q } if q == queue)
+                    && t.lambda.is_some()
+            })
+            .and_then(|t| t.lambda.clone())
+    }
+
     fn queue_trigger_function(&self, queue: &str) -> Option<String> {
         read(&self.triggers)
             .values()
@@ -926,6 +947,15 @@ impl Engine {
     // ---------------------------------------------------------------- triggers
 
     pub fn register_trigger(&self, owner: &str, reg: RegisterTrigger) -> Result<(), ErrorBody> {
+        self.register_trigger_for(owner, reg, None)
+    }
+
+    fn register_trigger_for(
+        &self,
+        owner: &str,
+        reg: RegisterTrigger,
+        lambda: Option<Arc<LambdaFunction>>,
+    ) -> Result<(), ErrorBody> {
         if reg.id.is_empty() {
             return Err(ErrorBody::invalid("trigger `id` must not be empty"));
         }
@@ -996,6 +1026,7 @@ impl Engine {
                 reg,
                 owner: owner.to_string(),
                 kind,
+                lambda,
             },
         );
         Ok(())
@@ -1031,6 +1062,7 @@ impl Engine {
     fn state_triggers_for(&self, rec: &ChangeRecord) -> Vec<(String, Option<String>)> {
         read(&self.triggers)
             .values()
+            .filter(|t| t.lambda.is_none())
             .filter_map(|t| match &t.kind {
                 TriggerKind::State {
                     scope,
@@ -1187,6 +1219,204 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Run a Lambda function under the local Runtime API: ask it what it serves
+    /// (`{"describe": true}`), register its functions, and map its triggers the way AWS
+    /// event-source mappings would (queues → SQS batches, state → DynamoDB stream batches).
+    pub async fn attach_lambda(&self, f: Arc<LambdaFunction>) -> Result<Value, ErrorBody> {
+        let desc = f
+            .invoke(&crate::lambda_host::describe_event())
+            .await
+            .map_err(|e| {
+                ErrorBody::new(
+                    codes::INVOCATION_ERROR,
+                    format!("describe `{}`: {e}", f.spec.name),
+                )
+            })?;
+        let owner = format!("lambda:{}", f.spec.name);
+        write(&self.workers).insert(
+            owner.clone(),
+            WorkerInfo {
+                id: owner.clone(),
+                kind: WorkerKind::Lambda,
+                outbox: None,
+                remote_addr: None,
+                connected_at_ms: now_ms(),
+                name: desc
+                    .get("worker")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                metadata: json!({"bootstrap": f.spec.bootstrap.display().to_string()}),
+            },
+        );
+        let functions: Vec<RegisterFunction> =
+            serde_json::from_value(desc.get("functions").cloned().unwrap_or(json!([]))).map_err(
+                |e| ErrorBody::invalid(format!("describe `{}`: bad `functions`: {e}", f.spec.name)),
+            )?;
+        let triggers: Vec<RegisterTrigger> =
+            serde_json::from_value(desc.get("triggers").cloned().unwrap_or(json!([]))).map_err(
+                |e| ErrorBody::invalid(format!("describe `{}`: bad `triggers`: {e}", f.spec.name)),
+            )?;
+        for def in functions {
+            let func = f.clone();
+            let handler: Handler = Arc::new(move |inv: Invocation| {
+                let func = func.clone();
+                Box::pin(async move {
+                    let envelope = json!({
+                        "function_id": inv.function_id,
+                        "data": inv.data,
+                        "traceparent": inv.trace.traceparent(),
+                        "baggage": inv.trace.baggage_header(),
+                    });
+                    let answer = func.invoke(&envelope).await.map_err(lambda_error)?;
+                    match answer.get("error") {
+                        Some(e) if !e.is_null() => Err(serde_json::from_value(e.clone())
+                            .unwrap_or_else(|_| {
+                                ErrorBody::new(codes::INVOCATION_ERROR, e.to_string())
+                            })),
+                        _ => Ok(answer.get("result").cloned().unwrap_or(Value::Null)),
+                    }
+                })
+            });
+            self.register_local(&owner, def, handler)?;
+        }
+        for t in triggers {
+            if t.trigger_type == "queue" && t.config.get("type").is_some() {
+                // Declared before we return, so nothing is enqueued to an undeclared queue.
+                let qc = QueueConfig::from_json(&t.config).map_err(ErrorBody::from)?;
+                self.declare_queue(qc).await?;
+            }
+            let batched = matches!(t.trigger_type.as_str(), "queue" | "state");
+            let queue = (t.trigger_type == "queue")
+                .then(|| {
+                    t.config
+                        .get("queue")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .flatten();
+            self.register_trigger_for(&owner, t, batched.then(|| f.clone()))?;
+            if let Some(q) = queue {
+                // Restart the consumer so it switches to batch delivery.
+                if let Some(old) = lock(&self.consumers).remove(&q) {
+                    old.abort();
+                }
+                self.ensure_consumer(&q);
+            }
+        }
+        lock(&self.lambdas).push(f);
+        Ok(desc)
+    }
+
+    /// Deliver one receive batch to a Lambda as an SQS event; honour `batchItemFailures`.
+    async fn deliver_lambda_batch(
+        &self,
+        cfg: &QueueConfig,
+        f: &LambdaFunction,
+        batch: Vec<Delivery>,
+    ) {
+        let event = crate::events::sqs_event(&batch, &cfg.name);
+        let failed: Option<Vec<String>> = match f.invoke(&event).await {
+            Ok(resp) => Some(crate::events::batch_item_failures(&resp)),
+            Err(e) => {
+                tracing::warn!(function = %f.spec.name, error = %e, "SQS batch invocation failed");
+                None
+            }
+        };
+        for d in batch {
+            let ok = failed
+                .as_ref()
+                .is_some_and(|ids| !ids.contains(&d.message.id));
+            let outcome = if ok {
+                self.queues.ack(&d).await
+            } else {
+                let dead = d.attempt > cfg.max_retries;
+                let why = match &failed {
+                    Some(_) => "reported in batchItemFailures".to_string(),
+                    None => "the batch invocation failed".to_string(),
+                };
+                self.queues
+                    .fail(&d, &why, cfg.backoff(d.attempt), dead)
+                    .await
+            };
+            if let Err(e) = outcome {
+                tracing::error!(queue = %cfg.name, error = %e, "queue bookkeeping failed");
+            }
+        }
+    }
+
+    /// State changes for Lambda-mapped state triggers: one DynamoDB stream event per function
+    /// per batch; on a partial failure the batch is retried from the first failed sequence
+    /// number (up to 3 times), as the DynamoDB mapping does.
+    fn fire_lambda_state_batch(&self, batch: &[ChangeRecord]) {
+        let mut per_function: Vec<(Arc<LambdaFunction>, Vec<ChangeRecord>)> = Vec::new();
+        for t in read(&self.triggers).values() {
+            let (Some(f), TriggerKind::State { scope, key, .. }) = (&t.lambda, &t.kind) else {
+                continue;
+            };
+            let records: Vec<ChangeRecord> = batch
+                .iter()
+                .filter(|r| {
+                    scope.as_deref().is_none_or(|s| glob_match(s, &r.scope))
+                        && key.as_deref().is_none_or(|k| glob_match(k, &r.key))
+                })
+                .cloned()
+                .collect();
+            if records.is_empty() {
+                continue;
+            }
+            match per_function.iter_mut().find(|(g, _)| Arc::ptr_eq(g, f)) {
+                Some((_, rs)) => {
+                    for r in records {
+                        if !rs.contains(&r) {
+                            rs.push(r);
+                        }
+                    }
+                }
+                None => per_function.push((f.clone(), records)),
+            }
+        }
+        for (f, mut records) in per_function {
+            records.sort_by_key(|r| (r.seq, r.position.clone()));
+            tokio::spawn(async move {
+                let mut pending = records;
+                for attempt in 1..=4u32 {
+                    let event = crate::events::dynamodb_event(&pending, "state");
+                    let failed_from = match f.invoke(&event).await {
+                        Ok(resp) => {
+                            crate::events::batch_item_failures(&resp)
+                                .first()
+                                .and_then(|seq| {
+                                    pending
+                                        .iter()
+                                        .position(|r| crate::events::sequence_number(r) == *seq)
+                                })
+                        }
+                        Err(e) => {
+                            tracing::warn!(function = %f.spec.name, error = %e, "stream batch invocation failed");
+                            Some(0)
+                        }
+                    };
+                    let Some(i) = failed_from else { return };
+                    pending.drain(..i);
+                    if attempt == 4 {
+                        tracing::error!(function = %f.spec.name, records = pending.len(), "stream records dropped after 4 attempts");
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                }
+            });
+        }
+    }
+}
+
+fn lambda_error(e: LambdaError) -> ErrorBody {
+    match e {
+        LambdaError::TimedOut(_) => ErrorBody::new(codes::TIMEOUT, e.to_string()),
+        other => ErrorBody::new(codes::INVOCATION_ERROR, other.to_string()),
+    }
+}
+
 fn reply(outbox: &Outbox, invocation_id: String, function_id: String, r: HandlerResult) {
     let (result, error) = match r {
         Ok(v) => (Some(v), None),
@@ -1232,6 +1462,7 @@ async fn run_state_dispatcher(engine: Weak<Engine>) {
             for rec in &batch {
                 e.fire_state_change(rec.clone());
             }
+            e.fire_lambda_state_batch(&batch);
             dispatched.extend(batch);
         }
         if !dispatched.is_empty()
@@ -1261,6 +1492,8 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
         let Some(e) = engine.upgrade() else { return };
         let backend = e.queues.clone();
         drop(e);
+        let lambda = engine.upgrade().and_then(|e| e.queue_lambda(&queue));
+        let room = if lambda.is_some() { 10 } else { room };
         let batch = match backend.receive(&queue, room, Duration::from_secs(1)).await {
             Ok(b) => b,
             Err(err) => {
@@ -1269,6 +1502,18 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
                 continue;
             }
         };
+        if let Some(f) = lambda {
+            if batch.is_empty() {
+                continue;
+            }
+            let Some(e) = engine.upgrade() else { return };
+            let cfg = cfg.clone();
+            tokio::spawn(async move {
+                e.deliver_lambda_batch(&cfg, &f, batch).await;
+                drop(first);
+            });
+            continue;
+        }
         // A FIFO backend may hand out several messages of one group in a batch (SQS does):
         // run each group's messages in order, one at a time, and hand back the rest of a
         // group after its first failure so nothing overtakes it.

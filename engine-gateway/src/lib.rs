@@ -12,6 +12,8 @@ pub mod channels;
 pub mod edge;
 pub mod embedded;
 pub mod engine;
+pub mod events;
+pub mod lambda_host;
 pub mod protocol;
 pub mod queue;
 pub mod registry;

@@ -24,6 +24,9 @@ enum Command {
     Provision {
         #[command(flatten)]
         aws: engine_gateway::server::AwsOptions,
+        /// Print the resource manifest for the prefix without contacting AWS.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -32,7 +35,15 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     server::init_logging();
     match cli.command {
-        Command::Provision { aws } => {
+        Command::Provision { aws, dry_run: true } => {
+            let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
+            let manifest = engine_gateway::aws::resources::manifest(&names);
+            println!("{}", serde_json::to_string_pretty(&manifest)?);
+        }
+        Command::Provision {
+            aws,
+            dry_run: false,
+        } => {
             let clients = engine_gateway::aws::AwsClients::from_env().await;
             let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
             let manifest = engine_gateway::aws::resources::ensure_all(&clients, &names).await?;

@@ -75,6 +75,17 @@ pub struct ServeOptions {
     /// OTLP/HTTP endpoint (JSON encoding); spans are POSTed to `<endpoint>/v1/traces`.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Run a function as Lambda `bootstrap` processes under the local Runtime API:
+    /// `NAME=PATH_TO_BOOTSTRAP` (repeatable). Its functions and triggers come from the
+    /// function itself (`{"describe": true}`); processes reach the bus via ENGINE_URL.
+    #[arg(long = "lambda", value_name = "NAME=PATH")]
+    pub lambdas: Vec<String>,
+    /// Most processes per Lambda function (concurrency).
+    #[arg(long, env = "ENGINE_LAMBDA_MAX_PROCESSES", default_value_t = 4)]
+    pub lambda_max_processes: usize,
+    /// Lambda invocation timeout.
+    #[arg(long, env = "ENGINE_LAMBDA_TIMEOUT_SECS", default_value_t = 60)]
+    pub lambda_timeout_secs: u64,
 }
 
 impl ServeOptions {
@@ -96,6 +107,9 @@ impl ServeOptions {
             trigger_grace_ms: 0,
             span_capacity: 50_000,
             otlp_endpoint: None,
+            lambdas: Vec::new(),
+            lambda_max_processes: 4,
+            lambda_timeout_secs: 60,
         }
     }
 
@@ -187,6 +201,38 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
     let local_addr = listener.local_addr()?;
     let edge = tokio::spawn(edge::serve(engine.clone(), listener, opts.edge_config()));
+    // What a deployed Lambda gets from its configuration: how to reach the bus and where
+    // its backend lives.
+    let mut env = vec![("ENGINE_URL".to_string(), format!("ws://{local_addr}"))];
+    if let Some(t) = opts.edge_config().token {
+        env.push(("ENGINE_TOKEN".to_string(), t));
+    }
+    match opts.backend {
+        BackendKind::Aws => {
+            env.push(("ENGINE_BACKEND".into(), "aws".into()));
+            env.push(("HARNESS_AWS_PREFIX".into(), opts.aws.prefix.clone()));
+        }
+        BackendKind::Embedded => {
+            env.push(("ENGINE_BACKEND".into(), "embedded".into()));
+            env.push((
+                "HARNESS_SECRETS_FILE".into(),
+                opts.data_dir.join("secrets.json").display().to_string(),
+            ));
+        }
+    }
+    for arg in &opts.lambdas {
+        let mut spec =
+            crate::lambda_host::LambdaSpec::parse(arg).map_err(|e| anyhow::anyhow!(e))?;
+        spec.max_processes = opts.lambda_max_processes.max(1);
+        spec.timeout = Duration::from_secs(opts.lambda_timeout_secs);
+        let name = spec.name.clone();
+        let f = crate::lambda_host::LambdaFunction::new(spec, env.clone());
+        let desc = engine
+            .attach_lambda(f)
+            .await
+            .map_err(|e| anyhow::anyhow!("Lambda `{name}`: {e}"))?;
+        tracing::info!(lambda = %name, functions = %desc["functions"].as_array().map(Vec::len).unwrap_or(0), "Lambda attached");
+    }
     Ok(RunningServer {
         engine,
         local_addr,

@@ -14,7 +14,11 @@ async fn drain(feed: &dyn engine_gateway::state::ChangeFeed, want: usize) -> Vec
     let mut got = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while got.len() < want && tokio::time::Instant::now() < deadline {
-        got.extend(feed.next_batch(100, Duration::from_millis(300)).await.expect("feed"));
+        got.extend(
+            feed.next_batch(100, Duration::from_millis(300))
+                .await
+                .expect("feed"),
+        );
     }
     got
 }
@@ -29,23 +33,44 @@ async fn change_feed_resumes_after_exactly_what_was_acknowledged() {
     };
     {
         let b = server::backends(&opts).await.unwrap();
-        b.state.set("feed", "a", json!(1), None, &meta).await.unwrap();
-        b.state.set("feed", "a", json!(2), None, &meta).await.unwrap();
-        b.state.set("$stream:x", "g\u{1}i", json!("reserved"), None, &meta).await.unwrap();
+        b.state
+            .set("feed", "a", json!(1), None, &meta)
+            .await
+            .unwrap();
+        b.state
+            .set("feed", "a", json!(2), None, &meta)
+            .await
+            .unwrap();
+        b.state
+            .set("$stream:x", "g\u{1}i", json!("reserved"), None, &meta)
+            .await
+            .unwrap();
         b.state.delete("feed", "a", None, &meta).await.unwrap();
         let got = drain(b.changes.as_ref(), 3).await;
         assert_eq!(got.len(), 3, "reserved scopes are not in the feed: {got:?}");
         assert_eq!(got[0].kind, ChangeKind::Created);
         assert_eq!(got[0].new_value, Some(json!(1)));
-        assert_eq!(got[0].traceparent, meta.traceparent, "the writer's trace travels with the change");
+        assert_eq!(
+            got[0].traceparent, meta.traceparent,
+            "the writer's trace travels with the change"
+        );
         assert_eq!(got[1].kind, ChangeKind::Updated);
-        assert_eq!((got[1].old_value.clone(), got[1].new_value.clone()), (Some(json!(1)), Some(json!(2))));
+        assert_eq!(
+            (got[1].old_value.clone(), got[1].new_value.clone()),
+            (Some(json!(1)), Some(json!(2)))
+        );
         assert_eq!(got[2].kind, ChangeKind::Deleted);
         assert_eq!(got[2].old_value, Some(json!(2)));
         // Acknowledge only the first two, then "crash".
         b.changes.ack(&got[..2]).await.unwrap();
         // Handed-out records are not handed out again by the same process.
-        assert!(b.changes.next_batch(100, Duration::from_millis(300)).await.unwrap().is_empty());
+        assert!(
+            b.changes
+                .next_batch(100, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
     if opts.backend == BackendKind::Embedded {
         // The redb file is released when the backend is dropped.
@@ -54,10 +79,17 @@ async fn change_feed_resumes_after_exactly_what_was_acknowledged() {
     {
         let b = server::backends(&opts).await.unwrap();
         let got = drain(b.changes.as_ref(), 1).await;
-        assert_eq!(got.len(), 1, "only the unacknowledged record comes back: {got:?}");
+        assert_eq!(
+            got.len(),
+            1,
+            "only the unacknowledged record comes back: {got:?}"
+        );
         assert_eq!(got[0].kind, ChangeKind::Deleted);
         b.changes.ack(&got).await.unwrap();
-        b.state.set("feed", "b", json!(3), None, &WriteMeta::default()).await.unwrap();
+        b.state
+            .set("feed", "b", json!(3), None, &WriteMeta::default())
+            .await
+            .unwrap();
         let got = drain(b.changes.as_ref(), 1).await;
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].key, "b");
@@ -66,7 +98,11 @@ async fn change_feed_resumes_after_exactly_what_was_acknowledged() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let b = server::backends(&opts).await.unwrap();
     assert!(
-        b.changes.next_batch(100, Duration::from_millis(800)).await.unwrap().is_empty(),
+        b.changes
+            .next_batch(100, Duration::from_millis(800))
+            .await
+            .unwrap()
+            .is_empty(),
         "nothing acknowledged is replayed"
     );
 }
@@ -75,10 +111,18 @@ async fn secret_store() -> (Arc<dyn SecretStore>, Option<tempfile::TempDir>) {
     if common::aws_backend() {
         let clients = engine_gateway::aws::AwsClients::from_env().await;
         let names = engine_gateway::aws::AwsNames::new(&common::fresh_prefix());
-        (Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(clients, names)), None)
+        (
+            Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
+                clients, names,
+            )),
+            None,
+        )
     } else {
         let dir = tempfile::tempdir().unwrap();
-        (Arc::new(FileSecrets::new(dir.path().join("secrets.json"))), Some(dir))
+        (
+            Arc::new(FileSecrets::new(dir.path().join("secrets.json"))),
+            Some(dir),
+        )
     }
 }
 
@@ -86,9 +130,16 @@ async fn secret_store() -> (Arc<dyn SecretStore>, Option<tempfile::TempDir>) {
 async fn secret_store_conformance() {
     let (s, _dir) = secret_store().await;
     assert_eq!(s.get("providers/openai").await.unwrap(), None);
-    s.put("providers/openai", r#"{"type":"api_key","key":"sk-test"}"#).await.unwrap();
-    s.put("providers/openai", r#"{"type":"api_key","key":"sk-new"}"#).await.unwrap();
-    assert_eq!(s.get("providers/openai").await.unwrap().as_deref(), Some(r#"{"type":"api_key","key":"sk-new"}"#));
+    s.put("providers/openai", r#"{"type":"api_key","key":"sk-test"}"#)
+        .await
+        .unwrap();
+    s.put("providers/openai", r#"{"type":"api_key","key":"sk-new"}"#)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get("providers/openai").await.unwrap().as_deref(),
+        Some(r#"{"type":"api_key","key":"sk-new"}"#)
+    );
     s.put("providers/anthropic", "x").await.unwrap();
     let mut names = s.list().await.unwrap();
     names.sort();
@@ -96,7 +147,10 @@ async fn secret_store_conformance() {
     assert!(s.delete("providers/openai").await.unwrap());
     assert!(!s.delete("providers/openai").await.unwrap());
     assert_eq!(s.get("providers/openai").await.unwrap(), None);
-    assert!(matches!(s.get("no spaces").await, Err(SecretError::InvalidName(_))));
+    assert!(matches!(
+        s.get("no spaces").await,
+        Err(SecretError::InvalidName(_))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,14 +163,19 @@ async fn concurrent_updates_from_separate_backends_are_atomic() {
     }
     let a = server::backends(&opts).await.unwrap();
     let b = server::backends(&opts).await.unwrap();
-    let op = || vec![serde_json::from_value(json!({"type": "increment", "path": "n", "by": 1})).unwrap()];
+    let op = || {
+        vec![serde_json::from_value(json!({"type": "increment", "path": "n", "by": 1})).unwrap()]
+    };
     let mut tasks = Vec::new();
     for store in [a.state.clone(), b.state.clone()] {
         for _ in 0..4 {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 for _ in 0..10 {
-                    store.update("race", "counter", op(), None, &WriteMeta::default()).await.unwrap();
+                    store
+                        .update("race", "counter", op(), None, &WriteMeta::default())
+                        .await
+                        .unwrap();
                 }
             }));
         }
@@ -127,6 +186,13 @@ async fn concurrent_updates_from_separate_backends_are_atomic() {
     let v = a.state.get("race", "counter").await.unwrap().unwrap();
     assert_eq!(v.value["n"], 80);
     assert_eq!(v.version, 80);
-    let err = a.state.set("race", "counter", json!({}), Some(3), &WriteMeta::default()).await.unwrap_err();
-    assert!(err.to_string().contains("version_conflict") && err.to_string().contains("found 80"), "{err}");
+    let err = a
+        .state
+        .set("race", "counter", json!({}), Some(3), &WriteMeta::default())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("version_conflict") && err.to_string().contains("found 80"),
+        "{err}"
+    );
 }

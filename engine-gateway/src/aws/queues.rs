@@ -577,10 +577,10 @@ impl QueueBackend for SqsQueues {
             }
             let Ok(page) = req.send().await else { break };
             for item in page.items() {
-                if let Some(DdbValue::S(c)) = item.get("config") {
-                    if let Ok(cfg) = serde_json::from_str::<QueueConfig>(c) {
-                        out.push(cfg);
-                    }
+                if let Some(DdbValue::S(c)) = item.get("config")
+                    && let Ok(cfg) = serde_json::from_str::<QueueConfig>(c)
+                {
+                    out.push(cfg);
                 }
             }
             match page.last_evaluated_key() {

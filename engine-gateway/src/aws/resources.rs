@@ -20,9 +20,21 @@ pub struct TableSpec {
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct QueueSpec {
+    #[serde(flatten)]
+    pub config: QueueConfig,
+    /// The SQS names the backend uses for it.
+    pub sqs_name: String,
+    pub dlq_name: String,
+    /// Redrive policy: `max_retries` + 1.
+    pub max_receive_count: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
 pub struct Manifest {
+    pub prefix: String,
     pub tables: Vec<TableSpec>,
-    pub queues: Vec<QueueConfig>,
+    pub queues: Vec<QueueSpec>,
     pub secrets: Vec<String>,
 }
 
@@ -31,7 +43,17 @@ pub const TURN_STEPS_QUEUE: &str = "turn-steps";
 pub const PROVIDERS: &[&str] = &["anthropic", "openai", "kimi", "lmstudio"];
 
 pub fn manifest(names: &AwsNames) -> Manifest {
+    let queue = |config: QueueConfig| {
+        let fifo = config.kind == crate::queue::QueueKind::Fifo;
+        QueueSpec {
+            sqs_name: names.queue_name(&config.name, fifo, false),
+            dlq_name: names.queue_name(&config.name, fifo, true),
+            max_receive_count: config.max_retries + 1,
+            config,
+        }
+    };
     Manifest {
+        prefix: names.prefix.clone(),
         tables: vec![
             TableSpec {
                 name: names.state_table(),
@@ -53,8 +75,8 @@ pub fn manifest(names: &AwsNames) -> Manifest {
             },
         ],
         queues: vec![
-            QueueConfig::fifo(TURN_STEPS_QUEUE, "session_id"),
-            QueueConfig::standard(crate::engine::DURABLE_QUEUE),
+            queue(QueueConfig::fifo(TURN_STEPS_QUEUE, "session_id")),
+            queue(QueueConfig::standard(crate::engine::DURABLE_QUEUE)),
         ],
         secrets: PROVIDERS
             .iter()
@@ -167,7 +189,7 @@ pub async fn ensure_all(clients: &AwsClients, names: &AwsNames) -> anyhow::Resul
     for q in &m.queues {
         use crate::queue::QueueBackend;
         queues
-            .declare(q)
+            .declare(&q.config)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
@@ -175,4 +197,23 @@ pub async fn ensure_all(clients: &AwsClients, names: &AwsNames) -> anyhow::Resul
         ensure_secret(clients, s).await?;
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `localstack/resources.json` (read by the Docker init hook, and the reference for
+    /// `infra/`) must say exactly what the code provisions.
+    #[test]
+    fn committed_manifest_matches_the_code() {
+        let committed: serde_json::Value =
+            serde_json::from_str(include_str!("../../../localstack/resources.json"))
+                .expect("valid JSON");
+        let code = serde_json::to_value(manifest(&AwsNames::new("harness-"))).expect("manifest");
+        assert_eq!(
+            committed, code,
+            "localstack/resources.json is stale: regenerate it with `engine-gateway provision --dry-run`"
+        );
+    }
 }

@@ -4,7 +4,8 @@
 use crate::{ErrorBody, Worker};
 use serde_json::{Value, json};
 
-/// `demo::echo`, `demo::greet`, and `demo::chain` (which calls `demo::echo` through the bus).
+/// `demo::echo`, `demo::greet`, `demo::chain` (which calls `demo::echo` through the bus) and
+/// `demo::sleep`.
 pub fn echo_worker() -> Worker {
     Worker::new("echo")
         .function(
@@ -31,4 +32,57 @@ pub fn echo_worker() -> Worker {
                 Ok(json!({ "via": "demo::chain", "inner": inner }))
             },
         )
+        .function(
+            "demo::sleep",
+            "Wait `ms` milliseconds (at most 60 000), then answer.",
+            |_ctx, data: Value| async move {
+                let ms = data
+                    .get("ms")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+                    .min(60_000);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                Ok(json!({ "slept_ms": ms }))
+            },
+        )
+}
+
+/// A worker for queue, state-trigger and secret examples:
+/// - `demo::record_step {group, n, fail?}` (queue `demo-steps`, FIFO by `group`): appends `n`
+///   to `demo-steps/<group>`; `fail: true` makes it fail;
+/// - `demo::audit` (state trigger on scope `demo-watch`): writes `demo-audit/<key>`;
+/// - `demo::secret_length {name}`: whether a secret exists and its length (never its value).
+pub fn steps_worker() -> Worker {
+    Worker::new("steps")
+        .function("demo::record_step", "Append a step to its group's list.", |ctx, d: Value| async move {
+            let group = d.get("group").and_then(Value::as_str).ok_or_else(|| ErrorBody::invalid("missing required field `group`"))?;
+            if d.get("fail").and_then(Value::as_bool) == Some(true) {
+                return Err(ErrorBody::new("step_refused", format!("step {} of {group} refused", d["n"])));
+            }
+            let out = ctx
+                .state_update("demo-steps", group, json!([{"type": "append", "path": "seen", "value": d["n"]}]))
+                .await?;
+            Ok(json!({"seen": out["new_value"]["seen"]}))
+        })
+        .function("demo::audit", "Record a change seen in scope demo-watch.", |ctx, ev: Value| async move {
+            let key = ev.get("key").and_then(Value::as_str).unwrap_or("?").to_string();
+            ctx.state_set("demo-audit", &key, json!({"event_type": ev["event_type"], "new_value": ev["new_value"]}))
+                .await?;
+            Ok(json!({"audited": key}))
+        })
+        .function("demo::secret_length", "Whether a secret exists and how long it is.", |_ctx, d: Value| async move {
+            let name = d.get("name").and_then(Value::as_str).ok_or_else(|| ErrorBody::invalid("missing required field `name`"))?;
+            let store = crate::secrets_from_env().await;
+            let secret = store
+                .get(name)
+                .await
+                .map_err(|e| ErrorBody::new("storage_error", e.to_string()))?;
+            Ok(json!({"found": secret.is_some(), "length": secret.map(|s| s.len())}))
+        })
+        .trigger(
+            "queue",
+            "demo::record_step",
+            json!({"queue": "demo-steps", "type": "fifo", "message_group_field": "group", "max_retries": 1, "backoff_ms": 100, "visibility_timeout_ms": 5000}),
+        )
+        .trigger("state", "demo::audit", json!({"scope": "demo-watch"}))
 }

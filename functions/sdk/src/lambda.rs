@@ -1,11 +1,21 @@
-//! Runner 3: AWS Lambda. The function receives the bus envelope
-//! `{function_id, data, traceparent?, baggage?}` and answers `{result}` or
-//! `{error: {code, message}}`. Outbound calls reach the engine over `ENGINE_URL` when set.
+//! Runner 3: AWS Lambda. One function answers, by the shape of the event:
+//! - the bus envelope `{function_id, data, traceparent?, baggage?}` → `{result}` or
+//!   `{error: {code, message}}`;
+//! - an SQS batch (`aws:sqs`, from the queue mapping) → each record's queued invocation, in
+//!   order, answered with `batchItemFailures` (a FIFO group stops at its first failure);
+//! - a DynamoDB stream batch (`aws:dynamodb`) → the worker's matching `state` triggers,
+//!   answered with the first failed sequence number;
+//! - `{"describe": true}` → the worker's functions and triggers (deploy-time registration).
+//!
+//! Outbound calls reach the engine over `ENGINE_URL` when set.
 
+use aws_lambda_events::event::sqs::SqsEvent;
 use engine_gateway::protocol::ErrorBody;
+use engine_gateway::queue::QueueMessage;
 use engine_gateway::trace::TraceContext;
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::{Value, json};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::bus::{Bus, NoBus};
@@ -19,6 +29,22 @@ pub async fn handle_event(
     payload: Value,
     xray_trace_id: Option<&str>,
 ) -> Value {
+    if payload.get("describe").and_then(Value::as_bool) == Some(true) {
+        return json!({
+            "worker": worker.name,
+            "functions": worker.functions().iter().map(|f| &f.def).collect::<Vec<_>>(),
+            "triggers": worker.triggers(),
+        });
+    }
+    match payload
+        .pointer("/Records/0/eventSource")
+        .or_else(|| payload.pointer("/Records/0/EventSource"))
+        .and_then(Value::as_str)
+    {
+        Some("aws:sqs") => return handle_sqs(worker, bus, payload).await,
+        Some("aws:dynamodb") => return handle_stream(worker, bus, payload).await,
+        _ => {}
+    }
     let envelope = match parse_envelope(&payload) {
         Ok(e) => e,
         Err(e) => return json!({ "error": e }),
@@ -37,6 +63,161 @@ pub async fn handle_event(
         Ok(v) => json!({ "result": v }),
         Err(e) => json!({ "error": e }),
     }
+}
+
+fn failures(ids: Vec<String>) -> Value {
+    json!({ "batchItemFailures": ids.into_iter().map(|id| json!({"itemIdentifier": id})).collect::<Vec<_>>() })
+}
+
+async fn handle_sqs(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Value {
+    let event: SqsEvent = match serde_json::from_value(payload) {
+        Ok(e) => e,
+        Err(e) => {
+            return json!({ "error": ErrorBody::invalid(format!("unreadable SQS event: {e}")) });
+        }
+    };
+    // A queue trigger's function serves messages that name none.
+    let default_fn = worker
+        .triggers()
+        .iter()
+        .find(|t| t.trigger_type == "queue")
+        .map(|t| t.function_id.clone());
+    let mut failed = Vec::new();
+    let mut failed_groups: HashSet<String> = HashSet::new();
+    for record in event.records {
+        let id = record.message_id.clone().unwrap_or_default();
+        let group = record.attributes.get("MessageGroupId").cloned();
+        if group.as_ref().is_some_and(|g| failed_groups.contains(g)) {
+            // FIFO: nothing after a failure in its group may run before it.
+            failed.push(id);
+            continue;
+        }
+        let outcome = match serde_json::from_str::<QueueMessage>(
+            record.body.as_deref().unwrap_or_default(),
+        ) {
+            Err(e) => Err(format!("unreadable body: {e}")),
+            Ok(msg) => match msg.function_id.clone().or_else(|| default_fn.clone()) {
+                None => {
+                    Err("the message names no function and the worker has no queue trigger".into())
+                }
+                Some(fid) => {
+                    let trace = TraceContext::from_headers(
+                        msg.traceparent.as_deref(),
+                        msg.baggage.as_deref(),
+                    );
+                    worker
+                        .dispatch(bus.clone(), &fid, msg.data, &trace)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+            },
+        };
+        if let Err(why) = outcome {
+            tracing::warn!(message_id = %id, %why, "SQS record failed");
+            if let Some(g) = group {
+                failed_groups.insert(g);
+            }
+            failed.push(id);
+        }
+    }
+    failures(failed)
+}
+
+fn attr_s<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
+    v.pointer(path).and_then(Value::as_str)
+}
+
+fn image_value(v: &Value, image: &str) -> Value {
+    attr_s(v, &format!("/dynamodb/{image}/value/S"))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or(Value::Null)
+}
+
+async fn handle_stream(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Value {
+    let records = payload
+        .get("Records")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for record in records {
+        let seq = attr_s(&record, "/dynamodb/SequenceNumber")
+            .unwrap_or_default()
+            .to_string();
+        let (Some(scope), Some(key)) = (
+            attr_s(&record, "/dynamodb/Keys/scope/S"),
+            attr_s(&record, "/dynamodb/Keys/key/S"),
+        ) else {
+            continue;
+        };
+        let event_type = match record.get("eventName").and_then(Value::as_str) {
+            Some("INSERT") => "state:created",
+            Some("MODIFY") => "state:updated",
+            Some("REMOVE") => "state:deleted",
+            _ => continue,
+        };
+        let event = json!({
+            "type": "state",
+            "event_type": event_type,
+            "scope": scope,
+            "key": key,
+            "old_value": image_value(&record, "OldImage"),
+            "new_value": image_value(&record, "NewImage"),
+        });
+        let trace = TraceContext::from_headers(
+            attr_s(&record, "/dynamodb/NewImage/tp/S"),
+            attr_s(&record, "/dynamodb/NewImage/bg/S"),
+        );
+        for t in worker
+            .triggers()
+            .iter()
+            .filter(|t| t.trigger_type == "state")
+        {
+            let matches = |field: &str, actual: &str| {
+                t.config
+                    .get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(|pattern| engine_gateway::engine::glob_match(pattern, actual))
+            };
+            if !(matches("scope", scope) && matches("key", key)) {
+                continue;
+            }
+            if let Some(cond) = t
+                .config
+                .get("condition_function_id")
+                .and_then(Value::as_str)
+            {
+                let verdict = match worker.handler(cond) {
+                    Some(_) => {
+                        worker
+                            .dispatch(bus.clone(), cond, event.clone(), &trace)
+                            .await
+                    }
+                    None => bus
+                        .call(cond, event.clone(), &trace, None)
+                        .await
+                        .map_err(ErrorBody::from),
+                };
+                let fire = match verdict {
+                    Ok(Value::Bool(b)) => b,
+                    Ok(v) => v.get("result").and_then(Value::as_bool).unwrap_or(false),
+                    Err(_) => false,
+                };
+                if !fire {
+                    continue;
+                }
+            }
+            if let Err(e) = worker
+                .dispatch(bus.clone(), &t.function_id, event.clone(), &trace)
+                .await
+            {
+                tracing::warn!(sequence_number = %seq, error = %e, "stream record failed");
+                // The mapping retries from this record on.
+                return failures(vec![seq]);
+            }
+        }
+    }
+    failures(Vec::new())
 }
 
 struct Envelope {
@@ -83,4 +264,9 @@ pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
     .await?;
     drop(client);
     Ok(())
+}
+
+/// `true` when this process was started by a Lambda Runtime API (AWS or the local host).
+pub fn under_lambda_runtime() -> bool {
+    std::env::var("AWS_LAMBDA_RUNTIME_API").is_ok_and(|v| !v.is_empty())
 }

@@ -20,11 +20,29 @@ pub use embedded::run_embedded;
 pub use engine_gateway::channels::{ChannelFrame, ChannelRef};
 pub use engine_gateway::protocol::{ErrorBody, RegisterFunction};
 pub use error::BusError;
-pub use lambda::{handle_event, run_lambda};
+pub use lambda::{handle_event, run_lambda, under_lambda_runtime};
 pub use remote::{RemoteOptions, connect_client, run_remote};
 pub use worker::{FnResult, Worker};
 
 use std::sync::Arc;
+
+/// The secret store this process should use: Secrets Manager when `ENGINE_BACKEND=aws`
+/// (names under `HARNESS_AWS_PREFIX`), else the 0600 file `HARNESS_SECRETS_FILE`
+/// (default `./.harness-data/secrets.json`).
+pub async fn secrets_from_env() -> Arc<dyn engine_gateway::secrets::SecretStore> {
+    if std::env::var("ENGINE_BACKEND").is_ok_and(|b| b == "aws") {
+        let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
+        let clients = engine_gateway::aws::AwsClients::from_env().await;
+        Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
+            clients,
+            engine_gateway::aws::AwsNames::new(&prefix),
+        ))
+    } else {
+        let path = std::env::var("HARNESS_SECRETS_FILE")
+            .unwrap_or_else(|_| "./.harness-data/secrets.json".into());
+        Arc::new(engine_gateway::secrets::FileSecrets::new(path.into()))
+    }
+}
 
 /// A running worker: its bus (to make calls from outside a handler) and a way to stop it.
 pub struct WorkerHandle {
@@ -73,4 +91,22 @@ impl Drop for WorkerHandle {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The `main` of a worker binary: a Lambda `bootstrap` under a Runtime API, otherwise a
+/// remote worker on `ENGINE_URL` until Ctrl-C.
+pub async fn serve_main(worker: Worker) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    engine_gateway::server::init_logging();
+    if under_lambda_runtime() || std::env::args().nth(1).as_deref() == Some("lambda") {
+        return run_lambda(worker).await;
+    }
+    let opts = RemoteOptions::from_env();
+    let name = worker.name.clone();
+    let handle = run_remote(worker, opts.clone());
+    handle
+        .wait_connected(std::time::Duration::from_secs(30))
+        .await?;
+    tracing::info!(worker = %name, url = %opts.url, "worker connected");
+    tokio::signal::ctrl_c().await?;
+    Ok(())
 }

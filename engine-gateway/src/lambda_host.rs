@@ -1,0 +1,414 @@
+//! The Lambda Runtime API, hosted by the engine for `bootstrap` processes it spawns: the same
+//! binaries `cargo lambda build` deploys, run as AWS would run them. Each process gets its own
+//! Runtime API endpoint (`AWS_LAMBDA_RUNTIME_API`), so an invocation is always tied to the
+//! process running it: a process that dies mid-invocation fails that invocation as a function
+//! error and is replaced on demand. The pool grows by spawning processes up to a limit.
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, oneshot};
+
+#[derive(Debug, Clone)]
+pub struct LambdaSpec {
+    /// The function name (`AWS_LAMBDA_FUNCTION_NAME`).
+    pub name: String,
+    pub bootstrap: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub max_processes: usize,
+    pub timeout: Duration,
+    pub memory_mb: u32,
+}
+
+impl LambdaSpec {
+    pub fn new(name: &str, bootstrap: PathBuf) -> Self {
+        Self {
+            name: name.to_string(),
+            bootstrap,
+            env: Vec::new(),
+            max_processes: 4,
+            timeout: Duration::from_secs(60),
+            memory_mb: 128,
+        }
+    }
+
+    /// `name=path` as given on the command line.
+    pub fn parse(arg: &str) -> Result<Self, String> {
+        let (name, path) = arg
+            .split_once('=')
+            .ok_or_else(|| format!("`--lambda {arg}`: expected NAME=PATH_TO_BOOTSTRAP"))?;
+        if name.is_empty() || path.is_empty() {
+            return Err(format!("`--lambda {arg}`: expected NAME=PATH_TO_BOOTSTRAP"));
+        }
+        Ok(Self::new(name, PathBuf::from(path)))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LambdaError {
+    /// The function reported an error through `/invocation/{id}/error`.
+    #[error("function error {error_type}: {message}")]
+    Function { error_type: String, message: String },
+    #[error("the Lambda process exited during the invocation ({0})")]
+    Crashed(String),
+    #[error("Task timed out after {0} ms")]
+    TimedOut(u128),
+    #[error("could not start the Lambda process: {0}")]
+    Spawn(String),
+}
+
+struct Job {
+    request_id: String,
+    payload: Vec<u8>,
+    trace_id: String,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Value, LambdaError>>,
+}
+
+struct Process {
+    id: u64,
+    current: Mutex<Option<Job>>,
+    spawned: Instant,
+    first_next: Mutex<Option<Duration>>,
+    child_pid: Mutex<Option<u32>>,
+}
+
+pub struct LambdaFunction {
+    pub spec: LambdaSpec,
+    queue: Mutex<VecDeque<Job>>,
+    work: Notify,
+    processes: Mutex<Vec<Arc<Process>>>,
+    idle: AtomicUsize,
+    next_id: AtomicU64,
+    /// Environment every process gets on top of the spec's (e.g. `ENGINE_URL`).
+    extra_env: Vec<(String, String)>,
+    cold_starts: Mutex<Vec<Duration>>,
+    me: Weak<LambdaFunction>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl LambdaFunction {
+    pub fn new(spec: LambdaSpec, extra_env: Vec<(String, String)>) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            spec,
+            queue: Mutex::new(VecDeque::new()),
+            work: Notify::new(),
+            processes: Mutex::new(Vec::new()),
+            idle: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            extra_env,
+            cold_starts: Mutex::new(Vec::new()),
+            me: me.clone(),
+        })
+    }
+
+    /// Invoke with a JSON event; the answer is the function's JSON response.
+    pub async fn invoke(&self, event: &Value) -> Result<Value, LambdaError> {
+        let (tx, rx) = oneshot::channel();
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let job = Job {
+            request_id,
+            payload: serde_json::to_vec(event).unwrap_or_default(),
+            trace_id: format!(
+                "Root=1-{:08x}-{};Sampled=1",
+                crate::trace::now_ms() / 1000,
+                crate::trace::random_hex(12)
+            ),
+            deadline: Instant::now() + self.spec.timeout,
+            reply: tx,
+        };
+        lock(&self.queue).push_back(job);
+        self.work.notify_one();
+        if self.idle.load(Ordering::SeqCst) == 0
+            && lock(&self.processes).len() < self.spec.max_processes
+        {
+            self.spawn_process().await?;
+        }
+        match tokio::time::timeout(self.spec.timeout + Duration::from_secs(1), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(LambdaError::Crashed("invocation dropped".into())),
+            Err(_) => Err(LambdaError::TimedOut(self.spec.timeout.as_millis())),
+        }
+    }
+
+    pub fn process_count(&self) -> usize {
+        lock(&self.processes).len()
+    }
+
+    pub fn cold_starts(&self) -> Vec<Duration> {
+        lock(&self.cold_starts).clone()
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        lock(&self.processes)
+            .iter()
+            .filter_map(|p| *lock(&p.child_pid))
+            .collect()
+    }
+
+    /// Start one more `bootstrap` with its own Runtime API endpoint.
+    pub async fn spawn_process(&self) -> Result<(), LambdaError> {
+        let Some(me) = self.me.upgrade() else {
+            return Err(LambdaError::Spawn("function dropped".into()));
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| LambdaError::Spawn(e.to_string()))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| LambdaError::Spawn(e.to_string()))?;
+        let process = Arc::new(Process {
+            id: self.next_id.fetch_add(1, Ordering::SeqCst),
+            current: Mutex::new(None),
+            spawned: Instant::now(),
+            first_next: Mutex::new(None),
+            child_pid: Mutex::new(None),
+        });
+        let api = Router::new()
+            .route("/2018-06-01/runtime/invocation/next", get(next))
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/response",
+                post(response),
+            )
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/error",
+                post(invocation_error),
+            )
+            .route("/2018-06-01/runtime/init/error", post(init_error))
+            .with_state((me.clone(), process.clone()));
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, api).await;
+        });
+        let mut cmd = tokio::process::Command::new(&self.spec.bootstrap);
+        cmd.env("AWS_LAMBDA_RUNTIME_API", addr.to_string())
+            .env("AWS_LAMBDA_FUNCTION_NAME", &self.spec.name)
+            .env(
+                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+                self.spec.memory_mb.to_string(),
+            )
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .env(
+                "AWS_LAMBDA_LOG_GROUP_NAME",
+                format!("/aws/lambda/{}", self.spec.name),
+            )
+            .env(
+                "AWS_LAMBDA_LOG_STREAM_NAME",
+                format!("local/{}", process.id),
+            )
+            .env("AWS_EXECUTION_ENV", "AWS_Lambda_rust")
+            .env("_HANDLER", "bootstrap")
+            .envs(self.extra_env.iter().cloned())
+            .envs(self.spec.env.iter().cloned())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                server.abort();
+                return Err(LambdaError::Spawn(format!(
+                    "{}: {e}",
+                    self.spec.bootstrap.display()
+                )));
+            }
+        };
+        *lock(&process.child_pid) = child.id();
+        lock(&self.processes).push(process.clone());
+        let weak = self.me.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            server.abort();
+            let Some(f) = weak.upgrade() else { return };
+            lock(&f.processes).retain(|p| p.id != process.id);
+            let why = match status {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            };
+            if let Some(job) = lock(&process.current).take() {
+                tracing::warn!(function = %f.spec.name, request_id = %job.request_id, %why, "Lambda process died mid-invocation");
+                let _ = job.reply.send(Err(LambdaError::Crashed(why)));
+            }
+            // Work may still be queued with no process left to take it.
+            let orphaned = !lock(&f.queue).is_empty() && lock(&f.processes).is_empty();
+            if orphaned {
+                respawn(f).await;
+            }
+        });
+        Ok(())
+    }
+
+    /// Kill every process (their in-flight invocations fail as crashed).
+    pub fn shutdown(&self) {
+        for p in lock(&self.processes).iter() {
+            if let Some(pid) = *lock(&p.child_pid) {
+                // SIGKILL: the runtime has nothing to flush that we would keep.
+                kill_process(pid);
+            }
+        }
+    }
+}
+
+/// Boxed (and explicitly `Send`) so the monitor task can start a replacement without an
+/// infinitely recursive future type.
+fn respawn(f: Arc<LambdaFunction>) -> futures_util::future::BoxFuture<'static, ()> {
+    Box::pin(async move {
+        if let Err(e) = f.spawn_process().await {
+            tracing::error!(function = %f.spec.name, error = %e, "could not replace the Lambda process");
+        }
+    })
+}
+
+fn kill_process(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .arg("-9")
+        .arg(pid.to_string())
+        .status();
+}
+
+type ApiState = State<(Arc<LambdaFunction>, Arc<Process>)>;
+
+async fn next(State((f, p)): ApiState) -> Response {
+    {
+        let mut first = lock(&p.first_next);
+        if first.is_none() {
+            let cold = p.spawned.elapsed();
+            *first = Some(cold);
+            lock(&f.cold_starts).push(cold);
+        }
+    }
+    // Counted as idle while waiting; the guard also un-counts a process whose request is
+    // dropped because it died while waiting.
+    struct Idle<'a>(&'a AtomicUsize);
+    impl Drop for Idle<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    f.idle.fetch_add(1, Ordering::SeqCst);
+    let idle = Idle(&f.idle);
+    let job = loop {
+        let notified = f.work.notified();
+        // Take the job and make it this process's current one in one step (no await between),
+        // so a job is never lost between the queue and the process.
+        let taken = {
+            let mut q = lock(&f.queue);
+            match q.pop_front() {
+                Some(job) => {
+                    let headers = (
+                        job.request_id.clone(),
+                        job.deadline,
+                        job.trace_id.clone(),
+                        job.payload.clone(),
+                    );
+                    *lock(&p.current) = Some(job);
+                    Some(headers)
+                }
+                None => None,
+            }
+        };
+        if let Some(h) = taken {
+            break h;
+        }
+        notified.await;
+    };
+    drop(idle);
+    if !lock(&f.queue).is_empty() {
+        f.work.notify_one();
+    }
+    let (request_id, deadline, trace_id, payload) = job;
+    let deadline_ms = crate::trace::now_ms()
+        + deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+    let mut headers = HeaderMap::new();
+    let mut put = |k: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(k, v);
+        }
+    };
+    put("lambda-runtime-aws-request-id", request_id);
+    put("lambda-runtime-deadline-ms", deadline_ms.to_string());
+    put(
+        "lambda-runtime-invoked-function-arn",
+        format!(
+            "arn:aws:lambda:{}:{}:function:{}",
+            crate::events::REGION,
+            crate::events::ACCOUNT,
+            f.spec.name
+        ),
+    );
+    put("lambda-runtime-trace-id", trace_id);
+    put("content-type", "application/json".into());
+    (StatusCode::OK, headers, payload).into_response()
+}
+
+fn take_current(p: &Process, id: &str) -> Option<Job> {
+    let mut cur = lock(&p.current);
+    if cur.as_ref().is_some_and(|j| j.request_id == id) {
+        cur.take()
+    } else {
+        None
+    }
+}
+
+async fn response(
+    State((_, p)): ApiState,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let Some(job) = take_current(&p, &id) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let _ = job.reply.send(Ok(value));
+    StatusCode::ACCEPTED
+}
+
+fn error_of(body: &[u8]) -> LambdaError {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    LambdaError::Function {
+        error_type: v
+            .get("errorType")
+            .and_then(Value::as_str)
+            .unwrap_or("Unhandled")
+            .to_string(),
+        message: v
+            .get("errorMessage")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned()),
+    }
+}
+
+async fn invocation_error(
+    State((_, p)): ApiState,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let Some(job) = take_current(&p, &id) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let _ = job.reply.send(Err(error_of(&body)));
+    StatusCode::ACCEPTED
+}
+
+async fn init_error(State((f, _)): ApiState, body: axum::body::Bytes) -> StatusCode {
+    tracing::error!(function = %f.spec.name, error = %error_of(&body), "Lambda init failed");
+    StatusCode::ACCEPTED
+}
+
+/// What a worker's Lambda answers to `{"describe": true}` (its registrations).
+pub fn describe_event() -> Value {
+    json!({ "describe": true })
+}
