@@ -111,6 +111,12 @@ struct TriggerEntry {
     lambda: Option<Arc<LambdaFunction>>,
 }
 
+enum Settle {
+    Ack,
+    /// Why, and whether to dead-letter.
+    Fail(String, bool),
+}
+
 enum RegistryOp {
     Put {
         kind: &'static str,
@@ -905,25 +911,51 @@ impl Engine {
             h.abort();
         }
         let ok = result.is_ok();
-        let outcome = match result {
-            Ok(_) => self.queues.ack(&d).await,
+        match result {
+            Ok(_) => self.settle(cfg, &d, Settle::Ack).await,
             Err(e) if e.code == codes::FUNCTION_NOT_FOUND => {
-                self.queues.release(&d, Duration::from_millis(500)).await
+                let _ = self.queues.release(&d, Duration::from_millis(500)).await;
             }
             Err(e) => {
                 let dead = d.attempt > cfg.max_retries;
                 if dead {
                     tracing::warn!(queue = %cfg.name, message_id = %d.message.id, attempts = d.attempt, error = %e, "dead-lettered");
                 }
-                self.queues
-                    .fail(&d, &e.to_string(), cfg.backoff(d.attempt), dead)
+                self.settle(cfg, &d, Settle::Fail(e.to_string(), dead))
                     .await
             }
-        };
-        if let Err(e) = outcome {
-            tracing::error!(queue = %cfg.name, error = %e, "queue bookkeeping failed");
         }
         ok
+    }
+
+    /// Record a delivery's outcome, retrying through a backend outage for up to half the
+    /// visibility timeout: a handled message whose ack is lost would be delivered again.
+    async fn settle(&self, cfg: &QueueConfig, d: &Delivery, what: Settle) {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(cfg.visibility_timeout_ms / 2).max(Duration::from_secs(2));
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let r = match &what {
+                Settle::Ack => self.queues.ack(d).await,
+                Settle::Fail(why, dead) => {
+                    self.queues
+                        .fail(d, why, cfg.backoff(d.attempt), *dead)
+                        .await
+                }
+            };
+            match r {
+                Ok(()) => return,
+                Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::warn!(queue = %cfg.name, error = %e, "queue bookkeeping failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::error!(queue = %cfg.name, message_id = %d.message.id, error = %e, "queue bookkeeping failed; the message will be delivered again");
+                    return;
+                }
+            }
+        }
     }
 
     pub async fn publish_durable(

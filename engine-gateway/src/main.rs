@@ -44,7 +44,7 @@ async fn main() -> anyhow::Result<()> {
             aws,
             dry_run: false,
         } => {
-            let clients = engine_gateway::aws::AwsClients::from_env().await;
+            let clients = engine_gateway::aws::AwsClients::new(aws.endpoint_url.as_deref()).await;
             let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
             let manifest = engine_gateway::aws::resources::ensure_all(&clients, &names).await?;
             println!("{}", serde_json::to_string_pretty(&manifest)?);

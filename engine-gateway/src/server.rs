@@ -32,6 +32,9 @@ pub struct AwsOptions {
     /// Create missing tables, queues and secrets at start (as `provision` does).
     #[arg(long = "aws-create-resources", env = "HARNESS_AWS_CREATE_RESOURCES")]
     pub create_resources: bool,
+    /// Endpoint of every AWS service (overrides AWS_ENDPOINT_URL), e.g. the emulator.
+    #[arg(long = "aws-endpoint-url")]
+    pub endpoint_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -95,6 +98,7 @@ impl ServeOptions {
             aws: AwsOptions {
                 prefix: "harness-".into(),
                 create_resources: false,
+                endpoint_url: None,
             },
             listen: "127.0.0.1:0".into(),
             data_dir,
@@ -176,7 +180,7 @@ pub async fn backends(opts: &ServeOptions) -> anyhow::Result<Backends> {
         }
         BackendKind::Aws => {
             use crate::aws::{self, AwsClients, AwsNames};
-            let clients = AwsClients::from_env().await;
+            let clients = AwsClients::new(opts.aws.endpoint_url.as_deref()).await;
             let names = AwsNames::new(&opts.aws.prefix);
             if opts.aws.create_resources {
                 aws::resources::ensure_all(&clients, &names).await?;

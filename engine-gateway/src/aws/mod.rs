@@ -85,6 +85,12 @@ pub struct AwsClients {
 
 impl AwsClients {
     pub async fn from_env() -> Self {
+        Self::new(None).await
+    }
+
+    /// From the standard environment, with an optional endpoint that overrides
+    /// `AWS_ENDPOINT_URL`.
+    pub async fn new(endpoint_url: Option<&str>) -> Self {
         crate::ensure_crypto_provider();
         let http = Builder::new()
             .tls_provider(tls::Provider::Rustls(
@@ -98,12 +104,14 @@ impl AwsClients {
             .connect_timeout(Duration::from_secs(3))
             .operation_attempt_timeout(Duration::from_secs(30))
             .build();
-        let cfg = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .http_client(http)
             .retry_config(retry)
-            .timeout_config(timeouts)
-            .load()
-            .await;
+            .timeout_config(timeouts);
+        if let Some(url) = endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        let cfg = loader.load().await;
         Self {
             dynamodb: aws_sdk_dynamodb::Client::new(&cfg),
             streams: aws_sdk_dynamodbstreams::Client::new(&cfg),
