@@ -57,9 +57,14 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let dir = tempfile::tempdir().expect("tempdir");
-    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf()))
-        .await
-        .expect("engine");
+    let mut opts = ServeOptions::for_data_dir(dir.path().to_path_buf());
+    let backend = std::env::var("BENCH_BACKEND").unwrap_or_else(|_| "embedded".into());
+    if backend == "aws" {
+        opts.backend = server::BackendKind::Aws;
+        opts.aws.prefix = format!("bench{}-", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        opts.aws.create_resources = true;
+    }
+    let srv = server::start(&opts).await.expect("engine");
     let url = srv.url();
 
     let arrivals: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
@@ -90,14 +95,17 @@ async fn main() {
         .await
         .expect("worker");
 
-    println!(
-        "# bus benchmark: engine (embedded backend, on-disk redb) + remote SDK echo worker, loopback"
-    );
+    println!("# bus benchmark: engine ({backend} backend) + remote SDK echo worker, loopback");
     println!("metric | value");
     println!("--- | ---");
     // warm-up
     let _ = round_trips(&url, 1, 1).await;
-    for callers in [1usize, 16] {
+    let caller_counts: &[usize] = if std::env::var("BENCH_SKIP_ROUND_TRIPS").is_ok() {
+        &[]
+    } else {
+        &[1, 16]
+    };
+    for &callers in caller_counts {
         let (lat, rate) = round_trips(&url, callers, secs).await;
         println!(
             "sync trigger, {callers} caller(s): p50 | {:.1} µs",
@@ -117,7 +125,11 @@ async fn main() {
         let ctx = ctx.clone();
         async move {
             let mut lat = Vec::new();
-            for i in 0..500u64 {
+            let n: u64 = std::env::var("BENCH_ITERATIONS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(500);
+            for i in 0..n {
                 let id = offset + i;
                 let t0 = Instant::now();
                 match name {
