@@ -38,8 +38,8 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   HARNESS_TEST_BACKEND=aws cargo test --locked -p engine-gateway
   stage_done
 
-  stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API)"
-  HARNESS_TEST_BACKEND=aws cargo test --locked -p harness-sdk --test full_stack
+  stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport)"
+  HARNESS_TEST_BACKEND=aws cargo test --locked -p harness-sdk --test full_stack --test aws_bus
   stage_done
 
   stage "stop the AWS emulator"

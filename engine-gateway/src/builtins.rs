@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use crate::engine::{Engine, HandlerResult, Invocation, STREAM_SCOPE_PREFIX};
 use crate::protocol::{ErrorBody, Message, RegisterFunction, StreamEventBody, codes, kind_of};
 use crate::queue::QueueConfig;
-use crate::state::{UpdateOp, WriteMeta};
+use crate::state::WriteMeta;
 use crate::trace::Span;
 
 pub const ENGINE_OWNER: &str = "engine";
@@ -236,12 +236,10 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string")}),
         ),
         |e, inv| async move {
-            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-            Ok(e.state
-                .get(&scope, &key)
-                .await?
-                .map(|v| v.value)
-                .unwrap_or(Value::Null))
+            let meta = meta_of(&inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+                .await
+                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
@@ -253,12 +251,10 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string")}),
         ),
         |e, inv| async move {
-            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-            Ok(e.state
-                .get(&scope, &key)
-                .await?
-                .map(|v| json!({"value": v.value, "version": v.version}))
-                .unwrap_or(Value::Null))
+            let meta = meta_of(&inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+                .await
+                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
@@ -270,16 +266,10 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string"), "value": {}, "expected_version": s("integer")}),
         ),
         |e, inv| async move {
-            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-            let value = req_value(&inv.data, "value")?;
-            let expected = opt_u64(&inv.data, "expected_version")?;
-            let out = e
-                .state
-                .set(&scope, &key, value, expected, &meta_of(&inv))
-                .await?;
-            Ok(
-                json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}),
-            )
+            let meta = meta_of(&inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+                .await
+                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
@@ -291,17 +281,10 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string"), "ops": s("array"), "expected_version": s("integer")}),
         ),
         |e, inv| async move {
-            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-            let ops: Vec<UpdateOp> = serde_json::from_value(req_value(&inv.data, "ops")?)
-                .map_err(|err| ErrorBody::invalid(format!("invalid `ops`: {err}")))?;
-            let expected = opt_u64(&inv.data, "expected_version")?;
-            let out = e
-                .state
-                .update(&scope, &key, ops, expected, &meta_of(&inv))
-                .await?;
-            Ok(
-                json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}),
-            )
+            let meta = meta_of(&inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+                .await
+                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
@@ -313,13 +296,10 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string"), "expected_version": s("integer")}),
         ),
         |e, inv| async move {
-            let (scope, key) = (req_str(&inv.data, "scope")?, req_str(&inv.data, "key")?);
-            let expected = opt_u64(&inv.data, "expected_version")?;
-            let out = e
-                .state
-                .delete(&scope, &key, expected, &meta_of(&inv))
-                .await?;
-            Ok(json!({"old_value": out.old_value, "deleted": out.old_value.is_some()}))
+            let meta = meta_of(&inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+                .await
+                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
@@ -331,10 +311,10 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "prefix": s("string")}),
         ),
         |e, inv| async move {
-            let scope = req_str(&inv.data, "scope")?;
-            let prefix = opt_str(&inv.data, "prefix")?;
-            let entries = e.state.list(&scope, prefix.as_deref()).await?;
-            Ok(json!({"items": entries}))
+            let meta = meta_of(&inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+                .await
+                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
 

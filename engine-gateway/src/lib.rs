@@ -20,6 +20,7 @@ pub mod registry;
 pub mod secrets;
 pub mod server;
 pub mod state;
+pub mod state_api;
 pub mod trace;
 
 pub use engine::{Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};

@@ -7,7 +7,8 @@
 //!   answered with the first failed sequence number;
 //! - `{"describe": true}` → the worker's functions and triggers (deploy-time registration).
 //!
-//! Outbound calls reach the engine over `ENGINE_URL` when set.
+//! Outbound calls reach the engine over `ENGINE_URL` when set; without it, with
+//! `ENGINE_BACKEND=aws`, state and queues are reached directly (see `aws_bus`).
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use engine_gateway::protocol::ErrorBody;
@@ -249,6 +250,10 @@ pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
     };
     let bus: Arc<dyn Bus> = match &client {
         Some(c) => c.bus(),
+        // As deployed in AWS: state and queues directly.
+        None if std::env::var("ENGINE_BACKEND").is_ok_and(|b| b == "aws") => {
+            Arc::new(crate::aws_bus::AwsBus::from_env().await)
+        }
         None => Arc::new(NoBus),
     };
     let worker = Arc::new(worker);

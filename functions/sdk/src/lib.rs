@@ -3,6 +3,7 @@
 //! channels. The same worker runs three ways: [`run_embedded`] (in process with the engine),
 //! [`run_remote`] (over the engine's WebSocket, `ENGINE_URL`), and [`run_lambda`] (AWS Lambda).
 
+pub mod aws_bus;
 pub mod bus;
 pub mod channel;
 pub mod ctx;

@@ -1,0 +1,122 @@
+//! The transport of a Lambda with no engine connection (as deployed in AWS): `state::*` goes
+//! straight to DynamoDB and `enqueue` straight to SQS, through the same backend code the
+//! engine uses, so writes still fire state triggers (via the table's stream) and queued steps
+//! still reach their consumers. Calls to other functions need the bus (`ENGINE_URL`).
+
+use async_trait::async_trait;
+use engine_gateway::aws::{AwsClients, AwsNames};
+use engine_gateway::channels::ChannelRef;
+use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
+use engine_gateway::state::WriteMeta;
+use engine_gateway::trace::{Span, TraceContext, now_ms};
+use serde_json::Value;
+use std::time::Duration;
+
+use crate::bus::{Bus, EnqueueOptions};
+use crate::channel::{ChannelReader, ChannelWriter};
+use crate::error::BusError;
+
+pub struct AwsBus {
+    state: engine_gateway::aws::state::DynamoState,
+    queues: engine_gateway::aws::queues::SqsQueues,
+}
+
+impl AwsBus {
+    pub fn new(clients: AwsClients, names: AwsNames) -> Self {
+        Self {
+            state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
+            queues: engine_gateway::aws::queues::SqsQueues::new(clients, names),
+        }
+    }
+
+    /// From `HARNESS_AWS_PREFIX` and the standard AWS environment.
+    pub async fn from_env() -> Self {
+        let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
+        Self::new(AwsClients::from_env().await, AwsNames::new(&prefix))
+    }
+}
+
+fn needs_bus(what: &str) -> BusError {
+    BusError::Disconnected(format!(
+        "{what} needs the bus: this Lambda reaches only DynamoDB (state::*) and SQS (enqueue) directly; set ENGINE_URL"
+    ))
+}
+
+#[async_trait]
+impl Bus for AwsBus {
+    async fn call(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        _timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
+        let meta = WriteMeta {
+            traceparent: trace.traceparent(),
+            baggage: trace.baggage_header(),
+        };
+        match engine_gateway::state_api::call(&self.state, function_id, &data, &meta).await {
+            Some(r) => r.map_err(BusError::from),
+            None => Err(needs_bus(&format!("`{function_id}`"))),
+        }
+    }
+
+    async fn call_void(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+    ) -> Result<(), BusError> {
+        self.call(function_id, data, trace, None).await.map(|_| ())
+    }
+
+    async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        opts: EnqueueOptions,
+    ) -> Result<String, BusError> {
+        let cfg = match self.queues.config(queue).await {
+            Some(c) => c,
+            None => {
+                let c = QueueConfig::standard(queue);
+                self.queues
+                    .declare(&c)
+                    .await
+                    .map_err(|e| BusError::EnqueueError(e.to_string()))?;
+                c
+            }
+        };
+        let msg = QueueMessage {
+            id: uuid::Uuid::new_v4().to_string(),
+            queue: queue.to_string(),
+            group: cfg.group_of(opts.message_group_id.as_deref(), &data),
+            function_id: Some(function_id.to_string()),
+            data,
+            traceparent: trace.traceparent(),
+            baggage: trace.baggage_header(),
+            deduplication_id: opts.deduplication_id,
+            attempts: 0,
+            enqueued_at_ms: now_ms(),
+            last_error: None,
+        };
+        self.queues
+            .send(msg)
+            .await
+            .map_err(|e| BusError::EnqueueError(e.to_string()))
+    }
+
+    async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {
+        Err(needs_bus("a channel"))
+    }
+
+    async fn open_reader(&self, _: &ChannelRef) -> Result<ChannelReader, BusError> {
+        Err(needs_bus("a channel"))
+    }
+
+    fn report_span(&self, _span: Span) {
+        // In AWS, spans leave through the Lambda's tracing (X-Ray/OTLP), not the engine.
+    }
+}

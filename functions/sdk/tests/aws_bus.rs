@@ -1,0 +1,118 @@
+//! The SDK's AWS transport (a Lambda with no engine connection, as deployed): a queued step
+//! handled from an SQS event writes DynamoDB directly, the write reaches the table's stream
+//! with the handler's trace, and `enqueue` lands on SQS. Runs with `HARNESS_TEST_BACKEND=aws`.
+
+use engine_gateway::aws::{AwsClients, AwsNames};
+use engine_gateway::queue::{Delivery, QueueBackend, QueueMessage};
+use engine_gateway::state::{ChangeFeed, StateStore};
+use harness_sdk::aws_bus::AwsBus;
+use harness_sdk::{Bus, Ctx, handle_event};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lambda_without_the_bus_reaches_dynamodb_and_sqs_directly() {
+    if !std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+        eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(&format!(
+        "ab{}-",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let bus: Arc<dyn Bus> = Arc::new(AwsBus::new(clients.clone(), names.clone()));
+    let worker = harness_sdk::examples::steps_worker();
+
+    // An SQS event as the mapping delivers it.
+    let d = Delivery {
+        message: QueueMessage {
+            id: "m-1".into(),
+            queue: "demo-steps".into(),
+            group: Some("A".into()),
+            function_id: Some("demo::record_step".into()),
+            data: json!({"group": "A", "n": 7}),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            baggage: Some("iii.session.id=aws-bus".into()),
+            deduplication_id: None,
+            attempts: 0,
+            enqueued_at_ms: 0,
+            last_error: None,
+        },
+        receipt: "r".into(),
+        attempt: 1,
+    };
+    let resp = handle_event(
+        &worker,
+        bus.clone(),
+        engine_gateway::events::sqs_event(&[d], "demo-steps"),
+        None,
+    )
+    .await;
+    assert_eq!(resp, json!({"batchItemFailures": []}), "{resp}");
+
+    let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
+    let v = state
+        .get("demo-steps", "A")
+        .await
+        .unwrap()
+        .expect("written to DynamoDB");
+    assert_eq!(v.value["seen"], json!([7]));
+
+    // The write is on the stream, carrying the handler's trace (so state triggers fire and
+    // continue the trace).
+    let feed = engine_gateway::aws::changes::StreamsFeed::new(clients.clone(), &names);
+    let mut records = Vec::new();
+    for _ in 0..30 {
+        records.extend(
+            feed.next_batch(100, Duration::from_millis(300))
+                .await
+                .unwrap(),
+        );
+        if !records.is_empty() {
+            break;
+        }
+    }
+    let rec = records
+        .iter()
+        .find(|r| r.scope == "demo-steps")
+        .expect("stream record");
+    assert!(
+        rec.traceparent
+            .as_deref()
+            .is_some_and(|t| t.contains("4bf92f3577b34da6a3ce929d0e0e4736")),
+        "{rec:?}"
+    );
+    assert_eq!(rec.baggage.as_deref(), Some("iii.session.id=aws-bus"));
+
+    // enqueue goes to SQS.
+    let ctx = Ctx::root(bus.clone());
+    let id = ctx
+        .enqueue(
+            "turn-steps",
+            "turn::provisioning",
+            json!({"session_id": "s-9"}),
+        )
+        .await
+        .unwrap();
+    let queues = engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names.clone());
+    let got = queues
+        .receive("turn-steps", 1, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.id, id);
+    assert_eq!(
+        got[0].message.group.as_deref(),
+        Some("s-9"),
+        "FIFO group from the queue's message_group_field"
+    );
+
+    // Anything else needs the bus, and says so.
+    let err = ctx.trigger("demo::echo", json!({})).await.unwrap_err();
+    assert!(err.to_string().contains("ENGINE_URL"), "{err}");
+}
