@@ -1,0 +1,148 @@
+//! The harness meta-worker. This crate ships `policy::check_permissions` (with `policy::status`
+//! for operators); `harness::trigger` and the UI plane (`ui::subscribe`) come with the turn.
+
+pub mod policy;
+
+use harness_sdk::{ErrorBody, RegisterFunction, Worker};
+use policy::{Policy, PolicyError};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+/// The rules in force, reloaded when the file changes. An invalid file leaves the last good
+/// rules in force and is reported (with its line) by `policy::status` and the log.
+pub struct PolicyHolder {
+    path: PathBuf,
+    state: RwLock<Loaded>,
+}
+
+struct Loaded {
+    policy: Policy,
+    error: Option<PolicyError>,
+    modified: Option<SystemTime>,
+    loaded_from_file: bool,
+}
+
+impl PolicyHolder {
+    pub fn new(path: PathBuf) -> Arc<Self> {
+        let holder = Arc::new(Self {
+            path,
+            state: RwLock::new(Loaded {
+                policy: Policy::default(),
+                error: None,
+                modified: None,
+                loaded_from_file: false,
+            }),
+        });
+        holder.reload_if_changed();
+        holder
+    }
+
+    /// Re-read the file if its modification time changed. Returns whether it reloaded.
+    pub fn reload_if_changed(&self) -> bool {
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        {
+            let s = self.state.read().unwrap_or_else(|p| p.into_inner());
+            if s.modified == modified && (s.loaded_from_file || modified.is_none()) {
+                return false;
+            }
+        }
+        let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
+        s.modified = modified;
+        let Some(_) = modified else {
+            // No file: the built-in defaults only.
+            s.policy = Policy::default();
+            s.error = None;
+            s.loaded_from_file = false;
+            return true;
+        };
+        let name = self.path.display().to_string();
+        match std::fs::read_to_string(&self.path)
+            .map_err(|e| PolicyError {
+                file: name.clone(),
+                line: 0,
+                message: e.to_string(),
+            })
+            .and_then(|text| Policy::parse(&name, &text))
+        {
+            Ok(p) => {
+                tracing::info!(file = %name, rules = p.file_rules.len(), "permissions loaded");
+                s.policy = p;
+                s.error = None;
+                s.loaded_from_file = true;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "invalid permissions file; the last good rules stay in force");
+                s.error = Some(e);
+                s.loaded_from_file = true;
+            }
+        }
+        true
+    }
+
+    pub fn decide(&self, function_id: &str, args: &Value) -> policy::Decision {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .decide(function_id, args)
+    }
+
+    pub fn status(&self) -> Value {
+        let s = self.state.read().unwrap_or_else(|p| p.into_inner());
+        json!({
+            "file": self.path.display().to_string(),
+            "file_rules": s.policy.file_rules.len(),
+            "error": s.error.as_ref().map(|e| e.to_string()),
+            "error_line": s.error.as_ref().map(|e| e.line),
+        })
+    }
+
+    /// Poll for changes until the holder is dropped elsewhere.
+    pub fn watch(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(h) = weak.upgrade() else { return };
+                h.reload_if_changed();
+            }
+        })
+    }
+}
+
+/// The policy worker over `holder`.
+pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
+    let mut def = RegisterFunction::new("policy::check_permissions");
+    def.description = Some(
+        "Decide allow / deny / needs_approval for one function call, from iii-permissions.yaml."
+            .into(),
+    );
+    def.request_format = Some(
+        json!({"type": "object", "required": ["function_id"], "properties": {"function_id": {"type": "string"}, "args": {}}}),
+    );
+    def.response_format = Some(
+        json!({"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["allow", "deny", "needs_approval"]}, "rule_id": {"type": "string"}, "matched_constraint": {}}}),
+    );
+    let h = holder.clone();
+    let mut w = Worker::new("harness");
+    w.register_function(def, move |_ctx, data: Value| {
+        let h = h.clone();
+        async move {
+            let function_id = engine_gateway::builtins::req_str(&data, "function_id")?;
+            let args = data.get("args").cloned().unwrap_or(Value::Null);
+            serde_json::to_value(h.decide(&function_id, &args))
+                .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
+        }
+    });
+    let mut status = RegisterFunction::new("policy::status");
+    status.description = Some("The permissions file in force: path, rule count, and the current error (with its line) if the file is invalid.".into());
+    w.register_function(status, move |_ctx, _d| {
+        let h = holder.clone();
+        async move { Ok(h.status()) }
+    });
+    w
+}

@@ -1,0 +1,549 @@
+//! `policy::check_permissions`: the one choke point every tool call goes through.
+//!
+//! Rules come from `iii-permissions.yaml` (`version: 1`, `rules:`): a bare string allows a
+//! function pattern, a quoted `"!pattern"` denies it, or a mapping
+//! `{rule_id?, function, action: allow|deny, args?: {field: {equals: v} | {matches: regex}}}`.
+//! `*` is the only wildcard (anchored). The first matching rule wins; a rule with `args`
+//! matches only if every constraint holds; no match → `needs_approval`.
+//!
+//! Order of evaluation: the built-in denials of internal and human-only functions (the agent
+//! may never call them, whatever the file says), then the file's rules, then the built-in
+//! allows of read-only functions, then `needs_approval`.
+
+use regex::Regex;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    Allow {
+        rule_id: String,
+    },
+    Deny {
+        rule_id: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        matched_constraint: Option<Value>,
+    },
+    NeedsApproval,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone)]
+pub enum Constraint {
+    Equals(Value),
+    Matches(Regex),
+}
+
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub rule_id: String,
+    pub function: String,
+    pub action: Action,
+    pub args: Vec<(String, Constraint)>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}: line {line}: {message}")]
+pub struct PolicyError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// Functions the agent may never call: internal or human-only.
+pub const DEFAULT_DENY: &[&str] = &[
+    "approval::resolve",
+    "policy::*",
+    "state::set",
+    "state::update",
+    "state::delete",
+    "run::start",
+    "auth::set_token",
+    "auth::delete_token",
+    "engine::durable::publish",
+    "iii::durable::publish",
+    "hook-fanout::publish_collect",
+];
+
+/// Read-only functions allowed unless the file says otherwise.
+pub const DEFAULT_ALLOW: &[&str] = &[
+    "state::get",
+    "state::list",
+    "models::*",
+    "directory::skills::*",
+    "auth::status",
+];
+
+/// `*` is the only wildcard, anchored at both ends.
+pub fn pattern_matches(pattern: &str, function_id: &str) -> bool {
+    engine_gateway::engine::glob_match(pattern, function_id)
+}
+
+impl Rule {
+    fn simple(rule_id: String, function: &str, action: Action) -> Self {
+        Self {
+            rule_id,
+            function: function.to_string(),
+            action,
+            args: Vec::new(),
+        }
+    }
+
+    /// `None` when it matches; otherwise the first constraint that failed.
+    fn failed_constraint(&self, args: &Value) -> Option<Value> {
+        for (field, c) in &self.args {
+            let actual = args.get(field);
+            let ok = match (c, actual) {
+                (Constraint::Equals(v), Some(a)) => a == v,
+                (Constraint::Matches(re), Some(Value::String(s))) => re.is_match(s),
+                (Constraint::Matches(re), Some(other)) if !other.is_null() => {
+                    re.is_match(&other.to_string())
+                }
+                _ => false,
+            };
+            if !ok {
+                return Some(self.constraint_json(field, c));
+            }
+        }
+        None
+    }
+
+    fn constraint_json(&self, field: &str, c: &Constraint) -> Value {
+        match c {
+            Constraint::Equals(v) => json!({field: {"equals": v}}),
+            Constraint::Matches(re) => json!({field: {"matches": re.as_str()}}),
+        }
+    }
+
+    fn matches(&self, function_id: &str, args: &Value) -> bool {
+        pattern_matches(&self.function, function_id) && self.failed_constraint(args).is_none()
+    }
+}
+
+/// The rules in force: defaults around the file's rules.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub file_rules: Vec<Rule>,
+}
+
+impl Policy {
+    pub fn decide(&self, function_id: &str, args: &Value) -> Decision {
+        for (i, p) in DEFAULT_DENY.iter().enumerate() {
+            if pattern_matches(p, function_id) {
+                return Decision::Deny {
+                    rule_id: format!("default-deny-{i}:{p}"),
+                    matched_constraint: None,
+                };
+            }
+        }
+        for rule in &self.file_rules {
+            if rule.matches(function_id, args) {
+                return match rule.action {
+                    Action::Allow => Decision::Allow {
+                        rule_id: rule.rule_id.clone(),
+                    },
+                    Action::Deny => Decision::Deny {
+                        rule_id: rule.rule_id.clone(),
+                        matched_constraint: match rule.args.is_empty() {
+                            true => None,
+                            false => Some(Value::Object(
+                                rule.args
+                                    .iter()
+                                    .flat_map(|(f, c)| {
+                                        rule.constraint_json(f, c)
+                                            .as_object()
+                                            .cloned()
+                                            .unwrap_or_default()
+                                    })
+                                    .collect(),
+                            )),
+                        },
+                    },
+                };
+            }
+        }
+        for (i, p) in DEFAULT_ALLOW.iter().enumerate() {
+            if pattern_matches(p, function_id) {
+                return Decision::Allow {
+                    rule_id: format!("default-allow-{i}:{p}"),
+                };
+            }
+        }
+        Decision::NeedsApproval
+    }
+
+    /// Parse `iii-permissions.yaml`. Every error names the line it is about.
+    pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
+        let err = |line: usize, message: String| PolicyError {
+            file: file.to_string(),
+            line,
+            message,
+        };
+        let doc: serde_norway::Value = serde_norway::from_str(text).map_err(|e| {
+            let line = e.location().map(|l| l.line()).unwrap_or(1);
+            err(line, format!("not valid YAML: {e}"))
+        })?;
+        let map = doc.as_mapping().ok_or_else(|| {
+            err(
+                1,
+                "the file must be a mapping with `version` and `rules`".into(),
+            )
+        })?;
+        match map.get("version") {
+            Some(v) if v.as_u64() == Some(1) => {}
+            Some(v) => {
+                return Err(err(
+                    line_of_key(text, "version"),
+                    format!("unsupported `version` {v:?}; expected 1"),
+                ));
+            }
+            None => return Err(err(1, "missing `version: 1`".into())),
+        }
+        let rules = match map.get("rules") {
+            None | Some(serde_norway::Value::Null) => return Ok(Policy::default()),
+            Some(serde_norway::Value::Sequence(s)) => s,
+            Some(_) => {
+                return Err(err(
+                    line_of_key(text, "rules"),
+                    "`rules` must be a list".into(),
+                ));
+            }
+        };
+        let item_lines = rule_item_lines(text);
+        let mut out = Vec::new();
+        for (i, item) in rules.iter().enumerate() {
+            let line = item_lines
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| line_of_key(text, "rules"));
+            let default_id = format!("rule-{}", i + 1);
+            let rule = match item {
+                serde_norway::Value::String(s) => match s.strip_prefix('!') {
+                    Some(p) => Rule::simple(
+                        default_id,
+                        check_pattern(p).map_err(|m| err(line, m))?,
+                        Action::Deny,
+                    ),
+                    None => Rule::simple(
+                        default_id,
+                        check_pattern(s).map_err(|m| err(line, m))?,
+                        Action::Allow,
+                    ),
+                },
+                serde_norway::Value::Mapping(m) => {
+                    for k in m.keys() {
+                        let k = k.as_str().unwrap_or("?");
+                        if !["rule_id", "function", "action", "args"].contains(&k) {
+                            return Err(err(
+                                line,
+                                format!("unknown field `{k}` (rule_id, function, action, args)"),
+                            ));
+                        }
+                    }
+                    let function = m
+                        .get("function")
+                        .and_then(|v| v.as_str())
+                        .ok_or_else(|| err(line, "rule is missing `function`".into()))?;
+                    let function = check_pattern(function).map_err(|m| err(line, m))?;
+                    let action = match m.get("action").and_then(|v| v.as_str()) {
+                        Some("allow") => Action::Allow,
+                        Some("deny") => Action::Deny,
+                        Some(other) => {
+                            return Err(err(
+                                line,
+                                format!("`action` must be allow or deny, got `{other}`"),
+                            ));
+                        }
+                        None => {
+                            return Err(err(
+                                line,
+                                "rule is missing `action` (allow or deny)".into(),
+                            ));
+                        }
+                    };
+                    let rule_id = match m.get("rule_id") {
+                        None => default_id,
+                        Some(v) => v
+                            .as_str()
+                            .map(str::to_owned)
+                            .ok_or_else(|| err(line, "`rule_id` must be a string".into()))?,
+                    };
+                    let mut args = Vec::new();
+                    if let Some(a) = m.get("args") {
+                        let a = a.as_mapping().ok_or_else(|| {
+                            err(
+                                line,
+                                "`args` must be a mapping of field → constraint".into(),
+                            )
+                        })?;
+                        for (field, c) in a {
+                            let field = field
+                                .as_str()
+                                .ok_or_else(|| err(line, "`args` keys must be field names".into()))?
+                                .to_string();
+                            let c = c.as_mapping().ok_or_else(|| {
+                                err(line, format!("constraint on `{field}` must be {{equals: value}} or {{matches: regex}}"))
+                            })?;
+                            let constraint = match (c.get("equals"), c.get("matches"), c.len()) {
+                                (Some(v), None, 1) => Constraint::Equals(
+                                    serde_json::to_value(v)
+                                        .map_err(|e| err(line, format!("`{field}.equals`: {e}")))?,
+                                ),
+                                (None, Some(re), 1) => {
+                                    let re = re.as_str().ok_or_else(|| {
+                                        err(line, format!("`{field}.matches` must be a string"))
+                                    })?;
+                                    Constraint::Matches(Regex::new(re).map_err(|e| {
+                                        err(
+                                            line,
+                                            format!("`{field}.matches` is not a valid regex: {e}"),
+                                        )
+                                    })?)
+                                }
+                                _ => {
+                                    return Err(err(
+                                        line,
+                                        format!(
+                                            "constraint on `{field}` must be exactly one of `equals` or `matches`"
+                                        ),
+                                    ));
+                                }
+                            };
+                            args.push((field, constraint));
+                        }
+                    }
+                    Rule {
+                        rule_id,
+                        function: function.to_string(),
+                        action,
+                        args,
+                    }
+                }
+                other => {
+                    return Err(err(
+                        line,
+                        format!("a rule must be a string or a mapping, got {other:?}"),
+                    ));
+                }
+            };
+            out.push(rule);
+        }
+        Ok(Policy { file_rules: out })
+    }
+}
+
+fn check_pattern(p: &str) -> Result<&str, String> {
+    if p.trim().is_empty() {
+        return Err("empty function pattern".into());
+    }
+    if p.chars().any(|c| c.is_whitespace() || "?[]{}|".contains(c)) {
+        return Err(format!(
+            "`{p}`: `*` is the only wildcard and patterns have no spaces"
+        ));
+    }
+    Ok(p)
+}
+
+fn line_of_key(text: &str, key: &str) -> usize {
+    text.lines()
+        .position(|l| l.trim_start().starts_with(&format!("{key}:")))
+        .map(|i| i + 1)
+        .unwrap_or(1)
+}
+
+/// 1-based line of each top-level item of the `rules:` list.
+fn rule_item_lines(text: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut in_rules = false;
+    let mut item_indent: Option<usize> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        if indent == 0 {
+            in_rules = trimmed.starts_with("rules:");
+            continue;
+        }
+        if in_rules && trimmed.starts_with('-') {
+            match item_indent {
+                None => {
+                    item_indent = Some(indent);
+                    out.push(i + 1);
+                }
+                Some(n) if n == indent => out.push(i + 1),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"version: 1
+rules:
+  - "fs::read"
+  - "!shell::exec"
+  - rule_id: safe-write
+    function: "fs::write"
+    action: allow
+    args:
+      path: {matches: "^notes/.*\\.md$"}
+  - function: "fs::*"
+    action: deny
+    args:
+      path: {equals: "/etc/passwd"}
+  - "web::*"
+"#;
+
+    fn decide(p: &Policy, f: &str, args: Value) -> Decision {
+        p.decide(f, &args)
+    }
+
+    #[test]
+    fn file_rules_first_match_wins_with_wildcards_and_constraints() {
+        let p = Policy::parse("iii-permissions.yaml", FILE).unwrap();
+        assert_eq!(
+            decide(&p, "fs::read", json!({})),
+            Decision::Allow {
+                rule_id: "rule-1".into()
+            }
+        );
+        assert_eq!(
+            decide(&p, "shell::exec", json!({"command": "ls"})),
+            Decision::Deny {
+                rule_id: "rule-2".into(),
+                matched_constraint: None
+            }
+        );
+        assert_eq!(
+            decide(&p, "fs::write", json!({"path": "notes/a.md"})),
+            Decision::Allow {
+                rule_id: "safe-write".into()
+            }
+        );
+        // The constraint fails → the rule does not match → falls through to needs_approval.
+        assert_eq!(
+            decide(&p, "fs::write", json!({"path": "src/main.rs"})),
+            Decision::NeedsApproval
+        );
+        assert_eq!(
+            decide(&p, "fs::list", json!({"path": "/etc/passwd"})),
+            Decision::Deny {
+                rule_id: "rule-4".into(),
+                matched_constraint: Some(json!({"path": {"equals": "/etc/passwd"}}))
+            }
+        );
+        assert_eq!(
+            decide(&p, "web::fetch", json!({})),
+            Decision::Allow {
+                rule_id: "rule-5".into()
+            }
+        );
+        // Anchored: "web::*" does not match "myweb::x"; "fs::read" does not match "fs::reader".
+        assert_eq!(decide(&p, "myweb::x", json!({})), Decision::NeedsApproval);
+        assert_eq!(decide(&p, "fs::reader", json!({})), Decision::NeedsApproval);
+    }
+
+    #[test]
+    fn defaults_deny_internal_ids_even_if_the_file_allows_them() {
+        let p = Policy::parse("f", "version: 1\nrules:\n  - \"*\"\n").unwrap();
+        for id in [
+            "approval::resolve",
+            "policy::check_permissions",
+            "state::set",
+            "state::update",
+            "state::delete",
+            "run::start",
+            "auth::set_token",
+            "auth::delete_token",
+            "engine::durable::publish",
+            "hook-fanout::publish_collect",
+        ] {
+            assert!(
+                matches!(decide(&p, id, json!({})), Decision::Deny { .. }),
+                "{id}"
+            );
+        }
+        assert!(matches!(
+            decide(&p, "anything::else", json!({})),
+            Decision::Allow { .. }
+        ));
+        let empty = Policy::default();
+        for id in [
+            "state::get",
+            "state::list",
+            "models::list",
+            "directory::skills::get",
+            "auth::status",
+        ] {
+            assert!(
+                matches!(decide(&empty, id, json!({})), Decision::Allow { .. }),
+                "{id}"
+            );
+        }
+        assert_eq!(
+            decide(&empty, "fs::write", json!({})),
+            Decision::NeedsApproval
+        );
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let bad = "version: 1\nrules:\n  - \"fs::read\"\n  - function: \"fs::write\"\n    action: maybe\n";
+        let e = Policy::parse("p.yaml", bad).unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
+        assert!(
+            e.to_string().contains("p.yaml: line 4") && e.to_string().contains("maybe"),
+            "{e}"
+        );
+        let e = Policy::parse("p.yaml", "version: 1\nrules:\n  - \"a\"\n  - function: x\n    action: allow\n    args:\n      path: {matches: \"(\"}\n").unwrap_err();
+        assert_eq!(e.line, 4);
+        assert!(e.message.contains("regex"), "{e}");
+        let e = Policy::parse("p.yaml", "version: 1\nrules: [\n").unwrap_err();
+        assert!(e.message.contains("YAML"), "{e}");
+        let e = Policy::parse("p.yaml", "version: 2\nrules: []\n").unwrap_err();
+        assert_eq!(e.line, 1);
+        let e = Policy::parse("p.yaml", "version: 1\nrules:\n  - \"fs read\"\n").unwrap_err();
+        assert_eq!(e.line, 3);
+        let e = Policy::parse(
+            "p.yaml",
+            "version: 1\nrules:\n  - function: a\n    action: allow\n    colour: red\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn decisions_serialize_in_the_spec_shape() {
+        assert_eq!(
+            serde_json::to_value(Decision::Allow {
+                rule_id: "r".into()
+            })
+            .unwrap(),
+            json!({"decision": "allow", "rule_id": "r"})
+        );
+        assert_eq!(
+            serde_json::to_value(Decision::NeedsApproval).unwrap(),
+            json!({"decision": "needs_approval"})
+        );
+        assert_eq!(
+            serde_json::to_value(Decision::Deny {
+                rule_id: "r".into(),
+                matched_constraint: Some(json!({"a": {"equals": 1}}))
+            })
+            .unwrap(),
+            json!({"decision": "deny", "rule_id": "r", "matched_constraint": {"a": {"equals": 1}}})
+        );
+    }
+}
