@@ -231,10 +231,10 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
             async move {
                 let mut names: Vec<String> = PROVIDERS.iter().map(|(p, _)| p.to_string()).collect();
                 for stored in a.store.list().await.map_err(storage)? {
-                    if let Some(p) = stored.strip_prefix("providers/") {
-                        if !names.iter().any(|n| n == p) {
-                            names.push(p.to_string());
-                        }
+                    if let Some(p) = stored.strip_prefix("providers/")
+                        && !names.iter().any(|n| n == p)
+                    {
+                        names.push(p.to_string());
                     }
                 }
                 let mut providers = Vec::new();
