@@ -1,0 +1,115 @@
+//! The tools worker through a real engine: confinement, atomic writes, paging, exec with exit
+//! codes, timeouts that kill the process group, and output caps.
+
+use engine_gateway::server::{self, ServeOptions};
+use harness_sdk::{RemoteOptions, connect_client, run_embedded};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tools_worker::{MAX_OUTPUT_BYTES, Tools, worker};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_commands_stay_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let tools = Tools::new(&work).unwrap();
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().join("data")))
+        .await
+        .unwrap();
+    let _w = run_embedded(worker(tools), &srv.engine).unwrap();
+    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    let ctx = client.ctx();
+
+    let w = ctx
+        .trigger(
+            "fs::write",
+            json!({"path": "notes/a.md", "content": "héllo\nworld\n"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w, json!({"path": "notes/a.md", "bytes_written": 13}));
+    let r = ctx
+        .trigger("fs::read", json!({"path": "notes/a.md"}))
+        .await
+        .unwrap();
+    assert_eq!(r["content"], "héllo\nworld\n");
+    assert_eq!(r["truncated"], false);
+    let page = ctx
+        .trigger(
+            "fs::read",
+            json!({"path": "notes/a.md", "offset": 0, "limit": 2}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page["content"], "h",
+        "a cut inside a character drops the partial character"
+    );
+    assert_eq!(page["truncated"], true);
+    let l = ctx.trigger("fs::list", json!({})).await.unwrap();
+    assert_eq!(
+        l["entries"],
+        json!([{"name": "notes", "path": "notes", "kind": "dir", "size": l["entries"][0]["size"]}])
+    );
+
+    for bad in ["../outside.txt", "/etc/passwd", "notes/../../x"] {
+        let e = ctx
+            .trigger("fs::read", json!({"path": bad}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "forbidden", "{bad}: {e}");
+        let e = ctx
+            .trigger("fs::write", json!({"path": bad, "content": "x"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "forbidden", "{bad}: {e}");
+    }
+    assert!(!dir.path().join("outside.txt").exists());
+    std::fs::write(work.join("bin.dat"), [0xff, 0xfe, 0x00]).unwrap();
+    let e = ctx
+        .trigger("fs::read", json!({"path": "bin.dat"}))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("not UTF-8"), "{e}");
+
+    let x = ctx
+        .trigger(
+            "shell::exec",
+            json!({"command": "pwd; echo err >&2; exit 3"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(x["exit_code"], 3);
+    assert_eq!(
+        x["stdout"].as_str().unwrap().trim(),
+        work.canonicalize().unwrap().display().to_string()
+    );
+    assert_eq!(x["stderr"], "err\n");
+    assert_eq!(x["timed_out"], false);
+
+    let t0 = Instant::now();
+    let x = ctx
+        .trigger(
+            "shell::exec",
+            json!({"command": "sleep 30 & sleep 30; echo never", "timeout_ms": 300}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(x["timed_out"], true);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(!x["stdout"].as_str().unwrap().contains("never"));
+
+    let x = ctx
+        .trigger(
+            "shell::exec",
+            json!({"command": "head -c 200000 /dev/zero | tr '\\0' a"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(x["stdout"].as_str().unwrap().len(), MAX_OUTPUT_BYTES);
+    assert_eq!(x["truncated"], true);
+    let e = ctx
+        .trigger("shell::exec", json!({"command": "  "}))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+}
