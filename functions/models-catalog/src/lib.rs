@@ -157,10 +157,10 @@ pub fn worker(catalog: Arc<Catalog>) -> Worker {
                     if provider.as_deref().is_some_and(|p| p != m.provider) {
                         continue;
                     }
-                    if let Some(cap) = &capability {
-                        if !m.supports(cap).map_err(ErrorBody::invalid)? {
-                            continue;
-                        }
+                    if let Some(cap) = &capability
+                        && !m.supports(cap).map_err(ErrorBody::invalid)?
+                    {
+                        continue;
                     }
                     models.push(m.clone());
                 }
