@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod error;
 pub mod examples;
 pub mod lambda;
+pub mod messages;
 pub mod remote;
 pub mod worker;
 

@@ -1,0 +1,302 @@
+//! The Anthropic Messages API dialect: request shape (system, alternating user/assistant
+//! turns, `tool_use` / `tool_result` blocks, tools with `input_schema`) and the translation
+//! of its SSE events (`message_start`, `content_block_start|delta|stop` with `text_delta`,
+//! `thinking_delta`, `signature_delta`, `input_json_delta`, `message_delta`, `message_stop`,
+//! `ping`, `error`) into `AssistantMessageEvent` frames.
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use harness_sdk::messages::{
+    AgentMessage, AssistantMessageEvent as Ev, ContentBlock, ErrorKind, StopReason,
+};
+use provider_core::{Credentials, Dialect, Emitter, EventStream, Outcome, StreamRequest, text_of};
+use serde_json::{Value, json};
+
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+pub const API_VERSION: &str = "2023-06-01";
+pub const DEFAULT_MAX_TOKENS: u64 = 16_384;
+
+pub struct Anthropic {
+    pub base_url: String,
+}
+
+impl Anthropic {
+    /// `ANTHROPIC_BASE_URL` or the public API.
+    pub fn from_env() -> Self {
+        Self {
+            base_url: std::env::var("ANTHROPIC_BASE_URL")
+                .unwrap_or_else(|_| DEFAULT_BASE_URL.into()),
+        }
+    }
+}
+
+fn block(c: &ContentBlock) -> Option<Value> {
+    Some(match c {
+        ContentBlock::Text { text } => json!({"type": "text", "text": text}),
+        ContentBlock::Image { mime, data } => {
+            json!({"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}})
+        }
+        // Thinking goes back only with its signature (the API rejects unsigned thinking).
+        ContentBlock::Thinking {
+            text,
+            signature: Some(sig),
+        } => json!({"type": "thinking", "thinking": text, "signature": sig}),
+        ContentBlock::Thinking {
+            signature: None, ..
+        } => return None,
+        ContentBlock::FunctionCall {
+            id,
+            function_id,
+            arguments,
+        } => json!({"type": "tool_use", "id": id, "name": function_id, "input": arguments}),
+    })
+}
+
+/// Agent messages → Anthropic messages; consecutive same-role turns are merged, as the API
+/// requires alternation.
+pub fn messages(history: &[AgentMessage]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut push = |role: &str, blocks: Vec<Value>| {
+        if blocks.is_empty() {
+            return;
+        }
+        match out.last_mut() {
+            Some(last) if last["role"] == role => {
+                if let Some(arr) = last["content"].as_array_mut() {
+                    arr.extend(blocks);
+                }
+            }
+            _ => out.push(json!({"role": role, "content": blocks})),
+        }
+    };
+    for m in history {
+        match m {
+            AgentMessage::User { content, .. } => {
+                push("user", content.iter().filter_map(block).collect())
+            }
+            AgentMessage::Custom { content, .. } => push(
+                "user",
+                vec![json!({"type": "text", "text": text_of(content)})],
+            ),
+            AgentMessage::Assistant { content, .. } => {
+                push("assistant", content.iter().filter_map(block).collect())
+            }
+            AgentMessage::FunctionResult {
+                function_call_id,
+                content,
+                is_error,
+                ..
+            } => push(
+                "user",
+                vec![
+                    json!({"type": "tool_result", "tool_use_id": function_call_id, "content": text_of(content), "is_error": is_error}),
+                ],
+            ),
+        }
+    }
+    out
+}
+
+fn error_kind(kind: &str) -> ErrorKind {
+    match kind {
+        "authentication_error" | "permission_error" => ErrorKind::AuthExpired,
+        "rate_limit_error" => ErrorKind::RateLimited,
+        "overloaded_error" | "api_error" => ErrorKind::Transient,
+        _ => ErrorKind::Permanent,
+    }
+}
+
+#[derive(PartialEq)]
+enum Block {
+    None,
+    Text,
+    Thinking,
+    Call,
+}
+
+#[async_trait]
+impl Dialect for Anthropic {
+    fn name(&self) -> &str {
+        "anthropic"
+    }
+
+    fn request(
+        &self,
+        client: &reqwest::Client,
+        creds: &Credentials,
+        req: &StreamRequest,
+        stream: bool,
+    ) -> reqwest::RequestBuilder {
+        let mut body = json!({
+            "model": req.model,
+            "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+            "messages": messages(&req.messages),
+            "stream": stream,
+        });
+        if let Some(s) = req.system_prompt.as_ref().filter(|s| !s.is_empty()) {
+            body["system"] = json!(s);
+        }
+        if !req.tools.is_empty() {
+            body["tools"] = json!(req.tools.iter().map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters})).collect::<Vec<_>>());
+        }
+        client
+            .post(format!(
+                "{}/v1/messages",
+                self.base_url.trim_end_matches('/')
+            ))
+            .header("x-api-key", creds.api_key.clone().unwrap_or_default())
+            .header("anthropic-version", API_VERSION)
+            .json(&body)
+    }
+
+    async fn translate(&self, events: &mut EventStream, em: &mut Emitter) -> Outcome {
+        let mut open = Block::None;
+        let mut stop: Option<StopReason> = None;
+        while let Some(ev) = events.next().await {
+            let ev = ev.map_err(|e| (ErrorKind::Transient, e))?;
+            let data: Value = serde_json::from_str(&ev.data).map_err(|e| {
+                (
+                    ErrorKind::Transient,
+                    format!("malformed stream event `{}`: {e}", ev.event),
+                )
+            })?;
+            match data["type"].as_str().unwrap_or(ev.event.as_str()) {
+                "message_start" => {
+                    let u = &data["message"]["usage"];
+                    em.builder.usage.input = u["input_tokens"].as_u64().unwrap_or(0);
+                    em.builder.usage.cache_read =
+                        u["cache_read_input_tokens"].as_u64().unwrap_or(0);
+                    em.builder.usage.cache_write =
+                        u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+                }
+                "content_block_start" => {
+                    let b = &data["content_block"];
+                    match b["type"].as_str() {
+                        Some("text") => {
+                            open = Block::Text;
+                            em.builder.start_text();
+                            em.emit(Ev::TextStart {
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        Some("thinking") | Some("redacted_thinking") => {
+                            open = Block::Thinking;
+                            em.builder.start_thinking();
+                            em.emit(Ev::ThinkingStart {
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        Some("tool_use") => {
+                            open = Block::Call;
+                            em.builder.start_call(
+                                b["id"].as_str().unwrap_or_default(),
+                                b["name"].as_str().unwrap_or_default(),
+                            );
+                            em.emit(Ev::FunctioncallStart {
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        _ => open = Block::None,
+                    }
+                }
+                "content_block_delta" => {
+                    let d = &data["delta"];
+                    match d["type"].as_str() {
+                        Some("text_delta") => {
+                            let t = d["text"].as_str().unwrap_or_default().to_string();
+                            em.builder.push_text(&t);
+                            em.emit(Ev::TextDelta {
+                                delta: t,
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        Some("thinking_delta") => {
+                            let t = d["thinking"].as_str().unwrap_or_default().to_string();
+                            em.builder.push_thinking(&t);
+                            em.emit(Ev::ThinkingDelta {
+                                delta: t,
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        Some("signature_delta") => em
+                            .builder
+                            .set_signature(d["signature"].as_str().unwrap_or_default()),
+                        Some("input_json_delta") => {
+                            let t = d["partial_json"].as_str().unwrap_or_default().to_string();
+                            em.builder.push_call_args(&t);
+                            em.emit(Ev::FunctioncallDelta {
+                                delta: t,
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        _ => {}
+                    }
+                }
+                "content_block_stop" => {
+                    match open {
+                        Block::Text => {
+                            em.emit(Ev::TextEnd {
+                                partial: em.partial(),
+                            })
+                            .await
+                        }
+                        Block::Thinking => {
+                            em.emit(Ev::ThinkingEnd {
+                                partial: em.partial(),
+                            })
+                            .await
+                        }
+                        Block::Call => {
+                            em.builder
+                                .end_call()
+                                .map_err(|e| (ErrorKind::Transient, e))?;
+                            em.emit(Ev::FunctioncallEnd {
+                                partial: em.partial(),
+                            })
+                            .await;
+                        }
+                        Block::None => {}
+                    }
+                    open = Block::None;
+                }
+                "message_delta" => {
+                    if let Some(o) = data["usage"]["output_tokens"].as_u64() {
+                        em.builder.usage.output = o;
+                    }
+                    stop = match data["delta"]["stop_reason"].as_str() {
+                        Some("tool_use") => Some(StopReason::FunctionCall),
+                        Some("max_tokens") => Some(StopReason::Length),
+                        Some(_) => Some(StopReason::End),
+                        None => stop,
+                    };
+                }
+                "message_stop" => {
+                    return Ok(stop.unwrap_or(if em.builder.has_calls() {
+                        StopReason::FunctionCall
+                    } else {
+                        StopReason::End
+                    }));
+                }
+                "ping" => {}
+                "error" => {
+                    let kind = data["error"]["type"].as_str().unwrap_or("api_error");
+                    let msg = data["error"]["message"]
+                        .as_str()
+                        .unwrap_or("upstream error");
+                    return Err((error_kind(kind), format!("{kind}: {msg}")));
+                }
+                _ => {}
+            }
+        }
+        Err((
+            ErrorKind::Transient,
+            "the stream ended before message_stop".into(),
+        ))
+    }
+}

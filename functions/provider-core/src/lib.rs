@@ -1,0 +1,395 @@
+//! What every provider worker shares. A provider implements [`Dialect`] (request shape and
+//! stream translation for one upstream API); this crate does the rest of
+//! `provider::<name>::stream` and `provider::<name>::complete`: credentials through
+//! `auth::get_token`, the HTTP call with `retry-after` honoured for 429s (bounded), HTTP status
+//! → `error_kind` (401/403 auth_expired, 429 rate_limited, 400 context → context_overflow,
+//! 5xx/timeouts transient, other 4xx permanent), the channel emitter that always closes the
+//! writer, and the completion's cost from the model's pricing.
+
+use async_trait::async_trait;
+use engine_gateway::builtins::req_str;
+use futures_util::StreamExt;
+use harness_sdk::messages::{
+    AgentMessage, AssistantBuilder, AssistantMessageEvent, ErrorKind, StopReason, ToolSpec,
+};
+use harness_sdk::{ChannelRef, ChannelWriter, Ctx, ErrorBody, RegisterFunction, Worker};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A 429 is retried after its `retry-after` when that is at most this long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+pub const MAX_RATE_LIMIT_RETRIES: u32 = 2;
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StreamRequest {
+    #[serde(default)]
+    pub writer_ref: Option<ChannelRef>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    pub model: String,
+    #[serde(default)]
+    pub messages: Vec<AgentMessage>,
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+}
+
+/// The outcome of one upstream call, as a provider sees it.
+pub type Outcome = Result<StopReason, (ErrorKind, String)>;
+
+/// Where stream events go: the channel (stream) or nowhere (complete), with the message
+/// being built either way.
+pub struct Emitter {
+    writer: Option<ChannelWriter>,
+    pub builder: AssistantBuilder,
+    writer_failed: bool,
+}
+
+impl Emitter {
+    pub fn new(writer: Option<ChannelWriter>, provider: &str, model: &str) -> Self {
+        Self {
+            writer,
+            builder: AssistantBuilder::new(provider, model),
+            writer_failed: false,
+        }
+    }
+
+    pub async fn emit(&mut self, ev: AssistantMessageEvent) {
+        if let (Some(w), false) = (self.writer.as_mut(), self.writer_failed) {
+            let text = serde_json::to_string(&ev).unwrap_or_default();
+            if let Err(e) = w.send_text(text).await {
+                // The reader went away: keep building the message, stop writing.
+                tracing::warn!(error = %e, "provider channel closed early");
+                self.writer_failed = true;
+            }
+        }
+    }
+
+    pub fn partial(&self) -> AgentMessage {
+        self.builder.partial()
+    }
+
+    async fn close(self) {
+        if let Some(w) = self.writer {
+            let _ = w.close().await;
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    pub api_key: Option<String>,
+}
+
+/// One upstream API.
+#[async_trait]
+pub trait Dialect: Send + Sync {
+    /// The provider name (`anthropic`, `openai`, …).
+    fn name(&self) -> &str;
+    /// Build the HTTP request for `req` (streaming when `stream`).
+    fn request(
+        &self,
+        client: &reqwest::Client,
+        creds: &Credentials,
+        req: &StreamRequest,
+        stream: bool,
+    ) -> reqwest::RequestBuilder;
+    /// Translate the upstream SSE stream into events; return how the message ended.
+    async fn translate(&self, events: &mut EventStream, em: &mut Emitter) -> Outcome;
+    /// Whether calls without credentials are allowed (local servers).
+    fn credentials_optional(&self) -> bool {
+        false
+    }
+}
+
+pub type EventStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<eventsource_stream::Event, String>> + Send>,
+>;
+
+/// HTTP status (and body) → error kind.
+pub fn classify(status: u16, body: &str) -> ErrorKind {
+    let lower = body.to_ascii_lowercase();
+    match status {
+        401 | 403 => ErrorKind::AuthExpired,
+        429 => ErrorKind::RateLimited,
+        400 | 413
+            if lower.contains("context_length_exceeded")
+                || lower.contains("context length")
+                || lower.contains("context window")
+                || lower.contains("prompt is too long")
+                || lower.contains("too many tokens") =>
+        {
+            ErrorKind::ContextOverflow
+        }
+        s if s >= 500 => ErrorKind::Transient,
+        _ => ErrorKind::Permanent,
+    }
+}
+
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let v = headers.get("retry-after")?.to_str().ok()?;
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (ErrorKind, String)> {
+    let token = ctx
+        .trigger("auth::get_token", json!({"provider": dialect.name()}))
+        .await
+        .map_err(|e| (ErrorKind::Transient, format!("auth::get_token failed: {e}")))?;
+    let key = match token.get("type").and_then(Value::as_str) {
+        Some("api_key") => token.get("key").and_then(Value::as_str).map(str::to_owned),
+        Some("oauth") => token
+            .get("access_token")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        _ => None,
+    };
+    if key.is_none() && !dialect.credentials_optional() {
+        return Err((
+            ErrorKind::AuthExpired,
+            format!(
+                "no credentials for provider `{}` (auth::set_token or its API key variable)",
+                dialect.name()
+            ),
+        ));
+    }
+    Ok(Credentials { api_key: key })
+}
+
+/// Send the request, honouring `retry-after` on 429 (bounded); the successful response.
+async fn send(
+    dialect: &dyn Dialect,
+    client: &reqwest::Client,
+    creds: &Credentials,
+    req: &StreamRequest,
+    stream: bool,
+) -> Result<reqwest::Response, (ErrorKind, String)> {
+    let mut attempt = 0;
+    loop {
+        let resp = dialect
+            .request(client, creds, req, stream)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| {
+                (
+                    ErrorKind::Transient,
+                    format!("{} request failed: {e}", dialect.name()),
+                )
+            })?;
+        let status = resp.status().as_u16();
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let wait = retry_after(resp.headers());
+        let body = resp.text().await.unwrap_or_default();
+        let kind = classify(status, &body);
+        let message = upstream_message(&body).unwrap_or_else(|| body.chars().take(500).collect());
+        if kind == ErrorKind::RateLimited
+            && attempt < MAX_RATE_LIMIT_RETRIES
+            && let Some(w) = wait.filter(|w| *w <= MAX_RETRY_AFTER)
+        {
+            attempt += 1;
+            tracing::info!(
+                provider = dialect.name(),
+                wait_ms = w.as_millis() as u64,
+                "rate limited; retrying after retry-after"
+            );
+            tokio::time::sleep(w).await;
+            continue;
+        }
+        return Err((kind, format!("HTTP {status}: {message}")));
+    }
+}
+
+fn upstream_message(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    v.pointer("/error/message")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// Price the usage with the model's pricing from `models::get` (0 when unknown).
+async fn cost(ctx: &Ctx, provider: &str, em: &mut Emitter) {
+    let Ok(model) = ctx
+        .trigger(
+            "models::get",
+            json!({"provider": provider, "model_id": em.builder.model}),
+        )
+        .await
+    else {
+        return;
+    };
+    let Ok(model) = serde_json::from_value::<models_catalog::Model>(model) else {
+        return;
+    };
+    let u = &em.builder.usage;
+    em.builder.usage.cost_usd = model.cost_usd(&models_catalog::Usage {
+        input: u.input,
+        output: u.output,
+        cache_read: u.cache_read,
+        cache_write: u.cache_write,
+    });
+}
+
+/// The whole call: credentials, request, translation, usage/stop/done or error; the writer
+/// is always closed. Returns the final message.
+pub async fn run(
+    ctx: &Ctx,
+    dialect: &dyn Dialect,
+    client: &reqwest::Client,
+    req: &StreamRequest,
+    writer: Option<ChannelWriter>,
+) -> AgentMessage {
+    let mut em = Emitter::new(writer, dialect.name(), &req.model);
+    em.emit(AssistantMessageEvent::Start {
+        partial: em.partial(),
+    })
+    .await;
+    let outcome: Outcome = async {
+        let creds = credentials(ctx, dialect).await?;
+        let resp = send(dialect, client, &creds, req, true).await?;
+        let stream = resp.bytes_stream().map(|r| r.map_err(|e| e.to_string()));
+        let mut events: EventStream = Box::pin(
+            eventsource_stream::EventStream::new(stream)
+                .map(|r| r.map_err(|e| format!("malformed SSE: {e}"))),
+        );
+        dialect.translate(&mut events, &mut em).await
+    }
+    .await;
+    let message = match outcome {
+        Ok(stop) => {
+            cost(ctx, dialect.name(), &mut em).await;
+            em.emit(AssistantMessageEvent::Usage {
+                usage: em.builder.usage.clone(),
+            })
+            .await;
+            em.emit(AssistantMessageEvent::Stop {
+                stop_reason: stop,
+                error_message: None,
+                error_kind: None,
+            })
+            .await;
+            let message = em.builder.message(stop, None);
+            em.emit(AssistantMessageEvent::Done {
+                message: message.clone(),
+            })
+            .await;
+            message
+        }
+        Err((kind, msg)) => {
+            em.emit(AssistantMessageEvent::Stop {
+                stop_reason: StopReason::Error,
+                error_message: Some(msg.clone()),
+                error_kind: Some(kind),
+            })
+            .await;
+            let message = em.builder.message(StopReason::Error, Some((kind, msg)));
+            em.emit(AssistantMessageEvent::Error {
+                error: message.clone(),
+            })
+            .await;
+            message
+        }
+    };
+    em.close().await;
+    message
+}
+
+fn parse_request(data: Value) -> Result<StreamRequest, ErrorBody> {
+    req_str(&data, "model")?;
+    serde_json::from_value(data)
+        .map_err(|e| ErrorBody::invalid(format!("invalid provider request: {e}")))
+}
+
+/// `provider::<name>::stream` and `provider::<name>::complete` for a dialect.
+pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
+    engine_gateway::ensure_crypto_provider();
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default();
+    let name = dialect.name().to_string();
+    let mut w = Worker::new(&format!("provider-{name}"));
+    let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"));
+    stream_def.description = Some(format!(
+        "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
+    ));
+    stream_def.request_format = Some(
+        json!({"type": "object", "required": ["writer_ref", "model", "messages"], "properties": {"writer_ref": {"type": "object"}, "system_prompt": {"type": "string"}, "model": {"type": "string"}, "messages": {"type": "array"}, "tools": {"type": "array"}}}),
+    );
+    let (d, c) = (dialect.clone(), client.clone());
+    w.register_function(stream_def, move |ctx, data: Value| {
+        let (d, c) = (d.clone(), c.clone());
+        async move {
+            let req = parse_request(data)?;
+            let writer_ref = req
+                .writer_ref
+                .clone()
+                .ok_or_else(|| ErrorBody::invalid("missing required field `writer_ref`"))?;
+            let writer = ctx.open_writer(&writer_ref).await?;
+            let message = run(&ctx, d.as_ref(), &c, &req, Some(writer)).await;
+            let stop = match &message {
+                AgentMessage::Assistant { stop_reason, .. } => json!(stop_reason),
+                _ => Value::Null,
+            };
+            Ok(json!({"ok": true, "stop_reason": stop}))
+        }
+    });
+    let mut complete_def = RegisterFunction::new(format!("provider::{name}::complete"));
+    complete_def.description = Some(format!(
+        "A completion from {name}, answered as the final assistant message."
+    ));
+    w.register_function(complete_def, move |ctx, data: Value| {
+        let (d, c) = (dialect.clone(), client.clone());
+        async move {
+            let req = parse_request(data)?;
+            let message = run(&ctx, d.as_ref(), &c, &req, None).await;
+            Ok(serde_json::to_value(message).unwrap_or(Value::Null))
+        }
+    });
+    w
+}
+
+/// The text of a message's content, for APIs that take plain text.
+pub fn text_of(content: &[harness_sdk::messages::ContentBlock]) -> String {
+    content
+        .iter()
+        .filter_map(|c| match c {
+            harness_sdk::messages::ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_error_kinds() {
+        assert_eq!(classify(401, ""), ErrorKind::AuthExpired);
+        assert_eq!(classify(403, ""), ErrorKind::AuthExpired);
+        assert_eq!(classify(429, ""), ErrorKind::RateLimited);
+        assert_eq!(
+            classify(400, r#"{"error":{"code":"context_length_exceeded"}}"#),
+            ErrorKind::ContextOverflow
+        );
+        assert_eq!(
+            classify(400, "prompt is too long: 250000 tokens > 200000 maximum"),
+            ErrorKind::ContextOverflow
+        );
+        assert_eq!(classify(400, "bad field"), ErrorKind::Permanent);
+        assert_eq!(classify(500, ""), ErrorKind::Transient);
+        assert_eq!(classify(529, ""), ErrorKind::Transient);
+    }
+}

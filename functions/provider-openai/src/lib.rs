@@ -1,0 +1,306 @@
+//! The OpenAI Chat Completions dialect: messages (system, user, assistant with `tool_calls`,
+//! `tool` results), tools as functions, `stream_options.include_usage`, and the translation of
+//! SSE chunks (content, `reasoning_content`, `tool_calls` deltas assembled by index,
+//! `finish_reason`, the usage chunk, `[DONE]`). Kimi (Moonshot) and LM Studio speak the same
+//! dialect at their own base URLs.
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use harness_sdk::messages::{
+    AgentMessage, AssistantMessageEvent as Ev, ContentBlock, ErrorKind, StopReason,
+};
+use provider_core::{Credentials, Dialect, Emitter, EventStream, Outcome, StreamRequest, text_of};
+use serde_json::{Value, json};
+
+pub struct OpenAiDialect {
+    pub name: String,
+    /// Including the version path, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    pub key_optional: bool,
+}
+
+impl OpenAiDialect {
+    pub fn openai() -> Self {
+        Self::from_env(
+            "openai",
+            "OPENAI_BASE_URL",
+            "https://api.openai.com/v1",
+            false,
+        )
+    }
+    pub fn kimi() -> Self {
+        Self::from_env(
+            "kimi",
+            "MOONSHOT_BASE_URL",
+            "https://api.moonshot.ai/v1",
+            false,
+        )
+    }
+    pub fn lmstudio() -> Self {
+        Self::from_env(
+            "lmstudio",
+            "LMSTUDIO_BASE_URL",
+            "http://127.0.0.1:1234/v1",
+            true,
+        )
+    }
+    pub fn from_env(name: &str, var: &str, default: &str, key_optional: bool) -> Self {
+        Self {
+            name: name.into(),
+            base_url: std::env::var(var).unwrap_or_else(|_| default.into()),
+            key_optional,
+        }
+    }
+}
+
+fn user_content(content: &[ContentBlock]) -> Value {
+    let has_image = content
+        .iter()
+        .any(|c| matches!(c, ContentBlock::Image { .. }));
+    if !has_image {
+        return json!(text_of(content));
+    }
+    json!(content
+        .iter()
+        .filter_map(|c| match c {
+            ContentBlock::Text { text } => Some(json!({"type": "text", "text": text})),
+            ContentBlock::Image { mime, data } => Some(json!({"type": "image_url", "image_url": {"url": format!("data:{mime};base64,{data}")}})),
+            _ => None,
+        })
+        .collect::<Vec<_>>())
+}
+
+pub fn messages(system: Option<&str>, history: &[AgentMessage]) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some(s) = system.filter(|s| !s.is_empty()) {
+        out.push(json!({"role": "system", "content": s}));
+    }
+    for m in history {
+        match m {
+            AgentMessage::User { content, .. } => out.push(json!({"role": "user", "content": user_content(content)})),
+            AgentMessage::Custom { content, .. } => out.push(json!({"role": "user", "content": text_of(content)})),
+            AgentMessage::Assistant { content, .. } => {
+                let text = text_of(content);
+                let calls: Vec<Value> = content
+                    .iter()
+                    .filter_map(|c| match c {
+                        ContentBlock::FunctionCall { id, function_id, arguments } => Some(json!({"id": id, "type": "function", "function": {"name": function_id, "arguments": arguments.to_string()}})),
+                        _ => None,
+                    })
+                    .collect();
+                let mut msg = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+                if !calls.is_empty() {
+                    msg["tool_calls"] = json!(calls);
+                }
+                out.push(msg);
+            }
+            AgentMessage::FunctionResult { function_call_id, content, .. } => {
+                out.push(json!({"role": "tool", "tool_call_id": function_call_id, "content": text_of(content)}))
+            }
+        }
+    }
+    out
+}
+
+#[derive(PartialEq, Clone, Copy)]
+enum Open {
+    None,
+    Thinking,
+    Text,
+    Call,
+}
+
+async fn close(open: &mut Open, em: &mut Emitter) -> Result<(), (ErrorKind, String)> {
+    match *open {
+        Open::Thinking => {
+            em.emit(Ev::ThinkingEnd {
+                partial: em.partial(),
+            })
+            .await
+        }
+        Open::Text => {
+            em.emit(Ev::TextEnd {
+                partial: em.partial(),
+            })
+            .await
+        }
+        Open::Call => {
+            em.builder
+                .end_call()
+                .map_err(|e| (ErrorKind::Transient, e))?;
+            em.emit(Ev::FunctioncallEnd {
+                partial: em.partial(),
+            })
+            .await;
+        }
+        Open::None => {}
+    }
+    *open = Open::None;
+    Ok(())
+}
+
+#[async_trait]
+impl Dialect for OpenAiDialect {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn credentials_optional(&self) -> bool {
+        self.key_optional
+    }
+
+    fn request(
+        &self,
+        client: &reqwest::Client,
+        creds: &Credentials,
+        req: &StreamRequest,
+        stream: bool,
+    ) -> reqwest::RequestBuilder {
+        let mut body = json!({
+            "model": req.model,
+            "messages": messages(req.system_prompt.as_deref(), &req.messages),
+            "stream": stream,
+        });
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        if let Some(m) = req.max_tokens {
+            body["max_completion_tokens"] = json!(m);
+        }
+        if !req.tools.is_empty() {
+            body["tools"] = json!(req.tools.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})).collect::<Vec<_>>());
+        }
+        let mut rb = client
+            .post(format!(
+                "{}/chat/completions",
+                self.base_url.trim_end_matches('/')
+            ))
+            .json(&body);
+        if let Some(k) = &creds.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        rb
+    }
+
+    async fn translate(&self, events: &mut EventStream, em: &mut Emitter) -> Outcome {
+        let mut open = Open::None;
+        let mut finish: Option<StopReason> = None;
+        let mut call_index: Option<u64> = None;
+        while let Some(ev) = events.next().await {
+            let ev = ev.map_err(|e| (ErrorKind::Transient, e))?;
+            if ev.data.trim() == "[DONE]" {
+                close(&mut open, em).await?;
+                return match finish {
+                    Some(f) => Ok(f),
+                    None => Err((
+                        ErrorKind::Transient,
+                        "the stream ended without a finish_reason".into(),
+                    )),
+                };
+            }
+            let chunk: Value = serde_json::from_str(&ev.data)
+                .map_err(|e| (ErrorKind::Transient, format!("malformed stream chunk: {e}")))?;
+            if let Some(err) = chunk.get("error") {
+                let msg = err["message"]
+                    .as_str()
+                    .unwrap_or("upstream error")
+                    .to_string();
+                return Err((ErrorKind::Transient, msg));
+            }
+            if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+                let cached = u
+                    .pointer("/prompt_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                em.builder.usage.input = u["prompt_tokens"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(cached);
+                em.builder.usage.cache_read = cached;
+                em.builder.usage.output = u["completion_tokens"].as_u64().unwrap_or(0);
+            }
+            let Some(choice) = chunk["choices"].get(0) else {
+                continue;
+            };
+            let delta = &choice["delta"];
+            if let Some(t) = delta["reasoning_content"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+            {
+                if open != Open::Thinking {
+                    close(&mut open, em).await?;
+                    open = Open::Thinking;
+                    em.builder.start_thinking();
+                    em.emit(Ev::ThinkingStart {
+                        partial: em.partial(),
+                    })
+                    .await;
+                }
+                em.builder.push_thinking(t);
+                em.emit(Ev::ThinkingDelta {
+                    delta: t.to_string(),
+                    partial: em.partial(),
+                })
+                .await;
+            }
+            if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+                if open != Open::Text {
+                    close(&mut open, em).await?;
+                    open = Open::Text;
+                    em.builder.start_text();
+                    em.emit(Ev::TextStart {
+                        partial: em.partial(),
+                    })
+                    .await;
+                }
+                em.builder.push_text(t);
+                em.emit(Ev::TextDelta {
+                    delta: t.to_string(),
+                    partial: em.partial(),
+                })
+                .await;
+            }
+            if let Some(calls) = delta["tool_calls"].as_array() {
+                for c in calls {
+                    let index = c["index"].as_u64().unwrap_or(0);
+                    if call_index != Some(index) {
+                        // A new index starts a new call (deltas arrive grouped by index).
+                        close(&mut open, em).await?;
+                        open = Open::Call;
+                        call_index = Some(index);
+                        em.builder.start_call(
+                            c["id"].as_str().unwrap_or_default(),
+                            c["function"]["name"].as_str().unwrap_or_default(),
+                        );
+                        em.emit(Ev::FunctioncallStart {
+                            partial: em.partial(),
+                        })
+                        .await;
+                    }
+                    if let Some(a) = c["function"]["arguments"]
+                        .as_str()
+                        .filter(|a| !a.is_empty())
+                    {
+                        em.builder.push_call_args(a);
+                        em.emit(Ev::FunctioncallDelta {
+                            delta: a.to_string(),
+                            partial: em.partial(),
+                        })
+                        .await;
+                    }
+                }
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = Some(match f {
+                    "tool_calls" | "function_call" => StopReason::FunctionCall,
+                    "length" => StopReason::Length,
+                    _ => StopReason::End,
+                });
+            }
+        }
+        Err((
+            ErrorKind::Transient,
+            "the stream ended before [DONE]".into(),
+        ))
+    }
+}
