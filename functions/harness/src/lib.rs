@@ -146,3 +146,43 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
     });
     w
 }
+
+/// `harness::trigger {session_id?, message_id?, payload}`: the entry. Seeds the session and
+/// message ids as trace baggage (so every downstream span carries them) and forwards
+/// `payload` to `run::start`; answers `{status_code: 200|409, body}`.
+pub async fn harness_trigger(ctx: harness_sdk::Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let mut payload = data
+        .get("payload")
+        .cloned()
+        .ok_or_else(|| ErrorBody::invalid("missing required field `payload`"))?;
+    if !payload.is_object() {
+        return Err(ErrorBody::invalid(
+            "`payload` must be an object (the run::start request)",
+        ));
+    }
+    let session_id = data["session_id"]
+        .as_str()
+        .or(payload["session_id"].as_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("s-{}", engine_gateway::trace::random_hex(8)));
+    let message_id = data["message_id"]
+        .as_str()
+        .or(payload["message_id"].as_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("m-{}", engine_gateway::trace::random_hex(8)));
+    payload["session_id"] = json!(session_id);
+    payload["message_id"] = json!(message_id);
+    let ctx = ctx
+        .with_baggage(engine_gateway::trace::ATTR_SESSION_ID, &session_id)
+        .with_baggage(engine_gateway::trace::ATTR_MESSAGE_ID, &message_id);
+    let body = ctx.trigger("run::start", payload).await?;
+    let status = if body["started"] == true { 200 } else { 409 };
+    Ok(json!({"status_code": status, "body": body}))
+}
+
+/// The harness entry function, to add to a harness worker.
+pub fn add_trigger(w: &mut Worker) {
+    let mut d = RegisterFunction::new("harness::trigger");
+    d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
+    w.register_function(d, harness_trigger);
+}

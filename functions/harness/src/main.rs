@@ -8,5 +8,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         std::env::var("HARNESS_PERMISSIONS").unwrap_or_else(|_| "iii-permissions.yaml".into());
     let holder = harness_worker::PolicyHolder::new(path.into());
     let _watch = holder.watch(std::time::Duration::from_millis(500));
-    harness_sdk::serve_main(harness_worker::policy_worker(holder)).await
+    let mut worker = harness_worker::policy_worker(holder);
+    harness_worker::add_trigger(&mut worker);
+    harness_sdk::serve_main(worker).await
 }

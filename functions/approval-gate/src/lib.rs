@@ -1,0 +1,97 @@
+//! The approval gate. `approval::resolve {session_id, function_call_id, decision:
+//! allow|deny|aborted, reason?, decided_by?}` writes `approvals/<sid>/<cid>` (the first
+//! decision wins) only for a call that is parked; the turn's state trigger on `approvals`
+//! wakes the session. `approval::list_pending {session_id?}` lists parked calls.
+
+use harness_sdk::{BusError, Ctx, ErrorBody, RegisterFunction, Worker};
+use serde_json::{Value, json};
+
+fn invalid(why: &str) -> Value {
+    json!({"ok": false, "error": "invalid_payload", "message": why})
+}
+
+fn id_ok(v: Option<&str>) -> Option<&str> {
+    v.filter(|s| !s.is_empty() && !s.contains('/'))
+}
+
+fn parked(record: &Value) -> Vec<Value> {
+    record["awaiting_approval"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let Some(sid) = id_ok(data["session_id"].as_str()) else {
+        return Ok(invalid(
+            "`session_id` must be a non-empty string without `/`",
+        ));
+    };
+    let Some(cid) = id_ok(data["function_call_id"].as_str()) else {
+        return Ok(invalid(
+            "`function_call_id` must be a non-empty string without `/`",
+        ));
+    };
+    let decision = match data["decision"].as_str() {
+        Some(d @ ("allow" | "deny" | "aborted")) => d,
+        _ => return Ok(invalid("`decision` must be allow, deny or aborted")),
+    };
+    let record = ctx
+        .state_get("agent", &format!("session/{sid}/turn_state"))
+        .await?;
+    let is_parked = record["state"] == "function_awaiting_approval"
+        && parked(&record).iter().any(|c| c["function_call_id"] == cid);
+    if !is_parked {
+        return Ok(json!({"ok": false, "error": "not_pending"}));
+    }
+    let value = json!({
+        "decision": decision,
+        "reason": data["reason"].as_str().unwrap_or(""),
+        "decided_by": data["decided_by"].as_str().unwrap_or("unknown"),
+        "decided_at": engine_gateway::trace::now_ms(),
+    });
+    match ctx
+        .state_set_if("approvals", &format!("{sid}/{cid}"), value, 0)
+        .await
+    {
+        Ok(_) => Ok(json!({"ok": true})),
+        // Someone decided first.
+        Err(BusError::VersionConflict(_)) => Ok(json!({"ok": false, "error": "not_pending"})),
+        Err(e) => Ok(json!({"ok": false, "error": "resume_failed", "message": e.to_string()})),
+    }
+}
+
+pub async fn list_pending(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let only = data["session_id"].as_str().map(str::to_owned);
+    let prefix = match &only {
+        Some(s) => format!("session/{s}/"),
+        None => "session/".to_string(),
+    };
+    let items = ctx.state_list("agent", Some(&prefix)).await?;
+    let mut pending = Vec::new();
+    for item in items["items"].as_array().cloned().unwrap_or_default() {
+        if !item["key"]
+            .as_str()
+            .is_some_and(|k| k.ends_with("/turn_state"))
+            || item["value"]["state"] != "function_awaiting_approval"
+        {
+            continue;
+        }
+        let sid = item["value"]["session_id"].clone();
+        for c in parked(&item["value"]) {
+            pending.push(json!({"session_id": sid, "function_call_id": c["function_call_id"], "function_id": c["function_id"], "args": c["args"]}));
+        }
+    }
+    Ok(json!({"pending": pending}))
+}
+
+pub fn worker() -> Worker {
+    let mut w = Worker::new("approval-gate");
+    let mut d = RegisterFunction::new("approval::resolve");
+    d.description = Some("Decide a parked call: {session_id, function_call_id, decision: allow|deny|aborted, reason?, decided_by?} → {ok} | {ok:false, error: invalid_payload|not_pending|resume_failed}.".into());
+    w.register_function(d, resolve);
+    let mut d = RegisterFunction::new("approval::list_pending");
+    d.description = Some("Parked calls, optionally of one session.".into());
+    w.register_function(d, list_pending);
+    w
+}

@@ -1,0 +1,947 @@
+//! The durable turn state machine (SPEC §3 turn-orchestrator).
+//!
+//! A run is a record at `agent/session/<sid>/turn_state`; each state is a step function
+//! `turn::<state> {session_id}` consumed from the `turn-steps` FIFO queue (grouped by session).
+//! A step loads the record, does its work, and saves with the version it loaded (a conflict
+//! or a state that moved on means the delivery was stale: skipped). The conversation lives in
+//! the record, so appends commit with the transition; every executed call is saved before the
+//! next one, so a redelivered step never runs a call twice, and the target gets
+//! `function_call_id` to make its own effect idempotent.
+
+pub mod prompt;
+pub mod types;
+
+use engine_gateway::builtins::req_str;
+use harness_sdk::messages::{
+    AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason,
+};
+use harness_sdk::{
+    BusError, ChannelFrame, Ctx, EnqueueOptions, ErrorBody, RegisterFunction, Worker,
+};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use types::*;
+
+pub const POLICY_TIMEOUT: Duration = Duration::from_secs(5);
+pub const PROVIDER_TIMEOUT: Duration = Duration::from_secs(300);
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+pub const BEST_EFFORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a step could not finish: transient errors are re-thrown so the queue retries with
+/// backoff (and dead-letters); anything else fails the run with events the UI can show.
+enum StepError {
+    Transient(ErrorBody),
+    Fatal(String),
+    Stale,
+}
+
+impl From<BusError> for StepError {
+    fn from(e: BusError) -> Self {
+        StepError::Transient(e.into())
+    }
+}
+
+type StepResult<T> = Result<T, StepError>;
+
+enum Next {
+    To(TurnState),
+    /// Stay (still waiting for approvals); the record was saved as it is.
+    Stay,
+}
+
+fn now() -> u64 {
+    harness_sdk::messages::now_ms()
+}
+
+async fn load(ctx: &Ctx, sid: &str) -> StepResult<Option<(Record, u64)>> {
+    let v = ctx.state_get_versioned(SCOPE, &record_key(sid)).await?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    let version = v["version"].as_u64().unwrap_or(0);
+    let rec: Record = serde_json::from_value(v["value"].clone())
+        .map_err(|e| StepError::Fatal(format!("unreadable turn record: {e}")))?;
+    Ok(Some((rec, version)))
+}
+
+/// Save at `version` → the new version; a conflict means another delivery moved on.
+async fn save(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> StepResult<()> {
+    rec.updated_at_ms = now();
+    let value = serde_json::to_value(&*rec).map_err(|e| StepError::Fatal(e.to_string()))?;
+    match ctx
+        .state_set_if(SCOPE, &record_key(&rec.session_id), value, *version)
+        .await
+    {
+        Ok(out) => {
+            *version = out["version"].as_u64().unwrap_or(*version + 1);
+            Ok(())
+        }
+        Err(BusError::VersionConflict(_)) => Err(StepError::Stale),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One UI event on `agent::events` (item `<sid>-<seq>`). Seq numbers come from the record, so
+/// a redelivered step rewrites the same items instead of adding new ones.
+async fn emit(ctx: &Ctx, rec: &mut Record, event_type: &str, mut data: Value) {
+    rec.event_seq += 1;
+    data["type"] = json!(event_type);
+    let item = format!("{}-{:012}", rec.session_id, rec.event_seq);
+    if let Err(e) = ctx.stream_set(EVENTS, &rec.session_id, &item, data).await {
+        tracing::warn!(error = %e, "event not stored");
+    }
+}
+
+/// High-volume events are pushed, not stored.
+async fn emit_transient(ctx: &Ctx, rec: &Record, event_type: &str, mut data: Value) {
+    data["type"] = json!(event_type);
+    let _ = ctx
+        .trigger("stream::send", json!({"stream_name": EVENTS, "group_id": rec.session_id, "type": event_type, "data": data}))
+        .await;
+}
+
+async fn enqueue_step(ctx: &Ctx, sid: &str, state: TurnState, dedup: String) -> StepResult<()> {
+    ctx.enqueue_with(
+        QUEUE,
+        &state.step_function(),
+        json!({"session_id": sid}),
+        EnqueueOptions {
+            message_group_id: Some(sid.to_string()),
+            deduplication_id: Some(dedup),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn run_request(ctx: &Ctx, sid: &str) -> StepResult<RunRequest> {
+    let v = ctx.state_get(SCOPE, &request_key(sid)).await?;
+    serde_json::from_value(v).map_err(|e| StepError::Fatal(format!("unreadable run request: {e}")))
+}
+
+async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Value> {
+    ctx.trigger_timeout(function_id, payload, BEST_EFFORT_TIMEOUT)
+        .await
+        .ok()
+}
+
+// ------------------------------------------------------------------ states
+
+async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResult<Next> {
+    // Default skills, best effort (the directory worker may not run).
+    let _ = best_effort(
+        ctx,
+        "directory::skills::download",
+        json!({"id": "iii://iii-directory/index"}),
+    )
+    .await;
+    let index = best_effort(ctx, "directory::skills::index", json!({})).await;
+    let index_text = index
+        .as_ref()
+        .and_then(|v| v["body"].as_str().or(v["index"].as_str()))
+        .map(str::to_owned);
+    rec.system_prompt = Some(match &req.system_prompt {
+        Some(verbatim) => verbatim.clone(),
+        None => prompt::system_prompt(
+            req.mode.as_deref().unwrap_or("agent"),
+            index_text.as_deref(),
+        ),
+    });
+    rec.model_meta = best_effort(
+        ctx,
+        "models::get",
+        json!({"provider": req.provider, "model_id": req.model}),
+    )
+    .await
+    .filter(|v| !v.is_null());
+    let catalogue = ctx.trigger("engine::functions::list", json!({})).await?;
+    rec.tools = vec![prompt::agent_trigger_tool(&catalogue)];
+    Ok(Next::To(TurnState::AssistantStreaming))
+}
+
+fn error_message(req: &RunRequest, kind: ErrorKind, message: String) -> AgentMessage {
+    AgentMessage::Assistant {
+        content: Vec::new(),
+        stop_reason: StopReason::Error,
+        error_message: Some(message),
+        error_kind: Some(kind),
+        usage: None,
+        model: req.model.clone(),
+        provider: req.provider.clone(),
+        timestamp: now(),
+    }
+}
+
+async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResult<Next> {
+    rec.turn_count += 1;
+    rec.turn_end_emitted = false;
+    let (writer, reader) = ctx.create_channel(Some(64)).await?;
+    let mut reader = ctx.open_reader(&reader).await?;
+    let call = {
+        let ctx = ctx.clone();
+        let payload = json!({
+            "writer_ref": writer,
+            "system_prompt": rec.system_prompt,
+            "model": req.model,
+            "messages": rec.messages,
+            "tools": rec.tools,
+        });
+        let fid = format!("provider::{}::stream", req.provider);
+        tokio::spawn(async move { ctx.trigger_timeout(&fid, payload, PROVIDER_TIMEOUT).await })
+    };
+    let mut final_message: Option<AgentMessage> = None;
+    let drain = async {
+        while let Some(frame) = reader.next().await {
+            let ChannelFrame::Text(text) = frame else {
+                continue;
+            };
+            let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text) else {
+                continue;
+            };
+            match ev {
+                AssistantMessageEvent::Done { message }
+                | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
+                other => {
+                    let partial = serde_json::to_value(&other)
+                        .ok()
+                        .and_then(|v| v.get("partial").cloned());
+                    if let Some(p) = partial {
+                        let mut llm_event = serde_json::to_value(&other).unwrap_or(Value::Null);
+                        if let Some(o) = llm_event.as_object_mut() {
+                            o.remove("partial");
+                        }
+                        emit_transient(
+                            ctx,
+                            rec,
+                            "message_update",
+                            json!({"message": p, "llm_event": llm_event}),
+                        )
+                        .await;
+                    }
+                }
+            }
+        }
+    };
+    let bounded = tokio::time::timeout(PROVIDER_TIMEOUT + Duration::from_secs(5), drain).await;
+    let call_result = call.await.map_err(|e| StepError::Fatal(e.to_string()))?;
+    let message = match (final_message, bounded, call_result) {
+        (Some(m), _, _) => m,
+        (None, Err(_), _) => error_message(
+            req,
+            ErrorKind::Transient,
+            "the provider stream did not finish in time".into(),
+        ),
+        (None, _, Err(e)) => error_message(
+            req,
+            ErrorKind::Transient,
+            format!("provider::{}::stream: {e}", req.provider),
+        ),
+        (None, _, Ok(_)) => error_message(
+            req,
+            ErrorKind::Transient,
+            "the provider closed the stream without a final message".into(),
+        ),
+    };
+    emit(ctx, rec, "message_complete", json!({"message": message})).await;
+    rec.messages.push(message.clone());
+    rec.last_assistant = Some(message.clone());
+    let AgentMessage::Assistant {
+        stop_reason,
+        content,
+        error_kind,
+        error_message,
+        ..
+    } = &message
+    else {
+        return Err(StepError::Fatal(
+            "the provider answered with a non-assistant message".into(),
+        ));
+    };
+    match stop_reason {
+        StopReason::Error | StopReason::Aborted => {
+            rec.error = Some(TurnError {
+                kind: error_kind
+                    .map(|k| {
+                        serde_json::to_value(k)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default()
+                    })
+                    .unwrap_or_else(|| "aborted".into()),
+                message: error_message.clone().unwrap_or_default(),
+            });
+            emit_turn_end(ctx, rec, Vec::new()).await;
+            Ok(Next::To(TurnState::Stopped))
+        }
+        _ => {
+            let calls: Vec<Call> = content
+                .iter()
+                .filter_map(|c| match c {
+                    ContentBlock::FunctionCall {
+                        id,
+                        function_id,
+                        arguments,
+                    } if function_id == AGENT_TRIGGER => Some(Call {
+                        function_call_id: id.clone(),
+                        function_id: arguments["function"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        args: arguments
+                            .get("payload")
+                            .cloned()
+                            .unwrap_or_else(|| json!({})),
+                    }),
+                    ContentBlock::FunctionCall {
+                        id,
+                        function_id,
+                        arguments,
+                    } => Some(Call {
+                        function_call_id: id.clone(),
+                        function_id: function_id.clone(),
+                        args: arguments.clone(),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            if calls.is_empty() {
+                emit_turn_end(ctx, rec, Vec::new()).await;
+                Ok(Next::To(TurnState::SteeringCheck))
+            } else {
+                rec.work = Some(Work {
+                    prepared: calls,
+                    executed: Default::default(),
+                });
+                rec.awaiting_approval = None;
+                Ok(Next::To(TurnState::FunctionExecute))
+            }
+        }
+    }
+}
+
+async fn emit_turn_end(ctx: &Ctx, rec: &mut Record, results: Vec<AgentMessage>) {
+    if rec.turn_end_emitted {
+        return;
+    }
+    rec.turn_end_emitted = true;
+    let data = json!({"message": rec.last_assistant, "function_results": results});
+    emit(ctx, rec, "turn_end", data.clone()).await;
+    let item = format!("{}-{}", rec.session_id, rec.turn_count);
+    let mut end = data;
+    end["type"] = json!("turn_end");
+    let _ = ctx
+        .stream_set(TURN_END_STREAM, &rec.session_id, &item, end)
+        .await;
+}
+
+/// Call the target with the routing envelope; a failing target is an error result.
+/// `announce`: emit `function_execution_start` (an approved call announced it when parked).
+async fn dispatch(ctx: &Ctx, rec: &mut Record, call: &Call, announce: bool) -> Executed {
+    if announce {
+        emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
+    }
+    let started = Instant::now();
+    let mut payload = call.args.clone();
+    if let Some(o) = payload.as_object_mut() {
+        o.insert("session_id".into(), json!(rec.session_id));
+        o.insert("function_call_id".into(), json!(call.function_call_id));
+        o.insert("function_id".into(), json!(call.function_id));
+    }
+    let (result, is_error) = match ctx
+        .trigger_timeout(&call.function_id, payload, CALL_TIMEOUT)
+        .await
+    {
+        Ok(v) => (v, false),
+        Err(e) => (
+            json!({"error": {"code": e.code(), "message": e.message()}}),
+            true,
+        ),
+    };
+    let executed = Executed {
+        call: call.clone(),
+        result,
+        is_error,
+        duration_ms: started.elapsed().as_millis() as u64,
+        terminate: false,
+    };
+    emit_execution_end(ctx, rec, &executed).await;
+    executed
+}
+
+async fn emit_execution_end(ctx: &Ctx, rec: &mut Record, e: &Executed) {
+    emit(
+        ctx,
+        rec,
+        "function_execution_end",
+        json!({"function_call_id": e.call.function_call_id, "function_id": e.call.function_id, "result": e.result, "is_error": e.is_error, "duration_ms": e.duration_ms}),
+    )
+    .await;
+}
+
+fn result_message(e: &Executed) -> AgentMessage {
+    AgentMessage::FunctionResult {
+        function_call_id: e.call.function_call_id.clone(),
+        function_id: e.call.function_id.clone(),
+        content: vec![ContentBlock::Text {
+            text: e.result.to_string(),
+        }],
+        details: e.result.clone(),
+        is_error: e.is_error,
+        timestamp: now(),
+    }
+}
+
+/// All calls of the batch are decided: append the results once, in call order.
+async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> Next {
+    let work = rec.work.take().unwrap_or_default();
+    let mut results = Vec::new();
+    let mut terminate = false;
+    for call in &work.prepared {
+        if let Some(e) = work.executed.get(&call.function_call_id) {
+            results.push(result_message(e));
+            terminate |= e.terminate;
+        }
+    }
+    rec.messages.extend(results.iter().cloned());
+    rec.function_results = results.clone();
+    rec.awaiting_approval = None;
+    emit_turn_end(ctx, rec, results).await;
+    if terminate {
+        rec.error = Some(TurnError {
+            kind: "aborted".into(),
+            message: "a call was aborted by the user".into(),
+        });
+        Next::To(TurnState::Stopped)
+    } else {
+        Next::To(TurnState::SteeringCheck)
+    }
+}
+
+async fn function_execute(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> StepResult<Next> {
+    let prepared = rec
+        .work
+        .as_ref()
+        .map(|w| w.prepared.clone())
+        .unwrap_or_default();
+    for call in prepared {
+        let done = rec
+            .work
+            .as_ref()
+            .is_some_and(|w| w.executed.contains_key(&call.function_call_id));
+        let parked = rec.awaiting_approval.as_ref().is_some_and(|a| {
+            a.iter()
+                .any(|c| c.function_call_id == call.function_call_id)
+        });
+        if done || parked {
+            continue;
+        }
+        // The one choke point: the policy decides, and silence or slowness means deny.
+        let decision = ctx
+            .trigger_timeout(
+                "policy::check_permissions",
+                json!({"function_id": call.function_id, "args": call.args}),
+                POLICY_TIMEOUT,
+            )
+            .await;
+        let executed = match decision
+            .as_ref()
+            .map(|d| d["decision"].as_str().unwrap_or(""))
+        {
+            Ok("allow") => dispatch(ctx, rec, &call, true).await,
+            Ok("needs_approval") => {
+                emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true})).await;
+                rec.awaiting_approval
+                    .get_or_insert_with(Vec::new)
+                    .push(call.clone());
+                save(ctx, rec, version).await?;
+                continue;
+            }
+            Ok(_) => {
+                let d = decision.as_ref().ok().cloned().unwrap_or(Value::Null);
+                let env = denial(
+                    "permissions",
+                    &call.function_id,
+                    d["rule_id"].as_str(),
+                    d.get("matched_constraint"),
+                    &call.args,
+                    "the permissions policy denies this call",
+                );
+                denied(ctx, rec, &call, env).await
+            }
+            Err(e) => {
+                let env = denial(
+                    "gate_unavailable",
+                    &call.function_id,
+                    None,
+                    None,
+                    &call.args,
+                    &format!("the policy could not be asked ({e}); denied to be safe"),
+                );
+                denied(ctx, rec, &call, env).await
+            }
+        };
+        if let Some(w) = rec.work.as_mut() {
+            w.executed.insert(call.function_call_id.clone(), executed);
+        }
+        // Saved after every call: a redelivered step never runs it again.
+        save(ctx, rec, version).await?;
+    }
+    if rec
+        .awaiting_approval
+        .as_ref()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Ok(Next::To(TurnState::FunctionAwaitingApproval));
+    }
+    Ok(finalize_batch(ctx, rec).await)
+}
+
+async fn denied(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+    emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
+    let e = Executed {
+        call: call.clone(),
+        result: envelope,
+        is_error: true,
+        duration_ms: 0,
+        terminate: false,
+    };
+    emit_execution_end(ctx, rec, &e).await;
+    e
+}
+
+async fn function_awaiting_approval(
+    ctx: &Ctx,
+    rec: &mut Record,
+    version: &mut u64,
+) -> StepResult<Next> {
+    let parked = rec.awaiting_approval.clone().unwrap_or_default();
+    for call in parked {
+        let decision = ctx
+            .state_get(
+                APPROVALS,
+                &format!("{}/{}", rec.session_id, call.function_call_id),
+            )
+            .await?;
+        if decision.is_null() {
+            continue;
+        }
+        let reason = decision["reason"].as_str().unwrap_or("").to_string();
+        let executed = match decision["decision"].as_str() {
+            // Approved: dispatched without asking the policy again.
+            Some("allow") => dispatch(ctx, rec, &call, false).await,
+            Some("deny") => {
+                let why = if reason.is_empty() {
+                    "denied by the user".to_string()
+                } else {
+                    reason
+                };
+                let env = denial("user", &call.function_id, None, None, &call.args, &why);
+                let e = Executed {
+                    call: call.clone(),
+                    result: env,
+                    is_error: true,
+                    duration_ms: 0,
+                    terminate: false,
+                };
+                emit_execution_end(ctx, rec, &e).await;
+                e
+            }
+            _ => {
+                let e = Executed {
+                    call: call.clone(),
+                    result: json!({"status": "aborted", "terminate": true, "reason": if reason.is_empty() { "aborted by the user".to_string() } else { reason }}),
+                    is_error: true,
+                    duration_ms: 0,
+                    terminate: true,
+                };
+                emit_execution_end(ctx, rec, &e).await;
+                e
+            }
+        };
+        if let Some(w) = rec.work.as_mut() {
+            w.executed.insert(call.function_call_id.clone(), executed);
+        }
+        if let Some(a) = rec.awaiting_approval.as_mut() {
+            a.retain(|c| c.function_call_id != call.function_call_id);
+        }
+        save(ctx, rec, version).await?;
+    }
+    if rec
+        .awaiting_approval
+        .as_ref()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Ok(Next::Stay);
+    }
+    Ok(finalize_batch(ctx, rec).await)
+}
+
+async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
+    let results_pending = !rec.function_results.is_empty();
+    rec.function_results.clear();
+    if rec.max_turns.is_some_and(|m| rec.turn_count >= m) {
+        if results_pending {
+            let note = AgentMessage::Custom {
+                custom_type: "max_turns".into(),
+                content: vec![ContentBlock::Text {
+                    text: format!(
+                        "max_turns reached ({} turns); the run stops here.",
+                        rec.turn_count
+                    ),
+                }],
+                display: Some("max_turns reached".into()),
+                details: json!({"max_turns": rec.max_turns}),
+                timestamp: now(),
+            };
+            rec.messages.push(note.clone());
+            emit(ctx, rec, "message_complete", json!({"message": note})).await;
+            rec.error = Some(TurnError {
+                kind: "max_turns".into(),
+                message: format!("max_turns ({}) reached", rec.turn_count),
+            });
+        }
+        return Ok(Next::To(TurnState::Stopped));
+    }
+    // Steering first, then follow-ups (best effort: the inbox worker may not run).
+    for name in ["steering", "followup"] {
+        if let Some(v) = best_effort(
+            ctx,
+            "session-inbox::drain",
+            json!({"name": name, "session_id": rec.session_id}),
+        )
+        .await
+        {
+            let items: Vec<AgentMessage> = v["items"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|i| {
+                            i.as_str()
+                                .map(harness_sdk::messages::user_text)
+                                .or_else(|| serde_json::from_value(i.clone()).ok())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !items.is_empty() {
+                rec.messages.extend(items);
+                return Ok(Next::To(TurnState::AssistantStreaming));
+            }
+        }
+    }
+    if results_pending {
+        return Ok(Next::To(TurnState::AssistantStreaming));
+    }
+    Ok(Next::To(TurnState::Stopped))
+}
+
+// ------------------------------------------------------------------ the step driver
+
+async fn step(ctx: &Ctx, expected: TurnState, data: &Value) -> Result<Value, ErrorBody> {
+    let sid = req_str(data, "session_id")?;
+    let stale = json!({"ok": true, "skipped": true, "reason": "stale"});
+    let (mut rec, mut version) = match load(ctx, &sid).await {
+        Ok(Some(x)) => x,
+        Ok(None) | Err(StepError::Stale) => return Ok(stale),
+        Err(StepError::Transient(e)) => return Err(e),
+        Err(StepError::Fatal(e)) => return Err(ErrorBody::new("invocation_error", e)),
+    };
+    if rec.state != expected {
+        return Ok(stale);
+    }
+    let loaded_version = version;
+    let outcome = async {
+        let req = run_request(ctx, &sid).await?;
+        match expected {
+            TurnState::Provisioning => provisioning(ctx, &mut rec, &req).await,
+            TurnState::AssistantStreaming => assistant_streaming(ctx, &mut rec, &req).await,
+            TurnState::FunctionExecute => function_execute(ctx, &mut rec, &mut version).await,
+            TurnState::FunctionAwaitingApproval => {
+                function_awaiting_approval(ctx, &mut rec, &mut version).await
+            }
+            TurnState::SteeringCheck => steering_check(ctx, &mut rec).await,
+            TurnState::Stopped | TurnState::Failed => Ok(Next::Stay),
+        }
+    }
+    .await;
+    match outcome {
+        Ok(Next::Stay) => Ok(json!({"ok": true, "from_state": expected, "to_state": expected})),
+        Ok(Next::To(to)) => {
+            rec.state = to;
+            if to == TurnState::Stopped {
+                // finish, inline.
+                let messages = rec.messages.clone();
+                emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
+            }
+            match save(ctx, &mut rec, &mut version).await {
+                Ok(()) => {}
+                Err(StepError::Stale) => return Ok(stale),
+                Err(StepError::Transient(e)) => return Err(e),
+                Err(StepError::Fatal(e)) => return Err(ErrorBody::new("invocation_error", e)),
+            }
+            let view = rec.view();
+            emit(
+                ctx,
+                &mut rec,
+                "turn_state_changed",
+                json!({"event_type": "state:updated", "new_value": view}),
+            )
+            .await;
+            // The seq used by that event must persist too (best effort; a lost bump only
+            // means the next step may reuse one item id).
+            let _ = save(ctx, &mut rec, &mut version).await;
+            let needs_step = !to.terminal() && to != TurnState::FunctionAwaitingApproval;
+            if needs_step
+                && let Err(StepError::Transient(e)) =
+                    enqueue_step(ctx, &sid, to, format!("{sid}-{to:?}-{loaded_version}")).await
+            {
+                return Err(e);
+            }
+            Ok(json!({"ok": true, "from_state": expected, "to_state": to}))
+        }
+        Err(StepError::Stale) => Ok(stale),
+        Err(StepError::Transient(e)) => Err(e),
+        Err(StepError::Fatal(message)) => {
+            // Unexpected: fail the run with events the UI can show; the message is acknowledged.
+            let (mut rec, mut version) = match load(ctx, &sid).await {
+                Ok(Some(x)) => x,
+                _ => return Ok(json!({"ok": false, "error": message})),
+            };
+            rec.state = TurnState::Failed;
+            rec.error = Some(TurnError {
+                kind: "transition_error".into(),
+                message: message.clone(),
+            });
+            let failed = AgentMessage::Assistant {
+                content: Vec::new(),
+                stop_reason: StopReason::Error,
+                error_message: Some(message.clone()),
+                error_kind: Some(ErrorKind::Permanent),
+                usage: None,
+                model: String::new(),
+                provider: String::new(),
+                timestamp: now(),
+            };
+            emit(
+                ctx,
+                &mut rec,
+                "message_complete",
+                json!({"message": failed}),
+            )
+            .await;
+            let messages = rec.messages.clone();
+            emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
+            let _ = save(ctx, &mut rec, &mut version).await;
+            Ok(json!({"ok": false, "from_state": expected, "to_state": "failed", "error": message}))
+        }
+    }
+}
+
+// ------------------------------------------------------------------ public functions
+
+async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    for f in ["session_id", "provider", "model"] {
+        req_str(&data, f)?;
+    }
+    let req: RunRequest = serde_json::from_value(data.clone())
+        .map_err(|e| ErrorBody::invalid(format!("invalid run::start request: {e}")))?;
+    if req.session_id.is_empty() || req.session_id.contains('/') {
+        return Err(ErrorBody::invalid(
+            "`session_id` must be non-empty and contain no `/`",
+        ));
+    }
+    let sid = req.session_id.clone();
+    let busy = json!({"session_id": sid, "started": false, "reason": "session_busy"});
+    let existing = load(&ctx, &sid).await.map_err(|e| match e {
+        StepError::Transient(e) => e,
+        StepError::Fatal(m) => ErrorBody::new("invocation_error", m),
+        StepError::Stale => ErrorBody::new("invocation_error", "stale"),
+    })?;
+    if existing.as_ref().is_some_and(|(r, _)| !r.state.terminal()) {
+        return Ok(busy);
+    }
+    // Resume: a stopped session continues from its conversation.
+    let (mut messages, expected) = match existing {
+        Some((r, v)) => (r.messages, v),
+        None => (Vec::new(), 0),
+    };
+    messages.extend(req.messages.iter().cloned());
+    ctx.state_set(SCOPE, &request_key(&sid), data).await?;
+    let t = now();
+    let mut rec = Record {
+        session_id: sid.clone(),
+        state: TurnState::Provisioning,
+        turn_count: 0,
+        max_turns: req.max_turns,
+        function_results: Vec::new(),
+        turn_end_emitted: false,
+        started_at_ms: t,
+        updated_at_ms: t,
+        model_meta: None,
+        error: None,
+        last_assistant: None,
+        work: None,
+        awaiting_approval: None,
+        messages,
+        system_prompt: None,
+        tools: Vec::new(),
+        event_seq: 0,
+    };
+    let mut version = expected;
+    match save(&ctx, &mut rec, &mut version).await {
+        Ok(()) => {}
+        Err(StepError::Stale) => return Ok(busy),
+        Err(StepError::Transient(e)) => return Err(e),
+        Err(StepError::Fatal(m)) => return Err(ErrorBody::new("invocation_error", m)),
+    }
+    let view = rec.view();
+    emit(
+        &ctx,
+        &mut rec,
+        "turn_state_changed",
+        json!({"event_type": "state:created", "new_value": view}),
+    )
+    .await;
+    enqueue_step(
+        &ctx,
+        &sid,
+        TurnState::Provisioning,
+        format!("{sid}-start-{version}"),
+    )
+    .await
+    .map_err(|e| match e {
+        StepError::Transient(e) => e,
+        _ => ErrorBody::new("enqueue_error", "could not enqueue the first step"),
+    })?;
+    Ok(json!({"session_id": sid, "started": true}))
+}
+
+async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = req_str(&data, "session_id")?;
+    for _ in 0..5 {
+        let Some((mut rec, mut version)) = load(&ctx, &sid)
+            .await
+            .map_err(|_| ErrorBody::new("storage_error", "cannot read the turn record"))?
+        else {
+            return Ok(json!({"session_id": sid, "aborted": false, "state": null}));
+        };
+        if rec.state.terminal() {
+            return Ok(json!({"session_id": sid, "aborted": false, "state": rec.state}));
+        }
+        rec.state = TurnState::Stopped;
+        rec.error = Some(TurnError {
+            kind: "aborted".into(),
+            message: "aborted by run::abort".into(),
+        });
+        rec.awaiting_approval = None;
+        let messages = rec.messages.clone();
+        emit(&ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
+        match save(&ctx, &mut rec, &mut version).await {
+            Ok(()) => {
+                let view = rec.view();
+                emit(
+                    &ctx,
+                    &mut rec,
+                    "turn_state_changed",
+                    json!({"event_type": "state:updated", "new_value": view}),
+                )
+                .await;
+                let _ = save(&ctx, &mut rec, &mut version).await;
+                return Ok(json!({"session_id": sid, "aborted": true, "state": "stopped"}));
+            }
+            Err(StepError::Stale) => continue,
+            Err(StepError::Transient(e)) => return Err(e),
+            Err(StepError::Fatal(m)) => return Err(ErrorBody::new("invocation_error", m)),
+        }
+    }
+    Err(ErrorBody::new(
+        "version_conflict",
+        "the run kept changing; try again",
+    ))
+}
+
+async fn get_state(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = req_str(&data, "session_id")?;
+    match load(&ctx, &sid).await {
+        Ok(Some((rec, _))) => Ok(rec.view()),
+        Ok(None) => Ok(Value::Null),
+        Err(StepError::Transient(e)) => Err(e),
+        Err(_) => Err(ErrorBody::new(
+            "storage_error",
+            "cannot read the turn record",
+        )),
+    }
+}
+
+/// State trigger on `approvals`: wake the parked session with a queued step.
+async fn on_approval(ctx: Ctx, event: Value) -> Result<Value, ErrorBody> {
+    let key = event["key"].as_str().unwrap_or_default();
+    let Some((sid, cid)) = key.split_once('/') else {
+        return Ok(json!({"ignored": key}));
+    };
+    if event["event_type"] == "state:deleted" {
+        return Ok(json!({"ignored": key}));
+    }
+    if let Ok(Some((rec, _))) = load(&ctx, sid).await
+        && rec.state == TurnState::FunctionAwaitingApproval
+    {
+        enqueue_step(
+            &ctx,
+            sid,
+            TurnState::FunctionAwaitingApproval,
+            format!("{sid}-approval-{cid}"),
+        )
+        .await
+        .map_err(|_| ErrorBody::new("enqueue_error", "could not wake the session"))?;
+        return Ok(json!({"woke": sid}));
+    }
+    Ok(json!({"ignored": key}))
+}
+
+fn def(id: &str, description: &str) -> RegisterFunction {
+    let mut d = RegisterFunction::new(id);
+    d.description = Some(description.to_string());
+    d
+}
+
+pub fn worker() -> Worker {
+    let mut w = Worker::new("turn-orchestrator");
+    w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?}."), run_start);
+    w.register_function(
+        def("run::abort", "Stop a run now: {session_id}."),
+        run_abort,
+    );
+    w.register_function(
+        def(
+            "turn::get_state",
+            "The TurnStateView of a session, or null.",
+        ),
+        get_state,
+    );
+    for state in [
+        TurnState::Provisioning,
+        TurnState::AssistantStreaming,
+        TurnState::FunctionExecute,
+        TurnState::FunctionAwaitingApproval,
+        TurnState::SteeringCheck,
+    ] {
+        w.register_function(
+            def(&state.step_function(), "A turn step (queue consumer)."),
+            move |ctx, data: Value| async move { step(&ctx, state, &data).await },
+        );
+    }
+    w.register_function(
+        def(
+            "turn::on_approval",
+            "State trigger on approvals: wakes the parked session.",
+        ),
+        on_approval,
+    );
+    w.register_trigger(
+        "queue",
+        "turn::provisioning",
+        json!({"queue": QUEUE, "type": "fifo", "message_group_field": "session_id", "max_retries": 3, "backoff_ms": 1000, "visibility_timeout_ms": 360000, "concurrency": 16}),
+    );
+    w.register_trigger("state", "turn::on_approval", json!({"scope": APPROVALS}));
+    w
+}

@@ -1,0 +1,222 @@
+//! Wire contracts of the turn (SPEC §3 turn-orchestrator).
+
+use harness_sdk::messages::AgentMessage;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const SCOPE: &str = "agent";
+pub const QUEUE: &str = "turn-steps";
+pub const EVENTS: &str = "agent::events";
+pub const TURN_END_STREAM: &str = "agent::turn_end";
+pub const APPROVALS: &str = "approvals";
+/// The single tool the model calls everything through.
+pub const AGENT_TRIGGER: &str = "agent_trigger";
+
+pub fn record_key(sid: &str) -> String {
+    format!("session/{sid}/turn_state")
+}
+pub fn request_key(sid: &str) -> String {
+    format!("session/{sid}/run_request")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnState {
+    Provisioning,
+    AssistantStreaming,
+    FunctionExecute,
+    FunctionAwaitingApproval,
+    SteeringCheck,
+    Stopped,
+    Failed,
+}
+
+impl TurnState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provisioning => "provisioning",
+            Self::AssistantStreaming => "assistant_streaming",
+            Self::FunctionExecute => "function_execute",
+            Self::FunctionAwaitingApproval => "function_awaiting_approval",
+            Self::SteeringCheck => "steering_check",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
+        }
+    }
+    pub fn terminal(self) -> bool {
+        matches!(self, Self::Stopped | Self::Failed)
+    }
+    pub fn step_function(self) -> String {
+        format!("turn::{}", self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct RunRequest {
+    pub session_id: String,
+    #[serde(default)]
+    pub message_id: Option<String>,
+    pub provider: String,
+    pub model: String,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub messages: Vec<AgentMessage>,
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub workspace_id: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub function_call_id: String,
+    /// The function the agent asked for (`agent_trigger`'s `function`).
+    pub function_id: String,
+    pub args: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Executed {
+    pub call: Call,
+    pub result: Value,
+    pub is_error: bool,
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub terminate: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Work {
+    pub prepared: Vec<Call>,
+    #[serde(default)]
+    pub executed: std::collections::BTreeMap<String, Executed>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnError {
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub session_id: String,
+    pub state: TurnState,
+    pub turn_count: u32,
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    #[serde(default)]
+    pub function_results: Vec<AgentMessage>,
+    #[serde(default)]
+    pub turn_end_emitted: bool,
+    pub started_at_ms: u64,
+    pub updated_at_ms: u64,
+    #[serde(default)]
+    pub model_meta: Option<Value>,
+    #[serde(default)]
+    pub error: Option<TurnError>,
+    #[serde(default)]
+    pub last_assistant: Option<AgentMessage>,
+    #[serde(default)]
+    pub work: Option<Work>,
+    #[serde(default)]
+    pub awaiting_approval: Option<Vec<Call>>,
+    /// The conversation: appended in the same write as each transition.
+    #[serde(default)]
+    pub messages: Vec<AgentMessage>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub tools: Vec<harness_sdk::messages::ToolSpec>,
+    /// Counter for event item ids.
+    #[serde(default)]
+    pub event_seq: u64,
+}
+
+impl Record {
+    /// What the UI sees (never the work list).
+    pub fn view(&self) -> Value {
+        serde_json::json!({
+            "session_id": self.session_id,
+            "state": self.state,
+            "turn_count": self.turn_count,
+            "max_turns": self.max_turns,
+            "awaiting_approval": self.awaiting_approval,
+            "error": self.error,
+        })
+    }
+}
+
+/// SPEC `DenialEnvelope`.
+pub fn denial(
+    denied_by: &str,
+    function_id: &str,
+    rule_id: Option<&str>,
+    matched: Option<&Value>,
+    args: &Value,
+    reason: &str,
+) -> Value {
+    let mut v = serde_json::json!({
+        "schema_version": 1,
+        "status": "denied",
+        "denied_by": denied_by,
+        "function_id": function_id,
+        "args_excerpt": redact(args),
+        "reason": reason,
+    });
+    if let Some(r) = rule_id {
+        v["rule_id"] = serde_json::json!(r);
+    }
+    if let Some(m) = matched {
+        v["matched_constraint"] = m.clone();
+    }
+    v
+}
+
+/// Args with anything that looks like a secret replaced, cut to a short excerpt.
+pub fn redact(args: &Value) -> Value {
+    fn walk(v: &Value, key: Option<&str>) -> Value {
+        let secret_key = key.is_some_and(|k| {
+            let k = k.to_ascii_lowercase();
+            [
+                "key",
+                "token",
+                "secret",
+                "password",
+                "authorization",
+                "credential",
+            ]
+            .iter()
+            .any(|s| k.contains(s))
+        });
+        match v {
+            _ if secret_key => Value::String("[redacted]".into()),
+            Value::String(s) if looks_secret(s) => Value::String("[redacted]".into()),
+            Value::String(s) if s.chars().count() > 200 => {
+                Value::String(format!("{}…", s.chars().take(200).collect::<String>()))
+            }
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), walk(v, Some(k))))
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().take(20).map(|v| walk(v, None)).collect()),
+            other => other.clone(),
+        }
+    }
+    walk(args, None)
+}
+
+fn looks_secret(s: &str) -> bool {
+    let t = s.trim();
+    t.starts_with("sk-")
+        || t.starts_with("Bearer ")
+        || t.starts_with("xox")
+        || t.starts_with("ghp_")
+        || t.starts_with("AKIA")
+}

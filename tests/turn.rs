@@ -1,0 +1,462 @@
+//! Whole turns on the embedded backend, with every worker real: the orchestrator on the
+//! turn-step FIFO queue, the policy from a permissions file, the approval gate, the tools in a
+//! temporary directory, auth, models, and the Anthropic provider streaming from the scripted
+//! model server over HTTP.
+
+use auth_credentials::Auth;
+use engine_gateway::secrets::FileSecrets;
+use engine_gateway::server::{self, RunningServer, ServeOptions};
+use engine_gateway::trace::ATTR_SESSION_ID;
+use harness_sdk::{Ctx, RemoteOptions, WorkerHandle, connect_client, run_embedded};
+use scripted_model::{Cassette, ScriptedModel, ToolCall, Turn, TurnUsage};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    work: std::path::PathBuf,
+    srv: RunningServer,
+    _workers: Vec<WorkerHandle>,
+    _policy_watch: tokio::task::JoinHandle<()>,
+    client: WorkerHandle,
+    model: ScriptedModel,
+}
+
+async fn stack(permissions: &str) -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let model = ScriptedModel::default();
+    let base = model.serve().await.unwrap();
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().join("data")))
+        .await
+        .unwrap();
+    let perms = dir.path().join("iii-permissions.yaml");
+    std::fs::write(&perms, permissions).unwrap();
+    let holder = harness_worker::PolicyHolder::new(perms);
+    let watch = holder.watch(Duration::from_millis(200));
+    let mut harness = harness_worker::policy_worker(holder);
+    harness_worker::add_trigger(&mut harness);
+    let env: HashMap<String, String> =
+        HashMap::from([("ANTHROPIC_API_KEY".into(), "sk-test".into())]);
+    let auth = Auth::new(
+        Arc::new(FileSecrets::new(dir.path().join("secrets.json"))),
+        Arc::new(move |k| env.get(k).cloned()),
+    );
+    let e = &srv.engine;
+    let workers = vec![
+        run_embedded(turn_orchestrator::worker(), e).unwrap(),
+        run_embedded(approval_gate::worker(), e).unwrap(),
+        run_embedded(harness, e).unwrap(),
+        run_embedded(
+            tools_worker::worker(tools_worker::Tools::new(&work).unwrap()),
+            e,
+        )
+        .unwrap(),
+        run_embedded(auth_credentials::worker(auth), e).unwrap(),
+        run_embedded(
+            models_catalog::worker(Arc::new(models_catalog::Catalog::builtin())),
+            e,
+        )
+        .unwrap(),
+        run_embedded(
+            provider_core::worker(Arc::new(provider_anthropic::Anthropic { base_url: base })),
+            e,
+        )
+        .unwrap(),
+    ];
+    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    Stack {
+        _dir: dir,
+        work,
+        srv,
+        _workers: workers,
+        _policy_watch: watch,
+        client,
+        model,
+    }
+}
+
+const PERMISSIONS: &str = "version: 1\nrules:\n  - \"fs::read\"\n  - \"fs::list\"\n";
+
+fn call(id: &str, function: &str, payload: Value) -> Turn {
+    Turn {
+        text: Some(format!("Calling {function}.")),
+        tool_calls: vec![ToolCall {
+            id: id.into(),
+            name: "agent_trigger".into(),
+            arguments: json!({"function": function, "payload": payload}),
+        }],
+        usage: TurnUsage {
+            input: 100,
+            output: 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn text(t: &str) -> Turn {
+    Turn {
+        text: Some(t.into()),
+        usage: TurnUsage {
+            input: 100,
+            output: 10,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+async fn start(ctx: &Ctx, sid: &str, max_turns: Option<u32>) -> Value {
+    ctx.trigger(
+        "harness::trigger",
+        json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "max_turns": max_turns, "messages": [{"role": "user", "content": [{"type": "text", "text": "do the task"}], "timestamp": 1}]}}),
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_state(ctx: &Ctx, sid: &str, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = ctx
+            .trigger("turn::get_state", json!({"session_id": sid}))
+            .await
+            .unwrap();
+        if v["state"] == state {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session {sid} never reached {state}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn events(ctx: &Ctx, sid: &str) -> Vec<Value> {
+    let items = ctx
+        .trigger(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": sid}),
+        )
+        .await
+        .unwrap();
+    items["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["data"].clone())
+        .collect()
+}
+
+async fn record(s: &Stack, sid: &str) -> Value {
+    s.client
+        .ctx()
+        .state_get("agent", &format!("session/{sid}/turn_state"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_denied_and_approved_calls_in_one_run() {
+    let s = stack(PERMISSIONS).await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    std::fs::write(s.work.join("notes.txt"), "hello").unwrap();
+    s.model.load(Cassette {
+        turns: vec![
+            call("c-list", "fs::list", json!({})),
+            call("c-deny", "approval::resolve", json!({"session_id": "x", "function_call_id": "y", "decision": "allow", "api_key": "sk-live-123"})),
+            call("c-write", "fs::write", json!({"path": "out.txt", "content": "approved write"})),
+            text("All done."),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    let r = start(&ctx, "s1", Some(10)).await;
+    assert_eq!(
+        r,
+        json!({"status_code": 200, "body": {"session_id": "s1", "started": true}})
+    );
+
+    // The write waits for a human.
+    let view = wait_state(&ctx, "s1", "function_awaiting_approval").await;
+    assert_eq!(view["awaiting_approval"][0]["function_id"], "fs::write");
+    assert!(
+        !s.work.join("out.txt").exists(),
+        "nothing written before approval"
+    );
+    let pending = ctx
+        .trigger("approval::list_pending", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(pending["pending"][0]["function_call_id"], "c-write");
+    // A second client approves it.
+    let approver = connect_client("approver", RemoteOptions::new(&s.srv.url())).await;
+    let bad = approver
+        .ctx()
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "s1", "function_call_id": "nope", "decision": "allow"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad, json!({"ok": false, "error": "not_pending"}));
+    let bad = approver
+        .ctx()
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "s1", "function_call_id": "c-write", "decision": "maybe"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad["error"], "invalid_payload");
+    let ok = approver.ctx().trigger("approval::resolve", json!({"session_id": "s1", "function_call_id": "c-write", "decision": "allow", "decided_by": "reviewer"})).await.unwrap();
+    assert_eq!(ok, json!({"ok": true}));
+
+    let view = wait_state(&ctx, "s1", "stopped").await;
+    assert_eq!(view["turn_count"], 4);
+    assert_eq!(view["error"], Value::Null);
+    assert_eq!(
+        std::fs::read_to_string(s.work.join("out.txt")).unwrap(),
+        "approved write"
+    );
+
+    // The conversation: each call's result, in order, once.
+    let rec = record(&s, "s1").await;
+    let results: Vec<&Value> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "function_result")
+        .collect();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0]["function_call_id"], "c-list");
+    assert_eq!(results[0]["is_error"], false);
+    assert_eq!(results[0]["details"]["entries"][0]["name"], "notes.txt");
+    let denial = &results[1]["details"];
+    assert_eq!(denial["status"], "denied");
+    assert_eq!(denial["denied_by"], "permissions");
+    assert_eq!(
+        denial["args_excerpt"]["api_key"], "[redacted]",
+        "secrets never reach the denial"
+    );
+    assert_eq!(results[2]["function_call_id"], "c-write");
+    assert_eq!(results[2]["is_error"], false);
+
+    // Events in the SPEC's order.
+    let evs = events(&ctx, "s1").await;
+    let kinds: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"turn_state_changed"));
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "message_complete").count(),
+        4
+    );
+    assert_eq!(kinds.iter().filter(|k| **k == "turn_end").count(), 4);
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "function_execution_start")
+            .count(),
+        3
+    );
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "function_execution_end")
+            .count(),
+        3
+    );
+    assert_eq!(kinds.iter().filter(|k| **k == "agent_end").count(), 1);
+    let pos = |k: &str, nth: usize| {
+        kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x == k)
+            .nth(nth)
+            .map(|(i, _)| i)
+            .unwrap()
+    };
+    assert!(pos("message_complete", 0) < pos("function_execution_start", 0));
+    assert!(pos("function_execution_start", 0) < pos("function_execution_end", 0));
+    assert!(pos("function_execution_end", 0) < pos("turn_end", 0));
+    assert!(pos("agent_end", 0) > pos("turn_end", 3));
+    assert!(
+        evs.iter()
+            .filter(|e| e["type"] == "turn_state_changed")
+            .all(|e| e["new_value"].get("work").is_none()),
+        "views never carry the work list"
+    );
+
+    // One connected trace for the session.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = ctx
+        .trigger(
+            "engine::traces::group_by",
+            json!({"attribute": ATTR_SESSION_ID}),
+        )
+        .await
+        .unwrap();
+    let group = g["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["value"] == "s1")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        group["trace_ids"].as_array().unwrap().len(),
+        1,
+        "one trace for the run: {group}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_abort_max_turns_busy_and_stale_steps() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+
+    // deny → a DenialEnvelope from the user, and the run goes on.
+    s.model.load(Cassette {
+        turns: vec![
+            call("w1", "fs::write", json!({"path": "a", "content": "x"})),
+            text("ok, not writing"),
+        ],
+        ..Default::default()
+    });
+    start(&ctx, "deny", None).await;
+    wait_state(&ctx, "deny", "function_awaiting_approval").await;
+    ctx.trigger("approval::resolve", json!({"session_id": "deny", "function_call_id": "w1", "decision": "deny", "reason": "not today"})).await.unwrap();
+    wait_state(&ctx, "deny", "stopped").await;
+    let rec = record(&s, "deny").await;
+    let result = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "function_result")
+        .unwrap();
+    assert_eq!(result["details"]["denied_by"], "user");
+    assert_eq!(result["details"]["reason"], "not today");
+    assert!(!s.work.join("a").exists());
+
+    // aborted → terminate: the run stops without another model turn.
+    s.model.load(Cassette {
+        turns: vec![
+            call("w2", "fs::write", json!({"path": "b", "content": "x"})),
+            text("never reached"),
+        ],
+        ..Default::default()
+    });
+    start(&ctx, "abort", None).await;
+    wait_state(&ctx, "abort", "function_awaiting_approval").await;
+    ctx.trigger(
+        "approval::resolve",
+        json!({"session_id": "abort", "function_call_id": "w2", "decision": "aborted"}),
+    )
+    .await
+    .unwrap();
+    let view = wait_state(&ctx, "abort", "stopped").await;
+    assert_eq!(view["error"]["kind"], "aborted");
+    assert_eq!(view["turn_count"], 1);
+
+    // max_turns: one turn with a call, then the run stops.
+    s.model.load(Cassette {
+        turns: vec![call("l1", "fs::list", json!({})), text("never")],
+        ..Default::default()
+    });
+    start(&ctx, "max", Some(1)).await;
+    let view = wait_state(&ctx, "max", "stopped").await;
+    assert_eq!(view["error"]["kind"], "max_turns");
+    assert_eq!(view["turn_count"], 1);
+
+    // Two concurrent starts: one runs, one is busy.
+    s.model.load(Cassette {
+        turns: vec![call(
+            "w3",
+            "fs::write",
+            json!({"path": "c", "content": "x"}),
+        )],
+        repeat_last: true,
+        ..Default::default()
+    });
+    let (a, b) = tokio::join!(start(&ctx, "busy", None), start(&ctx, "busy", None));
+    let codes = [
+        a["status_code"].as_u64().unwrap(),
+        b["status_code"].as_u64().unwrap(),
+    ];
+    assert!(codes.contains(&200) && codes.contains(&409), "{a} {b}");
+    let busy = if a["status_code"] == 409 { &a } else { &b };
+    assert_eq!(
+        busy["body"],
+        json!({"session_id": "busy", "started": false, "reason": "session_busy"})
+    );
+
+    // A duplicated step for a state the run has left is skipped as stale.
+    wait_state(&ctx, "busy", "function_awaiting_approval").await;
+    let dup = ctx
+        .trigger("turn::provisioning", json!({"session_id": "busy"}))
+        .await
+        .unwrap();
+    assert_eq!(dup, json!({"ok": true, "skipped": true, "reason": "stale"}));
+    // run::abort stops a parked run.
+    let r = ctx
+        .trigger("run::abort", json!({"session_id": "busy"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        json!({"session_id": "busy", "aborted": true, "state": "stopped"})
+    );
+    let late = ctx
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "busy", "function_call_id": "w3", "decision": "allow"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(late["error"], "not_pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_failures_end_the_run_clearly() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+    for (sid, status, kind) in [
+        ("p401", 401, "auth_expired"),
+        ("p429", 429, "rate_limited"),
+        ("p500", 500, "transient"),
+    ] {
+        s.model.load(Cassette {
+            turns: vec![Turn {
+                http_status: Some(status),
+                error_message: Some("no".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        start(&ctx, sid, None).await;
+        let view = wait_state(&ctx, sid, "stopped").await;
+        assert_eq!(view["error"]["kind"], kind, "{sid}: {view}");
+        let evs = events(&ctx, sid).await;
+        let complete = evs
+            .iter()
+            .find(|e| e["type"] == "message_complete")
+            .unwrap();
+        assert_eq!(complete["message"]["stop_reason"], "error");
+        assert_eq!(evs.last().unwrap()["type"], "turn_state_changed");
+        assert!(evs.iter().any(|e| e["type"] == "agent_end"));
+    }
+    s.model.load(Cassette {
+        turns: vec![Turn {
+            text: Some("broken stream".into()),
+            malformed: Some("bad_json".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    start(&ctx, "malformed", None).await;
+    let view = wait_state(&ctx, "malformed", "stopped").await;
+    assert_eq!(view["error"]["kind"], "transient");
+}
