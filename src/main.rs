@@ -1,25 +1,125 @@
-//! The composite entry point: the engine and the configured workers in one process, on the
-//! embedded durable backend. `cargo run` starts it with no cloud at all.
+//! The composite entry point (`cargo run`): the engine and every worker in one process on the
+//! embedded backend, running one agent session in the terminal. Tokens stream as they come;
+//! tool calls show as they run; a call that needs approval asks y/n (or `--approve-all` /
+//! `--deny-all`); a summary ends it: turns, tool calls, tokens, cost, trace id.
+//!
+//! Without API keys the model is the scripted model server with the demo cassette (an
+//! allowed call, one that needs approval, one the policy denies). With `ANTHROPIC_API_KEY` or
+//! `OPENAI_API_KEY` set, the same command talks to the real model. Other terminals can watch
+//! `agent::events` and resolve approvals over `ws://…` while it runs (`--serve` keeps the
+//! engine up afterwards).
 
 use clap::Parser;
+use engine_gateway::protocol::Message;
 use engine_gateway::server::{self, ServeOptions};
 use engine_gateway::trace::ATTR_SESSION_ID;
-use harness_sdk::examples::echo_worker;
-use harness_sdk::run_embedded;
-use serde_json::json;
+use harness_sdk::{RemoteOptions, WorkerHandle, connect_client, run_embedded};
+use serde_json::{Value, json};
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
     name = "harness",
     version,
-    about = "Agent harness: engine + workers in one process (embedded backend)"
+    about = "Agent harness: engine + workers in one process, one agent session in the terminal"
 )]
 struct Cli {
     #[command(flatten)]
     serve: ServeOptions,
-    /// Run the demo calls, print what happened, and exit instead of serving.
+    /// What to ask the agent.
+    #[arg(
+        long,
+        default_value = "List the files in the working directory, write a short SUMMARY.md about them, and tell me what you did."
+    )]
+    task: String,
+    /// The directory the agent works in (its tools are confined to it).
+    #[arg(
+        long,
+        env = "HARNESS_WORKDIR",
+        default_value = "./.harness-data/workdir"
+    )]
+    workdir: std::path::PathBuf,
+    /// The permissions file.
+    #[arg(
+        long,
+        env = "HARNESS_PERMISSIONS",
+        default_value = "iii-permissions.yaml"
+    )]
+    permissions: std::path::PathBuf,
+    /// Approve every call that needs approval without asking.
+    #[arg(long, conflicts_with = "deny_all")]
+    approve_all: bool,
+    /// Deny every call that needs approval without asking.
     #[arg(long)]
-    once: bool,
+    deny_all: bool,
+    /// Keep serving after the session ends (other clients can connect).
+    #[arg(long = "serve")]
+    keep_serving: bool,
+    /// Maximum model turns.
+    #[arg(long, default_value_t = 12)]
+    max_turns: u32,
+}
+
+const DEMO_CASSETTE: &str = include_str!("../functions/scripted-model/cassettes/demo.json");
+
+/// Which model to talk to: a real one when a key is set, else the scripted one.
+async fn provider(
+    engine: &Arc<engine_gateway::Engine>,
+) -> anyhow::Result<(String, String, Vec<WorkerHandle>)> {
+    let mut handles = Vec::new();
+    if std::env::var("ANTHROPIC_API_KEY").is_ok_and(|k| !k.is_empty()) {
+        handles.push(
+            run_embedded(
+                provider_core::worker(Arc::new(provider_anthropic::Anthropic::from_env())),
+                engine,
+            )
+            .map_err(anyhow::Error::msg)?,
+        );
+        return Ok((
+            "anthropic".into(),
+            std::env::var("HARNESS_MODEL").unwrap_or_else(|_| "claude-sonnet-5-5".into()),
+            handles,
+        ));
+    }
+    if std::env::var("OPENAI_API_KEY").is_ok_and(|k| !k.is_empty()) {
+        handles.push(
+            run_embedded(
+                provider_core::worker(Arc::new(provider_openai::OpenAiDialect::openai())),
+                engine,
+            )
+            .map_err(anyhow::Error::msg)?,
+        );
+        return Ok((
+            "openai".into(),
+            std::env::var("HARNESS_MODEL").unwrap_or_else(|_| "gpt-5.4".into()),
+            handles,
+        ));
+    }
+    let cassette: scripted_model::Cassette = serde_json::from_str(DEMO_CASSETTE)?;
+    let model = scripted_model::ScriptedModel::new(cassette);
+    let base = model.serve().await?;
+    let dialect = provider_openai::OpenAiDialect {
+        name: "scripted".into(),
+        base_url: format!("{base}/v1"),
+        key_optional: true,
+    };
+    handles.push(
+        run_embedded(provider_core::worker(Arc::new(dialect)), engine)
+            .map_err(anyhow::Error::msg)?,
+    );
+    Ok(("scripted".into(), "scripted-demo".into(), handles))
+}
+
+fn ask(question: &str) -> bool {
+    print!("{question} [y/N] ");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    if std::io::stdin().lock().read_line(&mut line).is_err() {
+        return false;
+    }
+    matches!(line.trim(), "y" | "Y" | "yes")
 }
 
 #[tokio::main]
@@ -27,44 +127,208 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     server::init_logging();
     let running = server::start(&cli.serve).await?;
-    let _echo = run_embedded(echo_worker(), &running.engine).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let engine = running.engine.clone();
+    std::fs::create_dir_all(&cli.workdir)?;
+    let holder = harness_worker::PolicyHolder::new(cli.permissions.clone());
+    let _watch = holder.watch(Duration::from_millis(500));
+    let mut harness = harness_worker::policy_worker(holder);
+    harness_worker::add_trigger(&mut harness);
+    let auth = auth_credentials::Auth::new(
+        harness_sdk::secrets_from_env().await,
+        auth_credentials::Auth::process_env(),
+    );
+    let mut workers = vec![
+        run_embedded(turn_orchestrator::worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(approval_gate::worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(harness, &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(
+            tools_worker::worker(tools_worker::Tools::new(&cli.workdir)?),
+            &engine,
+        )
+        .map_err(anyhow::Error::msg)?,
+        run_embedded(auth_credentials::worker(auth), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(
+            models_catalog::worker(Arc::new(models_catalog::Catalog::builtin())),
+            &engine,
+        )
+        .map_err(anyhow::Error::msg)?,
+        run_embedded(harness_sdk::examples::echo_worker(), &engine).map_err(anyhow::Error::msg)?,
+    ];
+    let (provider, model, handles) = provider(&engine).await?;
+    workers.extend(handles);
     println!(
-        "engine-gateway listening on {} (data dir {})",
+        "engine-gateway on {} · model {provider}/{model} · workdir {}",
         running.url(),
-        cli.serve.data_dir.display()
+        cli.workdir.display()
     );
 
-    // A short demonstration through the bus: one call that hops twice, traced end to end.
-    let demo = harness_sdk::Ctx::root(harness_sdk::embedded::EmbeddedBus::shared(
-        &running.engine,
-        "demo",
-    ))
-    .with_baggage(ATTR_SESSION_ID, "demo-session");
-    let greeting = demo
-        .trigger("demo::greet", json!({"name": "harness"}))
+    // Watch the session's events like any other client would.
+    let client = connect_client("terminal", RemoteOptions::new(&running.url())).await;
+    let mut pushes = client
+        .pushes()
+        .ok_or_else(|| anyhow::anyhow!("no event channel"))?;
+    let sid = format!("cli-{}", engine_gateway::trace::random_hex(4));
+    client.send_raw(&Message::StreamSubscribe {
+        stream_name: "agent::events".into(),
+        group_id: Some(sid.clone()),
+    })?;
+    let ctx = client.ctx();
+    let started = ctx
+        .trigger(
+            "harness::trigger",
+            json!({"session_id": sid, "payload": {"provider": provider, "model": model, "max_turns": cli.max_turns,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": cli.task}], "timestamp": engine_gateway::trace::now_ms()}]}}),
+        )
         .await?;
-    let chained = demo.trigger("demo::chain", json!({"hello": "bus"})).await?;
-    let traces = demo
+    if started["status_code"] != 200 {
+        anyhow::bail!("the session did not start: {started}");
+    }
+    println!("you: {}\n", cli.task);
+    let mut tool_calls = 0;
+    while let Some(msg) = pushes.recv().await {
+        let Message::StreamEvent { event, .. } = msg else {
+            continue;
+        };
+        let data = event.data;
+        match data["type"].as_str().unwrap_or("") {
+            "message_update" => match data["llm_event"]["type"].as_str() {
+                Some("text_delta") => {
+                    print!("{}", data["llm_event"]["delta"].as_str().unwrap_or(""));
+                    let _ = std::io::stdout().flush();
+                }
+                Some("thinking_start") => print!("\x1b[2m(thinking) "),
+                Some("thinking_delta") => {
+                    print!("{}", data["llm_event"]["delta"].as_str().unwrap_or(""))
+                }
+                Some("thinking_end") => println!("\x1b[0m"),
+                _ => {}
+            },
+            "message_complete" => {
+                println!();
+                if data["message"]["stop_reason"] == "error" {
+                    println!(
+                        "! model error ({}): {}",
+                        data["message"]["error_kind"].as_str().unwrap_or("?"),
+                        data["message"]["error_message"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            "function_execution_start" => {
+                tool_calls += 1;
+                let parked = data["awaiting_approval"] == true;
+                println!(
+                    "→ {} {}{}",
+                    data["function_id"].as_str().unwrap_or("?"),
+                    data["args"],
+                    if parked { "  (needs approval)" } else { "" }
+                );
+                if parked {
+                    let cid = data["function_call_id"].as_str().unwrap_or("").to_string();
+                    let decision = if cli.approve_all {
+                        "allow"
+                    } else if cli.deny_all {
+                        "deny"
+                    } else {
+                        let q = format!("  allow {}?", data["function_id"].as_str().unwrap_or("?"));
+                        if tokio::task::spawn_blocking(move || ask(&q))
+                            .await
+                            .unwrap_or(false)
+                        {
+                            "allow"
+                        } else {
+                            "deny"
+                        }
+                    };
+                    let r = ctx
+                        .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision, "decided_by": "terminal"}))
+                        .await?;
+                    println!("  {decision}: {r}");
+                }
+            }
+            "function_execution_end" => {
+                let result = &data["result"];
+                let shown = if result["status"] == "denied" {
+                    format!(
+                        "denied by {}: {}",
+                        result["denied_by"].as_str().unwrap_or("?"),
+                        result["reason"].as_str().unwrap_or("")
+                    )
+                } else {
+                    let s = result.to_string();
+                    if s.len() > 160 {
+                        format!(
+                            "{}…",
+                            &s[..s.char_indices().nth(160).map(|(i, _)| i).unwrap_or(s.len())]
+                        )
+                    } else {
+                        s
+                    }
+                };
+                println!(
+                    "← {} {}",
+                    if data["is_error"] == true {
+                        "✗"
+                    } else {
+                        "✓"
+                    },
+                    shown
+                );
+            }
+            "agent_end" => break,
+            _ => {}
+        }
+    }
+    // agent_end is emitted just before the final save: wait for the terminal state.
+    let mut state = Value::Null;
+    for _ in 0..100 {
+        state = ctx
+            .trigger("turn::get_state", json!({"session_id": sid}))
+            .await?;
+        if matches!(state["state"].as_str(), Some("stopped") | Some("failed")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let record = ctx
+        .state_get("agent", &format!("session/{sid}/turn_state"))
+        .await?;
+    let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
+    for m in record["messages"].as_array().cloned().unwrap_or_default() {
+        let u = &m["usage"];
+        input += u["input"].as_u64().unwrap_or(0) + u["cache_read"].as_u64().unwrap_or(0);
+        output += u["output"].as_u64().unwrap_or(0);
+        cost += u["cost_usd"].as_f64().unwrap_or(0.0);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let traces = ctx
         .trigger(
             "engine::traces::group_by",
             json!({"attribute": ATTR_SESSION_ID}),
         )
         .await?;
-    println!("demo::greet  → {greeting}");
-    println!("demo::chain  → {chained}");
+    let trace: Value = traces["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|x| x["value"] == sid.as_str()))
+        .map(|g| g["trace_ids"][0].clone())
+        .unwrap_or(Value::Null);
     println!(
-        "trace        → {} spans in trace {}",
-        traces["groups"][0]["span_count"], traces["groups"][0]["trace_ids"][0]
+        "\n— session {sid}: {} · turns {} · tool calls {tool_calls} · tokens {input} in / {output} out · cost ${cost:.6} · trace {}",
+        state["state"].as_str().unwrap_or("?"),
+        state["turn_count"],
+        trace.as_str().unwrap_or("?")
     );
-    if cli.once {
-        running.shutdown().await;
-        return Ok(());
+    if let Some(e) = state["error"].as_object() {
+        println!(
+            "  ended by {}: {}",
+            e["kind"].as_str().unwrap_or("?"),
+            e["message"].as_str().unwrap_or("")
+        );
     }
-    println!(
-        "workers connect with ENGINE_URL={} ; Ctrl-C stops",
-        running.url()
-    );
-    tokio::signal::ctrl_c().await?;
+    if cli.keep_serving {
+        println!("serving on {}; Ctrl-C stops", running.url());
+        tokio::signal::ctrl_c().await?;
+    }
+    drop(workers);
     running.shutdown().await;
     Ok(())
 }

@@ -1,35 +1,69 @@
-//! The README's run command, end to end: the composite binary starts the engine on the
-//! embedded backend with the example worker, makes a traced two-hop call, and exits cleanly.
+//! The README's run command, end to end: the composite binary starts the engine and every
+//! worker on the embedded backend and runs one agent session against the scripted model (no
+//! API keys): streamed text, an allowed call, an approval-gated call, a denied call, and the
+//! summary with turns, tool calls, tokens, cost and trace id.
 
 use std::process::Command;
 
-#[test]
-fn harness_once_runs_the_demo_on_the_embedded_default() {
-    let dir = tempfile::tempdir().unwrap();
+fn run(extra: &[&str], dir: &std::path::Path) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_harness"))
-        .args(["--once", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--workdir")
+        .arg(dir.join("work"))
+        .arg("--permissions")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
+        .args(extra)
         .env("RUST_LOG", "warn")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
         .output()
         .expect("harness binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    (
         out.status.success(),
-        "exit {:?}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+        format!(
+            "{stdout}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn the_main_command_runs_a_scripted_session_with_approvals() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = run(&["--approve-all"], dir.path());
+    assert!(ok, "{out}");
     assert!(
-        stdout.contains(r#"demo::greet  → {"greeting":"Hello, harness!"}"#),
-        "{stdout}"
+        out.contains("Let me look at the working directory."),
+        "streamed text: {out}"
     );
-    assert!(stdout.contains(r#""via":"demo::chain""#), "{stdout}");
+    assert!(out.contains("→ fs::list"), "{out}");
     assert!(
-        stdout.contains("6 spans in trace"),
-        "one trace holds both calls' spans: {stdout}"
+        out.contains("(needs approval)") && out.contains("allow: {\"ok\":true}"),
+        "{out}"
     );
+    assert!(out.contains("denied by permissions"), "{out}");
+    assert!(out.contains("turns 4 · tool calls 3"), "{out}");
+    assert!(out.contains(": stopped ·"), "{out}");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("— session"))
+        .unwrap_or("");
+    let trace = summary.rsplit("trace ").next().unwrap_or("").trim();
+    assert_eq!(trace.len(), 32, "a trace id: {out}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("work/SUMMARY.md")).unwrap(),
+        "# Summary\nThe harness ran a scripted session.\n"
+    );
+
+    // --deny-all: the write never happens.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = run(&["--deny-all"], dir.path());
+    assert!(ok, "{out}");
     assert!(
-        dir.path().join("engine.redb").exists(),
-        "state lives in the data dir"
+        out.contains("deny: {\"ok\":true}") && out.contains("denied by user"),
+        "{out}"
     );
+    assert!(!dir.path().join("work/SUMMARY.md").exists());
 }

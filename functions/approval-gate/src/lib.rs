@@ -39,8 +39,13 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let record = ctx
         .state_get("agent", &format!("session/{sid}/turn_state"))
         .await?;
-    let is_parked = record["state"] == "function_awaiting_approval"
-        && parked(&record).iter().any(|c| c["function_call_id"] == cid);
+    // Parked means in the record's list while the run is live (the record is saved with the
+    // call parked a moment before its state becomes function_awaiting_approval).
+    let live = !matches!(
+        record["state"].as_str(),
+        None | Some("stopped") | Some("failed")
+    );
+    let is_parked = live && parked(&record).iter().any(|c| c["function_call_id"] == cid);
     if !is_parked {
         return Ok(json!({"ok": false, "error": "not_pending"}));
     }

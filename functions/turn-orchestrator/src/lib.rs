@@ -449,11 +449,13 @@ async fn function_execute(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> Ste
         {
             Ok("allow") => dispatch(ctx, rec, &call, true).await,
             Ok("needs_approval") => {
-                emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true})).await;
+                // Parked (and saved) before it is announced, so an approver who reacts to the
+                // event finds it pending.
                 rec.awaiting_approval
                     .get_or_insert_with(Vec::new)
                     .push(call.clone());
                 save(ctx, rec, version).await?;
+                emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true})).await;
                 continue;
             }
             Ok(_) => {
@@ -690,7 +692,9 @@ async fn step(ctx: &Ctx, expected: TurnState, data: &Value) -> Result<Value, Err
             // The seq used by that event must persist too (best effort; a lost bump only
             // means the next step may reuse one item id).
             let _ = save(ctx, &mut rec, &mut version).await;
-            let needs_step = !to.terminal() && to != TurnState::FunctionAwaitingApproval;
+            // Entering function_awaiting_approval also queues one check: a decision written
+            // before this transition found no parked session to wake.
+            let needs_step = !to.terminal();
             if needs_step
                 && let Err(StepError::Transient(e)) =
                     enqueue_step(ctx, &sid, to, format!("{sid}-{to:?}-{loaded_version}")).await
