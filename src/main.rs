@@ -60,6 +60,12 @@ struct Cli {
     /// Maximum model turns.
     #[arg(long, default_value_t = 12)]
     max_turns: u32,
+    /// Script the model with this cassette instead of the demo one (when no API key is set).
+    #[arg(long)]
+    cassette: Option<std::path::PathBuf>,
+    /// Run the engine and workers only: no terminal session (sessions come over the bus).
+    #[arg(long)]
+    serve_only: bool,
 }
 
 const DEMO_CASSETTE: &str = include_str!("../functions/scripted-model/cassettes/demo.json");
@@ -67,6 +73,7 @@ const DEMO_CASSETTE: &str = include_str!("../functions/scripted-model/cassettes/
 /// Which model to talk to: a real one when a key is set, else the scripted one.
 async fn provider(
     engine: &Arc<engine_gateway::Engine>,
+    cassette: Option<&std::path::Path>,
 ) -> anyhow::Result<(String, String, Vec<WorkerHandle>)> {
     let mut handles = Vec::new();
     if std::env::var("ANTHROPIC_API_KEY").is_ok_and(|k| !k.is_empty()) {
@@ -97,7 +104,10 @@ async fn provider(
             handles,
         ));
     }
-    let cassette: scripted_model::Cassette = serde_json::from_str(DEMO_CASSETTE)?;
+    let cassette: scripted_model::Cassette = match cassette {
+        Some(path) => scripted_model::Cassette::load(path)?,
+        None => serde_json::from_str(DEMO_CASSETTE)?,
+    };
     let model = scripted_model::ScriptedModel::new(cassette);
     let base = model.serve().await?;
     let dialect = provider_openai::OpenAiDialect {
@@ -154,13 +164,20 @@ async fn main() -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?,
         run_embedded(harness_sdk::examples::echo_worker(), &engine).map_err(anyhow::Error::msg)?,
     ];
-    let (provider, model, handles) = provider(&engine).await?;
+    let (provider, model, handles) = provider(&engine, cli.cassette.as_deref()).await?;
     workers.extend(handles);
     println!(
         "engine-gateway on {} · model {provider}/{model} · workdir {}",
         running.url(),
         cli.workdir.display()
     );
+    if cli.serve_only {
+        let _ = std::io::stdout().flush();
+        tokio::signal::ctrl_c().await?;
+        drop(workers);
+        running.shutdown().await;
+        return Ok(());
+    }
 
     // Watch the session's events like any other client would.
     let client = connect_client("terminal", RemoteOptions::new(&running.url())).await;

@@ -61,7 +61,18 @@ async fn stack(permissions: &str) -> Stack {
         )
         .unwrap(),
         run_embedded(
-            provider_core::worker(Arc::new(provider_anthropic::Anthropic { base_url: base })),
+            provider_core::worker(Arc::new(provider_anthropic::Anthropic {
+                base_url: base.clone(),
+            })),
+            e,
+        )
+        .unwrap(),
+        run_embedded(
+            provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
+                name: "scripted".into(),
+                base_url: format!("{base}/v1"),
+                key_optional: true,
+            })),
             e,
         )
         .unwrap(),
@@ -459,4 +470,54 @@ async fn provider_failures_end_the_run_clearly() {
     start(&ctx, "malformed", None).await;
     let view = wait_state(&ctx, "malformed", "stopped").await;
     assert_eq!(view["error"]["kind"], "transient");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_is_dispatched_once() {
+    let s = stack("version: 1\nrules:\n  - \"shell::exec\"\n").await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    let calls: Vec<ToolCall> = ["c1", "c2", "c3"]
+        .iter()
+        .map(|id| ToolCall { id: id.to_string(), name: "agent_trigger".into(), arguments: json!({"function": "shell::exec", "payload": {"command": format!("echo {id} >> ran.log; sleep 0.3")}}) })
+        .collect();
+    s.model.load(Cassette {
+        turns: vec![
+            Turn {
+                tool_calls: calls,
+                ..Default::default()
+            },
+            text("done"),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "once", None).await;
+    wait_state(&ctx, "once", "stopped").await;
+    let ran = std::fs::read_to_string(s.work.join("ran.log")).unwrap();
+    assert_eq!(ran, "c1\nc2\nc3\n");
+
+    // The same through the OpenAI dialect with a stateless cassette.
+    let calls: Vec<ToolCall> = ["d1", "d2", "d3", "d4", "d5"]
+        .iter()
+        .map(|id| ToolCall { id: id.to_string(), name: "agent_trigger".into(), arguments: json!({"function": "shell::exec", "payload": {"command": format!("echo {id} >> ran2.log; sleep 0.4")}}) })
+        .collect();
+    s.model.load(Cassette {
+        turns: vec![
+            Turn {
+                when: Some("results<1".into()),
+                tool_calls: calls,
+                text: Some("Running.".into()),
+                ..Default::default()
+            },
+            Turn {
+                when: Some("results>=1".into()),
+                ..text("done")
+            },
+        ],
+        ..Default::default()
+    });
+    ctx.trigger("harness::trigger", json!({"session_id": "once2", "payload": {"provider": "scripted", "model": "scripted-demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}})).await.unwrap();
+    wait_state(&ctx, "once2", "stopped").await;
+    let ran = std::fs::read_to_string(s.work.join("ran2.log")).unwrap();
+    assert_eq!(ran, "d1\nd2\nd3\nd4\nd5\n");
 }

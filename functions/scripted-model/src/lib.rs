@@ -70,6 +70,49 @@ pub struct Turn {
     /// there; `stream_error`: an upstream `error` event (Anthropic) / error chunk (OpenAI).
     #[serde(default)]
     pub malformed: Option<String>,
+    /// Stateless selection: `results<N` or `results>=N`, counting the tool results in the
+    /// request. When any turn has a condition, each request gets the first turn whose
+    /// condition holds (no cursor), so a restarted server continues a conversation.
+    #[serde(default)]
+    pub when: Option<String>,
+}
+
+/// Tool results in a request body (Anthropic `tool_result` blocks, OpenAI `tool` messages).
+pub fn tool_results(body: &Value) -> usize {
+    body["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    if m["role"] == "tool" {
+                        1
+                    } else {
+                        m["content"]
+                            .as_array()
+                            .map(|c| c.iter().filter(|b| b["type"] == "tool_result").count())
+                            .unwrap_or(0)
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn condition_holds(when: &str, results: usize) -> bool {
+    let w = when.replace(' ', "");
+    if let Some(n) = w
+        .strip_prefix("results>=")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        return results >= n;
+    }
+    if let Some(n) = w
+        .strip_prefix("results<")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        return results < n;
+    }
+    false
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -150,6 +193,22 @@ impl ScriptedModel {
             }
         }
         let n = i.cassette.turns.len();
+        if i.cassette.turns.iter().any(|t| t.when.is_some()) {
+            let results = tool_results(body);
+            return match i.cassette.turns.iter().find(|t| {
+                t.when
+                    .as_deref()
+                    .is_some_and(|w| condition_holds(w, results))
+            }) {
+                Some(t) => Ok(t.clone()),
+                None => Err(Box::new(error_response(
+                    path,
+                    500,
+                    None,
+                    &format!("no cassette turn matches {results} tool results"),
+                ))),
+            };
+        }
         let turn = if i.next < n {
             i.next += 1;
             i.cassette.turns[i.next - 1].clone()
@@ -478,6 +537,16 @@ async fn requests(State(s): State<ScriptedModel>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditions_count_tool_results_in_both_dialects() {
+        let anthropic = json!({"messages": [{"role": "user", "content": [{"type": "tool_result"}, {"type": "tool_result"}]}]});
+        let openai = json!({"messages": [{"role": "tool"}, {"role": "user", "content": "x"}]});
+        assert_eq!(tool_results(&anthropic), 2);
+        assert_eq!(tool_results(&openai), 1);
+        assert!(condition_holds("results < 3", 2) && !condition_holds("results<3", 3));
+        assert!(condition_holds("results>=3", 3) && !condition_holds("bogus", 3));
+    }
 
     #[test]
     fn shipped_cassettes_parse() {

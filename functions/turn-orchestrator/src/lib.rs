@@ -177,7 +177,7 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
     rec.turn_end_emitted = false;
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
-    let call = {
+    let mut call = {
         let ctx = ctx.clone();
         let payload = json!({
             "writer_ref": writer,
@@ -190,53 +190,58 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
         tokio::spawn(async move { ctx.trigger_timeout(&fid, payload, PROVIDER_TIMEOUT).await })
     };
     let mut final_message: Option<AgentMessage> = None;
-    let drain = async {
-        while let Some(frame) = reader.next().await {
-            let ChannelFrame::Text(text) = frame else {
-                continue;
-            };
-            let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text) else {
-                continue;
-            };
-            match ev {
-                AssistantMessageEvent::Done { message }
-                | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
-                other => {
-                    let partial = serde_json::to_value(&other)
-                        .ok()
-                        .and_then(|v| v.get("partial").cloned());
-                    if let Some(p) = partial {
+    let mut call_result: Option<Result<Value, BusError>> = None;
+    let deadline = tokio::time::Instant::now() + PROVIDER_TIMEOUT + Duration::from_secs(5);
+    let mut timed_out = false;
+    loop {
+        tokio::select! {
+            frame = reader.next() => {
+                let Some(frame) = frame else { break };
+                let ChannelFrame::Text(text) = frame else { continue };
+                let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text) else { continue };
+                match ev {
+                    AssistantMessageEvent::Done { message } | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
+                    other => {
                         let mut llm_event = serde_json::to_value(&other).unwrap_or(Value::Null);
-                        if let Some(o) = llm_event.as_object_mut() {
-                            o.remove("partial");
+                        let partial = llm_event.as_object_mut().and_then(|o| o.remove("partial"));
+                        if let Some(p) = partial {
+                            emit_transient(ctx, rec, "message_update", json!({"message": p, "llm_event": llm_event})).await;
                         }
-                        emit_transient(
-                            ctx,
-                            rec,
-                            "message_update",
-                            json!({"message": p, "llm_event": llm_event}),
-                        )
-                        .await;
                     }
                 }
             }
+            // A provider that fails before attaching the writer (not registered, refused the
+            // request) must not leave us waiting for a stream that will never come.
+            r = &mut call, if call_result.is_none() => {
+                let r = r.map_err(|e| StepError::Fatal(e.to_string()))?;
+                let failed = r.is_err();
+                call_result = Some(r);
+                if failed {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                timed_out = true;
+                break;
+            }
         }
-    };
-    let bounded = tokio::time::timeout(PROVIDER_TIMEOUT + Duration::from_secs(5), drain).await;
-    let call_result = call.await.map_err(|e| StepError::Fatal(e.to_string()))?;
-    let message = match (final_message, bounded, call_result) {
+    }
+    if call_result.is_none() && !timed_out {
+        call_result = Some(call.await.map_err(|e| StepError::Fatal(e.to_string()))?);
+    }
+    let message = match (final_message, timed_out, call_result) {
         (Some(m), _, _) => m,
-        (None, Err(_), _) => error_message(
+        (None, true, _) => error_message(
             req,
             ErrorKind::Transient,
             "the provider stream did not finish in time".into(),
         ),
-        (None, _, Err(e)) => error_message(
+        (None, _, Some(Err(e))) => error_message(
             req,
             ErrorKind::Transient,
             format!("provider::{}::stream: {e}", req.provider),
         ),
-        (None, _, Ok(_)) => error_message(
+        (None, _, _) => error_message(
             req,
             ErrorKind::Transient,
             "the provider closed the stream without a final message".into(),
