@@ -42,6 +42,10 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   HARNESS_TEST_BACKEND=aws cargo test --locked -p harness-sdk --test full_stack --test aws_bus
   stage_done
 
+  stage "tests (whole agent turns on the AWS backend)"
+  HARNESS_TEST_BACKEND=aws cargo test --locked --test turn
+  stage_done
+
   stage "stop the AWS emulator"
   bash localstack/emu.sh stop
   trap - EXIT

@@ -143,6 +143,7 @@ async fn main() -> anyhow::Result<()> {
     let _watch = holder.watch(Duration::from_millis(500));
     let mut harness = harness_worker::policy_worker(holder);
     harness_worker::add_trigger(&mut harness);
+    harness_worker::add_ui(&mut harness, Arc::new(harness_worker::UiHub::default()));
     let auth = auth_credentials::Auth::new(
         harness_sdk::secrets_from_env().await,
         auth_credentials::Auth::process_env(),

@@ -1,4 +1,5 @@
-//! Whole turns on the embedded backend, with every worker real: the orchestrator on the
+//! Whole turns on the embedded backend (or the AWS backend with `HARNESS_TEST_BACKEND=aws`),
+//! with every worker real: the orchestrator on the
 //! turn-step FIFO queue, the policy from a permissions file, the approval gate, the tools in a
 //! temporary directory, auth, models, and the Anthropic provider streaming from the scripted
 //! model server over HTTP.
@@ -38,6 +39,7 @@ async fn stack(permissions: &str) -> Stack {
     let watch = holder.watch(Duration::from_millis(200));
     let mut harness = harness_worker::policy_worker(holder);
     harness_worker::add_trigger(&mut harness);
+    harness_worker::add_ui(&mut harness, Arc::new(harness_worker::UiHub::default()));
     let env: HashMap<String, String> =
         HashMap::from([("ANTHROPIC_API_KEY".into(), "sk-test".into())]);
     let auth = Auth::new(
@@ -520,4 +522,73 @@ async fn each_call_is_dispatched_once() {
     wait_state(&ctx, "once2", "stopped").await;
     let ran = std::fs::read_to_string(s.work.join("ran2.log")).unwrap();
     assert_eq!(ran, "d1\nd2\nd3\nd4\nd5\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_subscribers_get_the_session_events_pushed() {
+    let s = stack(PERMISSIONS).await;
+    s.model.load(Cassette {
+        turns: vec![call("l1", "fs::list", json!({})), text("listed")],
+        ..Default::default()
+    });
+    let browser = connect_client("browser", RemoteOptions::new(&s.srv.url())).await;
+    let mut pushes = browser.pushes().unwrap();
+    let everything = connect_client("dashboard", RemoteOptions::new(&s.srv.url())).await;
+    let mut all_pushes = everything.pushes().unwrap();
+    let ctx = s.client.ctx();
+    let r = ctx
+        .trigger(
+            "ui::subscribe",
+            json!({"browser_id": browser.worker_id(), "session_id": "ui1"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["sessions"], json!(["ui1"]));
+    ctx.trigger(
+        "ui::subscribe",
+        json!({"browser_id": everything.worker_id(), "session_id": null}),
+    )
+    .await
+    .unwrap();
+    start(&ctx, "ui1", None).await;
+    let mut kinds = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(10), pushes.recv()).await {
+        let engine_gateway::protocol::Message::Push { data } = m else {
+            continue;
+        };
+        let kind = data["event"]["data"]["type"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        kinds.push(kind.clone());
+        if kind == "agent_end" {
+            break;
+        }
+    }
+    assert!(kinds.contains(&"message_update".to_string()), "{kinds:?}");
+    assert!(
+        kinds.contains(&"function_execution_end".to_string()),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.last().map(String::as_str), Some("agent_end"));
+    let first = tokio::time::timeout(Duration::from_secs(5), all_pushes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let engine_gateway::protocol::Message::Push { data } = first else {
+        panic!("a push")
+    };
+    assert_eq!(
+        data,
+        json!({"type": "session_created", "session_id": "ui1"}),
+        "all-session subscribers hear of new sessions"
+    );
+    let r = ctx
+        .trigger(
+            "ui::unsubscribe",
+            json!({"browser_id": browser.worker_id(), "session_id": "ui1"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["sessions"], json!([]));
 }

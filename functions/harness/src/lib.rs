@@ -186,3 +186,141 @@ pub fn add_trigger(w: &mut Worker) {
     d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
     w.register_function(d, harness_trigger);
 }
+
+/// The UI plane: browsers subscribe to one session's `agent::events` (or to all sessions,
+/// `session_id: null`) and receive each event as a server push on their connection.
+/// Subscriptions are kept in state (scope `ui`) and cached here.
+#[derive(Default)]
+pub struct UiHub {
+    subs: RwLock<std::collections::HashMap<String, UiSub>>,
+}
+
+#[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
+pub struct UiSub {
+    #[serde(default)]
+    pub all: bool,
+    #[serde(default)]
+    pub sessions: Vec<String>,
+}
+
+impl UiHub {
+    fn targets(&self, session_id: &str) -> Vec<(String, bool)> {
+        self.subs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, s)| s.all || s.sessions.iter().any(|x| x == session_id))
+            .map(|(b, s)| (b.clone(), s.all))
+            .collect()
+    }
+}
+
+async fn ui_change(
+    hub: Arc<UiHub>,
+    ctx: harness_sdk::Ctx,
+    data: Value,
+    subscribe: bool,
+) -> Result<Value, ErrorBody> {
+    let browser = engine_gateway::builtins::req_str(&data, "browser_id")?;
+    let session = engine_gateway::builtins::opt_str(&data, "session_id")?;
+    let sub = {
+        let mut subs = hub.subs.write().unwrap_or_else(|p| p.into_inner());
+        let entry = subs.entry(browser.clone()).or_default();
+        match (&session, subscribe) {
+            (None, true) => entry.all = true,
+            (None, false) => {
+                entry.all = false;
+                entry.sessions.clear();
+            }
+            (Some(s), true) => {
+                if !entry.sessions.contains(s) {
+                    entry.sessions.push(s.clone());
+                }
+            }
+            (Some(s), false) => entry.sessions.retain(|x| x != s),
+        }
+        let sub = entry.clone();
+        if !sub.all && sub.sessions.is_empty() {
+            subs.remove(&browser);
+        }
+        sub
+    };
+    let key = format!("subscriptions/{browser}");
+    if !sub.all && sub.sessions.is_empty() {
+        ctx.state_delete("ui", &key).await?;
+    } else {
+        ctx.state_set(
+            "ui",
+            &key,
+            serde_json::to_value(&sub).unwrap_or(Value::Null),
+        )
+        .await?;
+    }
+    Ok(json!({"ok": true, "browser_id": browser, "all": sub.all, "sessions": sub.sessions}))
+}
+
+async fn ui_on_event(
+    hub: Arc<UiHub>,
+    ctx: harness_sdk::Ctx,
+    ev: Value,
+) -> Result<Value, ErrorBody> {
+    let session = ev["group_id"].as_str().unwrap_or_default().to_string();
+    let data = &ev["event"]["data"];
+    let created = data["type"] == "turn_state_changed" && data["event_type"] == "state:created";
+    let mut delivered = 0;
+    for (browser, all) in hub.targets(&session) {
+        let mut frames = vec![
+            json!({"stream_name": ev["stream_name"], "group_id": session, "item_id": ev["item_id"], "event": ev["event"]}),
+        ];
+        if created && all {
+            frames.insert(0, json!({"type": "session_created", "session_id": session}));
+        }
+        for frame in frames {
+            match ctx
+                .trigger(
+                    "engine::connections::post",
+                    json!({"connection_id": browser, "data": frame}),
+                )
+                .await
+            {
+                Ok(_) => delivered += 1,
+                Err(e) if e.code() == "gone" => {
+                    hub.subs
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&browser);
+                    let _ = ctx
+                        .state_delete("ui", &format!("subscriptions/{browser}"))
+                        .await;
+                    break;
+                }
+                Err(e) => tracing::warn!(browser = %browser, error = %e, "push failed"),
+            }
+        }
+    }
+    Ok(json!({"delivered": delivered}))
+}
+
+/// Add `ui::subscribe`, `ui::unsubscribe` and the `agent::events` push to a harness worker.
+pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
+    let h = hub.clone();
+    let mut d = RegisterFunction::new("ui::subscribe");
+    d.description = Some("Push a session's agent::events (or every session's, session_id null) to a browser connection: {browser_id, session_id|null}.".into());
+    w.register_function(d, move |ctx, data: Value| {
+        ui_change(h.clone(), ctx, data, true)
+    });
+    let h = hub.clone();
+    let mut d = RegisterFunction::new("ui::unsubscribe");
+    d.description = Some("Stop pushes to a browser: {browser_id, session_id|null (all)}.".into());
+    w.register_function(d, move |ctx, data: Value| {
+        ui_change(h.clone(), ctx, data, false)
+    });
+    let mut d = RegisterFunction::new("ui::on_event");
+    d.description = Some("Stream trigger on agent::events: pushes to subscribed browsers.".into());
+    w.register_function(d, move |ctx, ev: Value| ui_on_event(hub.clone(), ctx, ev));
+    w.register_trigger(
+        "stream",
+        "ui::on_event",
+        json!({"stream_name": "agent::events"}),
+    );
+}

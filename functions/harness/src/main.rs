@@ -10,5 +10,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let _watch = holder.watch(std::time::Duration::from_millis(500));
     let mut worker = harness_worker::policy_worker(holder);
     harness_worker::add_trigger(&mut worker);
+    harness_worker::add_ui(
+        &mut worker,
+        std::sync::Arc::new(harness_worker::UiHub::default()),
+    );
     harness_sdk::serve_main(worker).await
 }
