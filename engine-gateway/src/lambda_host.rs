@@ -268,11 +268,17 @@ fn respawn(f: Arc<LambdaFunction>) -> futures_util::future::BoxFuture<'static, (
     })
 }
 
+/// SIGKILL one `bootstrap` process by pid (never 0 or 1).
 fn kill_process(pid: u32) {
-    let _ = std::process::Command::new("kill")
-        .arg("-9")
-        .arg(pid.to_string())
-        .status();
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid > 1 {
+        // SAFETY: kill only sends a signal to the process we spawned.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
 }
 
 type ApiState = State<(Arc<LambdaFunction>, Arc<Process>)>;

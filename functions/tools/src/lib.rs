@@ -184,9 +184,7 @@ impl Tools {
             Err(_) => {
                 // Kill the whole process group: the shell and whatever it started.
                 if let Some(pid) = pgid {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-9", &format!("-{pid}")])
-                        .status();
+                    kill_group(pid);
                 }
                 (true, (Vec::new(), 0), (Vec::new(), 0), None)
             }
@@ -200,6 +198,20 @@ impl Tools {
             "timed_out": timed_out,
             "duration_ms": started.elapsed().as_millis() as u64,
         }))
+    }
+}
+
+/// SIGKILL the process group the shell leads (it was started with `process_group(0)`, so
+/// its group id is its pid). Never signals group 0 or 1 (the caller's group / everything).
+fn kill_group(pgid: u32) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid > 1 {
+        // SAFETY: killpg only sends a signal; the id names the shell's own process group.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
     }
 }
 
