@@ -1,0 +1,162 @@
+//! Turn benchmark (not a test): harness overhead per tool call and per turn with a
+//! zero-latency scripted model, and turns/s with 50 concurrent sessions. The whole stack is
+//! real and durable: orchestrator steps on the FIFO queue, every record write committed, the
+//! policy asked for every call, the provider streaming SSE over local HTTP.
+//! `BENCH_BACKEND=aws` runs it on the AWS backend (LocalStack), `BENCH_K` tool calls per
+//! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5).
+
+use auth_credentials::Auth;
+use engine_gateway::secrets::FileSecrets;
+use engine_gateway::server::{self, ServeOptions};
+use harness_sdk::{Ctx, RemoteOptions, connect_client, run_embedded};
+use scripted_model::{Cassette, ScriptedModel, ToolCall, Turn};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn run_session(ctx: &Ctx, sid: &str) -> Duration {
+    let t0 = Instant::now();
+    let r = ctx
+        .trigger("harness::trigger", json!({"session_id": sid, "payload": {"provider": "scripted", "model": "bench", "max_turns": 10_000,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
+        .await
+        .expect("start");
+    assert_eq!(r["status_code"], 200, "{r}");
+    loop {
+        let v = ctx
+            .trigger("turn::get_state", json!({"session_id": sid}))
+            .await
+            .expect("state");
+        match v["state"].as_str() {
+            Some("stopped") => return t0.elapsed(),
+            Some("failed") => panic!("session failed: {v}"),
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+}
+
+fn p50(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let k = env_usize("BENCH_K", 50);
+    let sessions = env_usize("BENCH_SESSIONS", 5);
+    let backend = std::env::var("BENCH_BACKEND").unwrap_or_else(|_| "embedded".into());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
+    if backend == "aws" {
+        opts.backend = server::BackendKind::Aws;
+        opts.aws.prefix = format!("tb{}-", engine_gateway::trace::random_hex(4));
+        opts.aws.create_resources = true;
+    }
+    let srv = server::start(&opts).await.expect("engine");
+    let model = ScriptedModel::new(Cassette {
+        turns: vec![
+            Turn {
+                when: Some(format!("results<{k}")),
+                tool_calls: vec![ToolCall {
+                    id: "call".into(),
+                    name: "agent_trigger".into(),
+                    arguments: json!({"function": "demo::echo", "payload": {"n": 1}}),
+                }],
+                ..Default::default()
+            },
+            Turn {
+                when: Some(format!("results>={k}")),
+                text: Some("done".into()),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    });
+    let base = model.serve().await.expect("model");
+    let perms = dir.path().join("perms.yaml");
+    std::fs::write(&perms, "version: 1\nrules:\n  - \"demo::echo\"\n").unwrap();
+    let holder = harness_worker::PolicyHolder::new(perms);
+    let mut harness = harness_worker::policy_worker(holder);
+    harness_worker::add_trigger(&mut harness);
+    let auth = Auth::new(
+        Arc::new(FileSecrets::new(dir.path().join("secrets.json"))),
+        Arc::new(|_| None),
+    );
+    let e = &srv.engine;
+    let _workers = vec![
+        run_embedded(turn_orchestrator::worker(), e).unwrap(),
+        run_embedded(harness, e).unwrap(),
+        run_embedded(harness_sdk::examples::echo_worker(), e).unwrap(),
+        run_embedded(auth_credentials::worker(auth), e).unwrap(),
+        run_embedded(
+            models_catalog::worker(Arc::new(models_catalog::Catalog::builtin())),
+            e,
+        )
+        .unwrap(),
+        run_embedded(
+            provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
+                name: "scripted".into(),
+                base_url: format!("{base}/v1"),
+                key_optional: true,
+            })),
+            e,
+        )
+        .unwrap(),
+    ];
+    let client = connect_client("bench", RemoteOptions::new(&srv.url())).await;
+    let ctx = client.ctx();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    run_session(&ctx, "warmup").await;
+
+    let mut per_call = Vec::new();
+    let mut per_turn = Vec::new();
+    for i in 0..sessions {
+        let d = run_session(&ctx, &format!("seq-{i}")).await.as_secs_f64() * 1000.0;
+        per_call.push(d / k as f64);
+        per_turn.push(d / (k + 1) as f64);
+    }
+    println!(
+        "# turn benchmark: {backend} backend, zero-latency scripted model, K = {k} tool calls per session"
+    );
+    println!("metric | value");
+    println!("--- | ---");
+    println!(
+        "harness overhead per tool call, p50 over {sessions} sessions | {:.2} ms",
+        p50(&mut per_call)
+    );
+    println!(
+        "harness overhead per model turn, p50 | {:.2} ms",
+        p50(&mut per_turn)
+    );
+
+    let concurrent = 50;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..concurrent {
+        let ctx = ctx.clone();
+        tasks.push(tokio::spawn(async move {
+            run_session(&ctx, &format!("conc-{i}")).await
+        }));
+    }
+    for t in tasks {
+        t.await.expect("session");
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let turns = concurrent as f64 * (k + 1) as f64;
+    println!(
+        "{concurrent} concurrent sessions: turns/s | {:.0}",
+        turns / secs
+    );
+    println!(
+        "{concurrent} concurrent sessions: tool calls/s | {:.0}",
+        concurrent as f64 * k as f64 / secs
+    );
+    srv.shutdown().await;
+}
