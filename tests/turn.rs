@@ -30,9 +30,14 @@ async fn stack(permissions: &str) -> Stack {
     let work = dir.path().join("work");
     let model = ScriptedModel::default();
     let base = model.serve().await.unwrap();
-    let srv = server::start(&ServeOptions::for_data_dir(dir.path().join("data")))
-        .await
-        .unwrap();
+    let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
+    // HARNESS_TEST_BACKEND=aws: the same turns on DynamoDB + Streams and SQS FIFO.
+    if std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+        opts.backend = server::BackendKind::Aws;
+        opts.aws.prefix = format!("turn{}-", engine_gateway::trace::random_hex(4));
+        opts.aws.create_resources = true;
+    }
+    let srv = server::start(&opts).await.unwrap();
     let perms = dir.path().join("iii-permissions.yaml");
     std::fs::write(&perms, permissions).unwrap();
     let holder = harness_worker::PolicyHolder::new(perms);
@@ -591,4 +596,47 @@ async fn ui_subscribers_get_the_session_events_pushed() {
         .await
         .unwrap();
     assert_eq!(r["sessions"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_policy_means_every_call_is_denied_as_gate_unavailable() {
+    let s = stack(PERMISSIONS).await;
+    // Take the policy away: the harness worker is the third one registered in `stack`.
+    let policy_owner = s
+        .client
+        .ctx()
+        .trigger("engine::functions::list", json!({}))
+        .await
+        .unwrap()["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function_id"] == "policy::check_permissions")
+        .map(|f| f["worker_id"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(
+        s.srv
+            .engine
+            .unregister_function(&policy_owner, "policy::check_permissions")
+    );
+    s.model.load(Cassette {
+        turns: vec![call("r1", "fs::list", json!({})), text("I could not list.")],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "closed", None).await;
+    wait_state(&ctx, "closed", "stopped").await;
+    let rec = record(&s, "closed").await;
+    let result = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "function_result")
+        .unwrap();
+    assert_eq!(result["is_error"], true);
+    assert_eq!(result["details"]["status"], "denied");
+    assert_eq!(
+        result["details"]["denied_by"], "gate_unavailable",
+        "{result}"
+    );
 }

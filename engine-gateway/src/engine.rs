@@ -828,13 +828,11 @@ impl Engine {
         Ok(id)
     }
 
-    /// Declare (or re-declare) a queue and make sure it is being consumed.
+    /// Declare (or re-declare) a queue and make sure it is being consumed. A running consumer
+    /// is never aborted (on SQS that could strand a message it had just received, invisible
+    /// for the whole visibility timeout); it picks the new settings up on its next round.
     pub async fn declare_queue(&self, cfg: QueueConfig) -> Result<(), ErrorBody> {
         self.queues.declare(&cfg).await.map_err(ErrorBody::from)?;
-        // A new concurrency setting takes effect with a fresh consumer.
-        if let Some(old) = lock(&self.consumers).remove(&cfg.name) {
-            old.abort();
-        }
         self.ensure_consumer(&cfg.name);
         Ok(())
     }
@@ -1329,10 +1327,7 @@ impl Engine {
                 .flatten();
             self.register_trigger_for(&owner, t, batched.then(|| f.clone()))?;
             if let Some(q) = queue {
-                // Restart the consumer so it switches to batch delivery.
-                if let Some(old) = lock(&self.consumers).remove(&q) {
-                    old.abort();
-                }
+                // The consumer switches to batch delivery on its next round.
                 self.ensure_consumer(&q);
             }
         }
@@ -1514,9 +1509,15 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
         Some(e) => e.queues.config(&queue).await,
         None => return,
     };
-    let cfg = cfg.unwrap_or_else(|| QueueConfig::standard(&queue));
+    let mut cfg = cfg.unwrap_or_else(|| QueueConfig::standard(&queue));
     let permits = Arc::new(Semaphore::new(cfg.concurrency));
     loop {
+        // Settings may be re-declared while we run (concurrency is fixed at start).
+        if let Some(e) = engine.upgrade() {
+            if let Some(fresh) = e.queues.config(&queue).await {
+                cfg = fresh;
+            }
+        }
         let Ok(first) = permits.clone().acquire_owned().await else {
             return;
         };

@@ -239,6 +239,10 @@ impl ScriptedModel {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let app = self.router();
+        // Small SSE writes must not wait for delayed ACKs (Nagle): set TCP_NODELAY.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
+            let _ = s.set_nodelay(true);
+        });
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

@@ -21,6 +21,9 @@ async fn main() -> anyhow::Result<()> {
     let model = scripted_model::ScriptedModel::new(scripted_model::Cassette::load(&cli.cassette)?);
     let listener = tokio::net::TcpListener::bind(&cli.listen).await?;
     println!("scripted model on http://{}", listener.local_addr()?);
+    let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
+        let _ = s.set_nodelay(true);
+    });
     axum::serve(listener, model.router()).await?;
     Ok(())
 }

@@ -273,8 +273,10 @@ impl Bus for RemoteBus {
     }
 
     async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
-        let (ws, _) = tokio_tungstenite::connect_async(
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(
             self.opts.request(Some(channel_path(channel, "write")))?,
+            None,
+            true,
         )
         .await
         .map_err(|e| BusError::Forbidden(format!("cannot attach channel writer: {e}")))?;
@@ -283,8 +285,10 @@ impl Bus for RemoteBus {
     }
 
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
-        let (ws, _) = tokio_tungstenite::connect_async(
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(
             self.opts.request(Some(channel_path(channel, "read")))?,
+            None,
+            true,
         )
         .await
         .map_err(|e| BusError::Forbidden(format!("cannot attach channel reader: {e}")))?;
@@ -338,7 +342,7 @@ fn fragments(text: &str) -> Vec<WsMessage> {
 
 async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
     let req = bus.opts.request(None)?;
-    let (ws, _) = tokio_tungstenite::connect_async(req)
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, None, true)
         .await
         .map_err(|e| BusError::Disconnected(e.to_string()))?;
     let (mut sink, mut stream) = ws.split();
