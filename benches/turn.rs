@@ -90,7 +90,7 @@ async fn main() {
         Arc::new(|_| None),
     );
     let e = &srv.engine;
-    let _workers = vec![
+    let _workers = [
         run_embedded(turn_orchestrator::worker(), e).unwrap(),
         run_embedded(harness, e).unwrap(),
         run_embedded(harness_sdk::examples::echo_worker(), e).unwrap(),

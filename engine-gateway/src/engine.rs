@@ -1513,10 +1513,10 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
     let permits = Arc::new(Semaphore::new(cfg.concurrency));
     loop {
         // Settings may be re-declared while we run (concurrency is fixed at start).
-        if let Some(e) = engine.upgrade() {
-            if let Some(fresh) = e.queues.config(&queue).await {
-                cfg = fresh;
-            }
+        if let Some(e) = engine.upgrade()
+            && let Some(fresh) = e.queues.config(&queue).await
+        {
+            cfg = fresh;
         }
         let Ok(first) = permits.clone().acquire_owned().await else {
             return;
