@@ -457,14 +457,32 @@ async fn provider_failures_end_the_run_clearly() {
         start(&ctx, sid, None).await;
         let view = wait_state(&ctx, sid, "stopped").await;
         assert_eq!(view["error"]["kind"], kind, "{sid}: {view}");
-        let evs = events(&ctx, sid).await;
+        // The stopped event is written just after the record: wait for it, then check order.
+        let mut evs = events(&ctx, sid).await;
+        for _ in 0..100 {
+            if evs
+                .iter()
+                .any(|e| e["type"] == "turn_state_changed" && e["new_value"]["state"] == "stopped")
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            evs = events(&ctx, sid).await;
+        }
         let complete = evs
             .iter()
             .find(|e| e["type"] == "message_complete")
             .unwrap();
         assert_eq!(complete["message"]["stop_reason"], "error");
-        assert_eq!(evs.last().unwrap()["type"], "turn_state_changed");
-        assert!(evs.iter().any(|e| e["type"] == "agent_end"));
+        let end = evs
+            .iter()
+            .position(|e| e["type"] == "agent_end")
+            .expect("agent_end");
+        let stopped = evs
+            .iter()
+            .position(|e| e["type"] == "turn_state_changed" && e["new_value"]["state"] == "stopped")
+            .expect("the stopped state change");
+        assert!(end < stopped, "agent_end, then the final state change");
     }
     s.model.load(Cassette {
         turns: vec![Turn {
