@@ -316,35 +316,44 @@ fn stop_of(turn: &Turn) -> String {
     })
 }
 
+/// What every dialect does first: parse the body, take the next scripted turn, wait its
+/// delay, and answer with its scripted HTTP error if it has one.
+async fn begin(
+    s: &ScriptedModel,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Value, Turn), Box<Response>> {
+    let req: Value = serde_json::from_slice(body).map_err(|e| {
+        Box::new(error_response(
+            path,
+            400,
+            None,
+            &format!("invalid JSON body: {e}"),
+        ))
+    })?;
+    let turn = s.take(path, headers, &req)?;
+    tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
+    if let Some(status) = turn.http_status {
+        return Err(Box::new(error_response(
+            path,
+            status,
+            turn.retry_after,
+            turn.error_message.as_deref().unwrap_or("scripted error"),
+        )));
+    }
+    Ok((req, turn))
+}
+
 async fn anthropic(
     State(s): State<ScriptedModel>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let req: Value = match serde_json::from_slice(&body) {
+    let (req, turn) = match begin(&s, "/v1/messages", &headers, &body).await {
         Ok(v) => v,
-        Err(e) => {
-            return error_response(
-                "/v1/messages",
-                400,
-                None,
-                &format!("invalid JSON body: {e}"),
-            );
-        }
-    };
-    let turn = match s.take("/v1/messages", &headers, &req) {
-        Ok(t) => t,
         Err(r) => return *r,
     };
-    tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
-    if let Some(status) = turn.http_status {
-        return error_response(
-            "/v1/messages",
-            status,
-            turn.retry_after,
-            turn.error_message.as_deref().unwrap_or("scripted error"),
-        );
-    }
     let model = req["model"].as_str().unwrap_or("scripted").to_string();
     let size = turn.chunk_size.unwrap_or(8);
     let stop = match stop_of(&turn).as_str() {
@@ -438,30 +447,10 @@ async fn openai(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let req: Value = match serde_json::from_slice(&body) {
+    let (req, turn) = match begin(&s, "/v1/chat/completions", &headers, &body).await {
         Ok(v) => v,
-        Err(e) => {
-            return error_response(
-                "/v1/chat/completions",
-                400,
-                None,
-                &format!("invalid JSON body: {e}"),
-            );
-        }
-    };
-    let turn = match s.take("/v1/chat/completions", &headers, &req) {
-        Ok(t) => t,
         Err(r) => return *r,
     };
-    tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
-    if let Some(status) = turn.http_status {
-        return error_response(
-            "/v1/chat/completions",
-            status,
-            turn.retry_after,
-            turn.error_message.as_deref().unwrap_or("scripted error"),
-        );
-    }
     let model = req["model"].as_str().unwrap_or("scripted").to_string();
     let size = turn.chunk_size.unwrap_or(8);
     let finish = match stop_of(&turn).as_str() {

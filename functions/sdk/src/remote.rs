@@ -139,6 +139,31 @@ impl RemoteBus {
         }
     }
 
+    /// Sends an invocation that expects an answer, under a fresh invocation id, and waits
+    /// up to `wait` for it. `Ok(None)` means no answer in time; the caller names the timeout.
+    async fn invoke_awaiting(
+        &self,
+        mut invoke: InvokeFunction,
+        wait: Duration,
+    ) -> Result<Option<Value>, BusError> {
+        let invocation_id = uuid::Uuid::new_v4().to_string();
+        invoke.invocation_id = Some(invocation_id.clone());
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(invocation_id.clone(), tx);
+        if let Err(e) = self.send(&Message::InvokeFunction(invoke)) {
+            lock(&self.pending).remove(&invocation_id);
+            return Err(e);
+        }
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(r)) => r.map(Some).map_err(BusError::from),
+            Ok(Err(_)) => Err(BusError::InvocationStopped("connection lost".into())),
+            Err(_) => {
+                lock(&self.pending).remove(&invocation_id);
+                Ok(None)
+            }
+        }
+    }
+
     pub fn worker_id(&self) -> Option<String> {
         self.connected.borrow().clone()
     }
@@ -181,33 +206,22 @@ impl Bus for RemoteBus {
     ) -> Result<Value, BusError> {
         let wait = timeout.unwrap_or(self.opts.default_call_timeout);
         self.wait_connected(wait).await?;
-        let invocation_id = uuid::Uuid::new_v4().to_string();
-        let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(invocation_id.clone(), tx);
-        let msg = Message::InvokeFunction(InvokeFunction {
-            invocation_id: Some(invocation_id.clone()),
+        let invoke = InvokeFunction {
+            invocation_id: None,
             function_id: function_id.to_string(),
             data,
             traceparent: trace.traceparent(),
             baggage: trace.baggage_header(),
             action: None,
             timeout_ms: timeout.map(|t| t.as_millis() as u64),
-        });
-        if let Err(e) = self.send(&msg) {
-            lock(&self.pending).remove(&invocation_id);
-            return Err(e);
-        }
-        match tokio::time::timeout(wait + self.opts.call_grace, rx).await {
-            Ok(Ok(r)) => r.map_err(BusError::from),
-            Ok(Err(_)) => Err(BusError::InvocationStopped("connection lost".into())),
-            Err(_) => {
-                lock(&self.pending).remove(&invocation_id);
-                Err(BusError::Timeout(format!(
-                    "no answer from the engine for `{function_id}` within {} ms",
-                    (wait + self.opts.call_grace).as_millis()
-                )))
-            }
-        }
+        };
+        let limit = wait + self.opts.call_grace;
+        self.invoke_awaiting(invoke, limit).await?.ok_or_else(|| {
+            BusError::Timeout(format!(
+                "no answer from the engine for `{function_id}` within {} ms",
+                limit.as_millis()
+            ))
+        })
     }
 
     async fn call_void(
@@ -238,11 +252,8 @@ impl Bus for RemoteBus {
     ) -> Result<String, BusError> {
         let wait = self.opts.default_call_timeout;
         self.wait_connected(wait).await?;
-        let invocation_id = uuid::Uuid::new_v4().to_string();
-        let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(invocation_id.clone(), tx);
-        let msg = Message::InvokeFunction(InvokeFunction {
-            invocation_id: Some(invocation_id.clone()),
+        let invoke = InvokeFunction {
+            invocation_id: None,
             function_id: function_id.to_string(),
             data,
             traceparent: trace.traceparent(),
@@ -253,19 +264,11 @@ impl Bus for RemoteBus {
                 deduplication_id: opts.deduplication_id,
             }),
             timeout_ms: None,
-        });
-        if let Err(e) = self.send(&msg) {
-            lock(&self.pending).remove(&invocation_id);
-            return Err(e);
-        }
-        let v = match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(r)) => r.map_err(BusError::from)?,
-            Ok(Err(_)) => return Err(BusError::InvocationStopped("connection lost".into())),
-            Err(_) => {
-                lock(&self.pending).remove(&invocation_id);
-                return Err(BusError::Timeout("enqueue was not acknowledged".into()));
-            }
         };
+        let v = self
+            .invoke_awaiting(invoke, wait)
+            .await?
+            .ok_or_else(|| BusError::Timeout("enqueue was not acknowledged".into()))?;
         v.get("message_receipt_id")
             .and_then(Value::as_str)
             .map(str::to_owned)
