@@ -164,6 +164,11 @@ async fn main() -> anyhow::Result<()> {
         )
         .map_err(anyhow::Error::msg)?,
         run_embedded(harness_sdk::examples::echo_worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(session_worker::worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(hook_fanout::worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(llm_budget::worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(directory::worker(), &engine).map_err(anyhow::Error::msg)?,
+        run_embedded(context_compaction::worker(), &engine).map_err(anyhow::Error::msg)?,
     ];
     let (provider, model, handles) = provider(&engine, cli.cassette.as_deref()).await?;
     workers.extend(handles);

@@ -74,6 +74,11 @@ async fn stack(permissions: &str) -> Stack {
             e,
         )
         .unwrap(),
+        run_embedded(session_worker::worker(), e).unwrap(),
+        run_embedded(hook_fanout::worker(), e).unwrap(),
+        run_embedded(llm_budget::worker(), e).unwrap(),
+        run_embedded(directory::worker(), e).unwrap(),
+        run_embedded(context_compaction::worker(), e).unwrap(),
         run_embedded(
             provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
                 name: "scripted".into(),
@@ -170,12 +175,20 @@ async fn events(ctx: &Ctx, sid: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The turn record, with `messages` filled in from the session tree (where the history lives).
 async fn record(s: &Stack, sid: &str) -> Value {
-    s.client
-        .ctx()
+    let ctx = s.client.ctx();
+    let mut rec = ctx
         .state_get("agent", &format!("session/{sid}/turn_state"))
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(rec["tree"], true, "the run keeps its history in the session tree");
+    let tree = ctx
+        .trigger("session-tree::messages", json!({"session_id": sid}))
+        .await
+        .unwrap();
+    rec["messages"] = tree["messages"].clone();
+    rec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,9 @@ pub struct StreamRequest {
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
     pub max_tokens: Option<u64>,
+    /// Budgets to charge the completion's cost to (`budget::record`), before `done`.
+    #[serde(default)]
+    pub budget_ids: Vec<String>,
 }
 
 /// The outcome of one upstream call, as a provider sees it.
@@ -240,6 +243,26 @@ async fn cost(ctx: &Ctx, provider: &str, em: &mut Emitter) {
     });
 }
 
+/// Charge the cost to each budget before the final message is announced, so the caller's
+/// next `budget::check` sees it. Best effort: a missing budget worker does not fail a turn.
+async fn record_spend(ctx: &Ctx, budget_ids: &[String], cost_usd: f64) {
+    if cost_usd <= 0.0 {
+        return;
+    }
+    for id in budget_ids {
+        if let Err(e) = ctx
+            .trigger_timeout(
+                "budget::record",
+                json!({"budget_id": id, "cost_usd": cost_usd}),
+                Duration::from_secs(5),
+            )
+            .await
+        {
+            tracing::warn!(budget = %id, error = %e, "completion cost not recorded");
+        }
+    }
+}
+
 /// The whole call: credentials, request, translation, usage/stop/done or error; the writer
 /// is always closed. Returns the final message.
 pub async fn run(
@@ -268,6 +291,7 @@ pub async fn run(
     let message = match outcome {
         Ok(stop) => {
             cost(ctx, dialect.name(), &mut em).await;
+            record_spend(ctx, &req.budget_ids, em.builder.usage.cost_usd).await;
             em.emit(AssistantMessageEvent::Usage {
                 usage: em.builder.usage.clone(),
             })

@@ -223,3 +223,59 @@ impl Ctx {
         self.bus.open_reader(channel).await
     }
 }
+
+/// What a [`Ctx::state_transact`] step wants written.
+pub enum Write {
+    /// Leave the record as it is.
+    Keep,
+    Put(Value),
+    Delete,
+}
+
+impl Ctx {
+    /// Read-modify-write of one key, atomic across processes: `f` sees the current value
+    /// (or `None`) and decides; the write is conditional on the version read, and a conflict
+    /// (another writer got there first) runs `f` again on the fresh value.
+    pub async fn state_transact<T, F>(&self, scope: &str, key: &str, mut f: F) -> Result<T, BusError>
+    where
+        F: FnMut(Option<Value>) -> Result<(Write, T), BusError>,
+    {
+        const ATTEMPTS: u32 = 64;
+        for attempt in 0..ATTEMPTS {
+            let current = self.state_get_versioned(scope, key).await?;
+            let (value, version) = if current.is_null() {
+                (None, 0)
+            } else {
+                (
+                    Some(current["value"].clone()),
+                    current["version"].as_u64().unwrap_or(0),
+                )
+            };
+            let (write, out) = f(value)?;
+            let written = match write {
+                Write::Keep => return Ok(out),
+                Write::Put(v) => self.state_set_if(scope, key, v, version).await.map(|_| ()),
+                Write::Delete if version == 0 => return Ok(out),
+                Write::Delete => self
+                    .trigger(
+                        "state::delete",
+                        json!({"scope": scope, "key": key, "expected_version": version}),
+                    )
+                    .await
+                    .map(|_| ()),
+            };
+            match written {
+                Ok(()) => return Ok(out),
+                Err(BusError::VersionConflict(_)) => {
+                    // Spread the retries of contending writers apart.
+                    let jitter = rand::random::<u64>() % (2 + u64::from(attempt) * 2);
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(BusError::VersionConflict(format!(
+            "{scope}/{key} kept changing under {ATTEMPTS} attempts"
+        )))
+    }
+}

@@ -17,14 +17,14 @@ pub mod worker;
 
 pub use bus::{Bus, EnqueueOptions};
 pub use channel::{ChannelReader, ChannelWriter};
-pub use ctx::Ctx;
+pub use ctx::{Ctx, Write};
 pub use embedded::run_embedded;
 pub use engine_gateway::channels::{ChannelFrame, ChannelRef};
 pub use engine_gateway::protocol::{ErrorBody, RegisterFunction};
 pub use error::BusError;
 pub use lambda::{handle_event, run_lambda, under_lambda_runtime};
 pub use remote::{RemoteOptions, connect_client, run_remote};
-pub use worker::{FnResult, Worker};
+pub use worker::{DefExt, FnResult, Worker, def};
 
 use std::sync::Arc;
 

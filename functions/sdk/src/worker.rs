@@ -174,3 +174,46 @@ impl Worker {
         result
     }
 }
+
+/// A function definition: id and description, plus the request and response shapes, error
+/// codes and usage notes the directory turns into the function's skill (so the skill is
+/// generated from what is registered and cannot drift from it).
+pub fn def(id: &str, description: &str) -> RegisterFunction {
+    let mut d = RegisterFunction::new(id);
+    d.description = Some(description.to_string());
+    d
+}
+
+pub trait DefExt: Sized {
+    /// Request shape (a JSON-schema-like object: `{field: {type, description?}}`, `required`).
+    fn request(self, shape: Value) -> Self;
+    fn response(self, shape: Value) -> Self;
+    /// `(code, when)` pairs.
+    fn errors(self, errors: &[(&str, &str)]) -> Self;
+    fn notes(self, notes: &str) -> Self;
+}
+
+impl DefExt for RegisterFunction {
+    fn request(mut self, shape: Value) -> Self {
+        self.request_format = Some(shape);
+        self
+    }
+    fn response(mut self, shape: Value) -> Self {
+        self.response_format = Some(shape);
+        self
+    }
+    fn errors(mut self, errors: &[(&str, &str)]) -> Self {
+        let list: Vec<Value> = errors
+            .iter()
+            .map(|(code, when)| serde_json::json!({"code": code, "when": when}))
+            .collect();
+        let meta = self.metadata.get_or_insert_with(|| serde_json::json!({}));
+        meta["errors"] = Value::Array(list);
+        self
+    }
+    fn notes(mut self, notes: &str) -> Self {
+        let meta = self.metadata.get_or_insert_with(|| serde_json::json!({}));
+        meta["notes"] = Value::String(notes.to_string());
+        self
+    }
+}

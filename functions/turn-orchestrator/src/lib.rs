@@ -8,6 +8,7 @@
 //! next one, so a redelivered step never runs a call twice, and the target gets
 //! `function_call_id` to make its own effect idempotent.
 
+pub mod hooks;
 pub mod prompt;
 pub mod types;
 
@@ -18,7 +19,9 @@ use harness_sdk::messages::{
 use harness_sdk::{
     BusError, ChannelFrame, Ctx, EnqueueOptions, ErrorBody, RegisterFunction, Worker,
 };
+use hooks::Hooks;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use types::*;
 
@@ -26,6 +29,10 @@ pub const POLICY_TIMEOUT: Duration = Duration::from_secs(5);
 pub const PROVIDER_TIMEOUT: Duration = Duration::from_secs(300);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub const BEST_EFFORT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const COMPACTION_TIMEOUT: Duration = Duration::from_secs(300);
+/// Tokens kept free when the model's window is large (SPEC: reserved 20 000); at most half of
+/// a small window.
+pub const RESERVED_TOKENS: u64 = 20_000;
 
 /// Why a step could not finish: transient errors are re-thrown so the queue retries with
 /// backoff (and dead-letters); anything else fails the run with events the UI can show.
@@ -125,6 +132,150 @@ async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Val
         .ok()
 }
 
+// ------------------------------------------------------------------ history
+
+/// The conversation as the model will see it: from the session tree (compaction applied;
+/// this also moves the run onto the tree's current leaf), or the record's own list.
+async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
+    if !rec.tree {
+        return Ok(rec.messages.clone());
+    }
+    let v = ctx
+        .trigger("session-tree::messages", json!({"session_id": rec.session_id}))
+        .await?;
+    rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
+    serde_json::from_value(v["messages"].clone())
+        .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))
+}
+
+/// For events that show the history (agent_end): never fails the step.
+async fn history_for_event(ctx: &Ctx, rec: &Record) -> Vec<AgentMessage> {
+    let mut copy = rec.clone();
+    history(ctx, &mut copy).await.unwrap_or_default()
+}
+
+/// Append messages to the history → the messages as stored. In the tree each gets the id
+/// `<run_key>-t<turn>-<tag><i>`: a step that runs again appends nothing new and gets back
+/// what the first run stored (so it decides on the same messages).
+async fn append_history(
+    ctx: &Ctx,
+    rec: &mut Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+) -> StepResult<Vec<AgentMessage>> {
+    if !rec.tree {
+        rec.messages.extend(messages.iter().cloned());
+        return Ok(messages);
+    }
+    if messages.is_empty() {
+        return Ok(messages);
+    }
+    let entries: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            json!({"type": "message", "id": format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count), "message": m})
+        })
+        .collect();
+    let out = ctx
+        .trigger(
+            "session-tree::append_batch",
+            json!({"session_id": rec.session_id, "parent_id": rec.tree_leaf, "entries": entries}),
+        )
+        .await?;
+    rec.tree_leaf = out["leaf_id"].as_str().map(str::to_owned);
+    out["entries"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| serde_json::from_value(e["entry"]["message"].clone()))
+                .collect::<Result<Vec<AgentMessage>, _>>()
+        })
+        .unwrap_or_else(|| Ok(Vec::new()))
+        .map_err(|e| StepError::Fatal(format!("the session store answered an unreadable entry: {e}")))
+}
+
+/// `Some(why)` when a budget of the run refuses another model call.
+async fn budget_refusal(ctx: &Ctx, rec: &Record, req: &RunRequest) -> StepResult<Option<String>> {
+    for id in &rec.budget_ids {
+        match ctx
+            .trigger_timeout(
+                "budget::check",
+                json!({"budget_id": id, "principal_id": req.agent_id}),
+                BEST_EFFORT_TIMEOUT,
+            )
+            .await
+        {
+            Ok(v) if v["allowed"] == false => {
+                return Ok(Some(format!(
+                    "budget `{id}` refuses another model call ({}): spent ${:.6} of ${:.6}",
+                    v["reason"].as_str().unwrap_or("not allowed"),
+                    v["spent_usd"].as_f64().unwrap_or(0.0),
+                    v["ceiling_usd"].as_f64().unwrap_or(0.0),
+                )));
+            }
+            Ok(_) => {}
+            // The budget worker left: optional workers are skipped.
+            Err(BusError::FunctionNotFound(_)) => {
+                tracing::warn!(budget = %id, "budget::check not available; not enforced");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+fn usable_tokens(window: u64) -> u64 {
+    window.saturating_sub(RESERVED_TOKENS.min(window / 2))
+}
+
+/// Pre-flight: over the model's usable window → compact now and reload the history.
+async fn preflight_compaction(
+    ctx: &Ctx,
+    rec: &mut Record,
+    req: &RunRequest,
+    messages: Vec<AgentMessage>,
+) -> StepResult<Vec<AgentMessage>> {
+    let Some(window) = rec
+        .model_meta
+        .as_ref()
+        .and_then(|m| m["context_window"].as_u64())
+    else {
+        return Ok(messages);
+    };
+    let chars = serde_json::to_string(&(&rec.system_prompt, &messages, &rec.tools))
+        .map_or(0, |s| s.chars().count() as u64);
+    if !rec.tree || chars / 4 <= usable_tokens(window) {
+        return Ok(messages);
+    }
+    let out = ctx
+        .trigger_timeout(
+            "context-compaction::compact_now",
+            json!({"session_id": rec.session_id, "provider": req.provider, "model": req.model, "emit_event": false}),
+            COMPACTION_TIMEOUT,
+        )
+        .await;
+    match out {
+        Ok(v) if v["compacted"] == true => {
+            emit(
+                ctx,
+                rec,
+                "compaction_done",
+                json!({"summary_text": v["summary_text"], "tokens_before": v["tokens_before"], "compaction_entry_id": v["compaction_entry_id"], "tail_start_id": v["tail_start_id"]}),
+            )
+            .await;
+            history(ctx, rec).await
+        }
+        Ok(_) => Ok(messages),
+        Err(e) => {
+            // The model call may still fit (the estimate is rough); if not, the provider
+            // reports context_overflow and the run ends with it.
+            tracing::warn!(session = %rec.session_id, error = %e, "pre-flight compaction failed");
+            Ok(messages)
+        }
+    }
+}
+
 // ------------------------------------------------------------------ states
 
 async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResult<Next> {
@@ -156,6 +307,31 @@ async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResu
     .filter(|v| !v.is_null());
     let catalogue = ctx.trigger("engine::functions::list", json!({})).await?;
     rec.tools = vec![prompt::agent_trigger_tool(&catalogue)];
+    // Budgets: the one named, and those governing this workspace/agent.
+    let mut budgets: Vec<String> = req.budget_id.iter().cloned().collect();
+    if req.workspace_id.is_some() || req.agent_id.is_some() {
+        if let Some(v) = best_effort(
+            ctx,
+            "budget::list",
+            json!({"workspace_id": req.workspace_id, "agent_id": req.agent_id}),
+        )
+        .await
+        {
+            for b in v["budgets"].as_array().into_iter().flatten() {
+                if let Some(id) = b["budget_id"].as_str()
+                    && !budgets.iter().any(|x| x == id)
+                {
+                    budgets.push(id.to_string());
+                }
+            }
+        }
+    }
+    rec.budget_ids = budgets;
+    // Resume from the session's current leaf, then add this run's messages.
+    if rec.tree {
+        history(ctx, rec).await?;
+        append_history(ctx, rec, req.messages.clone(), "u").await?;
+    }
     Ok(Next::To(TurnState::AssistantStreaming))
 }
 
@@ -173,8 +349,28 @@ fn error_message(req: &RunRequest, kind: ErrorKind, message: String) -> AgentMes
 }
 
 async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResult<Next> {
+    if let Some(why) = budget_refusal(ctx, rec, req).await? {
+        let note = AgentMessage::Custom {
+            custom_type: "budget_exceeded".into(),
+            content: vec![ContentBlock::Text { text: format!("The run stops: {why}.") }],
+            display: Some("budget exceeded".into()),
+            details: json!({"budget_ids": rec.budget_ids}),
+            timestamp: now(),
+        };
+        let stored = append_history(ctx, rec, vec![note], "b").await?;
+        for m in stored {
+            emit(ctx, rec, "message_complete", json!({"message": m})).await;
+        }
+        rec.error = Some(TurnError {
+            kind: "budget_exceeded".into(),
+            message: why,
+        });
+        return Ok(Next::To(TurnState::Stopped));
+    }
     rec.turn_count += 1;
     rec.turn_end_emitted = false;
+    let messages = history(ctx, rec).await?;
+    let messages = preflight_compaction(ctx, rec, req, messages).await?;
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
     let mut call = {
@@ -183,8 +379,9 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
             "writer_ref": writer,
             "system_prompt": rec.system_prompt,
             "model": req.model,
-            "messages": rec.messages,
+            "messages": messages,
             "tools": rec.tools,
+            "budget_ids": rec.budget_ids,
         });
         let fid = format!("provider::{}::stream", req.provider);
         tokio::spawn(async move { ctx.trigger_timeout(&fid, payload, PROVIDER_TIMEOUT).await })
@@ -247,8 +444,12 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
             "the provider closed the stream without a final message".into(),
         ),
     };
+    // The stored message is the one decided on (a re-run step gets the first run's back).
+    let message = append_history(ctx, rec, vec![message], "a")
+        .await?
+        .pop()
+        .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
     emit(ctx, rec, "message_complete", json!({"message": message})).await;
-    rec.messages.push(message.clone());
     rec.last_assistant = Some(message.clone());
     let AgentMessage::Assistant {
         stop_reason,
@@ -341,9 +542,26 @@ async fn emit_turn_end(ctx: &Ctx, rec: &mut Record, results: Vec<AgentMessage>) 
 
 /// Call the target with the routing envelope; a failing target is an error result.
 /// `announce`: emit `function_execution_start` (an approved call announced it when parked).
-async fn dispatch(ctx: &Ctx, rec: &mut Record, call: &Call, announce: bool) -> Executed {
+async fn dispatch(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    call: &Call,
+    announce: bool,
+) -> Executed {
     if announce {
         emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
+    }
+    if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
+        let e = Executed {
+            call: call.clone(),
+            result: envelope,
+            is_error: true,
+            duration_ms: 0,
+            terminate: false,
+        };
+        emit_execution_end(ctx, rec, &e).await;
+        return e;
     }
     let started = Instant::now();
     let mut payload = call.args.clone();
@@ -362,6 +580,8 @@ async fn dispatch(ctx: &Ctx, rec: &mut Record, call: &Call, announce: bool) -> E
             true,
         ),
     };
+    let (result, is_error) =
+        hooks::after_call(ctx, hooks, &rec.session_id, call, result, is_error).await;
     let executed = Executed {
         call: call.clone(),
         result,
@@ -397,8 +617,8 @@ fn result_message(e: &Executed) -> AgentMessage {
 }
 
 /// All calls of the batch are decided: append the results once, in call order.
-async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> Next {
-    let work = rec.work.take().unwrap_or_default();
+async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
+    let work = rec.work.clone().unwrap_or_default();
     let mut results = Vec::new();
     let mut terminate = false;
     for call in &work.prepared {
@@ -407,7 +627,8 @@ async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> Next {
             terminate |= e.terminate;
         }
     }
-    rec.messages.extend(results.iter().cloned());
+    let results = append_history(ctx, rec, results, "r").await?;
+    rec.work = None;
     rec.function_results = results.clone();
     rec.awaiting_approval = None;
     emit_turn_end(ctx, rec, results).await;
@@ -416,13 +637,18 @@ async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> Next {
             kind: "aborted".into(),
             message: "a call was aborted by the user".into(),
         });
-        Next::To(TurnState::Stopped)
+        Ok(Next::To(TurnState::Stopped))
     } else {
-        Next::To(TurnState::SteeringCheck)
+        Ok(Next::To(TurnState::SteeringCheck))
     }
 }
 
-async fn function_execute(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> StepResult<Next> {
+async fn function_execute(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    version: &mut u64,
+) -> StepResult<Next> {
     let prepared = rec
         .work
         .as_ref()
@@ -452,7 +678,7 @@ async fn function_execute(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> Ste
             .as_ref()
             .map(|d| d["decision"].as_str().unwrap_or(""))
         {
-            Ok("allow") => dispatch(ctx, rec, &call, true).await,
+            Ok("allow") => dispatch(ctx, hooks, rec, &call, true).await,
             Ok("needs_approval") => {
                 // Parked (and saved) before it is announced, so an approver who reacts to the
                 // event finds it pending.
@@ -500,7 +726,7 @@ async fn function_execute(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> Ste
     {
         return Ok(Next::To(TurnState::FunctionAwaitingApproval));
     }
-    Ok(finalize_batch(ctx, rec).await)
+    finalize_batch(ctx, rec).await
 }
 
 async fn denied(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Executed {
@@ -518,6 +744,7 @@ async fn denied(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Ex
 
 async fn function_awaiting_approval(
     ctx: &Ctx,
+    hooks: &Hooks,
     rec: &mut Record,
     version: &mut u64,
 ) -> StepResult<Next> {
@@ -535,7 +762,7 @@ async fn function_awaiting_approval(
         let reason = decision["reason"].as_str().unwrap_or("").to_string();
         let executed = match decision["decision"].as_str() {
             // Approved: dispatched without asking the policy again.
-            Some("allow") => dispatch(ctx, rec, &call, false).await,
+            Some("allow") => dispatch(ctx, hooks, rec, &call, false).await,
             Some("deny") => {
                 let why = if reason.is_empty() {
                     "denied by the user".to_string()
@@ -580,7 +807,7 @@ async fn function_awaiting_approval(
     {
         return Ok(Next::Stay);
     }
-    Ok(finalize_batch(ctx, rec).await)
+    finalize_batch(ctx, rec).await
 }
 
 async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
@@ -600,8 +827,9 @@ async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
                 details: json!({"max_turns": rec.max_turns}),
                 timestamp: now(),
             };
-            rec.messages.push(note.clone());
-            emit(ctx, rec, "message_complete", json!({"message": note})).await;
+            for m in append_history(ctx, rec, vec![note], "m").await? {
+                emit(ctx, rec, "message_complete", json!({"message": m})).await;
+            }
             rec.error = Some(TurnError {
                 kind: "max_turns".into(),
                 message: format!("max_turns ({}) reached", rec.turn_count),
@@ -609,32 +837,38 @@ async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
         }
         return Ok(Next::To(TurnState::Stopped));
     }
-    // Steering first, then follow-ups (best effort: the inbox worker may not run).
+    // Steering first, then follow-ups (the inbox worker may not run). Peek, store, then
+    // drain exactly what was stored: a crash in between leaves the items in the inbox, and
+    // the retry's appends are no-ops (ids from each item's content and position).
     for name in ["steering", "followup"] {
-        if let Some(v) = best_effort(
+        let Some(v) = best_effort(
             ctx,
-            "session-inbox::drain",
+            "session-inbox::peek",
             json!({"name": name, "session_id": rec.session_id}),
         )
         .await
-        {
-            let items: Vec<AgentMessage> = v["items"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|i| {
-                            i.as_str()
-                                .map(harness_sdk::messages::user_text)
-                                .or_else(|| serde_json::from_value(i.clone()).ok())
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            if !items.is_empty() {
-                rec.messages.extend(items);
-                return Ok(Next::To(TurnState::AssistantStreaming));
-            }
+        else {
+            continue;
+        };
+        let raw: Vec<Value> = v["items"].as_array().cloned().unwrap_or_default();
+        if raw.is_empty() {
+            continue;
         }
+        for (i, item) in raw.iter().enumerate() {
+            let message = item
+                .as_str()
+                .map(harness_sdk::messages::user_text)
+                .or_else(|| serde_json::from_value(item.clone()).ok())
+                .unwrap_or_else(|| harness_sdk::messages::user_text(&item.to_string()));
+            let tag = format!("{name}-{:016x}-", content_hash(i, item));
+            append_history(ctx, rec, vec![message], &tag).await?;
+        }
+        ctx.trigger(
+            "session-inbox::drain",
+            json!({"name": name, "session_id": rec.session_id, "max": raw.len()}),
+        )
+        .await?;
+        return Ok(Next::To(TurnState::AssistantStreaming));
     }
     if results_pending {
         return Ok(Next::To(TurnState::AssistantStreaming));
@@ -642,9 +876,28 @@ async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
     Ok(Next::To(TurnState::Stopped))
 }
 
+/// FNV-1a of an inbox item and its position: a stable, content-derived entry id part.
+fn content_hash(position: usize, item: &Value) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in position
+        .to_le_bytes()
+        .iter()
+        .chain(item.to_string().as_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 // ------------------------------------------------------------------ the step driver
 
-async fn step(ctx: &Ctx, expected: TurnState, data: &Value) -> Result<Value, ErrorBody> {
+async fn step(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    expected: TurnState,
+    data: &Value,
+) -> Result<Value, ErrorBody> {
     let sid = req_str(data, "session_id")?;
     let stale = json!({"ok": true, "skipped": true, "reason": "stale"});
     let (mut rec, mut version) = match load(ctx, &sid).await {
@@ -662,9 +915,9 @@ async fn step(ctx: &Ctx, expected: TurnState, data: &Value) -> Result<Value, Err
         match expected {
             TurnState::Provisioning => provisioning(ctx, &mut rec, &req).await,
             TurnState::AssistantStreaming => assistant_streaming(ctx, &mut rec, &req).await,
-            TurnState::FunctionExecute => function_execute(ctx, &mut rec, &mut version).await,
+            TurnState::FunctionExecute => function_execute(ctx, hooks, &mut rec, &mut version).await,
             TurnState::FunctionAwaitingApproval => {
-                function_awaiting_approval(ctx, &mut rec, &mut version).await
+                function_awaiting_approval(ctx, hooks, &mut rec, &mut version).await
             }
             TurnState::SteeringCheck => steering_check(ctx, &mut rec).await,
             TurnState::Stopped | TurnState::Failed => Ok(Next::Stay),
@@ -677,7 +930,7 @@ async fn step(ctx: &Ctx, expected: TurnState, data: &Value) -> Result<Value, Err
             rec.state = to;
             if to == TurnState::Stopped {
                 // finish, inline.
-                let messages = rec.messages.clone();
+                let messages = history_for_event(ctx, &rec).await;
                 emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
             }
             match save(ctx, &mut rec, &mut version).await {
@@ -738,7 +991,7 @@ async fn step(ctx: &Ctx, expected: TurnState, data: &Value) -> Result<Value, Err
                 json!({"message": failed}),
             )
             .await;
-            let messages = rec.messages.clone();
+            let messages = history_for_event(ctx, &rec).await;
             emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
             let _ = save(ctx, &mut rec, &mut version).await;
             Ok(json!({"ok": false, "from_state": expected, "to_state": "failed", "error": message}))
@@ -769,12 +1022,33 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     if existing.as_ref().is_some_and(|(r, _)| !r.state.terminal()) {
         return Ok(busy);
     }
-    // Resume: a stopped session continues from its conversation.
+    // The history lives in the session tree when the session worker runs (provisioning
+    // resumes from its current leaf); otherwise in the record, carried over from a stopped run.
+    let tree = match ctx
+        .trigger_timeout(
+            "session-tree::ensure",
+            json!({"session_id": sid}),
+            BEST_EFFORT_TIMEOUT,
+        )
+        .await
+    {
+        Ok(_) => true,
+        Err(BusError::FunctionNotFound(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
     let (mut messages, expected) = match existing {
-        Some((r, v)) => (r.messages, v),
+        Some((r, v)) => (if tree { Vec::new() } else { r.messages }, v),
         None => (Vec::new(), 0),
     };
-    messages.extend(req.messages.iter().cloned());
+    if !tree {
+        messages.extend(req.messages.iter().cloned());
+    }
+    let run_key = req
+        .message_id
+        .clone()
+        .or_else(|| ctx.message_id().map(str::to_owned))
+        .filter(|k| !k.is_empty() && !k.contains('/'))
+        .unwrap_or_else(|| format!("run{}", engine_gateway::trace::random_hex(6)));
     ctx.state_set(SCOPE, &request_key(&sid), data).await?;
     let t = now();
     let mut rec = Record {
@@ -792,6 +1066,10 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         work: None,
         awaiting_approval: None,
         messages,
+        tree,
+        tree_leaf: None,
+        run_key,
+        budget_ids: Vec::new(),
         system_prompt: None,
         tools: Vec::new(),
         event_seq: 0,
@@ -843,7 +1121,7 @@ async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
             message: "aborted by run::abort".into(),
         });
         rec.awaiting_approval = None;
-        let messages = rec.messages.clone();
+        let messages = history_for_event(&ctx, &rec).await;
         emit(&ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
         match save(&ctx, &mut rec, &mut version).await {
             Ok(()) => {
@@ -914,6 +1192,7 @@ fn def(id: &str, description: &str) -> RegisterFunction {
 }
 
 pub fn worker() -> Worker {
+    let hooks = Arc::new(Hooks::default());
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?}."), run_start);
     w.register_function(
@@ -936,7 +1215,13 @@ pub fn worker() -> Worker {
     ] {
         w.register_function(
             def(&state.step_function(), "A turn step (queue consumer)."),
-            move |ctx, data: Value| async move { step(&ctx, state, &data).await },
+            {
+                let hooks = hooks.clone();
+                move |ctx, data: Value| {
+                    let hooks = hooks.clone();
+                    async move { step(&ctx, &hooks, state, &data).await }
+                }
+            },
         );
     }
     w.register_function(

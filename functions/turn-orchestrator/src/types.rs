@@ -11,6 +11,8 @@ pub const TURN_END_STREAM: &str = "agent::turn_end";
 pub const APPROVALS: &str = "approvals";
 /// The single tool the model calls everything through.
 pub const AGENT_TRIGGER: &str = "agent_trigger";
+pub const BEFORE_CALL_TOPIC: &str = "agent::before_function_call";
+pub const AFTER_CALL_TOPIC: &str = "agent::after_function_call";
 
 pub fn record_key(sid: &str) -> String {
     format!("session/{sid}/turn_state")
@@ -70,6 +72,9 @@ pub struct RunRequest {
     pub workspace_id: Option<String>,
     #[serde(default)]
     pub agent_id: Option<String>,
+    /// A budget to charge and check, besides those found by `workspace_id`/`agent_id`.
+    #[serde(default)]
+    pub budget_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,9 +131,22 @@ pub struct Record {
     pub work: Option<Work>,
     #[serde(default)]
     pub awaiting_approval: Option<Vec<Call>>,
-    /// The conversation: appended in the same write as each transition.
+    /// The conversation, when no session store runs (`tree == false`); with one, the
+    /// session tree holds it and this stays empty.
     #[serde(default)]
     pub messages: Vec<AgentMessage>,
+    /// The history lives in the session tree (`session-tree::*`).
+    #[serde(default)]
+    pub tree: bool,
+    /// The entry this run appends after (deterministic ids make re-appends no-ops).
+    #[serde(default)]
+    pub tree_leaf: Option<String>,
+    /// Unique per run: the prefix of the entry ids this run appends.
+    #[serde(default)]
+    pub run_key: String,
+    /// Budgets checked before each model call and charged by the provider.
+    #[serde(default)]
+    pub budget_ids: Vec<String>,
     #[serde(default)]
     pub system_prompt: Option<String>,
     #[serde(default)]

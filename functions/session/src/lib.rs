@@ -1,0 +1,762 @@
+//! The session worker: a branching session store (`session-tree::*`) and per-session inboxes
+//! (`session-inbox::*`), SPEC §3 session.
+//!
+//! Layout: `session-index/<sid>` holds the session's meta (with the `seq` counter that orders
+//! entries), `session-entries/<sid>/<entry_id>` one entry each. An append creates its entry
+//! only if absent, so an append retried with the same (deterministic) id returns the entry
+//! already stored instead of adding a second one. The current leaf is derived from the
+//! entries themselves (newest entry that is nobody's parent), never from a pointer that a
+//! crash could leave dangling.
+
+pub mod tree;
+pub mod types;
+
+use engine_gateway::builtins::req_str;
+use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
+use serde_json::{Value, json};
+use tree::TreeError;
+use types::*;
+
+fn storage(e: BusError) -> ErrorBody {
+    ErrorBody::new("storage", format!("session storage failed: {e}"))
+}
+
+fn not_found(sid: &str) -> ErrorBody {
+    ErrorBody::new("not_found", format!("session `{sid}` does not exist"))
+}
+
+fn entry_not_found(sid: &str, eid: &str) -> ErrorBody {
+    ErrorBody::new(
+        "entry_not_found",
+        format!("session `{sid}` has no entry `{eid}`"),
+    )
+}
+
+fn tree_error(sid: &str, e: TreeError) -> ErrorBody {
+    match e {
+        TreeError::EntryNotFound(id) => entry_not_found(sid, &id),
+        TreeError::Broken(why) => ErrorBody::new("storage", format!("session `{sid}`: {why}")),
+    }
+}
+
+/// Session and entry ids are key parts: non-empty, no `/`.
+fn valid_id(field: &str, v: &str) -> Result<(), ErrorBody> {
+    if v.is_empty() || v.contains('/') || v.chars().any(char::is_control) {
+        return Err(ErrorBody::invalid(format!(
+            "`{field}` must be non-empty, without `/` or control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn sid_of(data: &Value, field: &str) -> Result<String, ErrorBody> {
+    let sid = req_str(data, field)?;
+    valid_id(field, &sid)?;
+    Ok(sid)
+}
+
+fn new_id() -> String {
+    engine_gateway::trace::random_hex(8)
+}
+
+fn now() -> u64 {
+    harness_sdk::messages::now_ms()
+}
+
+pub async fn load_meta(ctx: &Ctx, sid: &str) -> Result<Option<SessionMeta>, ErrorBody> {
+    let v = ctx.state_get(INDEX, sid).await.map_err(storage)?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))
+}
+
+async fn require_meta(ctx: &Ctx, sid: &str) -> Result<SessionMeta, ErrorBody> {
+    load_meta(ctx, sid).await?.ok_or_else(|| not_found(sid))
+}
+
+pub async fn load_entries(ctx: &Ctx, sid: &str) -> Result<Vec<Entry>, ErrorBody> {
+    let v = ctx
+        .state_list(ENTRIES, Some(&format!("{sid}/")))
+        .await
+        .map_err(storage)?;
+    let mut out = Vec::new();
+    for item in v["items"].as_array().into_iter().flatten() {
+        match serde_json::from_value::<Entry>(item["value"].clone()) {
+            Ok(e) => out.push(e),
+            Err(e) => tracing::warn!(key = %item["key"], error = %e, "unreadable session entry skipped"),
+        }
+    }
+    out.sort_by_key(|e| e.seq);
+    Ok(out)
+}
+
+async fn load_entry(ctx: &Ctx, sid: &str, eid: &str) -> Result<Option<Entry>, ErrorBody> {
+    let v = ctx
+        .state_get(ENTRIES, &entry_key(sid, eid))
+        .await
+        .map_err(storage)?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable entry `{eid}`: {e}")))
+}
+
+/// Create the session's meta if absent → (meta, created).
+async fn create_meta(ctx: &Ctx, meta: SessionMeta) -> Result<(SessionMeta, bool), ErrorBody> {
+    let value = serde_json::to_value(&meta).map_err(|e| ErrorBody::invalid(e.to_string()))?;
+    match ctx.state_set_if(INDEX, &meta.session_id, value, 0).await {
+        Ok(_) => Ok((meta, true)),
+        Err(BusError::VersionConflict(_)) => {
+            let existing = require_meta(ctx, &meta.session_id).await?;
+            Ok((existing, false))
+        }
+        Err(e) => Err(storage(e)),
+    }
+}
+
+/// Reserve `n` entry seq numbers → the first one.
+async fn alloc_seq(ctx: &Ctx, sid: &str, n: u64) -> Result<u64, ErrorBody> {
+    let out = ctx
+        .state_update(
+            INDEX,
+            sid,
+            json!([{"type": "increment", "path": "seq", "by": n}, {"type": "set", "path": "updated_at_ms", "value": now()}]),
+        )
+        .await
+        .map_err(storage)?;
+    let last = out["new_value"]["seq"].as_f64().unwrap_or(0.0) as u64;
+    Ok(last + 1 - n)
+}
+
+/// Where an append attaches.
+pub enum Parent {
+    /// The session's current leaf (`parent_id` absent).
+    Leaf,
+    /// A new root (`parent_id: null`).
+    Root,
+    Id(String),
+}
+
+impl Parent {
+    fn from_request(data: &Value) -> Result<Parent, ErrorBody> {
+        match data.get("parent_id") {
+            None => Ok(Parent::Leaf),
+            Some(Value::Null) => Ok(Parent::Root),
+            Some(Value::String(s)) => Ok(Parent::Id(s.clone())),
+            Some(_) => Err(ErrorBody::invalid("`parent_id` must be a string or null")),
+        }
+    }
+}
+
+/// Append entries as a chain (each the parent of the next) → each stored entry and whether
+/// this call created it.
+pub async fn append_chain(
+    ctx: &Ctx,
+    sid: &str,
+    parent: Parent,
+    inputs: Vec<EntryInput>,
+) -> Result<Vec<(Entry, bool)>, ErrorBody> {
+    require_meta(ctx, sid).await?;
+    for input in &inputs {
+        if let Some(id) = &input.id {
+            valid_id("id", id)?;
+        }
+    }
+    let mut parent = match parent {
+        Parent::Root => None,
+        Parent::Id(p) => {
+            if load_entry(ctx, sid, &p).await?.is_none() {
+                return Err(entry_not_found(sid, &p));
+            }
+            Some(p)
+        }
+        Parent::Leaf => tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone()),
+    };
+    if inputs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let first_seq = alloc_seq(ctx, sid, inputs.len() as u64).await?;
+    let mut out = Vec::with_capacity(inputs.len());
+    for (i, input) in inputs.into_iter().enumerate() {
+        let entry = Entry {
+            id: input.id.unwrap_or_else(new_id),
+            parent_id: parent.clone(),
+            timestamp: input.timestamp.unwrap_or_else(now),
+            seq: first_seq + i as u64,
+            body: input.body,
+        };
+        let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
+        let stored = match ctx
+            .state_set_if(ENTRIES, &entry_key(sid, &entry.id), value, 0)
+            .await
+        {
+            Ok(_) => (entry, true),
+            // Already appended (a retried step): the stored entry is the truth.
+            Err(BusError::VersionConflict(_)) => (
+                load_entry(ctx, sid, &entry.id)
+                    .await?
+                    .ok_or_else(|| entry_not_found(sid, &entry.id))?,
+                false,
+            ),
+            Err(e) => return Err(storage(e)),
+        };
+        parent = Some(stored.0.id.clone());
+        out.push(stored);
+    }
+    Ok(out)
+}
+
+fn entry_input(v: &Value) -> Result<EntryInput, ErrorBody> {
+    // Shorthand: a bare AgentMessage under `message`.
+    let mut v = v.clone();
+    if v.get("type").is_none() && v.get("message").is_some() {
+        v["type"] = json!("message");
+    }
+    serde_json::from_value(v).map_err(|e| ErrorBody::invalid(format!("invalid entry: {e}")))
+}
+
+fn stored_json(stored: &(Entry, bool)) -> Value {
+    json!({"entry_id": stored.0.id, "created": stored.1, "entry": stored.0})
+}
+
+// ------------------------------------------------------------------ session-tree::*
+
+async fn create(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = match data.get("session_id") {
+        None | Some(Value::Null) => new_id(),
+        Some(_) => sid_of(&data, "session_id")?,
+    };
+    let t = now();
+    let (meta, created) = create_meta(
+        &ctx,
+        SessionMeta {
+            session_id: sid.clone(),
+            created_at_ms: t,
+            updated_at_ms: t,
+            seq: 0,
+            title: data["title"].as_str().map(str::to_owned),
+            copied_from: None,
+            metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
+        },
+    )
+    .await?;
+    if !created {
+        return Err(ErrorBody::new(
+            "already_exists",
+            format!("session `{sid}` already exists (session-tree::ensure accepts that)"),
+        ));
+    }
+    Ok(json!({"session_id": sid, "created": true, "session": meta}))
+}
+
+async fn ensure(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    if let Some(meta) = load_meta(&ctx, &sid).await? {
+        return Ok(json!({"session_id": sid, "created": false, "session": meta}));
+    }
+    let t = now();
+    let (meta, created) = create_meta(
+        &ctx,
+        SessionMeta {
+            session_id: sid.clone(),
+            created_at_ms: t,
+            updated_at_ms: t,
+            seq: 0,
+            title: data["title"].as_str().map(str::to_owned),
+            copied_from: None,
+            metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
+        },
+    )
+    .await?;
+    Ok(json!({"session_id": sid, "created": created, "session": meta}))
+}
+
+async fn append(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let input = match data.get("entry") {
+        Some(e) => entry_input(e)?,
+        None if data.get("message").is_some() => entry_input(&json!({"message": data["message"], "id": data.get("id")}))?,
+        None => return Err(ErrorBody::invalid("missing `entry` (or `message`)")),
+    };
+    let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, vec![input]).await?;
+    Ok(stored_json(&stored[0]))
+}
+
+async fn append_batch(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let inputs = data["entries"]
+        .as_array()
+        .ok_or_else(|| ErrorBody::invalid("`entries` must be an array"))?
+        .iter()
+        .map(entry_input)
+        .collect::<Result<Vec<_>, _>>()?;
+    let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, inputs).await?;
+    Ok(json!({
+        "entry_ids": stored.iter().map(|s| s.0.id.clone()).collect::<Vec<_>>(),
+        "leaf_id": stored.last().map(|s| s.0.id.clone()),
+        "entries": stored.iter().map(stored_json).collect::<Vec<_>>(),
+    }))
+}
+
+/// The path to `leaf_id` (default: the current leaf) and its model context.
+pub async fn context_of(
+    ctx: &Ctx,
+    sid: &str,
+    leaf_id: Option<&str>,
+) -> Result<(Option<String>, Vec<Entry>, Vec<(String, harness_sdk::messages::AgentMessage)>), ErrorBody> {
+    require_meta(ctx, sid).await?;
+    let entries = load_entries(ctx, sid).await?;
+    let leaf = match leaf_id {
+        Some(id) => Some(id.to_string()),
+        None => tree::leaf(&entries).map(|e| e.id.clone()),
+    };
+    let Some(leaf) = leaf else {
+        return Ok((None, Vec::new(), Vec::new()));
+    };
+    let path = tree::path(&entries, &leaf).map_err(|e| tree_error(sid, e))?;
+    let context = tree::context(&path);
+    let path: Vec<Entry> = path.into_iter().cloned().collect();
+    Ok((Some(leaf), path, context))
+}
+
+async fn messages(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let leaf = data["leaf_id"].as_str();
+    let (leaf, path, context) = context_of(&ctx, &sid, leaf).await?;
+    Ok(json!({
+        "session_id": sid,
+        "leaf_id": leaf,
+        "path_length": path.len(),
+        "entry_ids": context.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(),
+        "messages": context.into_iter().map(|(_, m)| m).collect::<Vec<_>>(),
+    }))
+}
+
+/// Write a copy of `entries` (already ordered, parents before children) as a new session.
+async fn write_copy(
+    ctx: &Ctx,
+    new_sid: &str,
+    copied_from: Value,
+    entries: Vec<Entry>,
+) -> Result<(), ErrorBody> {
+    let t = now();
+    let (_, created) = create_meta(
+        ctx,
+        SessionMeta {
+            session_id: new_sid.to_string(),
+            created_at_ms: t,
+            updated_at_ms: t,
+            seq: 0,
+            title: None,
+            copied_from: Some(copied_from),
+            metadata: Value::Null,
+        },
+    )
+    .await?;
+    if !created {
+        return Err(ErrorBody::new(
+            "already_exists",
+            format!("session `{new_sid}` already exists"),
+        ));
+    }
+    let first = alloc_seq(ctx, new_sid, entries.len().max(1) as u64).await?;
+    for (i, mut e) in entries.into_iter().enumerate() {
+        e.seq = first + i as u64;
+        let value = serde_json::to_value(&e).map_err(|e| ErrorBody::invalid(e.to_string()))?;
+        ctx.state_set(ENTRIES, &entry_key(new_sid, &e.id), value)
+            .await
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+async fn fork(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let source = sid_of(&data, "source_session_id")?;
+    let from = req_str(&data, "from_entry_id")?;
+    let new_sid = match data.get("new_session_id") {
+        None | Some(Value::Null) => new_id(),
+        Some(_) => sid_of(&data, "new_session_id")?,
+    };
+    require_meta(&ctx, &source).await?;
+    let entries = load_entries(&ctx, &source).await?;
+    let path = tree::path(&entries, &from).map_err(|e| tree_error(&source, e))?;
+    let mut copy: Vec<Entry> = Vec::new();
+    let mut summarized = 0;
+    let kept = if path.len() > FORK_COPY_LIMIT {
+        let (head, tail) = path.split_at(path.len() - FORK_COPY_LIMIT);
+        summarized = head.len();
+        let summary = Entry {
+            id: format!("fork-summary-{}", head[head.len() - 1].id),
+            parent_id: None,
+            timestamp: now(),
+            seq: 0,
+            body: EntryBody::BranchSummary {
+                summary: tree::digest(head),
+                entries_summarized: head.len(),
+                from_session_id: Some(source.clone()),
+            },
+        };
+        copy.push(summary);
+        tail
+    } else {
+        &path[..]
+    };
+    for (i, e) in kept.iter().enumerate() {
+        let mut e = (*e).clone();
+        if i == 0 {
+            e.parent_id = copy.first().map(|s| s.id.clone());
+        }
+        copy.push(e);
+    }
+    let copied = copy.len();
+    write_copy(
+        &ctx,
+        &new_sid,
+        json!({"session_id": source, "entry_id": from, "mode": "fork"}),
+        copy,
+    )
+    .await?;
+    Ok(json!({"session_id": new_sid, "leaf_id": from, "copied": copied, "summarized": summarized}))
+}
+
+async fn clone(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let source = sid_of(&data, "source_session_id")?;
+    let new_sid = match data.get("new_session_id") {
+        None | Some(Value::Null) => new_id(),
+        Some(_) => sid_of(&data, "new_session_id")?,
+    };
+    require_meta(&ctx, &source).await?;
+    let entries = load_entries(&ctx, &source).await?;
+    let leaf = tree::leaf(&entries).map(|e| e.id.clone());
+    let copied = entries.len();
+    write_copy(
+        &ctx,
+        &new_sid,
+        json!({"session_id": source, "mode": "clone"}),
+        entries,
+    )
+    .await?;
+    Ok(json!({"session_id": new_sid, "leaf_id": leaf, "copied": copied}))
+}
+
+async fn compact(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let summary = req_str(&data, "summary")?;
+    let tail_start_id = data["tail_start_id"].as_str().map(str::to_owned);
+    let input = EntryInput {
+        id: data["id"].as_str().map(str::to_owned),
+        timestamp: None,
+        body: EntryBody::Compaction {
+            summary,
+            tail_start_id,
+            tokens_before: data["tokens_before"].as_u64().unwrap_or(0),
+            details: data.get("details").cloned().unwrap_or(Value::Null),
+        },
+    };
+    let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, vec![input]).await?;
+    Ok(stored_json(&stored[0]))
+}
+
+async fn compactions(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    require_meta(&ctx, &sid).await?;
+    let list: Vec<Entry> = load_entries(&ctx, &sid)
+        .await?
+        .into_iter()
+        .filter(|e| matches!(e.body, EntryBody::Compaction { .. }))
+        .collect();
+    Ok(json!({"session_id": sid, "compactions": list}))
+}
+
+async fn tree_fn(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let meta = require_meta(&ctx, &sid).await?;
+    let entries = load_entries(&ctx, &sid).await?;
+    let leaf = tree::leaf(&entries).map(|e| e.id.clone());
+    let nodes: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let children: Vec<&str> = entries
+                .iter()
+                .filter(|c| c.parent_id.as_deref() == Some(e.id.as_str()))
+                .map(|c| c.id.as_str())
+                .collect();
+            let label = match tree::entry_message(e) {
+                Some(m) => {
+                    let t = tree::message_text(&m);
+                    format!("{}: {}", tree::role(&m), t.chars().take(80).collect::<String>())
+                }
+                None => e.body.kind().to_string(),
+            };
+            json!({"id": e.id, "parent_id": e.parent_id, "type": e.body.kind(), "timestamp": e.timestamp, "seq": e.seq, "children": children, "label": label})
+        })
+        .collect();
+    Ok(json!({"session_id": sid, "session": meta, "leaf_id": leaf, "entries": nodes}))
+}
+
+async fn list(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
+    let v = ctx.state_list(INDEX, None).await.map_err(storage)?;
+    let mut sessions: Vec<Value> = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| i["value"].clone())
+        .collect();
+    sessions.sort_by_key(|s| std::cmp::Reverse(s["updated_at_ms"].as_u64().unwrap_or(0)));
+    Ok(json!({"sessions": sessions}))
+}
+
+async fn export_html(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let (leaf, path, _) = context_of(&ctx, &sid, data["leaf_id"].as_str()).await?;
+    let refs: Vec<&Entry> = path.iter().collect();
+    Ok(json!({"session_id": sid, "leaf_id": leaf, "html": tree::export_html(&sid, &refs)}))
+}
+
+async fn update_part(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = sid_of(&data, "session_id")?;
+    let eid = req_str(&data, "entry_id")?;
+    valid_id("entry_id", &eid)?;
+    let index = data["part_index"]
+        .as_u64()
+        .ok_or_else(|| ErrorBody::invalid("`part_index` must be a non-negative integer"))?
+        as usize;
+    let part: harness_sdk::messages::ContentBlock =
+        serde_json::from_value(data.get("part").cloned().unwrap_or(Value::Null))
+            .map_err(|e| ErrorBody::invalid(format!("invalid `part`: {e}")))?;
+    require_meta(&ctx, &sid).await?;
+    let outcome = ctx
+        .state_transact(ENTRIES, &entry_key(&sid, &eid), |current| {
+            let Some(current) = current else {
+                return Ok((Write::Keep, Err(entry_not_found(&sid, &eid))));
+            };
+            let mut entry: Entry = match serde_json::from_value(current) {
+                Ok(e) => e,
+                Err(e) => return Ok((Write::Keep, Err(ErrorBody::new("storage", e.to_string())))),
+            };
+            let blocks = match &mut entry.body {
+                EntryBody::Message { message } => match message {
+                    harness_sdk::messages::AgentMessage::User { content, .. }
+                    | harness_sdk::messages::AgentMessage::Assistant { content, .. }
+                    | harness_sdk::messages::AgentMessage::FunctionResult { content, .. }
+                    | harness_sdk::messages::AgentMessage::Custom { content, .. } => content,
+                },
+                EntryBody::CustomMessage { content, .. } => content,
+                _ => {
+                    return Ok((
+                        Write::Keep,
+                        Err(ErrorBody::invalid(format!("entry `{eid}` has no content parts"))),
+                    ));
+                }
+            };
+            let Some(slot) = blocks.get_mut(index) else {
+                return Ok((
+                    Write::Keep,
+                    Err(ErrorBody::invalid(format!(
+                        "`part_index` {index} is out of range (the entry has {} parts)",
+                        blocks.len()
+                    ))),
+                ));
+            };
+            *slot = part.clone();
+            let value = serde_json::to_value(&entry).unwrap_or(Value::Null);
+            Ok((Write::Put(value), Ok(entry)))
+        })
+        .await
+        .map_err(storage)??;
+    Ok(json!({"ok": true, "entry": outcome}))
+}
+
+// ------------------------------------------------------------------ session-inbox::*
+
+fn inbox_key(data: &Value) -> Result<String, ErrorBody> {
+    let sid = sid_of(data, "session_id")?;
+    let name = req_str(data, "name")?;
+    valid_id("name", &name)?;
+    Ok(format!("{sid}/{name}"))
+}
+
+async fn inbox_push(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let key = inbox_key(&data)?;
+    let item = data
+        .get("item")
+        .filter(|v| !v.is_null())
+        .cloned()
+        .ok_or_else(|| ErrorBody::invalid("missing `item`"))?;
+    let out = ctx
+        .state_update(INBOX, &key, json!([{"type": "append", "path": "items", "value": item}]))
+        .await
+        .map_err(storage)?;
+    let depth = out["new_value"]["items"].as_array().map_or(0, Vec::len);
+    Ok(json!({"ok": true, "depth": depth}))
+}
+
+async fn inbox_peek(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let key = inbox_key(&data)?;
+    let v = ctx.state_get(INBOX, &key).await.map_err(storage)?;
+    Ok(json!({"items": v["items"].as_array().cloned().unwrap_or_default()}))
+}
+
+/// Take the items (the first `max`, default all) atomically: a push racing the drain lands
+/// either in this drain or the next.
+async fn inbox_drain(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let key = inbox_key(&data)?;
+    let max = match data.get("max") {
+        None | Some(Value::Null) => usize::MAX,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| ErrorBody::invalid("`max` must be a non-negative integer"))?
+            as usize,
+    };
+    let items = ctx
+        .state_transact(INBOX, &key, |current| {
+            let mut items = current
+                .as_ref()
+                .and_then(|v| v["items"].as_array().cloned())
+                .unwrap_or_default();
+            if current.is_none() || max == 0 {
+                return Ok((Write::Keep, Vec::new()));
+            }
+            if items.len() <= max {
+                return Ok((Write::Delete, items));
+            }
+            let rest = items.split_off(max);
+            Ok((Write::Put(json!({"items": rest})), items))
+        })
+        .await
+        .map_err(storage)?;
+    Ok(json!({"items": items}))
+}
+
+// ------------------------------------------------------------------ the worker
+
+const SID: &str = "session id: non-empty, no `/`";
+
+pub fn worker() -> Worker {
+    let errors: &[(&str, &str)] = &[
+        ("not_found", "the session does not exist"),
+        ("entry_not_found", "an entry id (parent_id, from_entry_id, leaf_id) does not exist in the session"),
+        ("storage", "the state store failed; safe to retry"),
+        ("invalid_message", "a field is missing or malformed; the message names it"),
+    ];
+    let entry_shape = json!({"type": "message|custom_message|branch_summary|compaction", "id": "optional; a deterministic id makes the append idempotent", "message": "AgentMessage (type message)"});
+    let mut w = Worker::new("session");
+    w.register_function(
+        def("session-tree::create", "Create a session.")
+            .request(json!({"session_id": "optional (generated)", "title": "optional", "metadata": "optional"}))
+            .response(json!({"session_id": "string", "created": true, "session": "SessionMeta"}))
+            .errors(&[("already_exists", "a session with that id exists (use ensure)"), ("storage", "state store failure")]),
+        create,
+    );
+    w.register_function(
+        def("session-tree::ensure", "Create the session unless it exists.")
+            .request(json!({"session_id": SID}))
+            .response(json!({"session_id": "string", "created": "bool", "session": "SessionMeta"}))
+            .errors(errors),
+        ensure,
+    );
+    w.register_function(
+        def("session-tree::append", "Append one entry. parent_id absent: the current leaf; null: a new root; an older entry: starts a branch.")
+            .request(json!({"session_id": SID, "entry": entry_shape, "parent_id": "optional"}))
+            .response(json!({"entry_id": "string", "created": "false when an entry with that id already existed (idempotent retry)", "entry": "Entry"}))
+            .errors(errors),
+        append,
+    );
+    w.register_function(
+        def("session-tree::append_batch", "Append entries as a chain (each the parent of the next).")
+            .request(json!({"session_id": SID, "entries": [entry_shape], "parent_id": "optional"}))
+            .response(json!({"entry_ids": ["string"], "leaf_id": "string", "entries": [{"entry_id": "string", "created": "bool", "entry": "Entry"}]}))
+            .errors(errors),
+        append_batch,
+    );
+    w.register_function(
+        def("session-tree::messages", "The model context of a branch: leaf → root walk, compaction applied (summary + kept tail).")
+            .request(json!({"session_id": SID, "leaf_id": "optional (default: current leaf)"}))
+            .response(json!({"leaf_id": "string|null", "messages": ["AgentMessage"], "entry_ids": ["string"], "path_length": "number"}))
+            .errors(errors),
+        messages,
+    );
+    w.register_function(
+        def("session-tree::fork", "A new session holding the path root → from_entry_id (over 50 entries: older ones become one branch_summary root). The source is untouched.")
+            .request(json!({"source_session_id": SID, "from_entry_id": "string", "new_session_id": "optional"}))
+            .response(json!({"session_id": "string", "leaf_id": "string", "copied": "number", "summarized": "number"}))
+            .errors(errors),
+        fork,
+    );
+    w.register_function(
+        def("session-tree::clone", "A new session with every branch of the source.")
+            .request(json!({"source_session_id": SID, "new_session_id": "optional"}))
+            .response(json!({"session_id": "string", "leaf_id": "string|null", "copied": "number"}))
+            .errors(errors),
+        clone,
+    );
+    w.register_function(
+        def("session-tree::compact", "Append a compaction entry: the context becomes summary + the tail from tail_start_id.")
+            .request(json!({"session_id": SID, "summary": "string", "tail_start_id": "entry id on the path", "tokens_before": "number", "parent_id": "optional"}))
+            .response(json!({"entry_id": "string", "created": "bool", "entry": "Entry"}))
+            .errors(errors),
+        compact,
+    );
+    w.register_function(
+        def("session-tree::compactions", "Every compaction entry of a session.")
+            .request(json!({"session_id": SID}))
+            .response(json!({"compactions": ["Entry"]}))
+            .errors(errors),
+        compactions,
+    );
+    w.register_function(
+        def("session-tree::tree", "Every entry with its children and a short label; the current leaf.")
+            .request(json!({"session_id": SID}))
+            .response(json!({"leaf_id": "string|null", "entries": [{"id": "string", "parent_id": "string|null", "type": "string", "children": ["string"], "label": "string"}]}))
+            .errors(errors),
+        tree_fn,
+    );
+    w.register_function(
+        def("session-tree::list", "Every session, most recently updated first.")
+            .response(json!({"sessions": ["SessionMeta"]}))
+            .errors(&[("storage", "state store failure")]),
+        list,
+    );
+    w.register_function(
+        def("session-tree::export_html", "A readable HTML page of one branch.")
+            .request(json!({"session_id": SID, "leaf_id": "optional"}))
+            .response(json!({"html": "string", "leaf_id": "string|null"}))
+            .errors(errors),
+        export_html,
+    );
+    w.register_function(
+        def("session-tree::update_part", "Replace one content block of a message entry (e.g. prune a large tool output).")
+            .request(json!({"session_id": SID, "entry_id": "string", "part_index": "number", "part": "ContentBlock"}))
+            .response(json!({"ok": true, "entry": "Entry"}))
+            .errors(errors),
+        update_part,
+    );
+    let inbox_errors: &[(&str, &str)] = &[("storage", "state store failure"), ("invalid_message", "bad name/session_id/item")];
+    w.register_function(
+        def("session-inbox::push", "Queue an item (a string or an AgentMessage) in a session's inbox (`steering` is taken before the next model call, `followup` when the run would stop).")
+            .request(json!({"name": "steering|followup|…", "session_id": SID, "item": "any"}))
+            .response(json!({"ok": true, "depth": "number"}))
+            .errors(inbox_errors),
+        inbox_push,
+    );
+    w.register_function(
+        def("session-inbox::peek", "The queued items, left in place.")
+            .request(json!({"name": "string", "session_id": SID}))
+            .response(json!({"items": ["any"]}))
+            .errors(inbox_errors),
+        inbox_peek,
+    );
+    w.register_function(
+        def("session-inbox::drain", "Take the queued items (the first `max`, default all) atomically.")
+            .request(json!({"name": "string", "session_id": SID, "max": "optional"}))
+            .response(json!({"items": ["any"]}))
+            .errors(inbox_errors),
+        inbox_drain,
+    );
+    w
+}
