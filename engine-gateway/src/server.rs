@@ -92,6 +92,19 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
+    /// Options for a test engine: the embedded backend in `data_dir`, or, with
+    /// `HARNESS_TEST_BACKEND=aws`, the AWS backend (the emulator at `AWS_ENDPOINT_URL`) under a
+    /// fresh resource prefix that this engine creates.
+    pub fn for_tests(data_dir: PathBuf) -> Self {
+        let mut opts = Self::for_data_dir(data_dir);
+        if std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+            opts.backend = BackendKind::Aws;
+            opts.aws.prefix = format!("t{}-", crate::trace::random_hex(5));
+            opts.aws.create_resources = true;
+        }
+        opts
+    }
+
     pub fn for_data_dir(data_dir: PathBuf) -> Self {
         Self {
             backend: BackendKind::Embedded,

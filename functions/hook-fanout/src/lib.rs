@@ -1,7 +1,7 @@
 //! hook-fanout (SPEC §3): `hook-fanout::publish_collect` calls every subscriber of a topic
 //! with `{event_id, topic, payload}`, collects their replies and merges them.
 //!
-//! A subscriber is a function with a `durable` trigger on the topic (see [`subscribe`]), so
+//! A subscriber is a function with a `durable:subscriber` trigger on the topic (see [`subscribe`]), so
 //! subscribing is a registration like any other and leaves with its worker. Collection ends
 //! at `expected_replies`, after `quiescence_ms` without a new reply once one has come, when
 //! every subscriber has answered, or at the deadline, whichever is first. A subscriber that
@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 pub const MIN_TIMEOUT_MS: u64 = 50;
 pub const DEFAULT_QUIESCENCE_MS: u64 = 200;
+/// The engine's trigger type for a topic subscription.
+pub const SUBSCRIBER_TRIGGER: &str = "durable:subscriber";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MergeRule {
@@ -39,7 +41,7 @@ impl MergeRule {
 
 /// Subscribe `function_id` to a hook topic.
 pub fn subscribe(worker: &mut Worker, topic: &str, function_id: &str) {
-    worker.register_trigger("durable", function_id, json!({"topic": topic}));
+    worker.register_trigger(SUBSCRIBER_TRIGGER, function_id, json!({"topic": topic}));
 }
 
 /// The functions subscribed to `topic`, sorted (the pipeline order).
@@ -49,7 +51,7 @@ pub async fn subscribers(ctx: &Ctx, topic: &str) -> Result<Vec<String>, BusError
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|t| t["trigger_type"] == "durable" && t["config"]["topic"] == topic)
+        .filter(|t| t["trigger_type"] == SUBSCRIBER_TRIGGER && t["config"]["topic"] == topic)
         .filter_map(|t| t["function_id"].as_str().map(str::to_owned))
         .collect();
     out.sort();
@@ -227,7 +229,7 @@ pub fn worker() -> Worker {
             .request(json!({"topic": "string", "payload": "any", "merge_rule": "first_block_wins|field_merge|pipeline_last_wins", "timeout_ms": "default 10000, minimum 50", "expected_replies": "default: every subscriber", "quiescence_ms": "default 200"}))
             .response(json!({"event_id": "string", "replies": [{"subscriber": "function id", "reply": "any", "duration_ms": "number"}], "merged": "first_block_wins: {block, reason?, subscriber?}; field_merge: the replies' fields merged, later wins; pipeline_last_wins: the last output", "publish": {"ok": "bool", "subscribers": "number"}, "publish_failed": "true when a subscriber failed: gating callers must deny"}))
             .errors(&[("invalid_message", "missing topic or unknown merge_rule")])
-            .notes("Subscribe a function with a `durable` trigger `{topic}`. It receives `{event_id, topic, payload}`; to block (first_block_wins) reply `{block: true, reason}`."),
+            .notes("Subscribe a function with a `durable:subscriber` trigger `{topic}`. It receives `{event_id, topic, payload}`; to block (first_block_wins) reply `{block: true, reason}`."),
         publish_collect,
     );
     w

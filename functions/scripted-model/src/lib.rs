@@ -70,8 +70,9 @@ pub struct Turn {
     /// there; `stream_error`: an upstream `error` event (Anthropic) / error chunk (OpenAI).
     #[serde(default)]
     pub malformed: Option<String>,
-    /// Stateless selection: `results<N` or `results>=N`, counting the tool results in the
-    /// request. When any turn has a condition, each request gets the first turn whose
+    /// `system~=<text>`: answers any request whose system prompt contains `<text>`, without
+    /// moving the cursor (side requests such as a summarizer's). Otherwise stateless
+    /// selection: `results<N` or `results>=N`, counting the tool results in the request. When any turn has a condition, each request gets the first turn whose
     /// condition holds (no cursor), so a restarted server continues a conversation.
     #[serde(default)]
     pub when: Option<String>,
@@ -96,6 +97,35 @@ pub fn tool_results(body: &Value) -> usize {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// `when: "system~=<text>"`: the request's system prompt contains `<text>`.
+pub const SYSTEM_CONDITION: &str = "system~=";
+
+/// The system prompt of a request (Anthropic `system` string or blocks; OpenAI system message).
+pub fn system_text(body: &Value) -> String {
+    let from_blocks = |v: &Value| -> String {
+        match v {
+            Value::String(s) => s.clone(),
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        }
+    };
+    if !body["system"].is_null() {
+        return from_blocks(&body["system"]);
+    }
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "system" || m["role"] == "developer")
+        .map(|m| from_blocks(&m["content"]))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn condition_holds(when: &str, results: usize) -> bool {
@@ -192,10 +222,28 @@ impl ScriptedModel {
                 )));
             }
         }
-        let n = i.cassette.turns.len();
-        if i.cassette.turns.iter().any(|t| t.when.is_some()) {
+        // Turns keyed on the system prompt answer side requests (a summarizer, say) without
+        // moving the conversation's cursor.
+        let system = system_text(body);
+        if let Some(t) = i.cassette.turns.iter().find(|t| {
+            t.when
+                .as_deref()
+                .and_then(|w| w.strip_prefix(SYSTEM_CONDITION))
+                .is_some_and(|needle| system.contains(needle))
+        }) {
+            return Ok(t.clone());
+        }
+        let turns: Vec<Turn> = i
+            .cassette
+            .turns
+            .iter()
+            .filter(|t| !t.when.as_deref().is_some_and(|w| w.starts_with(SYSTEM_CONDITION)))
+            .cloned()
+            .collect();
+        let n = turns.len();
+        if turns.iter().any(|t| t.when.is_some()) {
             let results = tool_results(body);
-            return match i.cassette.turns.iter().find(|t| {
+            return match turns.iter().find(|t| {
                 t.when
                     .as_deref()
                     .is_some_and(|w| condition_holds(w, results))
@@ -211,9 +259,9 @@ impl ScriptedModel {
         }
         let turn = if i.next < n {
             i.next += 1;
-            i.cassette.turns[i.next - 1].clone()
+            turns[i.next - 1].clone()
         } else if i.cassette.repeat_last && n > 0 {
-            i.cassette.turns[n - 1].clone()
+            turns[n - 1].clone()
         } else {
             return Err(Box::new(error_response(
                 path,

@@ -33,7 +33,7 @@ impl Hooks {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|t| t["trigger_type"] == "durable" && t["config"]["topic"] == topic),
+                .any(|t| t["trigger_type"] == "durable:subscriber" && t["config"]["topic"] == topic),
             // Cannot tell: ask (a failing publish then denies, which is the safe side).
             Err(_) => true,
         };

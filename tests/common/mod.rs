@@ -1,0 +1,196 @@
+//! The whole stack for end-to-end tests: the engine (embedded backend, or the AWS backend
+//! with `HARNESS_TEST_BACKEND=aws`) and every worker real, with the providers streaming from
+//! the scripted model server over HTTP.
+#![allow(dead_code)]
+
+use auth_credentials::Auth;
+use engine_gateway::secrets::FileSecrets;
+use engine_gateway::server::{self, RunningServer, ServeOptions};
+use harness_sdk::{Ctx, RemoteOptions, WorkerHandle, connect_client, run_embedded};
+use scripted_model::{ScriptedModel, ToolCall, Turn, TurnUsage};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+
+pub struct Stack {
+    pub _dir: tempfile::TempDir,
+    pub work: std::path::PathBuf,
+    pub srv: RunningServer,
+    pub _workers: Vec<WorkerHandle>,
+    pub _policy_watch: tokio::task::JoinHandle<()>,
+    pub client: WorkerHandle,
+    pub model: ScriptedModel,
+}
+
+pub async fn stack(permissions: &str) -> Stack {
+    stack_with(permissions, models_catalog::Catalog::builtin()).await
+}
+
+pub async fn stack_with(permissions: &str, catalog: models_catalog::Catalog) -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let model = ScriptedModel::default();
+    let base = model.serve().await.unwrap();
+    let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
+    // HARNESS_TEST_BACKEND=aws: the same turns on DynamoDB + Streams and SQS FIFO.
+    if std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+        opts.backend = server::BackendKind::Aws;
+        opts.aws.prefix = format!("turn{}-", engine_gateway::trace::random_hex(4));
+        opts.aws.create_resources = true;
+    }
+    let srv = server::start(&opts).await.unwrap();
+    let perms = dir.path().join("iii-permissions.yaml");
+    std::fs::write(&perms, permissions).unwrap();
+    let holder = harness_worker::PolicyHolder::new(perms);
+    let watch = holder.watch(Duration::from_millis(200));
+    let mut harness = harness_worker::policy_worker(holder);
+    harness_worker::add_trigger(&mut harness);
+    harness_worker::add_ui(&mut harness, Arc::new(harness_worker::UiHub::default()));
+    let env: HashMap<String, String> =
+        HashMap::from([("ANTHROPIC_API_KEY".into(), "sk-test".into())]);
+    let auth = Auth::new(
+        Arc::new(FileSecrets::new(dir.path().join("secrets.json"))),
+        Arc::new(move |k| env.get(k).cloned()),
+    );
+    let e = &srv.engine;
+    let workers = vec![
+        run_embedded(turn_orchestrator::worker(), e).unwrap(),
+        run_embedded(approval_gate::worker(), e).unwrap(),
+        run_embedded(harness, e).unwrap(),
+        run_embedded(
+            tools_worker::worker(tools_worker::Tools::new(&work).unwrap()),
+            e,
+        )
+        .unwrap(),
+        run_embedded(auth_credentials::worker(auth), e).unwrap(),
+        run_embedded(
+            models_catalog::worker(Arc::new(catalog)),
+            e,
+        )
+        .unwrap(),
+        run_embedded(
+            provider_core::worker(Arc::new(provider_anthropic::Anthropic {
+                base_url: base.clone(),
+            })),
+            e,
+        )
+        .unwrap(),
+        run_embedded(session_worker::worker(), e).unwrap(),
+        run_embedded(hook_fanout::worker(), e).unwrap(),
+        run_embedded(llm_budget::worker(), e).unwrap(),
+        run_embedded(directory::worker(), e).unwrap(),
+        run_embedded(context_compaction::worker(), e).unwrap(),
+        run_embedded(
+            provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
+                name: "scripted".into(),
+                base_url: format!("{base}/v1"),
+                key_optional: true,
+            })),
+            e,
+        )
+        .unwrap(),
+    ];
+    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    Stack {
+        _dir: dir,
+        work,
+        srv,
+        _workers: workers,
+        _policy_watch: watch,
+        client,
+        model,
+    }
+}
+
+pub const PERMISSIONS: &str = "version: 1\nrules:\n  - \"fs::read\"\n  - \"fs::list\"\n";
+
+pub fn call(id: &str, function: &str, payload: Value) -> Turn {
+    Turn {
+        text: Some(format!("Calling {function}.")),
+        tool_calls: vec![ToolCall {
+            id: id.into(),
+            name: "agent_trigger".into(),
+            arguments: json!({"function": function, "payload": payload}),
+        }],
+        usage: TurnUsage {
+            input: 100,
+            output: 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+pub fn text(t: &str) -> Turn {
+    Turn {
+        text: Some(t.into()),
+        usage: TurnUsage {
+            input: 100,
+            output: 10,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+pub async fn start(ctx: &Ctx, sid: &str, max_turns: Option<u32>) -> Value {
+    ctx.trigger(
+        "harness::trigger",
+        json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "max_turns": max_turns, "messages": [{"role": "user", "content": [{"type": "text", "text": "do the task"}], "timestamp": 1}]}}),
+    )
+    .await
+    .unwrap()
+}
+
+pub async fn wait_state(ctx: &Ctx, sid: &str, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = ctx
+            .trigger("turn::get_state", json!({"session_id": sid}))
+            .await
+            .unwrap();
+        if v["state"] == state {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session {sid} never reached {state}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn events(ctx: &Ctx, sid: &str) -> Vec<Value> {
+    let items = ctx
+        .trigger(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": sid}),
+        )
+        .await
+        .unwrap();
+    items["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["data"].clone())
+        .collect()
+}
+
+/// The turn record, with `messages` filled in from the session tree (where the history lives).
+pub async fn record(s: &Stack, sid: &str) -> Value {
+    let ctx = s.client.ctx();
+    let mut rec = ctx
+        .state_get("agent", &format!("session/{sid}/turn_state"))
+        .await
+        .unwrap();
+    assert_eq!(rec["tree"], true, "the run keeps its history in the session tree");
+    let tree = ctx
+        .trigger("session-tree::messages", json!({"session_id": sid}))
+        .await
+        .unwrap();
+    rec["messages"] = tree["messages"].clone();
+    rec
+}
+
