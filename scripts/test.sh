@@ -46,6 +46,11 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   HARNESS_TEST_BACKEND=aws cargo test --locked --test turn
   stage_done
 
+  stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills on the AWS backend)"
+  HARNESS_TEST_BACKEND=aws cargo test --locked -p session-worker -p llm-budget -p hook-fanout
+  HARNESS_TEST_BACKEND=aws cargo test --locked --test harness_jobs
+  stage_done
+
   stage "stop the AWS emulator"
   bash localstack/emu.sh stop
   trap - EXIT

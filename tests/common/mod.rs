@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 pub struct Stack {
     pub _dir: tempfile::TempDir,
     pub work: std::path::PathBuf,
@@ -65,11 +64,7 @@ pub async fn stack_with(permissions: &str, catalog: models_catalog::Catalog) -> 
         )
         .unwrap(),
         run_embedded(auth_credentials::worker(auth), e).unwrap(),
-        run_embedded(
-            models_catalog::worker(Arc::new(catalog)),
-            e,
-        )
-        .unwrap(),
+        run_embedded(models_catalog::worker(Arc::new(catalog)), e).unwrap(),
         run_embedded(
             provider_core::worker(Arc::new(provider_anthropic::Anthropic {
                 base_url: base.clone(),
@@ -185,7 +180,10 @@ pub async fn record(s: &Stack, sid: &str) -> Value {
         .state_get("agent", &format!("session/{sid}/turn_state"))
         .await
         .unwrap();
-    assert_eq!(rec["tree"], true, "the run keeps its history in the session tree");
+    assert_eq!(
+        rec["tree"], true,
+        "the run keeps its history in the session tree"
+    );
     let tree = ctx
         .trigger("session-tree::messages", json!({"session_id": sid}))
         .await
@@ -193,4 +191,3 @@ pub async fn record(s: &Stack, sid: &str) -> Value {
     rec["messages"] = tree["messages"].clone();
     rec
 }
-

@@ -34,11 +34,16 @@ fn storage(e: BusError) -> ErrorBody {
 async fn acquire(ctx: &Ctx, sid: &str, owner: &str) -> Result<bool, ErrorBody> {
     let t = now();
     ctx.state_transact(LEASE_SCOPE, sid, |current| {
-        let held = current.as_ref().is_some_and(|l| l["until_ms"].as_u64().unwrap_or(0) > t && l["owner"] != owner);
+        let held = current
+            .as_ref()
+            .is_some_and(|l| l["until_ms"].as_u64().unwrap_or(0) > t && l["owner"] != owner);
         if held {
             return Ok((Write::Keep, false));
         }
-        Ok((Write::Put(json!({"owner": owner, "until_ms": t + LEASE_MS})), true))
+        Ok((
+            Write::Put(json!({"owner": owner, "until_ms": t + LEASE_MS})),
+            true,
+        ))
     })
     .await
     .map_err(storage)
@@ -58,19 +63,27 @@ async fn model_of(ctx: &Ctx, sid: &str, data: &Value) -> Result<(String, String)
     if let (Some(p), Some(m)) = (data["provider"].as_str(), data["model"].as_str()) {
         return Ok((p.to_string(), m.to_string()));
     }
-    let req = ctx.state_get("agent", &format!("session/{sid}/run_request")).await.map_err(storage)?;
+    let req = ctx
+        .state_get("agent", &format!("session/{sid}/run_request"))
+        .await
+        .map_err(storage)?;
     match (req["provider"].as_str(), req["model"].as_str()) {
         (Some(p), Some(m)) => Ok((p.to_string(), m.to_string())),
-        _ => Err(ErrorBody::invalid("no `provider`/`model` given and the session has no run to take them from")),
+        _ => Err(ErrorBody::invalid(
+            "no `provider`/`model` given and the session has no run to take them from",
+        )),
     }
 }
 
 async fn context_window(ctx: &Ctx, provider: &str, model: &str) -> u64 {
-    ctx.trigger("models::get", json!({"provider": provider, "model_id": model}))
-        .await
-        .ok()
-        .and_then(|m| m["context_window"].as_u64())
-        .unwrap_or(DEFAULT_WINDOW)
+    ctx.trigger(
+        "models::get",
+        json!({"provider": provider, "model_id": model}),
+    )
+    .await
+    .ok()
+    .and_then(|m| m["context_window"].as_u64())
+    .unwrap_or(DEFAULT_WINDOW)
 }
 
 fn text(m: &AgentMessage) -> String {
@@ -98,24 +111,47 @@ async fn compact(ctx: &Ctx, data: &Value, force: bool) -> Result<Value, ErrorBod
     out
 }
 
-async fn compact_locked(ctx: &Ctx, sid: &str, data: &Value, force: bool) -> Result<Value, ErrorBody> {
+async fn compact_locked(
+    ctx: &Ctx,
+    sid: &str,
+    data: &Value,
+    force: bool,
+) -> Result<Value, ErrorBody> {
     let (provider, model) = model_of(ctx, sid, data).await?;
     let window = context_window(ctx, &provider, &model).await;
     let usable = plan::usable(window);
-    let tree = ctx.trigger("session-tree::messages", json!({"session_id": sid})).await?;
-    let messages: Vec<AgentMessage> = serde_json::from_value(tree["messages"].clone()).map_err(|e| ErrorBody::new("storage", format!("unreadable session messages: {e}")))?;
-    let entry_ids: Vec<String> = serde_json::from_value(tree["entry_ids"].clone()).unwrap_or_default();
+    let tree = ctx
+        .trigger("session-tree::messages", json!({"session_id": sid}))
+        .await?;
+    let messages: Vec<AgentMessage> = serde_json::from_value(tree["messages"].clone())
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable session messages: {e}")))?;
+    let entry_ids: Vec<String> =
+        serde_json::from_value(tree["entry_ids"].clone()).unwrap_or_default();
     let tokens_before = plan::estimate(&messages);
     if !force && tokens_before <= usable {
-        return Ok(json!({"status": "ok", "compacted": false, "session_id": sid, "tokens": tokens_before, "usable": usable}));
+        return Ok(
+            json!({"status": "ok", "compacted": false, "session_id": sid, "tokens": tokens_before, "usable": usable}),
+        );
     }
     let Some(tail) = plan::select_tail(&messages, usable) else {
-        return Ok(json!({"status": "empty", "session_id": sid, "tokens": tokens_before, "usable": usable}));
+        return Ok(
+            json!({"status": "empty", "session_id": sid, "tokens": tokens_before, "usable": usable}),
+        );
     };
-    let previous = messages.first().filter(|m| plan::is_summary(m)).map(|m| match m {
-        AgentMessage::Custom { content, .. } => content.iter().filter_map(|b| match b { ContentBlock::Text { text } => Some(text.clone()), _ => None }).collect::<Vec<_>>().join("\n"),
-        _ => String::new(),
-    });
+    let previous = messages
+        .first()
+        .filter(|m| plan::is_summary(m))
+        .map(|m| match m {
+            AgentMessage::Custom { content, .. } => content
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text { text } => Some(text.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        });
     let head_begin = usize::from(previous.is_some());
     let head = &messages[head_begin..tail];
     let request = json!({
@@ -124,18 +160,49 @@ async fn compact_locked(ctx: &Ctx, sid: &str, data: &Value, force: bool) -> Resu
         "messages": [user_text(&plan::user_prompt(previous.as_deref(), head))],
         "tools": [],
     });
-    let answer = ctx.trigger_timeout(&format!("provider::{provider}::complete"), request, SUMMARY_TIMEOUT).await?;
-    let answer: AgentMessage = serde_json::from_value(answer).map_err(|e| ErrorBody::new("summarize_failed", format!("the summarizer answered with no message: {e}")))?;
-    if let AgentMessage::Assistant { stop_reason: StopReason::Error, error_kind, error_message, .. } = &answer {
-        let overflow = matches!(error_kind, Some(harness_sdk::messages::ErrorKind::ContextOverflow));
+    let answer = ctx
+        .trigger_timeout(
+            &format!("provider::{provider}::complete"),
+            request,
+            SUMMARY_TIMEOUT,
+        )
+        .await?;
+    let answer: AgentMessage = serde_json::from_value(answer).map_err(|e| {
+        ErrorBody::new(
+            "summarize_failed",
+            format!("the summarizer answered with no message: {e}"),
+        )
+    })?;
+    if let AgentMessage::Assistant {
+        stop_reason: StopReason::Error,
+        error_kind,
+        error_message,
+        ..
+    } = &answer
+    {
+        let overflow = matches!(
+            error_kind,
+            Some(harness_sdk::messages::ErrorKind::ContextOverflow)
+        );
         if overflow {
-            return Ok(json!({"status": "overflow", "session_id": sid, "tokens": tokens_before, "error": error_message}));
+            return Ok(
+                json!({"status": "overflow", "session_id": sid, "tokens": tokens_before, "error": error_message}),
+            );
         }
-        return Err(ErrorBody::new("summarize_failed", format!("the summary call failed: {}", error_message.clone().unwrap_or_default())));
+        return Err(ErrorBody::new(
+            "summarize_failed",
+            format!(
+                "the summary call failed: {}",
+                error_message.clone().unwrap_or_default()
+            ),
+        ));
     }
     let summary = text(&answer);
     if summary.trim().is_empty() {
-        return Err(ErrorBody::new("summarize_failed", "the model returned an empty summary"));
+        return Err(ErrorBody::new(
+            "summarize_failed",
+            "the model returned an empty summary",
+        ));
     }
     let tail_start_id = entry_ids.get(tail).cloned();
     let tokens_after = plan::estimate(&summary) + plan::estimate(&messages[tail..]);
@@ -143,7 +210,11 @@ async fn compact_locked(ctx: &Ctx, sid: &str, data: &Value, force: bool) -> Resu
         .trigger("session-tree::compact", json!({"session_id": sid, "summary": summary, "tail_start_id": tail_start_id, "tokens_before": tokens_before, "details": {"provider": provider, "model": model, "tokens_after": tokens_after, "summarized_messages": head.len()}}))
         .await?;
     let entry_id = stored["entry_id"].clone();
-    let status = if tokens_after > usable { "overflow" } else { "ok" };
+    let status = if tokens_after > usable {
+        "overflow"
+    } else {
+        "ok"
+    };
     let event = json!({"summary_text": summary, "tokens_before": tokens_before, "compaction_entry_id": entry_id, "tail_start_id": tail_start_id});
     if data["emit_event"] != false {
         let mut item = event.clone();
@@ -153,7 +224,9 @@ async fn compact_locked(ctx: &Ctx, sid: &str, data: &Value, force: bool) -> Resu
             tracing::warn!(error = %e, "compaction_done not stored");
         }
     }
-    Ok(json!({"status": status, "compacted": true, "session_id": sid, "tokens_before": tokens_before, "tokens_after": tokens_after, "usable": usable, "compaction_entry_id": entry_id, "tail_start_id": tail_start_id, "summary_text": summary}))
+    Ok(
+        json!({"status": status, "compacted": true, "session_id": sid, "tokens_before": tokens_before, "tokens_after": tokens_after, "usable": usable, "compaction_entry_id": entry_id, "tail_start_id": tail_start_id, "summary_text": summary}),
+    )
 }
 
 async fn compact_now(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
@@ -166,29 +239,56 @@ async fn compact_session(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn prune_tool_outputs(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = req_str(&data, "session_id")?;
-    let over = data["max_chars"].as_u64().map_or(PRUNE_OVER_CHARS, |n| n as usize);
-    let tree = ctx.trigger("session-tree::messages", json!({"session_id": sid})).await?;
-    let messages: Vec<AgentMessage> = serde_json::from_value(tree["messages"].clone()).unwrap_or_default();
-    let entry_ids: Vec<String> = serde_json::from_value(tree["entry_ids"].clone()).unwrap_or_default();
+    let over = data["max_chars"]
+        .as_u64()
+        .map_or(PRUNE_OVER_CHARS, |n| n as usize);
+    let tree = ctx
+        .trigger("session-tree::messages", json!({"session_id": sid}))
+        .await?;
+    let messages: Vec<AgentMessage> =
+        serde_json::from_value(tree["messages"].clone()).unwrap_or_default();
+    let entry_ids: Vec<String> =
+        serde_json::from_value(tree["entry_ids"].clone()).unwrap_or_default();
     // The last turns stay whole.
-    let protected_from = messages.iter().enumerate().filter(|(_, m)| matches!(m, AgentMessage::Assistant { .. })).map(|(i, _)| i).rev().nth(plan::KEEP_TURNS - 1).unwrap_or(0);
+    let protected_from = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| matches!(m, AgentMessage::Assistant { .. }))
+        .map(|(i, _)| i)
+        .rev()
+        .nth(plan::KEEP_TURNS - 1)
+        .unwrap_or(0);
     let mut pruned = 0;
     let mut saved = 0u64;
     for (i, m) in messages.iter().enumerate().take(protected_from) {
-        let AgentMessage::FunctionResult { content, function_id, .. } = m else { continue };
+        let AgentMessage::FunctionResult {
+            content,
+            function_id,
+            ..
+        } = m
+        else {
+            continue;
+        };
         for (part, b) in content.iter().enumerate() {
-            let ContentBlock::Text { text } = b else { continue };
+            let ContentBlock::Text { text } = b else {
+                continue;
+            };
             let n = text.chars().count();
             if n <= over {
                 continue;
             }
-            let stub = format!("[output of {function_id} pruned: {n} characters; it began: {}…]", text.chars().take(200).collect::<String>());
+            let stub = format!(
+                "[output of {function_id} pruned: {n} characters; it began: {}…]",
+                text.chars().take(200).collect::<String>()
+            );
             ctx.trigger("session-tree::update_part", json!({"session_id": sid, "entry_id": entry_ids.get(i), "part_index": part, "part": {"type": "text", "text": stub}})).await?;
             pruned += 1;
             saved += (n.saturating_sub(stub.chars().count()) / 4) as u64;
         }
     }
-    Ok(json!({"status": if pruned == 0 { "empty" } else { "ok" }, "session_id": sid, "pruned": pruned, "tokens_saved": saved}))
+    Ok(
+        json!({"status": if pruned == 0 { "empty" } else { "ok" }, "session_id": sid, "pruned": pruned, "tokens_saved": saved}),
+    )
 }
 
 /// Stream trigger on `agent::turn_end`: compact a session that is over its window once its
@@ -198,15 +298,30 @@ async fn on_turn_end(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let Some(sid) = data["group_id"].as_str().map(str::to_owned) else {
         return Ok(json!({"ignored": "no session"}));
     };
-    let state = ctx.trigger("turn::get_state", json!({"session_id": sid})).await.unwrap_or(Value::Null);
-    if !matches!(state["state"].as_str(), None | Some("stopped") | Some("failed")) {
-        return Ok(json!({"skipped": "run live; the pre-flight check compacts", "session_id": sid}));
+    let state = ctx
+        .trigger("turn::get_state", json!({"session_id": sid}))
+        .await
+        .unwrap_or(Value::Null);
+    if !matches!(
+        state["state"].as_str(),
+        None | Some("stopped") | Some("failed")
+    ) {
+        return Ok(
+            json!({"skipped": "run live; the pre-flight check compacts", "session_id": sid}),
+        );
     }
     compact(&ctx, &json!({"session_id": sid}), false).await
 }
 
 pub fn worker() -> Worker {
-    let errs: &[(&str, &str)] = &[("summarize_failed", "the session's model could not produce a summary"), ("not_found", "no such session"), ("storage", "state store failure")];
+    let errs: &[(&str, &str)] = &[
+        (
+            "summarize_failed",
+            "the session's model could not produce a summary",
+        ),
+        ("not_found", "no such session"),
+        ("storage", "state store failure"),
+    ];
     let status = "ok (compacted: bool) | busy (another compactor holds the lease) | overflow (still over the window after compaction, or the summary call overflowed) | empty (nothing old enough to summarize)";
     let mut w = Worker::new("context-compaction");
     w.register_function(
@@ -217,23 +332,36 @@ pub fn worker() -> Worker {
         compact_now,
     );
     w.register_function(
-        def("context-compaction::compact_session", "Compact the session now, whatever its size.")
-            .request(json!({"session_id": "string", "provider": "optional", "model": "optional"}))
-            .response(json!({"status": status}))
-            .errors(errs),
+        def(
+            "context-compaction::compact_session",
+            "Compact the session now, whatever its size.",
+        )
+        .request(json!({"session_id": "string", "provider": "optional", "model": "optional"}))
+        .response(json!({"status": status}))
+        .errors(errs),
         compact_session,
     );
     w.register_function(
-        def("context-compaction::prune_tool_outputs", "Shorten large tool results outside the last two turns, in place.")
-            .request(json!({"session_id": "string", "max_chars": "optional (default 2000)"}))
-            .response(json!({"status": "ok|empty", "pruned": "number", "tokens_saved": "number"}))
-            .errors(errs),
+        def(
+            "context-compaction::prune_tool_outputs",
+            "Shorten large tool results outside the last two turns, in place.",
+        )
+        .request(json!({"session_id": "string", "max_chars": "optional (default 2000)"}))
+        .response(json!({"status": "ok|empty", "pruned": "number", "tokens_saved": "number"}))
+        .errors(errs),
         prune_tool_outputs,
     );
     w.register_function(
-        def("context-compaction::on_turn_end", "Stream trigger on agent::turn_end (one wake per turn)."),
+        def(
+            "context-compaction::on_turn_end",
+            "Stream trigger on agent::turn_end (one wake per turn).",
+        ),
         on_turn_end,
     );
-    w.register_trigger("stream", "context-compaction::on_turn_end", json!({"stream_name": "agent::turn_end"}));
+    w.register_trigger(
+        "stream",
+        "context-compaction::on_turn_end",
+        json!({"stream_name": "agent::turn_end"}),
+    );
     w
 }

@@ -46,8 +46,7 @@ pub fn select_tail(messages: &[AgentMessage], usable: u64) -> Option<usize> {
         start -= 1;
     }
     let budget = recent_budget(usable);
-    loop {
-        let Some(prev) = (head_begin..start).rev().find(|&i| boundary(i)) else { break };
+    while let Some(prev) = (head_begin..start).rev().find(|&i| boundary(i)) {
         if estimate(&messages[prev..]) > budget {
             break;
         }
@@ -60,7 +59,11 @@ fn render_block(b: &ContentBlock) -> String {
     match b {
         ContentBlock::Text { text } => text.clone(),
         ContentBlock::Thinking { text, .. } => format!("(thinking) {text}"),
-        ContentBlock::FunctionCall { function_id, arguments, .. } => format!("(calls {function_id} {arguments})"),
+        ContentBlock::FunctionCall {
+            function_id,
+            arguments,
+            ..
+        } => format!("(calls {function_id} {arguments})"),
         ContentBlock::Image { mime, .. } => format!("[image {mime}]"),
     }
 }
@@ -74,24 +77,59 @@ pub fn transcript(messages: &[AgentMessage]) -> String {
         let (who, blocks) = match m {
             AgentMessage::User { content, .. } => ("user".to_string(), content),
             AgentMessage::Assistant { content, .. } => ("assistant".to_string(), content),
-            AgentMessage::FunctionResult { function_id, is_error, content, .. } => (format!("result of {function_id}{}", if *is_error { " (error)" } else { "" }), content),
-            AgentMessage::Custom { custom_type, content, .. } => (custom_type.clone(), content),
+            AgentMessage::FunctionResult {
+                function_id,
+                is_error,
+                content,
+                ..
+            } => (
+                format!(
+                    "result of {function_id}{}",
+                    if *is_error { " (error)" } else { "" }
+                ),
+                content,
+            ),
+            AgentMessage::Custom {
+                custom_type,
+                content,
+                ..
+            } => (custom_type.clone(), content),
         };
-        let mut text: String = blocks.iter().map(render_block).collect::<Vec<_>>().join("\n");
+        let mut text: String = blocks
+            .iter()
+            .map(render_block)
+            .collect::<Vec<_>>()
+            .join("\n");
         if matches!(m, AgentMessage::FunctionResult { .. }) && text.chars().count() > RESULT_CHARS {
-            text = format!("{}… [cut]", text.chars().take(RESULT_CHARS).collect::<String>());
+            text = format!(
+                "{}… [cut]",
+                text.chars().take(RESULT_CHARS).collect::<String>()
+            );
         }
         out.push_str(&format!("[{who}]\n{text}\n\n"));
     }
     out
 }
 
-pub const SECTIONS: [&str; 8] = ["Goal", "Constraints", "Progress", "Key Decisions", "Tool Calls Made", "Next Steps", "Critical Context", "Relevant Files"];
+pub const SECTIONS: [&str; 8] = [
+    "Goal",
+    "Constraints",
+    "Progress",
+    "Key Decisions",
+    "Tool Calls Made",
+    "Next Steps",
+    "Critical Context",
+    "Relevant Files",
+];
 
 pub fn system_prompt() -> String {
     format!(
         "You compact the history of a conversation between a user and an AI agent so the agent can continue from your summary alone. Answer with exactly these Markdown sections, in this order: {}. Be specific: keep names, paths, ids, numbers, commands and error messages; say what is done and what is not. Never invent anything.",
-        SECTIONS.iter().map(|s| format!("## {s}")).collect::<Vec<_>>().join(", ")
+        SECTIONS
+            .iter()
+            .map(|s| format!("## {s}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 
@@ -114,10 +152,26 @@ mod tests {
     use serde_json::json;
 
     fn assistant(text: &str) -> AgentMessage {
-        AgentMessage::Assistant { content: vec![ContentBlock::Text { text: text.into() }], stop_reason: StopReason::FunctionCall, error_message: None, error_kind: None, usage: None, model: "m".into(), provider: "p".into(), timestamp: 0 }
+        AgentMessage::Assistant {
+            content: vec![ContentBlock::Text { text: text.into() }],
+            stop_reason: StopReason::FunctionCall,
+            error_message: None,
+            error_kind: None,
+            usage: None,
+            model: "m".into(),
+            provider: "p".into(),
+            timestamp: 0,
+        }
     }
     fn result(text: &str) -> AgentMessage {
-        AgentMessage::FunctionResult { function_call_id: "c".into(), function_id: "f".into(), content: vec![ContentBlock::Text { text: text.into() }], details: json!(null), is_error: false, timestamp: 0 }
+        AgentMessage::FunctionResult {
+            function_call_id: "c".into(),
+            function_id: "f".into(),
+            content: vec![ContentBlock::Text { text: text.into() }],
+            details: json!(null),
+            is_error: false,
+            timestamp: 0,
+        }
     }
 
     #[test]
@@ -133,7 +187,9 @@ mod tests {
         assert_eq!(start, 7);
         assert!(matches!(ms[start], AgentMessage::Assistant { .. }));
         // Small messages: the tail grows back over the recent budget, still on a boundary.
-        let small: Vec<AgentMessage> = std::iter::once(user_text("task")).chain((0..30).flat_map(|i| [assistant(&format!("turn {i}")), result("ok")])).collect();
+        let small: Vec<AgentMessage> = std::iter::once(user_text("task"))
+            .chain((0..30).flat_map(|i| [assistant(&format!("turn {i}")), result("ok")]))
+            .collect();
         let start = select_tail(&small, 40_000).unwrap();
         assert!(start < small.len() - 4);
         assert!(!matches!(small[start], AgentMessage::FunctionResult { .. }));

@@ -39,7 +39,11 @@ fn pretty(v: &Value) -> String {
 pub fn render(skill_id: &str, worker: &str, f: &Value) -> String {
     let id = f["function_id"].as_str().unwrap_or("?");
     let mut s = format!("# {id}\n\nWorker `{worker}` · skill `{skill_id}`\n\n");
-    s.push_str(f["description"].as_str().unwrap_or("(no description registered)"));
+    s.push_str(
+        f["description"]
+            .as_str()
+            .unwrap_or("(no description registered)"),
+    );
     s.push_str("\n\n## Request\n");
     match f.get("request_format").filter(|v| !v.is_null()) {
         Some(r) => s.push_str(&format!("```json\n{}\n```\n", pretty(r))),
@@ -91,7 +95,9 @@ pub async fn live_skills(ctx: &Ctx) -> Result<Vec<Skill>, BusError> {
         .collect();
     let mut out = Vec::new();
     for f in fns["functions"].as_array().into_iter().flatten() {
-        let Some(fid) = f["function_id"].as_str() else { continue };
+        let Some(fid) = f["function_id"].as_str() else {
+            continue;
+        };
         let worker = f["worker_id"]
             .as_str()
             .and_then(|w| names.get(w).cloned())
@@ -116,7 +122,12 @@ fn skill_json(s: &Skill) -> Value {
 /// Skills cached by `download`.
 async fn cached(ctx: &Ctx) -> Result<Vec<Value>, ErrorBody> {
     let v = ctx.state_list(SCOPE, None).await.map_err(storage)?;
-    Ok(v["items"].as_array().into_iter().flatten().map(|i| i["value"].clone()).collect())
+    Ok(v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| i["value"].clone())
+        .collect())
 }
 
 fn namespace_of(id: &str) -> Option<&str> {
@@ -133,12 +144,20 @@ async fn get(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         });
     }
     if !id.starts_with(PREFIX) {
-        return Err(ErrorBody::invalid(format!("skill ids look like iii://<worker>/<function>, not `{id}`")));
+        return Err(ErrorBody::invalid(format!(
+            "skill ids look like iii://<worker>/<function>, not `{id}`"
+        )));
     }
     let live = live_skills(&ctx).await.map_err(storage)?;
     // Also accept iii://<anything>/<function id> when the worker part is wrong but the function exists.
-    let function_part = id.strip_prefix(PREFIX).and_then(|r| r.split_once('/')).map(|(_, f)| f);
-    if let Some(s) = live.iter().find(|s| s.id == id).or_else(|| live.iter().find(|s| Some(s.function_id.as_str()) == function_part)) {
+    let function_part = id
+        .strip_prefix(PREFIX)
+        .and_then(|r| r.split_once('/'))
+        .map(|(_, f)| f);
+    if let Some(s) = live.iter().find(|s| s.id == id).or_else(|| {
+        live.iter()
+            .find(|s| Some(s.function_id.as_str()) == function_part)
+    }) {
         return Ok(skill_json(s));
     }
     let v = ctx.state_get(SCOPE, &id).await.map_err(storage)?;
@@ -147,11 +166,16 @@ async fn get(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         v["cached"] = json!(true);
         return Ok(v);
     }
-    Err(ErrorBody::new("not_found", format!("no skill `{id}`: see directory::skills::list for the ids")))
+    Err(ErrorBody::new(
+        "not_found",
+        format!("no skill `{id}`: see directory::skills::list for the ids"),
+    ))
 }
 
 async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
-    let ns = data["namespace"].as_str().map(|n| namespace_of(n).unwrap_or(n).to_string());
+    let ns = data["namespace"]
+        .as_str()
+        .map(|n| namespace_of(n).unwrap_or(n).to_string());
     let mut by_id: BTreeMap<String, Value> = BTreeMap::new();
     for c in cached(&ctx).await? {
         if let Some(id) = c["id"].as_str() {
@@ -178,7 +202,9 @@ async fn index(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
             .or_default()
             .push(s["function_id"].as_str().unwrap_or("?").to_string());
     }
-    let mut body = String::from("Skills: fetch one with directory::skills::get {\"id\": \"iii://<worker>/<function>\"}.\n");
+    let mut body = String::from(
+        "Skills: fetch one with directory::skills::get {\"id\": \"iii://<worker>/<function>\"}.\n",
+    );
     for (worker, fns) in &by_worker {
         body.push_str(&format!("- iii://{worker}: {}\n", fns.join(", ")));
     }
@@ -188,22 +214,39 @@ async fn index(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
 async fn download(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = req_str(&data, "id")?;
     let all = id == INDEX_ID;
-    let ns = if all { None } else {
-        Some(namespace_of(&id).ok_or_else(|| ErrorBody::invalid(format!("a namespace looks like iii://<worker>, not `{id}`")))?.to_string())
+    let ns = if all {
+        None
+    } else {
+        Some(
+            namespace_of(&id)
+                .ok_or_else(|| {
+                    ErrorBody::invalid(format!("a namespace looks like iii://<worker>, not `{id}`"))
+                })?
+                .to_string(),
+        )
     };
     let mut ids = Vec::new();
     for s in live_skills(&ctx).await.map_err(storage)? {
         if ns.as_deref().is_some_and(|n| n != s.worker) {
             continue;
         }
-        ctx.state_set(SCOPE, &s.id, skill_json(&s)).await.map_err(storage)?;
+        ctx.state_set(SCOPE, &s.id, skill_json(&s))
+            .await
+            .map_err(storage)?;
         ids.push(s.id);
     }
     Ok(json!({"id": id, "downloaded": ids.len(), "ids": ids}))
 }
 
 pub fn worker() -> Worker {
-    let errs: &[(&str, &str)] = &[("not_found", "no such skill"), ("invalid_message", "the id is not an iii:// skill or namespace id"), ("storage", "the state store failed")];
+    let errs: &[(&str, &str)] = &[
+        ("not_found", "no such skill"),
+        (
+            "invalid_message",
+            "the id is not an iii:// skill or namespace id",
+        ),
+        ("storage", "the state store failed"),
+    ];
     let mut w = Worker::new("directory");
     w.register_function(
         def("directory::skills::get", "A function's skill: what it does, request and response shapes, error codes, usage. Read it before first use.")
@@ -220,16 +263,22 @@ pub fn worker() -> Worker {
         list,
     );
     w.register_function(
-        def("directory::skills::index", "One line per namespace with its functions (what the system prompt includes).")
-            .response(json!({"body": "markdown", "namespaces": ["string"]}))
-            .errors(errs),
+        def(
+            "directory::skills::index",
+            "One line per namespace with its functions (what the system prompt includes).",
+        )
+        .response(json!({"body": "markdown", "namespaces": ["string"]}))
+        .errors(errs),
         index,
     );
     w.register_function(
-        def("directory::skills::download", "Cache a namespace's skills (iii://<worker>, or iii://iii-directory/index for all).")
-            .request(json!({"id": "namespace"}))
-            .response(json!({"downloaded": "number", "ids": ["string"]}))
-            .errors(errs),
+        def(
+            "directory::skills::download",
+            "Cache a namespace's skills (iii://<worker>, or iii://iii-directory/index for all).",
+        )
+        .request(json!({"id": "namespace"}))
+        .response(json!({"downloaded": "number", "ids": ["string"]}))
+        .errors(errs),
         download,
     );
     w

@@ -119,7 +119,9 @@ fn parse(data: &Value) -> Result<Options, ErrorBody> {
                 .ok_or_else(|| ErrorBody::invalid(format!("`{f}` must be a non-negative integer"))),
         }
     };
-    let timeout = num("timeout_ms")?.unwrap_or(DEFAULT_TIMEOUT_MS).max(MIN_TIMEOUT_MS);
+    let timeout = num("timeout_ms")?
+        .unwrap_or(DEFAULT_TIMEOUT_MS)
+        .max(MIN_TIMEOUT_MS);
     Ok(Options {
         topic,
         payload: data.get("payload").cloned().unwrap_or(Value::Null),
@@ -140,14 +142,17 @@ pub async fn publish_collect(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> 
     let subs = match subscribers(&ctx, &o.topic).await {
         Ok(s) => s,
         Err(e) => {
-            return Ok(json!({"event_id": event_id, "replies": [], "merged": merge(o.rule, &[]),
-                "publish": {"ok": false, "error": e.to_string()}, "publish_failed": true}));
+            return Ok(
+                json!({"event_id": event_id, "replies": [], "merged": merge(o.rule, &[]),
+                "publish": {"ok": false, "error": e.to_string()}, "publish_failed": true}),
+            );
         }
     };
     let started = Instant::now();
     let mut replies: Vec<Value> = Vec::new();
     let mut failures: Vec<Value> = Vec::new();
-    let message = |payload: &Value| json!({"event_id": event_id, "topic": o.topic, "payload": payload});
+    let message =
+        |payload: &Value| json!({"event_id": event_id, "topic": o.topic, "payload": payload});
 
     if o.rule == MergeRule::PipelineLastWins {
         // Each subscriber gets the previous one's output.
@@ -241,13 +246,36 @@ mod tests {
 
     #[test]
     fn merge_rules() {
-        let replies = [json!({"block": false}), json!({"block": true, "reason": "no", "subscriber": "h::b"}), json!({"decision": "deny", "reason": "later"})];
-        assert_eq!(merge(MergeRule::FirstBlockWins, &replies), json!({"block": true, "reason": "no", "subscriber": "h::b"}));
-        assert_eq!(merge(MergeRule::FirstBlockWins, &[json!({"x": 1})]), json!({"block": false}));
-        assert_eq!(merge(MergeRule::FirstBlockWins, &[]), json!({"block": false}));
-        let fm = merge(MergeRule::FieldMerge, &[json!({"a": 1, "b": 1}), json!({"b": 2}), json!("not an object")]);
+        let replies = [
+            json!({"block": false}),
+            json!({"block": true, "reason": "no", "subscriber": "h::b"}),
+            json!({"decision": "deny", "reason": "later"}),
+        ];
+        assert_eq!(
+            merge(MergeRule::FirstBlockWins, &replies),
+            json!({"block": true, "reason": "no", "subscriber": "h::b"})
+        );
+        assert_eq!(
+            merge(MergeRule::FirstBlockWins, &[json!({"x": 1})]),
+            json!({"block": false})
+        );
+        assert_eq!(
+            merge(MergeRule::FirstBlockWins, &[]),
+            json!({"block": false})
+        );
+        let fm = merge(
+            MergeRule::FieldMerge,
+            &[
+                json!({"a": 1, "b": 1}),
+                json!({"b": 2}),
+                json!("not an object"),
+            ],
+        );
         assert_eq!(fm, json!({"a": 1, "b": 2}));
-        assert_eq!(merge(MergeRule::PipelineLastWins, &[json!(1), json!(2)]), json!(2));
+        assert_eq!(
+            merge(MergeRule::PipelineLastWins, &[json!(1), json!(2)]),
+            json!(2)
+        );
         assert_eq!(merge(MergeRule::PipelineLastWins, &[]), Value::Null);
     }
 }

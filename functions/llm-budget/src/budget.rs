@@ -249,13 +249,25 @@ mod tests {
     fn check_reasons() {
         let t = 10 * DAY_MS;
         let mut b = budget(t);
-        assert_eq!(b.check(0, None, t).allowed, true);
-        assert_eq!(b.check(to_nanos(2.0), None, t).reason, Some("ceiling_exceeded"));
+        assert!(b.check(0, None, t).allowed);
+        assert_eq!(
+            b.check(to_nanos(2.0), None, t).reason,
+            Some("ceiling_exceeded")
+        );
         b.record(to_nanos(1.0));
         assert_eq!(b.check(0, None, t).reason, Some("ceiling_exceeded"));
-        b.exemptions.insert("agent-1".into(), Exemption { reason: "demo".into(), until_ms: t + EXEMPTION_MS });
+        b.exemptions.insert(
+            "agent-1".into(),
+            Exemption {
+                reason: "demo".into(),
+                until_ms: t + EXEMPTION_MS,
+            },
+        );
         assert_eq!(b.check(0, Some("agent-1"), t).reason, Some("exempt"));
-        assert_eq!(b.check(0, Some("agent-1"), t + EXEMPTION_MS).reason, Some("ceiling_exceeded"));
+        assert_eq!(
+            b.check(0, Some("agent-1"), t + EXEMPTION_MS).reason,
+            Some("ceiling_exceeded")
+        );
         b.enforced = false;
         assert_eq!(b.check(0, None, t).reason, Some("not_enforced"));
         b.paused = true;
@@ -279,6 +291,9 @@ mod tests {
         assert!(!b.applies_to(Some("other"), None));
         let mut g = budget(0);
         g.workspace_id = None;
-        assert!(!g.applies_to(Some("ws"), None), "an unscoped budget is only used by id");
+        assert!(
+            !g.applies_to(Some("ws"), None),
+            "an unscoped budget is only used by id"
+        );
     }
 }

@@ -35,7 +35,9 @@ fn not_found(id: &str) -> ErrorBody {
 fn budget_id(data: &Value) -> Result<String, ErrorBody> {
     let id = req_str(data, "budget_id")?;
     if id.is_empty() || id.contains('/') {
-        return Err(ErrorBody::invalid("`budget_id` must be non-empty without `/`"));
+        return Err(ErrorBody::invalid(
+            "`budget_id` must be non-empty without `/`",
+        ));
     }
     Ok(id)
 }
@@ -43,13 +45,20 @@ fn budget_id(data: &Value) -> Result<String, ErrorBody> {
 fn positive_usd(v: &Value, field: &str) -> Result<f64, ErrorBody> {
     match v.as_f64() {
         Some(x) if x > 0.0 && x.is_finite() => Ok(x),
-        _ => Err(ErrorBody::invalid(format!("`{field}` must be a number > 0"))),
+        _ => Err(ErrorBody::invalid(format!(
+            "`{field}` must be a number > 0"
+        ))),
     }
 }
 
 /// Run `f` on the budget after lazy rollover, and write when `f` changed it (`write`) or a
 /// window closed → (budget after, f's output).
-async fn with_budget<T, F>(ctx: &Ctx, id: &str, write: bool, mut f: F) -> Result<(Budget, T), ErrorBody>
+async fn with_budget<T, F>(
+    ctx: &Ctx,
+    id: &str,
+    write: bool,
+    mut f: F,
+) -> Result<(Budget, T), ErrorBody>
 where
     F: FnMut(&mut Budget) -> Result<T, ErrorBody>,
 {
@@ -62,7 +71,15 @@ where
             };
             let mut b: Budget = match serde_json::from_value(current) {
                 Ok(b) => b,
-                Err(e) => return Ok((Write::Keep, Err(ErrorBody::new("storage", format!("unreadable budget `{id}`: {e}"))))),
+                Err(e) => {
+                    return Ok((
+                        Write::Keep,
+                        Err(ErrorBody::new(
+                            "storage",
+                            format!("unreadable budget `{id}`: {e}"),
+                        )),
+                    ));
+                }
             };
             let closed = b.rollover(t);
             let out = match f(&mut b) {
@@ -82,7 +99,14 @@ where
     if let Some(w) = closed_out {
         // Archived after the commit; the record's recent list holds it meanwhile.
         let key = format!("{id}/{:013}", w.start_ms);
-        if let Err(e) = ctx.state_set(ARCHIVE, &key, serde_json::to_value(&w).unwrap_or(Value::Null)).await {
+        if let Err(e) = ctx
+            .state_set(
+                ARCHIVE,
+                &key,
+                serde_json::to_value(&w).unwrap_or(Value::Null),
+            )
+            .await
+        {
             tracing::warn!(budget = id, error = %e, "closed window not archived");
         }
     }
@@ -100,7 +124,10 @@ async fn fire(ctx: &Ctx, b: &Budget, alerts: Vec<Alert>) {
             "window_start_ms": b.window.start_ms,
             "payload": a.callback_payload,
         });
-        if let Err(e) = ctx.trigger_timeout(&a.callback_function_id, payload, CALLBACK_TIMEOUT).await {
+        if let Err(e) = ctx
+            .trigger_timeout(&a.callback_function_id, payload, CALLBACK_TIMEOUT)
+            .await
+        {
             tracing::warn!(budget = %b.budget_id, callback = %a.callback_function_id, error = %e, "budget alert callback failed");
         }
     }
@@ -111,8 +138,11 @@ async fn fire(ctx: &Ctx, b: &Budget, alerts: Vec<Alert>) {
 async fn create(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let ceiling = positive_usd(&data["ceiling_usd"], "ceiling_usd")?;
     let period_s = req_str(&data, "period")?;
-    let period = Period::parse(&period_s)
-        .ok_or_else(|| ErrorBody::invalid(format!("`period` must be day, week or month, not `{period_s}`")))?;
+    let period = Period::parse(&period_s).ok_or_else(|| {
+        ErrorBody::invalid(format!(
+            "`period` must be day, week or month, not `{period_s}`"
+        ))
+    })?;
     let id = match data["budget_id"].as_str() {
         Some(id) => budget_id(&json!({"budget_id": id}))?,
         None => format!("bud-{}", engine_gateway::trace::random_hex(6)),
@@ -133,9 +163,20 @@ async fn create(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         alerts: Vec::new(),
         exemptions: Default::default(),
     };
-    match ctx.state_set_if(SCOPE, &id, serde_json::to_value(&b).unwrap_or(Value::Null), 0).await {
+    match ctx
+        .state_set_if(
+            SCOPE,
+            &id,
+            serde_json::to_value(&b).unwrap_or(Value::Null),
+            0,
+        )
+        .await
+    {
         Ok(_) => Ok(json!({"budget_id": id, "budget": b.view()})),
-        Err(BusError::VersionConflict(_)) => Err(ErrorBody::new("already_exists", format!("budget `{id}` already exists"))),
+        Err(BusError::VersionConflict(_)) => Err(ErrorBody::new(
+            "already_exists",
+            format!("budget `{id}` already exists"),
+        )),
         Err(e) => Err(storage(e)),
     }
 }
@@ -147,7 +188,9 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let t = now();
     let mut out = Vec::new();
     for item in v["items"].as_array().into_iter().flatten() {
-        let Ok(mut b) = serde_json::from_value::<Budget>(item["value"].clone()) else { continue };
+        let Ok(mut b) = serde_json::from_value::<Budget>(item["value"].clone()) else {
+            continue;
+        };
         if (ws.is_some() || ag.is_some()) && !b.applies_to(ws, ag) {
             continue;
         }
@@ -165,7 +208,10 @@ async fn get(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn update(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
-    let patch = data["patch"].as_object().cloned().ok_or_else(|| ErrorBody::invalid("`patch` must be an object"))?;
+    let patch = data["patch"]
+        .as_object()
+        .cloned()
+        .ok_or_else(|| ErrorBody::invalid("`patch` must be an object"))?;
     let t = now();
     let (b, _) = with_budget(&ctx, &id, true, |b| {
         for (k, v) in &patch {
@@ -207,11 +253,18 @@ async fn check(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
     let estimated = match data.get("estimated_cost_usd") {
         None | Some(Value::Null) => 0,
-        Some(v) => to_nanos(v.as_f64().filter(|x| *x >= 0.0).ok_or_else(|| ErrorBody::invalid("`estimated_cost_usd` must be a number >= 0"))?),
+        Some(v) => to_nanos(
+            v.as_f64()
+                .filter(|x| *x >= 0.0)
+                .ok_or_else(|| ErrorBody::invalid("`estimated_cost_usd` must be a number >= 0"))?,
+        ),
     };
     let principal = data["principal_id"].as_str().map(str::to_owned);
     let t = now();
-    let (b, outcome) = with_budget(&ctx, &id, false, |b| Ok(b.check(estimated, principal.as_deref(), t))).await?;
+    let (b, outcome) = with_budget(&ctx, &id, false, |b| {
+        Ok(b.check(estimated, principal.as_deref(), t))
+    })
+    .await?;
     let mut out = json!({"budget_id": id, "allowed": outcome.allowed, "remaining_usd": to_usd(outcome.remaining_nanos), "spent_usd": to_usd(b.window.spent_nanos), "ceiling_usd": to_usd(b.ceiling_nanos)});
     if let Some(r) = outcome.reason {
         out["reason"] = json!(r);
@@ -221,12 +274,17 @@ async fn check(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn record(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
-    let cost = data["cost_usd"].as_f64().filter(|x| *x >= 0.0 && x.is_finite()).ok_or_else(|| ErrorBody::invalid("`cost_usd` must be a number >= 0"))?;
+    let cost = data["cost_usd"]
+        .as_f64()
+        .filter(|x| *x >= 0.0 && x.is_finite())
+        .ok_or_else(|| ErrorBody::invalid("`cost_usd` must be a number >= 0"))?;
     let nanos = to_nanos(cost);
     let (b, fired) = with_budget(&ctx, &id, true, |b| Ok(b.record(nanos))).await?;
     let alerts: Vec<String> = fired.iter().map(|a| a.alert_id.clone()).collect();
     fire(&ctx, &b, fired).await;
-    Ok(json!({"budget_id": id, "spent_usd": to_usd(b.window.spent_nanos), "remaining_usd": to_usd(b.remaining_nanos()), "alerts_fired": alerts}))
+    Ok(
+        json!({"budget_id": id, "spent_usd": to_usd(b.window.spent_nanos), "remaining_usd": to_usd(b.remaining_nanos()), "alerts_fired": alerts}),
+    )
 }
 
 async fn reset(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
@@ -245,18 +303,31 @@ async fn reset(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn alert_set(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
-    let pct = data["threshold_pct"].as_f64().filter(|p| *p > 0.0 && *p <= 1.0).ok_or_else(|| ErrorBody::invalid("`threshold_pct` must be in (0, 1]"))?;
+    let pct = data["threshold_pct"]
+        .as_f64()
+        .filter(|p| *p > 0.0 && *p <= 1.0)
+        .ok_or_else(|| ErrorBody::invalid("`threshold_pct` must be in (0, 1]"))?;
     let callback = req_str(&data, "callback_function_id")?;
     let payload = data.get("callback_payload").cloned().unwrap_or(Value::Null);
     let (_, alert_id) = with_budget(&ctx, &id, true, |b| {
         // One alert per threshold: setting it again replaces the callback, keeps fired state.
-        if let Some(a) = b.alerts.iter_mut().find(|a| (a.threshold_pct - pct).abs() < 1e-9) {
+        if let Some(a) = b
+            .alerts
+            .iter_mut()
+            .find(|a| (a.threshold_pct - pct).abs() < 1e-9)
+        {
             a.callback_function_id = callback.clone();
             a.callback_payload = payload.clone();
             return Ok(a.alert_id.clone());
         }
         let alert_id = format!("alert-{}", (pct * 100.0).round() as u64);
-        b.alerts.push(Alert { alert_id: alert_id.clone(), threshold_pct: pct, callback_function_id: callback.clone(), callback_payload: payload.clone(), fired_window_start: None });
+        b.alerts.push(Alert {
+            alert_id: alert_id.clone(),
+            threshold_pct: pct,
+            callback_function_id: callback.clone(),
+            callback_payload: payload.clone(),
+            fired_window_start: None,
+        });
         Ok(alert_id)
     })
     .await?;
@@ -266,8 +337,16 @@ async fn alert_set(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 async fn usage(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
     let (b, _) = with_budget(&ctx, &id, false, |_| Ok(())).await?;
-    let archived = ctx.state_list(ARCHIVE, Some(&format!("{id}/"))).await.map_err(storage)?;
-    let mut windows: Vec<Window> = archived["items"].as_array().into_iter().flatten().filter_map(|i| serde_json::from_value(i["value"].clone()).ok()).collect();
+    let archived = ctx
+        .state_list(ARCHIVE, Some(&format!("{id}/")))
+        .await
+        .map_err(storage)?;
+    let mut windows: Vec<Window> = archived["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| serde_json::from_value(i["value"].clone()).ok())
+        .collect();
     for w in &b.recent_windows {
         if !windows.iter().any(|x| x.start_ms == w.start_ms) {
             windows.push(w.clone());
@@ -278,9 +357,15 @@ async fn usage(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let selected = match data["window"].as_str() {
         None | Some("current") => b.window.view(),
         Some("previous") => windows.last().map(Window::view).unwrap_or(Value::Null),
-        Some(other) => return Err(ErrorBody::invalid(format!("`window` must be current or previous, not `{other}`"))),
+        Some(other) => {
+            return Err(ErrorBody::invalid(format!(
+                "`window` must be current or previous, not `{other}`"
+            )));
+        }
     };
-    Ok(json!({"budget_id": id, "period": b.period, "window": selected, "current": b.window.view(), "history": history}))
+    Ok(
+        json!({"budget_id": id, "period": b.period, "window": selected, "current": b.window.view(), "history": history}),
+    )
 }
 
 async fn forecast(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
@@ -292,7 +377,9 @@ async fn forecast(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn enforce(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
-    let on = data["enforced"].as_bool().ok_or_else(|| ErrorBody::invalid("`enforced` must be a boolean"))?;
+    let on = data["enforced"]
+        .as_bool()
+        .ok_or_else(|| ErrorBody::invalid("`enforced` must be a boolean"))?;
     let (b, _) = with_budget(&ctx, &id, true, |b| {
         b.enforced = on;
         Ok(())
@@ -307,7 +394,13 @@ async fn exempt(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let reason = req_str(&data, "reason")?;
     let until = now() + EXEMPTION_MS;
     with_budget(&ctx, &id, true, |b| {
-        b.exemptions.insert(principal.clone(), Exemption { reason: reason.clone(), until_ms: until });
+        b.exemptions.insert(
+            principal.clone(),
+            Exemption {
+                reason: reason.clone(),
+                until_ms: until,
+            },
+        );
         Ok(())
     })
     .await?;
@@ -316,7 +409,9 @@ async fn exempt(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn pause(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = budget_id(&data)?;
-    let paused = data["paused"].as_bool().ok_or_else(|| ErrorBody::invalid("`paused` must be a boolean"))?;
+    let paused = data["paused"]
+        .as_bool()
+        .ok_or_else(|| ErrorBody::invalid("`paused` must be a boolean"))?;
     let (b, _) = with_budget(&ctx, &id, true, |b| {
         b.paused = paused;
         Ok(())
@@ -326,22 +421,106 @@ async fn pause(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 }
 
 pub fn worker() -> Worker {
-    let errs: &[(&str, &str)] = &[("not_found", "no budget with that id"), ("invalid_message", "a field is missing or out of range; the message names it"), ("storage", "the state store failed; safe to retry")];
+    let errs: &[(&str, &str)] = &[
+        ("not_found", "no budget with that id"),
+        (
+            "invalid_message",
+            "a field is missing or out of range; the message names it",
+        ),
+        ("storage", "the state store failed; safe to retry"),
+    ];
     let bid = json!({"budget_id": "string"});
     let mut w = Worker::new("llm-budget");
     w.register_function(def("budget::create", "Create a spend ceiling for a UTC day, week (from Monday) or month.").request(json!({"ceiling_usd": "> 0", "period": "day|week|month", "workspace_id": "optional scope", "agent_id": "optional scope", "name": "optional", "budget_id": "optional (generated)"})).response(json!({"budget_id": "string", "budget": "Budget"})).errors(errs), create);
-    w.register_function(def("budget::list", "Budgets; with workspace_id/agent_id, only those that govern such a run.").request(json!({"workspace_id": "optional", "agent_id": "optional"})).response(json!({"budgets": ["Budget"]})).errors(errs), list);
+    w.register_function(
+        def(
+            "budget::list",
+            "Budgets; with workspace_id/agent_id, only those that govern such a run.",
+        )
+        .request(json!({"workspace_id": "optional", "agent_id": "optional"}))
+        .response(json!({"budgets": ["Budget"]}))
+        .errors(errs),
+        list,
+    );
     w.register_function(def("budget::get", "One budget with its current window.").request(bid.clone()).response(json!({"budget_id": "string", "ceiling_usd": "number", "spent_usd": "number", "remaining_usd": "number", "window": {}})).errors(errs), get);
-    w.register_function(def("budget::update", "Change name, scope, ceiling_usd, period, enforced or paused.").request(json!({"budget_id": "string", "patch": {}})).response(json!({"budget": "Budget"})).errors(errs), update);
-    w.register_function(def("budget::delete", "Delete a budget.").request(bid.clone()).response(json!({"deleted": "bool"})).errors(errs), delete);
+    w.register_function(
+        def(
+            "budget::update",
+            "Change name, scope, ceiling_usd, period, enforced or paused.",
+        )
+        .request(json!({"budget_id": "string", "patch": {}}))
+        .response(json!({"budget": "Budget"}))
+        .errors(errs),
+        update,
+    );
+    w.register_function(
+        def("budget::delete", "Delete a budget.")
+            .request(bid.clone())
+            .response(json!({"deleted": "bool"}))
+            .errors(errs),
+        delete,
+    );
     w.register_function(def("budget::check", "May this principal spend (estimated_cost_usd more)?").request(json!({"budget_id": "string", "estimated_cost_usd": "optional", "principal_id": "optional"})).response(json!({"allowed": "bool", "remaining_usd": "number", "reason": "paused|not_enforced|exempt|ceiling_exceeded"})).errors(errs), check);
-    w.register_function(def("budget::record", "Add spend; fires threshold alerts once per period.").request(json!({"budget_id": "string", "cost_usd": ">= 0"})).response(json!({"spent_usd": "number", "remaining_usd": "number", "alerts_fired": ["alert id"]})).errors(errs), record);
-    w.register_function(def("budget::reset", "Zero the current window's spend and re-arm its alerts.").request(bid.clone()).response(json!({"budget": "Budget"})).errors(errs), reset);
+    w.register_function(
+        def(
+            "budget::record",
+            "Add spend; fires threshold alerts once per period.",
+        )
+        .request(json!({"budget_id": "string", "cost_usd": ">= 0"}))
+        .response(
+            json!({"spent_usd": "number", "remaining_usd": "number", "alerts_fired": ["alert id"]}),
+        )
+        .errors(errs),
+        record,
+    );
+    w.register_function(
+        def(
+            "budget::reset",
+            "Zero the current window's spend and re-arm its alerts.",
+        )
+        .request(bid.clone())
+        .response(json!({"budget": "Budget"}))
+        .errors(errs),
+        reset,
+    );
     w.register_function(def("budget::alert_set", "Call callback_function_id once per period when spend reaches threshold_pct of the ceiling.").request(json!({"budget_id": "string", "threshold_pct": "(0, 1]", "callback_function_id": "string", "callback_payload": "optional"})).response(json!({"alert_id": "string"})).errors(errs), alert_set);
-    w.register_function(def("budget::usage", "The current (or previous) window and every archived one.").request(json!({"budget_id": "string", "window": "current|previous"})).response(json!({"window": {}, "history": []})).errors(errs), usage);
+    w.register_function(
+        def(
+            "budget::usage",
+            "The current (or previous) window and every archived one.",
+        )
+        .request(json!({"budget_id": "string", "window": "current|previous"}))
+        .response(json!({"window": {}, "history": []}))
+        .errors(errs),
+        usage,
+    );
     w.register_function(def("budget::forecast", "Spend extrapolated from this window's rate.").request(bid.clone()).response(json!({"projected_month_usd": "number", "on_track": "bool", "days_until_breach": "number|null"})).errors(errs), forecast);
-    w.register_function(def("budget::enforce", "Turn enforcement on or off (off: check always allows, reason not_enforced).").request(json!({"budget_id": "string", "enforced": "bool"})).response(json!({"enforced": "bool"})).errors(errs), enforce);
-    w.register_function(def("budget::exempt", "Exempt a principal for 24 hours.").request(json!({"budget_id": "string", "principal_id": "string", "reason": "string"})).response(json!({"until_ms": "number"})).errors(errs), exempt);
-    w.register_function(def("budget::pause", "Pause (check denies everything, reason paused) or resume.").request(json!({"budget_id": "string", "paused": "bool"})).response(json!({"paused": "bool"})).errors(errs), pause);
+    w.register_function(
+        def(
+            "budget::enforce",
+            "Turn enforcement on or off (off: check always allows, reason not_enforced).",
+        )
+        .request(json!({"budget_id": "string", "enforced": "bool"}))
+        .response(json!({"enforced": "bool"}))
+        .errors(errs),
+        enforce,
+    );
+    w.register_function(
+        def("budget::exempt", "Exempt a principal for 24 hours.")
+            .request(json!({"budget_id": "string", "principal_id": "string", "reason": "string"}))
+            .response(json!({"until_ms": "number"}))
+            .errors(errs),
+        exempt,
+    );
+    w.register_function(
+        def(
+            "budget::pause",
+            "Pause (check denies everything, reason paused) or resume.",
+        )
+        .request(json!({"budget_id": "string", "paused": "bool"}))
+        .response(json!({"paused": "bool"}))
+        .errors(errs),
+        pause,
+    );
     w
 }

@@ -98,13 +98,28 @@ mod tests {
     fn windows_are_utc_days_monday_weeks_and_calendar_months() {
         // 2026-11-30 is a Monday.
         let t = ms(2026, 11, 30, 15);
-        assert_eq!(window(Period::Day, t), (ms(2026, 11, 30, 0), ms(2026, 12, 1, 0)));
-        assert_eq!(window(Period::Week, t), (ms(2026, 11, 30, 0), ms(2026, 12, 7, 0)));
+        assert_eq!(
+            window(Period::Day, t),
+            (ms(2026, 11, 30, 0), ms(2026, 12, 1, 0))
+        );
+        assert_eq!(
+            window(Period::Week, t),
+            (ms(2026, 11, 30, 0), ms(2026, 12, 7, 0))
+        );
         // Sunday 2026-12-06 23:00 is still that week.
-        assert_eq!(window(Period::Week, ms(2026, 12, 6, 23)).0, ms(2026, 11, 30, 0));
-        assert_eq!(window(Period::Month, t), (ms(2026, 11, 1, 0), ms(2026, 12, 1, 0)));
+        assert_eq!(
+            window(Period::Week, ms(2026, 12, 6, 23)).0,
+            ms(2026, 11, 30, 0)
+        );
+        assert_eq!(
+            window(Period::Month, t),
+            (ms(2026, 11, 1, 0), ms(2026, 12, 1, 0))
+        );
         // December rolls into the next year; February in a leap year has 29 days.
-        assert_eq!(window(Period::Month, ms(2026, 12, 31, 23)).1, ms(2027, 1, 1, 0));
+        assert_eq!(
+            window(Period::Month, ms(2026, 12, 31, 23)).1,
+            ms(2027, 1, 1, 0)
+        );
         assert_eq!(month_ms(ms(2028, 2, 10, 0)), 29 * DAY_MS);
     }
 }

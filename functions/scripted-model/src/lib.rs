@@ -237,7 +237,11 @@ impl ScriptedModel {
             .cassette
             .turns
             .iter()
-            .filter(|t| !t.when.as_deref().is_some_and(|w| w.starts_with(SYSTEM_CONDITION)))
+            .filter(|t| {
+                !t.when
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with(SYSTEM_CONDITION))
+            })
             .cloned()
             .collect();
         let n = turns.len();

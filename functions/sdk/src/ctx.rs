@@ -236,7 +236,12 @@ impl Ctx {
     /// Read-modify-write of one key, atomic across processes: `f` sees the current value
     /// (or `None`) and decides; the write is conditional on the version read, and a conflict
     /// (another writer got there first) runs `f` again on the fresh value.
-    pub async fn state_transact<T, F>(&self, scope: &str, key: &str, mut f: F) -> Result<T, BusError>
+    pub async fn state_transact<T, F>(
+        &self,
+        scope: &str,
+        key: &str,
+        mut f: F,
+    ) -> Result<T, BusError>
     where
         F: FnMut(Option<Value>) -> Result<(Write, T), BusError>,
     {

@@ -86,7 +86,9 @@ pub async fn load_entries(ctx: &Ctx, sid: &str) -> Result<Vec<Entry>, ErrorBody>
     for item in v["items"].as_array().into_iter().flatten() {
         match serde_json::from_value::<Entry>(item["value"].clone()) {
             Ok(e) => out.push(e),
-            Err(e) => tracing::warn!(key = %item["key"], error = %e, "unreadable session entry skipped"),
+            Err(e) => {
+                tracing::warn!(key = %item["key"], error = %e, "unreadable session entry skipped")
+            }
         }
     }
     out.sort_by_key(|e| e.seq);
@@ -280,7 +282,9 @@ async fn append(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
     let input = match data.get("entry") {
         Some(e) => entry_input(e)?,
-        None if data.get("message").is_some() => entry_input(&json!({"message": data["message"], "id": data.get("id")}))?,
+        None if data.get("message").is_some() => {
+            entry_input(&json!({"message": data["message"], "id": data.get("id")}))?
+        }
         None => return Err(ErrorBody::invalid("missing `entry` (or `message`)")),
     };
     let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, vec![input]).await?;
@@ -308,7 +312,14 @@ pub async fn context_of(
     ctx: &Ctx,
     sid: &str,
     leaf_id: Option<&str>,
-) -> Result<(Option<String>, Vec<Entry>, Vec<(String, harness_sdk::messages::AgentMessage)>), ErrorBody> {
+) -> Result<
+    (
+        Option<String>,
+        Vec<Entry>,
+        Vec<(String, harness_sdk::messages::AgentMessage)>,
+    ),
+    ErrorBody,
+> {
     require_meta(ctx, sid).await?;
     let entries = load_entries(ctx, sid).await?;
     let leaf = match leaf_id {
@@ -550,7 +561,9 @@ async fn update_part(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
                 _ => {
                     return Ok((
                         Write::Keep,
-                        Err(ErrorBody::invalid(format!("entry `{eid}` has no content parts"))),
+                        Err(ErrorBody::invalid(format!(
+                            "entry `{eid}` has no content parts"
+                        ))),
                     ));
                 }
             };
@@ -589,7 +602,11 @@ async fn inbox_push(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         .cloned()
         .ok_or_else(|| ErrorBody::invalid("missing `item`"))?;
     let out = ctx
-        .state_update(INBOX, &key, json!([{"type": "append", "path": "items", "value": item}]))
+        .state_update(
+            INBOX,
+            &key,
+            json!([{"type": "append", "path": "items", "value": item}]),
+        )
         .await
         .map_err(storage)?;
     let depth = out["new_value"]["items"].as_array().map_or(0, Vec::len);
@@ -640,9 +657,15 @@ const SID: &str = "session id: non-empty, no `/`";
 pub fn worker() -> Worker {
     let errors: &[(&str, &str)] = &[
         ("not_found", "the session does not exist"),
-        ("entry_not_found", "an entry id (parent_id, from_entry_id, leaf_id) does not exist in the session"),
+        (
+            "entry_not_found",
+            "an entry id (parent_id, from_entry_id, leaf_id) does not exist in the session",
+        ),
         ("storage", "the state store failed; safe to retry"),
-        ("invalid_message", "a field is missing or malformed; the message names it"),
+        (
+            "invalid_message",
+            "a field is missing or malformed; the message names it",
+        ),
     ];
     let entry_shape = json!({"type": "message|custom_message|branch_summary|compaction", "id": "optional; a deterministic id makes the append idempotent", "message": "AgentMessage (type message)"});
     let mut w = Worker::new("session");
@@ -654,10 +677,13 @@ pub fn worker() -> Worker {
         create,
     );
     w.register_function(
-        def("session-tree::ensure", "Create the session unless it exists.")
-            .request(json!({"session_id": SID}))
-            .response(json!({"session_id": "string", "created": "bool", "session": "SessionMeta"}))
-            .errors(errors),
+        def(
+            "session-tree::ensure",
+            "Create the session unless it exists.",
+        )
+        .request(json!({"session_id": SID}))
+        .response(json!({"session_id": "string", "created": "bool", "session": "SessionMeta"}))
+        .errors(errors),
         ensure,
     );
     w.register_function(
@@ -689,10 +715,13 @@ pub fn worker() -> Worker {
         fork,
     );
     w.register_function(
-        def("session-tree::clone", "A new session with every branch of the source.")
-            .request(json!({"source_session_id": SID, "new_session_id": "optional"}))
-            .response(json!({"session_id": "string", "leaf_id": "string|null", "copied": "number"}))
-            .errors(errors),
+        def(
+            "session-tree::clone",
+            "A new session with every branch of the source.",
+        )
+        .request(json!({"source_session_id": SID, "new_session_id": "optional"}))
+        .response(json!({"session_id": "string", "leaf_id": "string|null", "copied": "number"}))
+        .errors(errors),
         clone,
     );
     w.register_function(
@@ -703,10 +732,13 @@ pub fn worker() -> Worker {
         compact,
     );
     w.register_function(
-        def("session-tree::compactions", "Every compaction entry of a session.")
-            .request(json!({"session_id": SID}))
-            .response(json!({"compactions": ["Entry"]}))
-            .errors(errors),
+        def(
+            "session-tree::compactions",
+            "Every compaction entry of a session.",
+        )
+        .request(json!({"session_id": SID}))
+        .response(json!({"compactions": ["Entry"]}))
+        .errors(errors),
         compactions,
     );
     w.register_function(
@@ -717,16 +749,22 @@ pub fn worker() -> Worker {
         tree_fn,
     );
     w.register_function(
-        def("session-tree::list", "Every session, most recently updated first.")
-            .response(json!({"sessions": ["SessionMeta"]}))
-            .errors(&[("storage", "state store failure")]),
+        def(
+            "session-tree::list",
+            "Every session, most recently updated first.",
+        )
+        .response(json!({"sessions": ["SessionMeta"]}))
+        .errors(&[("storage", "state store failure")]),
         list,
     );
     w.register_function(
-        def("session-tree::export_html", "A readable HTML page of one branch.")
-            .request(json!({"session_id": SID, "leaf_id": "optional"}))
-            .response(json!({"html": "string", "leaf_id": "string|null"}))
-            .errors(errors),
+        def(
+            "session-tree::export_html",
+            "A readable HTML page of one branch.",
+        )
+        .request(json!({"session_id": SID, "leaf_id": "optional"}))
+        .response(json!({"html": "string", "leaf_id": "string|null"}))
+        .errors(errors),
         export_html,
     );
     w.register_function(
@@ -736,7 +774,10 @@ pub fn worker() -> Worker {
             .errors(errors),
         update_part,
     );
-    let inbox_errors: &[(&str, &str)] = &[("storage", "state store failure"), ("invalid_message", "bad name/session_id/item")];
+    let inbox_errors: &[(&str, &str)] = &[
+        ("storage", "state store failure"),
+        ("invalid_message", "bad name/session_id/item"),
+    ];
     w.register_function(
         def("session-inbox::push", "Queue an item (a string or an AgentMessage) in a session's inbox (`steering` is taken before the next model call, `followup` when the run would stop).")
             .request(json!({"name": "steering|followup|…", "session_id": SID, "item": "any"}))
@@ -752,10 +793,13 @@ pub fn worker() -> Worker {
         inbox_peek,
     );
     w.register_function(
-        def("session-inbox::drain", "Take the queued items (the first `max`, default all) atomically.")
-            .request(json!({"name": "string", "session_id": SID, "max": "optional"}))
-            .response(json!({"items": ["any"]}))
-            .errors(inbox_errors),
+        def(
+            "session-inbox::drain",
+            "Take the queued items (the first `max`, default all) atomically.",
+        )
+        .request(json!({"name": "string", "session_id": SID, "max": "optional"}))
+        .response(json!({"items": ["any"]}))
+        .errors(inbox_errors),
         inbox_drain,
     );
     w

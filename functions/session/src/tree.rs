@@ -42,7 +42,9 @@ pub fn path<'a>(entries: &'a [Entry], leaf_id: &str) -> Result<Vec<&'a Entry>, T
         first = false;
         out.push(*entry);
         if out.len() > entries.len() {
-            return Err(TreeError::Broken(format!("the parent chain of `{leaf_id}` loops")));
+            return Err(TreeError::Broken(format!(
+                "the parent chain of `{leaf_id}` loops"
+            )));
         }
         cursor = entry.parent_id.as_deref();
     }

@@ -21,7 +21,8 @@ fn texts(v: &Value) -> Vec<String> {
 }
 
 async fn append(ctx: &Ctx, sid: &str, id: &str, parent: Option<&str>, text: &str) -> Value {
-    let mut req = json!({"session_id": sid, "entry": {"type": "message", "id": id, "message": user(text)}});
+    let mut req =
+        json!({"session_id": sid, "entry": {"type": "message", "id": id, "message": user(text)}});
     if let Some(p) = parent {
         req["parent_id"] = json!(p);
     }
@@ -31,113 +32,246 @@ async fn append(ctx: &Ctx, sid: &str, id: &str, parent: Option<&str>, text: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_branches_forks_clones_and_compactions() {
     let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data"))).await.unwrap();
+    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
+        .await
+        .unwrap();
     let _w = run_embedded(session_worker::worker(), &srv.engine).unwrap();
     let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
     let ctx = client.ctx();
 
     // Errors name what is wrong.
-    let e = ctx.trigger("session-tree::append", json!({"session_id": "nope", "message": user("x")})).await.unwrap_err();
+    let e = ctx
+        .trigger(
+            "session-tree::append",
+            json!({"session_id": "nope", "message": user("x")}),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "not_found");
-    let e = ctx.trigger("session-tree::ensure", json!({"session_id": "a/b"})).await.unwrap_err();
+    let e = ctx
+        .trigger("session-tree::ensure", json!({"session_id": "a/b"}))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "invalid_message");
     assert!(e.message().contains("session_id"), "{e}");
 
-    let created = ctx.trigger("session-tree::create", json!({"session_id": "s1", "title": "first"})).await.unwrap();
+    let created = ctx
+        .trigger(
+            "session-tree::create",
+            json!({"session_id": "s1", "title": "first"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(created["created"], true);
-    let e = ctx.trigger("session-tree::create", json!({"session_id": "s1"})).await.unwrap_err();
+    let e = ctx
+        .trigger("session-tree::create", json!({"session_id": "s1"}))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "already_exists");
-    assert_eq!(ctx.trigger("session-tree::ensure", json!({"session_id": "s1"})).await.unwrap()["created"], false);
+    assert_eq!(
+        ctx.trigger("session-tree::ensure", json!({"session_id": "s1"}))
+            .await
+            .unwrap()["created"],
+        false
+    );
 
     // A chain; re-appending an id returns the stored entry, nothing new.
     append(&ctx, "s1", "e1", None, "one").await;
     append(&ctx, "s1", "e2", Some("e1"), "two").await;
-    let again = append(&ctx, "s1", "e2", Some("e1"), "TWO (retried with other content)").await;
+    let again = append(
+        &ctx,
+        "s1",
+        "e2",
+        Some("e1"),
+        "TWO (retried with other content)",
+    )
+    .await;
     assert_eq!(again["created"], false);
     assert_eq!(again["entry"]["message"]["content"][0]["text"], "two");
     // No parent: after the current leaf.
     append(&ctx, "s1", "e3", None, "three").await;
-    let m = ctx.trigger("session-tree::messages", json!({"session_id": "s1"})).await.unwrap();
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     assert_eq!(texts(&m), ["one", "two", "three"]);
     assert_eq!(m["leaf_id"], "e3");
-    let e = ctx.trigger("session-tree::append", json!({"session_id": "s1", "parent_id": "ghost", "message": user("x")})).await.unwrap_err();
+    let e = ctx
+        .trigger(
+            "session-tree::append",
+            json!({"session_id": "s1", "parent_id": "ghost", "message": user("x")}),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "entry_not_found");
 
     // An older parent starts a branch, which becomes the leaf; the old branch stays readable.
     append(&ctx, "s1", "b1", Some("e1"), "branch").await;
-    let m = ctx.trigger("session-tree::messages", json!({"session_id": "s1"})).await.unwrap();
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     assert_eq!(texts(&m), ["one", "branch"]);
-    let old = ctx.trigger("session-tree::messages", json!({"session_id": "s1", "leaf_id": "e3"})).await.unwrap();
+    let old = ctx
+        .trigger(
+            "session-tree::messages",
+            json!({"session_id": "s1", "leaf_id": "e3"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(texts(&old), ["one", "two", "three"]);
-    let tree = ctx.trigger("session-tree::tree", json!({"session_id": "s1"})).await.unwrap();
-    let e1 = tree["entries"].as_array().unwrap().iter().find(|e| e["id"] == "e1").unwrap();
+    let tree = ctx
+        .trigger("session-tree::tree", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
+    let e1 = tree["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == "e1")
+        .unwrap();
     assert_eq!(e1["children"], json!(["e2", "b1"]));
 
     // A batch is a chain.
     let batch = ctx.trigger("session-tree::append_batch", json!({"session_id": "s1", "parent_id": "e3", "entries": [{"id": "e4", "message": user("four")}, {"id": "e5", "message": user("five")}]})).await.unwrap();
     assert_eq!(batch["leaf_id"], "e5");
-    let m = ctx.trigger("session-tree::messages", json!({"session_id": "s1"})).await.unwrap();
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     assert_eq!(texts(&m), ["one", "two", "three", "four", "five"]);
 
     // Compaction: summary + tail from `tail_start_id`.
     let c = ctx.trigger("session-tree::compact", json!({"session_id": "s1", "summary": "## Goal\ncount", "tail_start_id": "e4", "tokens_before": 99})).await.unwrap();
     append(&ctx, "s1", "e6", None, "six").await;
-    let m = ctx.trigger("session-tree::messages", json!({"session_id": "s1"})).await.unwrap();
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     let t = texts(&m);
     assert!(t[0].contains("## Goal\ncount"), "{t:?}");
     assert_eq!(&t[1..], ["four", "five", "six"]);
     assert_eq!(m["entry_ids"][0], c["entry_id"]);
-    let cs = ctx.trigger("session-tree::compactions", json!({"session_id": "s1"})).await.unwrap();
+    let cs = ctx
+        .trigger("session-tree::compactions", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     assert_eq!(cs["compactions"].as_array().unwrap().len(), 1);
 
     // update_part replaces one block; out of range is a clear error.
     ctx.trigger("session-tree::update_part", json!({"session_id": "s1", "entry_id": "e5", "part_index": 0, "part": {"type": "text", "text": "FIVE"}})).await.unwrap();
-    let m = ctx.trigger("session-tree::messages", json!({"session_id": "s1"})).await.unwrap();
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     assert!(texts(&m).contains(&"FIVE".to_string()));
     let e = ctx.trigger("session-tree::update_part", json!({"session_id": "s1", "entry_id": "e5", "part_index": 7, "part": {"type": "text", "text": "x"}})).await.unwrap_err();
     assert!(e.message().contains("out of range"), "{e}");
 
     // Fork from an older entry: the path up to it, source untouched.
-    let f = ctx.trigger("session-tree::fork", json!({"source_session_id": "s1", "from_entry_id": "e2", "new_session_id": "s1-fork"})).await.unwrap();
+    let f = ctx
+        .trigger(
+            "session-tree::fork",
+            json!({"source_session_id": "s1", "from_entry_id": "e2", "new_session_id": "s1-fork"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(f["copied"], 2);
-    let fm = ctx.trigger("session-tree::messages", json!({"session_id": "s1-fork"})).await.unwrap();
+    let fm = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1-fork"}))
+        .await
+        .unwrap();
     assert_eq!(texts(&fm), ["one", "two"]);
     append(&ctx, "s1-fork", "f1", None, "fork only").await;
-    let m = ctx.trigger("session-tree::messages", json!({"session_id": "s1"})).await.unwrap();
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     assert!(!texts(&m).contains(&"fork only".to_string()));
 
     // Clone copies every branch.
-    let cl = ctx.trigger("session-tree::clone", json!({"source_session_id": "s1", "new_session_id": "s1-clone"})).await.unwrap();
-    let src = ctx.trigger("session-tree::tree", json!({"session_id": "s1"})).await.unwrap();
-    assert_eq!(cl["copied"].as_u64().unwrap() as usize, src["entries"].as_array().unwrap().len());
+    let cl = ctx
+        .trigger(
+            "session-tree::clone",
+            json!({"source_session_id": "s1", "new_session_id": "s1-clone"}),
+        )
+        .await
+        .unwrap();
+    let src = ctx
+        .trigger("session-tree::tree", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        cl["copied"].as_u64().unwrap() as usize,
+        src["entries"].as_array().unwrap().len()
+    );
     assert_eq!(cl["leaf_id"], src["leaf_id"]);
-    let old = ctx.trigger("session-tree::messages", json!({"session_id": "s1-clone", "leaf_id": "b1"})).await.unwrap();
+    let old = ctx
+        .trigger(
+            "session-tree::messages",
+            json!({"session_id": "s1-clone", "leaf_id": "b1"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(texts(&old), ["one", "branch"]);
 
     // Past 50 entries a fork copies the last 50 under one branch_summary root.
-    ctx.trigger("session-tree::create", json!({"session_id": "long"})).await.unwrap();
-    let entries: Vec<Value> = (0..60).map(|i| json!({"id": format!("l{i}"), "message": user(&format!("msg {i}"))})).collect();
-    ctx.trigger("session-tree::append_batch", json!({"session_id": "long", "parent_id": null, "entries": entries})).await.unwrap();
-    let f = ctx.trigger("session-tree::fork", json!({"source_session_id": "long", "from_entry_id": "l59"})).await.unwrap();
+    ctx.trigger("session-tree::create", json!({"session_id": "long"}))
+        .await
+        .unwrap();
+    let entries: Vec<Value> = (0..60)
+        .map(|i| json!({"id": format!("l{i}"), "message": user(&format!("msg {i}"))}))
+        .collect();
+    ctx.trigger(
+        "session-tree::append_batch",
+        json!({"session_id": "long", "parent_id": null, "entries": entries}),
+    )
+    .await
+    .unwrap();
+    let f = ctx
+        .trigger(
+            "session-tree::fork",
+            json!({"source_session_id": "long", "from_entry_id": "l59"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(f["summarized"], 10);
     assert_eq!(f["copied"], 51);
-    let fm = ctx.trigger("session-tree::messages", json!({"session_id": f["session_id"]})).await.unwrap();
+    let fm = ctx
+        .trigger(
+            "session-tree::messages",
+            json!({"session_id": f["session_id"]}),
+        )
+        .await
+        .unwrap();
     let t = texts(&fm);
     assert_eq!(t.len(), 51);
-    assert!(t[0].contains("msg 0") && t[0].contains("msg 9") && !t[0].contains("msg 10"), "{}", t[0]);
+    assert!(
+        t[0].contains("msg 0") && t[0].contains("msg 9") && !t[0].contains("msg 10"),
+        "{}",
+        t[0]
+    );
     assert_eq!(t[1], "msg 10");
     assert_eq!(fm["messages"][0]["custom_type"], "branch_summary");
 
     // A readable page of one branch, escaped.
     append(&ctx, "s1", "x1", None, "<b>bold</b> & more").await;
-    let html = ctx.trigger("session-tree::export_html", json!({"session_id": "s1"})).await.unwrap();
+    let html = ctx
+        .trigger("session-tree::export_html", json!({"session_id": "s1"}))
+        .await
+        .unwrap();
     let html = html["html"].as_str().unwrap();
     assert!(html.starts_with("<!doctype html>"));
     assert!(html.contains("&lt;b&gt;bold&lt;/b&gt; &amp; more"));
     assert!(html.contains("compaction"));
 
     let list = ctx.trigger("session-tree::list", json!({})).await.unwrap();
-    let ids: Vec<&str> = list["sessions"].as_array().unwrap().iter().map(|s| s["session_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
     for id in ["s1", "s1-fork", "s1-clone", "long"] {
         assert!(ids.contains(&id), "{ids:?}");
     }
@@ -146,20 +280,52 @@ async fn appends_branches_forks_clones_and_compactions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
     let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data"))).await.unwrap();
+    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
+        .await
+        .unwrap();
     let _w = run_embedded(session_worker::worker(), &srv.engine).unwrap();
     let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
     let ctx = client.ctx();
 
-    let p = ctx.trigger("session-inbox::push", json!({"name": "steering", "session_id": "s", "item": "first"})).await.unwrap();
+    let p = ctx
+        .trigger(
+            "session-inbox::push",
+            json!({"name": "steering", "session_id": "s", "item": "first"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(p["depth"], 1);
-    let peek = ctx.trigger("session-inbox::peek", json!({"name": "steering", "session_id": "s"})).await.unwrap();
+    let peek = ctx
+        .trigger(
+            "session-inbox::peek",
+            json!({"name": "steering", "session_id": "s"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(peek["items"], json!(["first"]));
-    let d = ctx.trigger("session-inbox::drain", json!({"name": "steering", "session_id": "s", "max": 0})).await.unwrap();
+    let d = ctx
+        .trigger(
+            "session-inbox::drain",
+            json!({"name": "steering", "session_id": "s", "max": 0}),
+        )
+        .await
+        .unwrap();
     assert_eq!(d["items"], json!([]));
-    let d = ctx.trigger("session-inbox::drain", json!({"name": "steering", "session_id": "s"})).await.unwrap();
+    let d = ctx
+        .trigger(
+            "session-inbox::drain",
+            json!({"name": "steering", "session_id": "s"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(d["items"], json!(["first"]));
-    let e = ctx.trigger("session-inbox::push", json!({"name": "steering", "session_id": "s"})).await.unwrap_err();
+    let e = ctx
+        .trigger(
+            "session-inbox::push",
+            json!({"name": "steering", "session_id": "s"}),
+        )
+        .await
+        .unwrap_err();
     assert!(e.message().contains("item"), "{e}");
 
     // 4 pushers × 25 items while 2 drainers take batches of at most 3.
@@ -168,7 +334,12 @@ async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
         let ctx = ctx.clone();
         tasks.push(tokio::spawn(async move {
             for i in 0..25 {
-                ctx.trigger("session-inbox::push", json!({"name": "followup", "session_id": "c", "item": format!("{p}-{i}")})).await.unwrap();
+                ctx.trigger(
+                    "session-inbox::push",
+                    json!({"name": "followup", "session_id": "c", "item": format!("{p}-{i}")}),
+                )
+                .await
+                .unwrap();
             }
             Vec::new()
         }));
@@ -178,8 +349,20 @@ async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
         tasks.push(tokio::spawn(async move {
             let mut got = Vec::new();
             for _ in 0..40 {
-                let d = ctx.trigger("session-inbox::drain", json!({"name": "followup", "session_id": "c", "max": 3})).await.unwrap();
-                got.extend(d["items"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()));
+                let d = ctx
+                    .trigger(
+                        "session-inbox::drain",
+                        json!({"name": "followup", "session_id": "c", "max": 3}),
+                    )
+                    .await
+                    .unwrap();
+                got.extend(
+                    d["items"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap().to_string()),
+                );
             }
             got
         }));
@@ -188,10 +371,24 @@ async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
     for t in tasks {
         all.extend(t.await.unwrap());
     }
-    let rest = ctx.trigger("session-inbox::drain", json!({"name": "followup", "session_id": "c"})).await.unwrap();
-    all.extend(rest["items"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()));
+    let rest = ctx
+        .trigger(
+            "session-inbox::drain",
+            json!({"name": "followup", "session_id": "c"}),
+        )
+        .await
+        .unwrap();
+    all.extend(
+        rest["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string()),
+    );
     all.sort();
-    let mut expected: Vec<String> = (0..4).flat_map(|p| (0..25).map(move |i| format!("{p}-{i}"))).collect();
+    let mut expected: Vec<String> = (0..4)
+        .flat_map(|p| (0..25).map(move |i| format!("{p}-{i}")))
+        .collect();
     expected.sort();
     assert_eq!(all, expected);
 }

@@ -29,11 +29,9 @@ impl Hooks {
             return *present;
         }
         let present = match ctx.trigger("engine::triggers::list", json!({})).await {
-            Ok(v) => v["triggers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|t| t["trigger_type"] == "durable:subscriber" && t["config"]["topic"] == topic),
+            Ok(v) => v["triggers"].as_array().into_iter().flatten().any(|t| {
+                t["trigger_type"] == "durable:subscriber" && t["config"]["topic"] == topic
+            }),
             // Cannot tell: ask (a failing publish then denies, which is the safe side).
             Err(_) => true,
         };
@@ -44,7 +42,13 @@ impl Hooks {
     }
 }
 
-async fn publish(ctx: &Ctx, topic: &str, payload: Value, rule: &str, timeout_ms: u64) -> Result<Value, String> {
+async fn publish(
+    ctx: &Ctx,
+    topic: &str,
+    payload: Value,
+    rule: &str,
+    timeout_ms: u64,
+) -> Result<Value, String> {
     let out = ctx
         .trigger_timeout(
             "hook-fanout::publish_collect",
@@ -54,7 +58,10 @@ async fn publish(ctx: &Ctx, topic: &str, payload: Value, rule: &str, timeout_ms:
         .await
         .map_err(|e| e.to_string())?;
     if out["publish_failed"] == true {
-        return Err(format!("a subscriber failed: {}", out["publish"]["failures"]));
+        return Err(format!(
+            "a subscriber failed: {}",
+            out["publish"]["failures"]
+        ));
     }
     Ok(out["merged"].clone())
 }
@@ -65,14 +72,24 @@ pub async fn before_call(ctx: &Ctx, hooks: &Hooks, sid: &str, call: &Call) -> Op
         return None;
     }
     let payload = json!({"session_id": sid, "function_call_id": call.function_call_id, "function_id": call.function_id, "args": call.args});
-    match publish(ctx, BEFORE_CALL_TOPIC, payload, "first_block_wins", BEFORE_TIMEOUT_MS).await {
+    match publish(
+        ctx,
+        BEFORE_CALL_TOPIC,
+        payload,
+        "first_block_wins",
+        BEFORE_TIMEOUT_MS,
+    )
+    .await
+    {
         Ok(merged) if merged["block"] == true => Some(denial(
             "hook",
             &call.function_id,
             merged["subscriber"].as_str(),
             None,
             &call.args,
-            merged["reason"].as_str().unwrap_or("blocked by a before-call hook"),
+            merged["reason"]
+                .as_str()
+                .unwrap_or("blocked by a before-call hook"),
         )),
         Ok(_) => None,
         Err(e) => Some(denial(
@@ -87,12 +104,27 @@ pub async fn before_call(ctx: &Ctx, hooks: &Hooks, sid: &str, call: &Call) -> Op
 }
 
 /// The result after the after-call hook: subscribers may rewrite `result` (and `is_error`).
-pub async fn after_call(ctx: &Ctx, hooks: &Hooks, sid: &str, call: &Call, result: Value, is_error: bool) -> (Value, bool) {
+pub async fn after_call(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    sid: &str,
+    call: &Call,
+    result: Value,
+    is_error: bool,
+) -> (Value, bool) {
     if !hooks.present(ctx, AFTER_CALL_TOPIC).await {
         return (result, is_error);
     }
     let payload = json!({"session_id": sid, "function_call_id": call.function_call_id, "function_id": call.function_id, "args": call.args, "result": result, "is_error": is_error});
-    match publish(ctx, AFTER_CALL_TOPIC, payload, "field_merge", AFTER_TIMEOUT_MS).await {
+    match publish(
+        ctx,
+        AFTER_CALL_TOPIC,
+        payload,
+        "field_merge",
+        AFTER_TIMEOUT_MS,
+    )
+    .await
+    {
         Ok(merged) => {
             let is_error = merged["is_error"].as_bool().unwrap_or(is_error);
             match merged.get("result") {

@@ -141,7 +141,10 @@ async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
         return Ok(rec.messages.clone());
     }
     let v = ctx
-        .trigger("session-tree::messages", json!({"session_id": rec.session_id}))
+        .trigger(
+            "session-tree::messages",
+            json!({"session_id": rec.session_id}),
+        )
         .await?;
     rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
     serde_json::from_value(v["messages"].clone())
@@ -192,7 +195,11 @@ async fn append_history(
                 .collect::<Result<Vec<AgentMessage>, _>>()
         })
         .unwrap_or_else(|| Ok(Vec::new()))
-        .map_err(|e| StepError::Fatal(format!("the session store answered an unreadable entry: {e}")))
+        .map_err(|e| {
+            StepError::Fatal(format!(
+                "the session store answered an unreadable entry: {e}"
+            ))
+        })
 }
 
 /// `Some(why)` when a budget of the run refuses another model call.
@@ -309,20 +316,19 @@ async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResu
     rec.tools = vec![prompt::agent_trigger_tool(&catalogue)];
     // Budgets: the one named, and those governing this workspace/agent.
     let mut budgets: Vec<String> = req.budget_id.iter().cloned().collect();
-    if req.workspace_id.is_some() || req.agent_id.is_some() {
-        if let Some(v) = best_effort(
+    if (req.workspace_id.is_some() || req.agent_id.is_some())
+        && let Some(v) = best_effort(
             ctx,
             "budget::list",
             json!({"workspace_id": req.workspace_id, "agent_id": req.agent_id}),
         )
         .await
-        {
-            for b in v["budgets"].as_array().into_iter().flatten() {
-                if let Some(id) = b["budget_id"].as_str()
-                    && !budgets.iter().any(|x| x == id)
-                {
-                    budgets.push(id.to_string());
-                }
+    {
+        for b in v["budgets"].as_array().into_iter().flatten() {
+            if let Some(id) = b["budget_id"].as_str()
+                && !budgets.iter().any(|x| x == id)
+            {
+                budgets.push(id.to_string());
             }
         }
     }
@@ -352,7 +358,9 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
     if let Some(why) = budget_refusal(ctx, rec, req).await? {
         let note = AgentMessage::Custom {
             custom_type: "budget_exceeded".into(),
-            content: vec![ContentBlock::Text { text: format!("The run stops: {why}.") }],
+            content: vec![ContentBlock::Text {
+                text: format!("The run stops: {why}."),
+            }],
             display: Some("budget exceeded".into()),
             details: json!({"budget_ids": rec.budget_ids}),
             timestamp: now(),
@@ -915,7 +923,9 @@ async fn step(
         match expected {
             TurnState::Provisioning => provisioning(ctx, &mut rec, &req).await,
             TurnState::AssistantStreaming => assistant_streaming(ctx, &mut rec, &req).await,
-            TurnState::FunctionExecute => function_execute(ctx, hooks, &mut rec, &mut version).await,
+            TurnState::FunctionExecute => {
+                function_execute(ctx, hooks, &mut rec, &mut version).await
+            }
             TurnState::FunctionAwaitingApproval => {
                 function_awaiting_approval(ctx, hooks, &mut rec, &mut version).await
             }
