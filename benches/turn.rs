@@ -42,6 +42,57 @@ async fn run_session(ctx: &Ctx, sid: &str) -> Duration {
     }
 }
 
+/// Where one session's time went: the spans of its trace, summed by name, per tool call.
+async fn breakdown(ctx: &Ctx, sid: &str, k: usize) {
+    let groups = ctx
+        .trigger(
+            "engine::traces::group_by",
+            json!({"attribute": "iii.session.id"}),
+        )
+        .await
+        .expect("group_by");
+    let Some(group) = groups["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|g| g["value"] == sid)
+    else {
+        println!("(no spans for {sid})");
+        return;
+    };
+    let mut by_name: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+    for trace in group["trace_ids"].as_array().into_iter().flatten() {
+        let spans = ctx
+            .trigger("engine::traces::list", json!({"trace_id": trace}))
+            .await
+            .expect("spans");
+        for s in spans["spans"].as_array().into_iter().flatten() {
+            let ms = (s["end_unix_nanos"].as_u64().unwrap_or(0)
+                - s["start_unix_nanos"].as_u64().unwrap_or(0)) as f64
+                / 1e6;
+            let name = format!(
+                "{} [{}]",
+                s["name"].as_str().unwrap_or("?"),
+                s["service"].as_str().unwrap_or("?")
+            );
+            let e = by_name.entry(name).or_default();
+            e.0 += ms;
+            e.1 += 1;
+        }
+    }
+    let mut rows: Vec<_> = by_name.into_iter().collect();
+    rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    println!("span | ms per tool call | count per tool call");
+    println!("--- | --- | ---");
+    for (name, (ms, n)) in rows.iter().take(30) {
+        println!(
+            "{name} | {:.3} | {:.1}",
+            ms / k as f64,
+            *n as f64 / k as f64
+        );
+    }
+}
+
 fn p50(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -95,6 +146,13 @@ async fn main() {
         run_embedded(harness, e).unwrap(),
         run_embedded(harness_sdk::examples::echo_worker(), e).unwrap(),
         run_embedded(auth_credentials::worker(auth), e).unwrap(),
+        // The thick harness, as `cargo run` composes it: history in the session tree, and
+        // the budget, hook, directory and compaction workers present.
+        run_embedded(session_worker::worker(), e).unwrap(),
+        run_embedded(hook_fanout::worker(), e).unwrap(),
+        run_embedded(llm_budget::worker(), e).unwrap(),
+        run_embedded(directory::worker(), e).unwrap(),
+        run_embedded(context_compaction::worker(), e).unwrap(),
         run_embedded(
             models_catalog::worker(Arc::new(models_catalog::Catalog::builtin())),
             e,
@@ -135,6 +193,10 @@ async fn main() {
         "harness overhead per model turn, p50 | {:.2} ms",
         p50(&mut per_turn)
     );
+
+    if std::env::var("BENCH_BREAKDOWN").is_ok() {
+        breakdown(&ctx, &format!("seq-{}", sessions - 1), k).await;
+    }
 
     let concurrent = 50;
     let t0 = Instant::now();

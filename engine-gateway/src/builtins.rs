@@ -334,7 +334,7 @@ pub fn register(engine: &Arc<Engine>) {
             let key = format!("{group}\u{1}{item}");
             let out = e
                 .state
-                .set(&scope, &key, data.clone(), None, &WriteMeta::default())
+                .set(&scope, &key, data.clone(), None, &meta_of(&inv))
                 .await?;
             let event_type = if out.old_value.is_some() {
                 "update"

@@ -5,7 +5,7 @@
 //! unacknowledged message is simply visible again.
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -198,7 +198,10 @@ impl EmbeddedBackend {
         let (outcome, change) = self
             .blocking(
                 move |db| -> Result<(WriteOutcome, Option<ChangeRecord>), StateError> {
-                    let txn = db.begin_write().map_err(storage)?;
+                    let mut txn = db.begin_write().map_err(storage)?;
+                    if meta.deferred() {
+                        txn.set_durability(Durability::None).map_err(storage)?;
+                    }
                     let outcome;
                     let mut change = None;
                     {
@@ -474,9 +477,13 @@ impl QueueBackend for EmbeddedBackend {
         let bytes = serde_json::to_vec(&msg).map_err(qstorage)?;
         let queue = msg.queue.clone();
         let seqs = self.queue_seq.clone();
+        let deferred = crate::state::baggage_defers(msg.baggage.as_deref());
         let seq = self
             .blocking(move |db| {
-                let txn = db.begin_write().map_err(qstorage)?;
+                let mut txn = db.begin_write().map_err(qstorage)?;
+                if deferred {
+                    txn.set_durability(Durability::None).map_err(qstorage)?;
+                }
                 let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
                 txn.open_table(QUEUE_MSGS)
                     .map_err(qstorage)?
@@ -588,8 +595,14 @@ impl QueueBackend for EmbeddedBackend {
     async fn ack(&self, d: &Delivery) -> Result<(), QueueError> {
         let seq = Self::seq_of(d)?;
         let queue = d.message.queue.clone();
+        // A message sent with deferred durability is acknowledged the same way: losing the
+        // acknowledgement in a crash redelivers a step whose writes were lost with it.
+        let deferred = crate::state::baggage_defers(d.message.baggage.as_deref());
         self.blocking(move |db| {
-            let txn = db.begin_write().map_err(qstorage)?;
+            let mut txn = db.begin_write().map_err(qstorage)?;
+            if deferred {
+                txn.set_durability(Durability::None).map_err(qstorage)?;
+            }
             txn.open_table(QUEUE_MSGS)
                 .map_err(qstorage)?
                 .remove((queue.as_str(), seq))

@@ -129,6 +129,31 @@ pub struct WriteMeta {
     pub baggage: Option<String>,
 }
 
+/// Baggage key a caller sets to `deferred` when its writes need not be durable on their own:
+/// the embedded backend commits them without an fsync, and they become durable with the next
+/// durable commit (at the latest the queue acknowledgement of the step that made them, so a
+/// crash loses only the writes of a step that will run again). Backends whose every write is
+/// durable (DynamoDB, SQS) ignore it.
+pub const DURABILITY_BAGGAGE: &str = "iii.durability";
+
+/// Does this baggage header ask for deferred durability?
+pub fn baggage_defers(baggage: Option<&str>) -> bool {
+    baggage.is_some_and(|b| {
+        b.split(',').any(|kv| {
+            kv.split_once('=').is_some_and(|(k, v)| {
+                k.trim() == DURABILITY_BAGGAGE
+                    && v.split(';').next().is_some_and(|v| v.trim() == "deferred")
+            })
+        })
+    })
+}
+
+impl WriteMeta {
+    pub fn deferred(&self) -> bool {
+        baggage_defers(self.baggage.as_deref())
+    }
+}
+
 /// Scopes starting with `$` are the engine's own (stream items, registries): they never fire
 /// state triggers.
 pub fn is_reserved_scope(scope: &str) -> bool {

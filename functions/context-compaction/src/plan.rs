@@ -190,7 +190,7 @@ mod tests {
         let small: Vec<AgentMessage> = std::iter::once(user_text("task"))
             .chain((0..30).flat_map(|i| [assistant(&format!("turn {i}")), result("ok")]))
             .collect();
-        let start = select_tail(&small, 40_000).unwrap();
+        let start = select_tail(&small, 8_000).unwrap();
         assert!(start < small.len() - 4);
         assert!(!matches!(small[start], AgentMessage::FunctionResult { .. }));
         // Too short to compact.

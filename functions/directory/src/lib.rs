@@ -225,14 +225,21 @@ async fn download(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
                 .to_string(),
         )
     };
+    // Only what changed is written: every run's provisioning downloads the defaults.
+    let cached: HashMap<String, Value> = cached(&ctx)
+        .await?
+        .into_iter()
+        .filter_map(|v| Some((v["id"].as_str()?.to_string(), v)))
+        .collect();
     let mut ids = Vec::new();
     for s in live_skills(&ctx).await.map_err(storage)? {
         if ns.as_deref().is_some_and(|n| n != s.worker) {
             continue;
         }
-        ctx.state_set(SCOPE, &s.id, skill_json(&s))
-            .await
-            .map_err(storage)?;
+        let value = skill_json(&s);
+        if cached.get(&s.id) != Some(&value) {
+            ctx.state_set(SCOPE, &s.id, value).await.map_err(storage)?;
+        }
         ids.push(s.id);
     }
     Ok(json!({"id": id, "downloaded": ids.len(), "ids": ids}))

@@ -13,6 +13,7 @@ pub mod prompt;
 pub mod types;
 
 use engine_gateway::builtins::req_str;
+use engine_gateway::state::DURABILITY_BAGGAGE;
 use harness_sdk::messages::{
     AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason,
 };
@@ -60,6 +61,11 @@ fn now() -> u64 {
     harness_sdk::messages::now_ms()
 }
 
+/// The same context, its writes durable on commit (ends a step's deferral).
+fn durably(ctx: &Ctx) -> Ctx {
+    ctx.with_baggage(DURABILITY_BAGGAGE, "immediate")
+}
+
 async fn load(ctx: &Ctx, sid: &str) -> StepResult<Option<(Record, u64)>> {
     let v = ctx.state_get_versioned(SCOPE, &record_key(sid)).await?;
     if v.is_null() {
@@ -90,10 +96,15 @@ async fn save(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> StepResult<()> 
 
 /// One UI event on `agent::events` (item `<sid>-<seq>`). Seq numbers come from the record, so
 /// a redelivered step rewrites the same items instead of adding new ones.
-async fn emit(ctx: &Ctx, rec: &mut Record, event_type: &str, mut data: Value) {
+async fn emit(ctx: &Ctx, rec: &mut Record, event_type: &str, data: Value) {
     rec.event_seq += 1;
+    emit_at(ctx, rec, rec.event_seq, event_type, data).await;
+}
+
+/// An event at a seq reserved earlier (saved with the record before the event is written).
+async fn emit_at(ctx: &Ctx, rec: &Record, seq: u64, event_type: &str, mut data: Value) {
     data["type"] = json!(event_type);
-    let item = format!("{}-{:012}", rec.session_id, rec.event_seq);
+    let item = format!("{}-{:012}", rec.session_id, seq);
     if let Err(e) = ctx.stream_set(EVENTS, &rec.session_id, &item, data).await {
         tracing::warn!(error = %e, "event not stored");
     }
@@ -724,8 +735,9 @@ async fn function_execute(
         if let Some(w) = rec.work.as_mut() {
             w.executed.insert(call.function_call_id.clone(), executed);
         }
-        // Saved after every call: a redelivered step never runs it again.
-        save(ctx, rec, version).await?;
+        // Saved durably after every call (with whatever the call itself wrote): a
+        // redelivered step never runs it again.
+        save(&durably(ctx), rec, version).await?;
     }
     if rec
         .awaiting_approval
@@ -806,7 +818,7 @@ async fn function_awaiting_approval(
         if let Some(a) = rec.awaiting_approval.as_mut() {
             a.retain(|c| c.function_call_id != call.function_call_id);
         }
-        save(ctx, rec, version).await?;
+        save(&durably(ctx), rec, version).await?;
     }
     if rec
         .awaiting_approval
@@ -906,6 +918,10 @@ async fn step(
     expected: TurnState,
     data: &Value,
 ) -> Result<Value, ErrorBody> {
+    // Everything this step writes (record, events, history, the next step) becomes durable
+    // with the step's queue acknowledgement; only what must outlive a crash on its own (the
+    // record after each executed call) is written durably at once.
+    let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
     let stale = json!({"ok": true, "skipped": true, "reason": "stale"});
     let (mut rec, mut version) = match load(ctx, &sid).await {
@@ -943,23 +959,31 @@ async fn step(
                 let messages = history_for_event(ctx, &rec).await;
                 emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
             }
-            match save(ctx, &mut rec, &mut version).await {
+            // The state-change event's item id is reserved in the same save.
+            rec.event_seq += 1;
+            let changed_seq = rec.event_seq;
+            // A run that ends or waits for a human is durable at once; other transitions
+            // become durable with the step's acknowledgement (or the next executed call).
+            let save_ctx = if to.terminal() || to == TurnState::FunctionAwaitingApproval {
+                durably(ctx)
+            } else {
+                ctx.clone()
+            };
+            match save(&save_ctx, &mut rec, &mut version).await {
                 Ok(()) => {}
                 Err(StepError::Stale) => return Ok(stale),
                 Err(StepError::Transient(e)) => return Err(e),
                 Err(StepError::Fatal(e)) => return Err(ErrorBody::new("invocation_error", e)),
             }
             let view = rec.view();
-            emit(
+            emit_at(
                 ctx,
-                &mut rec,
+                &rec,
+                changed_seq,
                 "turn_state_changed",
                 json!({"event_type": "state:updated", "new_value": view}),
             )
             .await;
-            // The seq used by that event must persist too (best effort; a lost bump only
-            // means the next step may reuse one item id).
-            let _ = save(ctx, &mut rec, &mut version).await;
             // Entering function_awaiting_approval also queues one check: a decision written
             // before this transition found no parked session to wake.
             let needs_step = !to.terminal();
