@@ -207,3 +207,49 @@ async fn state_change_committed_before_a_crash_still_fires_its_trigger() {
     engine.child.kill().unwrap();
     engine.child.wait().unwrap();
 }
+
+/// Writes made with deferred durability (`iii.durability=deferred` baggage, as turn steps do)
+/// skip the fsync and become durable with the next durable commit: after a `kill -9` they
+/// are all there once a durable write followed them, in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_writes_are_durable_once_a_durable_commit_follows() {
+    let home = Home::new();
+    let mut engine = spawn_engine(&home);
+    let mut client = Raw::connect(&engine.url).await;
+    let deferred = json!({"baggage": "iii.durability=deferred,iii.session.id=s1"});
+    for i in 0..10 {
+        let r = client
+            .call_with(
+                "state::set",
+                json!({"scope": "steps", "key": format!("d{i}"), "value": {"i": i}}),
+                deferred.clone(),
+            )
+            .await;
+        assert_eq!(r["result"]["version"], 1, "{r}");
+    }
+    // Visible at once to every reader, durable or not.
+    let r = client
+        .call("state::get", json!({"scope": "steps", "key": "d9"}))
+        .await;
+    assert_eq!(r["result"]["i"], 9);
+    // The barrier: one ordinary (durable) write.
+    client
+        .call(
+            "state::set",
+            json!({"scope": "steps", "key": "barrier", "value": true}),
+        )
+        .await;
+    engine.child.kill().expect("kill -9");
+    engine.child.wait().unwrap();
+
+    let mut engine = spawn_engine(&home);
+    let mut client = Raw::connect(&engine.url).await;
+    for i in 0..10 {
+        let r = client
+            .call("state::get", json!({"scope": "steps", "key": format!("d{i}")}))
+            .await;
+        assert_eq!(r["result"]["i"], i, "deferred write d{i} after kill -9: {r}");
+    }
+    engine.child.kill().unwrap();
+    engine.child.wait().unwrap();
+}
