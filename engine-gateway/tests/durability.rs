@@ -246,9 +246,15 @@ async fn deferred_writes_are_durable_once_a_durable_commit_follows() {
     let mut client = Raw::connect(&engine.url).await;
     for i in 0..10 {
         let r = client
-            .call("state::get", json!({"scope": "steps", "key": format!("d{i}")}))
+            .call(
+                "state::get",
+                json!({"scope": "steps", "key": format!("d{i}")}),
+            )
             .await;
-        assert_eq!(r["result"]["i"], i, "deferred write d{i} after kill -9: {r}");
+        assert_eq!(
+            r["result"]["i"], i,
+            "deferred write d{i} after kill -9: {r}"
+        );
     }
     engine.child.kill().unwrap();
     engine.child.wait().unwrap();

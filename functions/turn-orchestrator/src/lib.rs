@@ -145,9 +145,69 @@ async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Val
 
 // ------------------------------------------------------------------ history
 
-/// The conversation as the model will see it: from the session tree (compaction applied;
-/// this also moves the run onto the tree's current leaf), or the record's own list.
+/// The histories this orchestrator instance read or wrote last, by session, with the leaf
+/// they end at. A run appends only through this worker, so while the record's leaf is the
+/// cached one, the cache is the tree's path (an entry rewritten in place by
+/// `session-tree::update_part` is seen from the next run on).
+#[derive(Default)]
+pub struct HistoryCache {
+    inner: std::sync::Mutex<std::collections::HashMap<String, (String, Vec<AgentMessage>)>>,
+}
+
+const HISTORY_CACHE_SESSIONS: usize = 256;
+
+impl HistoryCache {
+    fn get(&self, sid: &str, leaf: &str) -> Option<Vec<AgentMessage>> {
+        let inner = self.inner.lock().ok()?;
+        inner
+            .get(sid)
+            .filter(|(l, _)| l == leaf)
+            .map(|(_, m)| m.clone())
+    }
+    fn put(&self, sid: &str, leaf: &str, messages: Vec<AgentMessage>) {
+        if let Ok(mut inner) = self.inner.lock() {
+            if inner.len() >= HISTORY_CACHE_SESSIONS && !inner.contains_key(sid) {
+                inner.clear();
+            }
+            inner.insert(sid.to_string(), (leaf.to_string(), messages));
+        }
+    }
+    /// The path grew from `old_leaf` to `new_leaf` by `appended`.
+    fn extend(&self, sid: &str, old_leaf: Option<&str>, new_leaf: &str, appended: &[AgentMessage]) {
+        if let Ok(mut inner) = self.inner.lock() {
+            match inner.get_mut(sid) {
+                Some((leaf, messages)) if Some(leaf.as_str()) == old_leaf => {
+                    messages.extend(appended.iter().cloned());
+                    *leaf = new_leaf.to_string();
+                }
+                _ => {
+                    inner.remove(sid);
+                }
+            }
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The running step's instance cache (set by the step driver).
+    static HISTORY: std::sync::Arc<HistoryCache>;
+}
+
+/// The conversation as the model will see it: the cached path while the run's leaf is the
+/// cached one, else from the session tree (compaction applied; this also moves the run onto
+/// the tree's current leaf), or the record's own list without a session store.
 async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
+    if rec.tree
+        && let Some(leaf) = &rec.tree_leaf
+        && let Ok(Some(hit)) = HISTORY.try_with(|c| c.get(&rec.session_id, leaf))
+    {
+        return Ok(hit);
+    }
+    history_fresh(ctx, rec).await
+}
+
+/// The history read from the session tree, whatever the cache holds.
+async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
     if !rec.tree {
         return Ok(rec.messages.clone());
     }
@@ -158,8 +218,12 @@ async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
         )
         .await?;
     rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
-    serde_json::from_value(v["messages"].clone())
-        .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))
+    let messages: Vec<AgentMessage> = serde_json::from_value(v["messages"].clone())
+        .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?;
+    if let Some(leaf) = &rec.tree_leaf {
+        let _ = HISTORY.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
+    }
+    Ok(messages)
 }
 
 /// For events that show the history (agent_end): never fails the step.
@@ -197,8 +261,9 @@ async fn append_history(
             json!({"session_id": rec.session_id, "parent_id": rec.tree_leaf, "entries": entries}),
         )
         .await?;
+    let old_leaf = rec.tree_leaf.take();
     rec.tree_leaf = out["leaf_id"].as_str().map(str::to_owned);
-    out["entries"]
+    let stored = out["entries"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -210,7 +275,12 @@ async fn append_history(
             StepError::Fatal(format!(
                 "the session store answered an unreadable entry: {e}"
             ))
-        })
+        })?;
+    if let Some(new_leaf) = &rec.tree_leaf {
+        let _ =
+            HISTORY.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+    }
+    Ok(stored)
 }
 
 /// `Some(why)` when a budget of the run refuses another model call.
@@ -282,7 +352,7 @@ async fn preflight_compaction(
                 json!({"summary_text": v["summary_text"], "tokens_before": v["tokens_before"], "compaction_entry_id": v["compaction_entry_id"], "tail_start_id": v["tail_start_id"]}),
             )
             .await;
-            history(ctx, rec).await
+            history_fresh(ctx, rec).await
         }
         Ok(_) => Ok(messages),
         Err(e) => {
@@ -346,7 +416,7 @@ async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResu
     rec.budget_ids = budgets;
     // Resume from the session's current leaf, then add this run's messages.
     if rec.tree {
-        history(ctx, rec).await?;
+        history_fresh(ctx, rec).await?;
         append_history(ctx, rec, req.messages.clone(), "u").await?;
     }
     Ok(Next::To(TurnState::AssistantStreaming))
@@ -1227,6 +1297,7 @@ fn def(id: &str, description: &str) -> RegisterFunction {
 
 pub fn worker() -> Worker {
     let hooks = Arc::new(Hooks::default());
+    let cache = Arc::new(HistoryCache::default());
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?}."), run_start);
     w.register_function(
@@ -1251,9 +1322,11 @@ pub fn worker() -> Worker {
             def(&state.step_function(), "A turn step (queue consumer)."),
             {
                 let hooks = hooks.clone();
+                let cache = cache.clone();
                 move |ctx, data: Value| {
                     let hooks = hooks.clone();
-                    async move { step(&ctx, &hooks, state, &data).await }
+                    let cache = cache.clone();
+                    HISTORY.scope(cache, async move { step(&ctx, &hooks, state, &data).await })
                 }
             },
         );
