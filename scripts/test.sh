@@ -48,7 +48,7 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
 
   stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills on the AWS backend)"
   HARNESS_TEST_BACKEND=aws cargo test --locked -p session-worker -p llm-budget -p hook-fanout
-  HARNESS_TEST_BACKEND=aws cargo test --locked --test harness_jobs
+  HARNESS_TEST_BACKEND=aws cargo test --locked --test harness_jobs --test slack
   stage_done
 
   stage "stop the AWS emulator"

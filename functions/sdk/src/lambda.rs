@@ -240,6 +240,19 @@ fn parse_envelope(v: &Value) -> Result<Envelope, ErrorBody> {
 
 /// Run `worker` under the Lambda Runtime API (`AWS_LAMBDA_RUNTIME_API`).
 pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
+    run_lambda_with(worker, None).await
+}
+
+/// Answers HTTP events (a Function URL or an API Gateway HTTP API: `requestContext.http`)
+/// with the HTTP response object Lambda expects.
+pub type HttpHandler =
+    Arc<dyn Fn(crate::Ctx, Value) -> futures_util::future::BoxFuture<'static, Value> + Send + Sync>;
+
+/// [`run_lambda`], with HTTP events going to `http` (a webhook function).
+pub async fn run_lambda_with(
+    worker: Worker,
+    http: Option<HttpHandler>,
+) -> Result<(), lambda_runtime::Error> {
     // The client handle must live as long as the runtime: dropping it closes the connection.
     let client = match std::env::var("ENGINE_URL") {
         Ok(url) if !url.is_empty() => {
@@ -258,8 +271,15 @@ pub async fn run_lambda(worker: Worker) -> Result<(), lambda_runtime::Error> {
     };
     let worker = Arc::new(worker);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
-        let (worker, bus) = (worker.clone(), bus.clone());
+        let (worker, bus, http) = (worker.clone(), bus.clone(), http.clone());
         async move {
+            if let Some(h) = http
+                && event.payload.pointer("/requestContext/http").is_some()
+            {
+                return Ok::<Value, lambda_runtime::Error>(
+                    h(crate::Ctx::root(bus), event.payload).await,
+                );
+            }
             let xray = event.context.xray_trace_id.clone();
             Ok::<Value, lambda_runtime::Error>(
                 handle_event(&worker, bus, event.payload, xray.as_deref()).await,

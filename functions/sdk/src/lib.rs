@@ -22,7 +22,7 @@ pub use embedded::run_embedded;
 pub use engine_gateway::channels::{ChannelFrame, ChannelRef};
 pub use engine_gateway::protocol::{ErrorBody, RegisterFunction};
 pub use error::BusError;
-pub use lambda::{handle_event, run_lambda, under_lambda_runtime};
+pub use lambda::{HttpHandler, handle_event, run_lambda, run_lambda_with, under_lambda_runtime};
 pub use remote::{RemoteOptions, connect_client, run_remote};
 pub use worker::{DefExt, FnResult, Worker, def};
 
