@@ -41,6 +41,9 @@ pub struct Manifest {
 /// The turn-step queue of the durable turn (SPEC: FIFO, grouped by `session_id`).
 pub const TURN_STEPS_QUEUE: &str = "turn-steps";
 pub const PROVIDERS: &[&str] = &["anthropic", "openai", "kimi", "lmstudio"];
+/// Secrets besides the providers': the Slack app's, and the token clients present at `$connect`.
+pub const EXTRA_SECRETS: &[&str] = &["slack/signing_secret", "slack/bot_token", "engine/token"];
+pub const TURN_STEP_VISIBILITY_MS: u64 = 360_000;
 
 pub fn manifest(names: &AwsNames) -> Manifest {
     let queue = |config: QueueConfig| {
@@ -75,12 +78,22 @@ pub fn manifest(names: &AwsNames) -> Manifest {
             },
         ],
         queues: vec![
-            queue(QueueConfig::fifo(TURN_STEPS_QUEUE, "session_id")),
+            queue({
+                // Longer than the orchestrator's step timeout (a model call may take 300 s):
+                // SQS must not hand a running step to a second consumer, and a Lambda event
+                // source mapping requires it.
+                let mut c = QueueConfig::fifo(TURN_STEPS_QUEUE, "session_id");
+                c.visibility_timeout_ms = TURN_STEP_VISIBILITY_MS;
+                c.concurrency = 16;
+                c
+            }),
             queue(QueueConfig::standard(crate::engine::DURABLE_QUEUE)),
         ],
         secrets: PROVIDERS
             .iter()
-            .map(|p| names.secret_name(&format!("providers/{p}")))
+            .map(|p| format!("providers/{p}"))
+            .chain(EXTRA_SECRETS.iter().map(|s| s.to_string()))
+            .map(|s| names.secret_name(&s))
             .collect(),
     }
 }
