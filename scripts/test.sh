@@ -39,7 +39,7 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   stage_done
 
   stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport)"
-  HARNESS_TEST_BACKEND=aws cargo test --locked -p harness-sdk --test full_stack --test aws_bus
+  HARNESS_TEST_BACKEND=aws cargo test --locked -p harness-sdk --test full_stack --test aws_bus --test aws_router
   stage_done
 
   stage "tests (whole agent turns on the AWS backend)"

@@ -422,3 +422,95 @@ async fn init_error(State((f, _)): ApiState, body: axum::body::Bytes) -> StatusC
 pub fn describe_event() -> Value {
     json!({ "describe": true })
 }
+
+type InvokeFunctions = Arc<Vec<Arc<LambdaFunction>>>;
+
+async fn invoke_api(
+    State(functions): State<InvokeFunctions>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    // A name, a partial ARN or a full ARN (`…:function:NAME[:QUALIFIER]`).
+    let name = match name.split_once(":function:") {
+        Some((_, rest)) => rest.split(':').next().unwrap_or(rest).to_string(),
+        None => name,
+    };
+    let Some(f) = functions.iter().find(|f| f.spec.name == name) else {
+        let mut r = (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"Type": "User", "message": format!("Function not found: {name}")})),
+        )
+            .into_response();
+        r.headers_mut().insert(
+            "x-amzn-errortype",
+            HeaderValue::from_static("ResourceNotFoundException"),
+        );
+        return r;
+    };
+    let event: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                let mut r = (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(json!({"Type": "User", "message": format!("Could not parse request body into json: {e}")})),
+                )
+                    .into_response();
+                r.headers_mut().insert(
+                    "x-amzn-errortype",
+                    HeaderValue::from_static("InvalidRequestContentException"),
+                );
+                return r;
+            }
+        }
+    };
+    match f.invoke(&event).await {
+        Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
+        // As Lambda reports a failed invocation: 200 with X-Amz-Function-Error.
+        Err(e) => {
+            let error_type = match &e {
+                LambdaError::Function { error_type, .. } => error_type.clone(),
+                LambdaError::TimedOut(_) => "Sandbox.Timedout".into(),
+                _ => "Runtime.ExitError".into(),
+            };
+            let mut r = (
+                StatusCode::OK,
+                axum::Json(json!({"errorType": error_type, "errorMessage": e.to_string()})),
+            )
+                .into_response();
+            r.headers_mut().insert(
+                "x-amz-function-error",
+                HeaderValue::from_static("Unhandled"),
+            );
+            r
+        }
+    }
+}
+
+/// The Lambda `Invoke` API (`POST /2015-03-31/functions/{name}/invocations`) over local
+/// functions, so the AWS SDK's Lambda client (`AWS_ENDPOINT_URL_LAMBDA`) reaches them as it
+/// would reach deployed ones → the base URL.
+pub async fn serve_invoke_api(
+    functions: Vec<Arc<LambdaFunction>>,
+) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    serve_invoke_api_on(listener, functions)
+}
+
+/// [`serve_invoke_api`] on a listener bound beforehand (so the functions' environment can
+/// carry its address).
+pub fn serve_invoke_api_on(
+    listener: tokio::net::TcpListener,
+    functions: Vec<Arc<LambdaFunction>>,
+) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+    let app = Router::new()
+        .route("/2015-03-31/functions/{name}/invocations", post(invoke_api))
+        .with_state(Arc::new(functions));
+    let url = format!("http://{}", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok((url, task))
+}

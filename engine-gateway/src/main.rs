@@ -28,6 +28,16 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Record what deployed worker Lambdas serve (their functions and state triggers) in the
+    /// registry table, so the router and the other Lambdas can reach them. Run after each
+    /// deploy; idempotent.
+    RegisterLambda {
+        #[command(flatten)]
+        aws: engine_gateway::server::AwsOptions,
+        /// Lambda function names (as deployed, e.g. `harness-turn-orchestrator`).
+        #[arg(required = true)]
+        function_names: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -48,6 +58,18 @@ async fn main() -> anyhow::Result<()> {
             let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
             let manifest = engine_gateway::aws::resources::ensure_all(&clients, &names).await?;
             println!("{}", serde_json::to_string_pretty(&manifest)?);
+        }
+        Command::RegisterLambda {
+            aws,
+            function_names,
+        } => {
+            let clients = engine_gateway::aws::AwsClients::new(aws.endpoint_url.as_deref()).await;
+            let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
+            for name in function_names {
+                let out =
+                    engine_gateway::aws::router::register_lambda(&clients, &names, &name).await?;
+                println!("{out}");
+            }
         }
         Command::Serve(opts) => {
             let running = server::start(&opts).await?;

@@ -6,6 +6,7 @@ pub mod changes;
 pub mod queues;
 pub mod registry;
 pub mod resources;
+pub mod router;
 pub mod secrets;
 pub mod state;
 
@@ -81,6 +82,10 @@ pub struct AwsClients {
     pub streams: aws_sdk_dynamodbstreams::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub secrets: aws_sdk_secretsmanager::Client,
+    /// Lambda `Invoke` (`AWS_ENDPOINT_URL_LAMBDA` points it elsewhere, e.g. at the local
+    /// Runtime API host's Invoke API).
+    pub lambda: aws_sdk_lambda::Client,
+    pub config: aws_config::SdkConfig,
 }
 
 impl AwsClients {
@@ -117,7 +122,18 @@ impl AwsClients {
             streams: aws_sdk_dynamodbstreams::Client::new(&cfg),
             sqs: aws_sdk_sqs::Client::new(&cfg),
             secrets: aws_sdk_secretsmanager::Client::new(&cfg),
+            lambda: aws_sdk_lambda::Client::new(&cfg),
+            config: cfg,
         }
+    }
+
+    /// The same clients with Lambda `Invoke` sent to `endpoint` (the local Invoke API).
+    pub fn with_lambda_endpoint(mut self, endpoint: &str) -> Self {
+        let conf = aws_sdk_lambda::config::Builder::from(&self.config)
+            .endpoint_url(endpoint)
+            .build();
+        self.lambda = aws_sdk_lambda::Client::from_conf(conf);
+        self
     }
 }
 

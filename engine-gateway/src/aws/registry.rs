@@ -26,6 +26,46 @@ fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.to_string())
 }
 
+impl DynamoRegistry {
+    /// Every entry of one kind → `(id, owner, body)`.
+    pub async fn list(
+        &self,
+        kind: &str,
+    ) -> Result<Vec<(String, String, serde_json::Value)>, String> {
+        let mut out = Vec::new();
+        let mut start: Option<std::collections::HashMap<String, AttributeValue>> = None;
+        loop {
+            let resp = self
+                .clients
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#k = :k")
+                .expression_attribute_names("#k", "kind")
+                .expression_attribute_values(":k", s(kind))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| err_text(&e))?;
+            for item in resp.items() {
+                let text = |f: &str| {
+                    item.get(f)
+                        .and_then(|v| v.as_s().ok())
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                let body = serde_json::from_str(&text("body")).unwrap_or(serde_json::Value::Null);
+                out.push((text("id"), text("owner"), body));
+            }
+            match resp.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(out),
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Registry for DynamoRegistry {
     async fn put(

@@ -1,7 +1,8 @@
 //! The transport of a Lambda with no engine connection (as deployed in AWS): `state::*` goes
 //! straight to DynamoDB and `enqueue` straight to SQS, through the same backend code the
 //! engine uses, so writes still fire state triggers (via the table's stream) and queued steps
-//! still reach their consumers. Calls to other functions need the bus (`ENGINE_URL`).
+//! still reach their consumers. Calls to other functions look their Lambda up in the registry
+//! table and `Invoke` it (see `engine-gateway register-lambda`).
 
 use async_trait::async_trait;
 use engine_gateway::aws::{AwsClients, AwsNames};
@@ -19,13 +20,17 @@ use crate::error::BusError;
 pub struct AwsBus {
     state: engine_gateway::aws::state::DynamoState,
     queues: engine_gateway::aws::queues::SqsQueues,
+    clients: AwsClients,
+    registry: engine_gateway::aws::registry::DynamoRegistry,
 }
 
 impl AwsBus {
     pub fn new(clients: AwsClients, names: AwsNames) -> Self {
         Self {
             state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
-            queues: engine_gateway::aws::queues::SqsQueues::new(clients, names),
+            registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
+            queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names),
+            clients,
         }
     }
 
@@ -57,7 +62,17 @@ impl Bus for AwsBus {
         };
         match engine_gateway::state_api::call(&self.state, function_id, &data, &meta).await {
             Some(r) => r.map_err(BusError::from),
-            None => Err(needs_bus(&format!("`{function_id}`"))),
+            // Another function: the Lambda the registry names, invoked directly.
+            None => engine_gateway::aws::router::call_function(
+                &self.clients,
+                &self.registry,
+                function_id,
+                data,
+                meta.traceparent,
+                meta.baggage,
+            )
+            .await
+            .map_err(BusError::from),
         }
     }
 

@@ -1,0 +1,376 @@
+//! The engine as deployed in AWS (the `engine-lambda` binary):
+//!
+//! - **WebSocket router** ([`AwsRouter::websocket`]), behind an API Gateway WebSocket API:
+//!   `$connect` checks the client's token (query `token` or `Authorization: Bearer`) and
+//!   records the connection; `$disconnect` forgets it; `$default` routes each
+//!   `invokefunction` message: the function is looked up in the registry table, its Lambda is
+//!   invoked with the bus envelope, and the `invocationresult` is posted back to the
+//!   connection through the API Gateway management API (a gone connection is forgotten).
+//! - **State-trigger router** ([`AwsRouter::stream`]): a DynamoDB Stream batch of the state
+//!   table goes, record by matching record, to each registered state trigger's Lambda; the
+//!   first failure is reported as `batchItemFailures` so the stream retries from there.
+//! - **Registration** ([`register_lambda`]): a deployed worker Lambda is asked to describe
+//!   itself (`{"describe": true}`) and its functions and state triggers are written to the
+//!   registry, which is how the router and the other Lambdas find it.
+
+use super::registry::DynamoRegistry;
+use super::{AwsClients, AwsNames};
+use crate::protocol::{ErrorBody, codes};
+use crate::registry::Registry;
+use aws_sdk_apigatewaymanagement::primitives::Blob as MgmtBlob;
+use aws_sdk_lambda::primitives::Blob;
+use serde_json::{Value, json};
+
+/// Invoke a Lambda with a JSON event → its JSON answer.
+pub async fn invoke(
+    clients: &AwsClients,
+    function_name: &str,
+    event: &Value,
+) -> Result<Value, ErrorBody> {
+    let out = clients
+        .lambda
+        .invoke()
+        .function_name(function_name)
+        .payload(Blob::new(serde_json::to_vec(event).unwrap_or_default()))
+        .send()
+        .await
+        .map_err(|e| {
+            ErrorBody::new(
+                codes::INVOCATION_ERROR,
+                format!("invoke {function_name}: {}", super::err_text(&e)),
+            )
+        })?;
+    let body: Value = out
+        .payload()
+        .map(|p| serde_json::from_slice(p.as_ref()).unwrap_or(Value::Null))
+        .unwrap_or(Value::Null);
+    if let Some(kind) = out.function_error() {
+        return Err(ErrorBody::new(
+            codes::INVOCATION_ERROR,
+            format!(
+                "{function_name} failed ({kind}): {}",
+                body["errorMessage"].as_str().unwrap_or(&body.to_string())
+            ),
+        ));
+    }
+    Ok(body)
+}
+
+/// Call a function that a Lambda serves: registry lookup, then `Invoke` with the envelope.
+pub async fn call_function(
+    clients: &AwsClients,
+    registry: &DynamoRegistry,
+    function_id: &str,
+    data: Value,
+    traceparent: Option<String>,
+    baggage: Option<String>,
+) -> Result<Value, ErrorBody> {
+    let target = registry
+        .get("function", function_id)
+        .await
+        .map_err(|e| ErrorBody::new("storage_error", format!("registry: {e}")))?;
+    let Some(lambda) = target
+        .as_ref()
+        .and_then(|(_, b)| b["lambda"].as_str().map(str::to_owned))
+    else {
+        return Err(ErrorBody::new(
+            codes::FUNCTION_NOT_FOUND,
+            format!("no Lambda serves `{function_id}`"),
+        ));
+    };
+    let answer = invoke(
+        clients,
+        &lambda,
+        &json!({"function_id": function_id, "data": data, "traceparent": traceparent, "baggage": baggage}),
+    )
+    .await?;
+    if let Some(err) = answer.get("error").filter(|e| !e.is_null()) {
+        return Err(serde_json::from_value(err.clone())
+            .unwrap_or_else(|_| ErrorBody::new(codes::INVOCATION_ERROR, err.to_string())));
+    }
+    Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+}
+
+/// Ask a deployed worker Lambda what it serves and record it in the registry → the function
+/// ids and trigger ids written.
+pub async fn register_lambda(
+    clients: &AwsClients,
+    names: &AwsNames,
+    function_name: &str,
+) -> anyhow::Result<Value> {
+    let registry = DynamoRegistry::new(clients.clone(), names);
+    let described = invoke(clients, function_name, &json!({"describe": true}))
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let owner = format!("lambda:{function_name}");
+    let mut functions = Vec::new();
+    for f in described["functions"].as_array().into_iter().flatten() {
+        let Some(id) = f["id"].as_str() else { continue };
+        let mut body = f.clone();
+        body["target"] = json!("lambda");
+        body["lambda"] = json!(function_name);
+        registry
+            .put("function", id, &owner, body)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        functions.push(id.to_string());
+    }
+    let mut triggers = Vec::new();
+    for t in described["triggers"].as_array().into_iter().flatten() {
+        // Queue triggers are event source mappings (infra/); state triggers are routed here.
+        if t["trigger_type"] != "state" {
+            continue;
+        }
+        let Some(id) = t["id"].as_str() else { continue };
+        let mut body = t.clone();
+        body["lambda"] = json!(function_name);
+        registry
+            .put("trigger", id, &owner, body)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        triggers.push(id.to_string());
+    }
+    Ok(json!({"lambda": function_name, "functions": functions, "state_triggers": triggers}))
+}
+
+pub struct AwsRouter {
+    clients: AwsClients,
+    registry: DynamoRegistry,
+    connections: aws_sdk_apigatewaymanagement::Client,
+    token: Option<String>,
+}
+
+fn status(code: u16) -> Value {
+    json!({"statusCode": code})
+}
+
+impl AwsRouter {
+    /// `management_endpoint`: `https://{api}.execute-api.{region}.amazonaws.com/{stage}`.
+    pub fn new(
+        clients: AwsClients,
+        names: &AwsNames,
+        management_endpoint: &str,
+        token: Option<String>,
+    ) -> Self {
+        let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&clients.config)
+            .endpoint_url(management_endpoint)
+            .build();
+        Self {
+            registry: DynamoRegistry::new(clients.clone(), names),
+            connections: aws_sdk_apigatewaymanagement::Client::from_conf(conf),
+            clients,
+            token: token.filter(|t| !t.is_empty()),
+        }
+    }
+
+    fn authorized(&self, event: &Value) -> bool {
+        let Some(expected) = &self.token else {
+            return true;
+        };
+        let given = event["queryStringParameters"]["token"]
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| {
+                event["headers"]
+                    .as_object()
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+                    })
+                    .and_then(|(_, v)| v.as_str())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(str::to_owned)
+            });
+        // Compare without an early exit on the first differing byte.
+        given.is_some_and(|g| {
+            g.len() == expected.len()
+                && g.bytes()
+                    .zip(expected.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        })
+    }
+
+    /// Post a message to a connection → false when the connection is gone (then forgotten).
+    pub async fn post(&self, connection_id: &str, message: &Value) -> Result<bool, String> {
+        match self
+            .connections
+            .post_to_connection()
+            .connection_id(connection_id)
+            .data(MgmtBlob::new(message.to_string().into_bytes()))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_gone_exception()) => {
+                let _ = self
+                    .registry
+                    .remove("connection", connection_id, connection_id)
+                    .await;
+                Ok(false)
+            }
+            Err(e) => Err(super::err_text(&e)),
+        }
+    }
+
+    /// An API Gateway WebSocket event → the integration response.
+    pub async fn websocket(&self, event: &Value) -> Value {
+        let ctx = &event["requestContext"];
+        let Some(connection) = ctx["connectionId"].as_str() else {
+            return status(400);
+        };
+        match ctx["eventType"].as_str() {
+            Some("CONNECT") => {
+                if !self.authorized(event) {
+                    tracing::warn!(connection, "connection refused: bad or missing token");
+                    return status(401);
+                }
+                match self
+                    .registry
+                    .put(
+                        "connection",
+                        connection,
+                        connection,
+                        json!({"connected_at_ms": crate::trace::now_ms()}),
+                    )
+                    .await
+                {
+                    Ok(()) => status(200),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot record the connection");
+                        status(500)
+                    }
+                }
+            }
+            Some("DISCONNECT") => {
+                let _ = self
+                    .registry
+                    .remove("connection", connection, connection)
+                    .await;
+                status(200)
+            }
+            Some("MESSAGE") => {
+                let reply = self.route(event["body"].as_str().unwrap_or("")).await;
+                if let Some(reply) = reply
+                    && let Err(e) = self.post(connection, &reply).await
+                {
+                    tracing::error!(error = %e, connection, "cannot post to the connection");
+                    return status(500);
+                }
+                status(200)
+            }
+            _ => status(400),
+        }
+    }
+
+    /// One client message → the message to send back (if any).
+    async fn route(&self, body: &str) -> Option<Value> {
+        let msg: Value = match serde_json::from_str(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return Some(
+                    json!({"type": "error", "error": ErrorBody::invalid(format!("not a JSON message: {e}"))}),
+                );
+            }
+        };
+        match msg["type"].as_str() {
+            Some("ping") => Some(json!({"type": "pong"})),
+            Some("invokefunction") => {
+                let Some(function_id) = msg["function_id"].as_str() else {
+                    return Some(
+                        json!({"type": "error", "error": ErrorBody::invalid("missing required field `function_id`")}),
+                    );
+                };
+                let invocation_id = msg["invocation_id"].as_str().map(str::to_owned);
+                let outcome = call_function(
+                    &self.clients,
+                    &self.registry,
+                    function_id,
+                    msg.get("data").cloned().unwrap_or(Value::Null),
+                    msg["traceparent"].as_str().map(str::to_owned),
+                    msg["baggage"].as_str().map(str::to_owned),
+                )
+                .await;
+                // Fire-and-forget calls (no invocation id) get no answer.
+                let invocation_id = invocation_id?;
+                let mut reply = json!({"type": "invocationresult", "invocation_id": invocation_id, "function_id": function_id});
+                match outcome {
+                    Ok(v) => reply["result"] = v,
+                    Err(e) => reply["error"] = json!(e),
+                }
+                Some(reply)
+            }
+            Some(other) => Some(
+                json!({"type": "error", "error": ErrorBody::invalid(format!("`{other}` is not routed by the AWS engine: workers deploy as Lambdas and register with `engine-gateway register-lambda`"))}),
+            ),
+            None => Some(
+                json!({"type": "error", "error": ErrorBody::invalid("missing required field `type`")}),
+            ),
+        }
+    }
+
+    /// A DynamoDB Stream batch of the state table → each matching state trigger's Lambda,
+    /// as a DynamoDB event of the records it watches; partial failure from the first miss.
+    pub async fn stream(&self, event: &Value) -> Value {
+        let records: Vec<Value> = event["Records"].as_array().cloned().unwrap_or_default();
+        let triggers = match self.registry.list("trigger").await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the triggers; the batch is retried");
+                let first = records
+                    .first()
+                    .and_then(|r| r["dynamodb"]["SequenceNumber"].as_str())
+                    .unwrap_or("");
+                return json!({"batchItemFailures": [{"itemIdentifier": first}]});
+            }
+        };
+        let mut first_failure: Option<usize> = None;
+        for (_, _, t) in &triggers {
+            let Some(lambda) = t["lambda"].as_str() else {
+                continue;
+            };
+            let scope = t["config"]["scope"].as_str();
+            let key = t["config"]["key"].as_str();
+            let picked: Vec<(usize, &Value)> = records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| {
+                    let k = &r["dynamodb"]["Keys"];
+                    let s = k["scope"]["S"].as_str().unwrap_or("");
+                    !s.starts_with('$')
+                        && scope.is_none_or(|x| x == s)
+                        && key.is_none_or(|x| Some(x) == k["key"]["S"].as_str())
+                })
+                .collect();
+            if picked.is_empty() {
+                continue;
+            }
+            let sub =
+                json!({"Records": picked.iter().map(|(_, r)| (*r).clone()).collect::<Vec<_>>()});
+            let failed_seq = match invoke(&self.clients, lambda, &sub).await {
+                Ok(answer) => answer["batchItemFailures"][0]["itemIdentifier"]
+                    .as_str()
+                    .map(str::to_owned),
+                Err(e) => {
+                    tracing::error!(lambda, error = %e.message, "state trigger failed");
+                    picked[0].1["dynamodb"]["SequenceNumber"]
+                        .as_str()
+                        .map(str::to_owned)
+                }
+            };
+            if let Some(seq) = failed_seq
+                && let Some(i) = records
+                    .iter()
+                    .position(|r| r["dynamodb"]["SequenceNumber"].as_str() == Some(seq.as_str()))
+            {
+                first_failure = Some(first_failure.map_or(i, |f| f.min(i)));
+            }
+        }
+        match first_failure {
+            Some(i) => {
+                json!({"batchItemFailures": [{"itemIdentifier": records[i]["dynamodb"]["SequenceNumber"]}]})
+            }
+            None => json!({"batchItemFailures": []}),
+        }
+    }
+}

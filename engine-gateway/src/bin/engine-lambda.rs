@@ -1,0 +1,45 @@
+//! The engine in AWS, as one Lambda binary deployed twice (infra/template.yaml): behind the
+//! API Gateway WebSocket API it routes calls (`$connect`, `$disconnect`, `$default`); on the
+//! state table's DynamoDB Stream it fires state triggers. Which one an event is for is read
+//! from its shape.
+//!
+//! Environment: `HARNESS_AWS_PREFIX` (resource names), `WS_MANAGEMENT_ENDPOINT`
+//! (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`), and the `$connect` token in
+//! the secret `<prefix>secrets/engine/token` (or `ENGINE_TOKEN`).
+
+use engine_gateway::aws::router::AwsRouter;
+use engine_gateway::aws::{AwsClients, AwsNames};
+use engine_gateway::secrets::SecretStore;
+use lambda_runtime::{LambdaEvent, service_fn};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    engine_gateway::server::init_logging();
+    let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
+    let names = AwsNames::new(&prefix);
+    let clients = AwsClients::from_env().await;
+    let secrets = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone());
+    let token = match secrets.get("engine/token").await {
+        Ok(Some(t)) if !t.is_empty() && t != "{}" => Some(t),
+        _ => std::env::var("ENGINE_TOKEN").ok(),
+    };
+    let endpoint = std::env::var("WS_MANAGEMENT_ENDPOINT").unwrap_or_default();
+    let router = Arc::new(AwsRouter::new(clients, &names, &endpoint, token));
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let router = router.clone();
+        async move {
+            let e = &event.payload;
+            let answer = if e.pointer("/requestContext/eventType").is_some() {
+                router.websocket(e).await
+            } else if e.pointer("/Records/0/eventSource").and_then(Value::as_str) == Some("aws:dynamodb") {
+                router.stream(e).await
+            } else {
+                json!({"error": {"code": "invalid_message", "message": "engine-lambda answers API Gateway WebSocket events and DynamoDB Stream batches"}})
+            };
+            Ok::<Value, lambda_runtime::Error>(answer)
+        }
+    }))
+    .await
+}
