@@ -224,11 +224,11 @@ async fn main() {
     let secs = t0.elapsed().as_secs_f64();
     let turns = concurrent as f64 * (k + 1) as f64;
     println!(
-        "{concurrent} concurrent sessions: turns/s | {:.0}",
+        "{concurrent} concurrent sessions: turns/s | {:.1}",
         turns / secs
     );
     println!(
-        "{concurrent} concurrent sessions: tool calls/s | {:.0}",
+        "{concurrent} concurrent sessions: tool calls/s | {:.1}",
         concurrent as f64 * k as f64 / secs
     );
     srv.shutdown().await;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The project's one test command: formatting, lints, every test on the embedded backend, then
+# The project's one test command: formatting, lints, every test on the embedded backend, the
+# deploy checks (cfn-lint, release Lambda builds), then
 # the bus suites again on the AWS backend against LocalStack (installed, started and stopped
 # here). Prints how long each stage took. Needs the Rust toolchain, python3, a JDK and npm.
 #   SKIP_AWS=1  skip the emulator stages      EMU=moto  use moto instead of LocalStack
+#   SKIP_LAMBDA_BUILDS=1  skip the release Lambda builds (the slowest stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,25 @@ stage_done
 stage "tests (workspace, embedded backend)"
 cargo test --workspace --locked
 stage_done
+
+# Python tools for the deploy checks, in a venv of their own (pinned).
+stage "deploy tooling (cfn-lint, cargo-lambda)"
+if [ ! -x target/ci-venv/bin/cfn-lint ] || [ ! -x target/ci-venv/bin/cargo-lambda ]; then
+  python3 -m venv target/ci-venv
+  target/ci-venv/bin/pip install --quiet --disable-pip-version-check cfn-lint==1.51.0 cargo-lambda==1.9.2
+fi
+export PATH="$PWD/target/ci-venv/bin:$PATH"
+stage_done
+
+stage "infrastructure template (cfn-lint; tests/infra.rs ran with the workspace tests)"
+cfn-lint infra/template.yaml
+stage_done
+
+if [ "${SKIP_LAMBDA_BUILDS:-0}" != 1 ]; then
+  stage "Lambda builds (cargo lambda build --release; glibc <= 2.34; sizes)"
+  bash scripts/lambda-builds.sh
+  stage_done
+fi
 
 if [ "${SKIP_AWS:-0}" != 1 ]; then
   export EMU=${EMU:-localstack}
