@@ -142,7 +142,7 @@ mod tests {
             Err(Rejected::MissingSignature)
         );
         assert_eq!(
-            verify("secret", Some(&ts), Some(&good[..20]), body, now),
+            verify("secret", Some(&ts), Some(&good[..21]), body, now),
             Err(Rejected::BadSignature)
         );
     }
