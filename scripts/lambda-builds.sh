@@ -14,12 +14,21 @@ packages=(engine-gateway turn-orchestrator harness-worker approval-gate session-
 args=()
 for p in "${packages[@]}"; do args+=(-p "$p"); done
 cargo lambda build --release --locked "${args[@]}"
+# Every binary those packages define (what the template deploys, and the engine CLI).
+bins=(engine-gateway engine-lambda turn-orchestrator harness-worker approval-gate session llm-budget
+  hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
+  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval)
 
 max_glibc=2.34
 status=0
+out="${CARGO_TARGET_DIR:-target}/lambda"
 printf '%-22s %10s  %s\n' binary size glibc
-for b in target/lambda/*/bootstrap; do
-  name=$(basename "$(dirname "$b")")
+built=0
+for pkg_bin in "${bins[@]}"; do
+  b="$out/$pkg_bin/bootstrap"
+  if [ ! -f "$b" ]; then echo "!! $pkg_bin: no bootstrap at $b"; status=1; continue; fi
+  built=$((built + 1))
+  name=$pkg_bin
   need=$(objdump -T "$b" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -Vu | tail -1)
   size=$(stat -c %s "$b")
   printf "%-22s %7s MB  %s\n" "$name" "$(awk -v s="$size" 'BEGIN{printf "%.1f", s/1048576}')" "${need:-none}"
@@ -27,4 +36,5 @@ for b in target/lambda/*/bootstrap; do
     echo "!! $name needs glibc $need (provided.al2023 has $max_glibc)"; status=1
   fi
 done
+echo "$built bootstrap binaries built"
 exit $status
