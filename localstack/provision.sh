@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source localstack/env.sh
-cargo run -q --locked -p engine-gateway -- provision --aws-prefix "${1:-harness-}"
+cargo run -q --locked -p engine-gateway --bin engine-gateway -- provision --aws-prefix "${1:-harness-}"
