@@ -14,7 +14,7 @@ use crate::state::{
 };
 
 /// How often a `state::update` retries after losing a race to another writer.
-const UPDATE_RETRIES: usize = 32;
+const UPDATE_RETRIES: usize = 64;
 
 pub struct DynamoState {
     clients: AwsClients,
@@ -209,7 +209,15 @@ impl StateStore for DynamoState {
         meta: &WriteMeta,
     ) -> Result<WriteOutcome, StateError> {
         validate_address(scope, key)?;
-        for _ in 0..UPDATE_RETRIES {
+        for attempt in 0..UPDATE_RETRIES {
+            if attempt > 0 {
+                // Contending writers back off by a random, growing amount, so they stop
+                // colliding in lockstep.
+                let spread = 2 + 4 * attempt as u64;
+                let wait =
+                    u64::from_str_radix(&crate::trace::random_hex(2), 16).unwrap_or(0) % spread;
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            }
             let current = self.read(scope, key).await?;
             let current_version = current.as_ref().map(|c| c.version);
             check_expected(scope, key, expected_version, current_version)?;
