@@ -102,7 +102,18 @@ async fn remote_worker_reconnects_and_re_registers_after_an_engine_restart() {
 
     // Same address, same data dir: the worker comes back on its own.
     opts.listen = url.trim_start_matches("ws://").to_string();
-    let srv = server::start(&opts).await.unwrap();
+    // The stopped engine's last tasks may still hold the database for a moment.
+    let mut started = server::start(&opts).await;
+    for _ in 0..50 {
+        match &started {
+            Err(e) if e.to_string().contains("already open") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                started = server::start(&opts).await;
+            }
+            _ => break,
+        }
+    }
+    let srv = started.unwrap();
     let client = harness_sdk::connect_client("client", RemoteOptions::new(&srv.url())).await;
     let mut answer = Err(harness_sdk::BusError::Disconnected(String::new()));
     for _ in 0..100 {
