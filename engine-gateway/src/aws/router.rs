@@ -75,7 +75,9 @@ pub async fn call_function(
     else {
         return Err(ErrorBody::new(
             codes::FUNCTION_NOT_FOUND,
-            format!("no Lambda serves `{function_id}`"),
+            format!(
+                "no Lambda serves `{function_id}` (deployed workers are found through `engine-gateway register-lambda`)"
+            ),
         ));
     };
     let answer = invoke(
