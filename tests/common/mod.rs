@@ -140,7 +140,8 @@ pub async fn start(ctx: &Ctx, sid: &str, max_turns: Option<u32>) -> Value {
 }
 
 pub async fn wait_state(ctx: &Ctx, sid: &str, state: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // Long enough for a 17-turn session on the emulator (seconds per tool call there).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
         let v = ctx
             .trigger("turn::get_state", json!({"session_id": sid}))
