@@ -108,6 +108,20 @@ async fn load_entry(ctx: &Ctx, sid: &str, eid: &str) -> Result<Option<Entry>, Er
         .map_err(|e| ErrorBody::new("storage", format!("unreadable entry `{eid}`: {e}")))
 }
 
+/// A fresh session's meta, with the request's `title` and `metadata`.
+fn new_meta(sid: &str, data: &Value) -> SessionMeta {
+    let t = now();
+    SessionMeta {
+        session_id: sid.to_string(),
+        created_at_ms: t,
+        updated_at_ms: t,
+        seq: 0,
+        title: data["title"].as_str().map(str::to_owned),
+        copied_from: None,
+        metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
+    }
+}
+
 /// Create the session's meta if absent → (meta, created).
 async fn create_meta(ctx: &Ctx, meta: SessionMeta) -> Result<(SessionMeta, bool), ErrorBody> {
     let value = serde_json::to_value(&meta).map_err(|e| ErrorBody::invalid(e.to_string()))?;
@@ -233,20 +247,7 @@ async fn create(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         None | Some(Value::Null) => new_id(),
         Some(_) => sid_of(&data, "session_id")?,
     };
-    let t = now();
-    let (meta, created) = create_meta(
-        &ctx,
-        SessionMeta {
-            session_id: sid.clone(),
-            created_at_ms: t,
-            updated_at_ms: t,
-            seq: 0,
-            title: data["title"].as_str().map(str::to_owned),
-            copied_from: None,
-            metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
-        },
-    )
-    .await?;
+    let (meta, created) = create_meta(&ctx, new_meta(&sid, &data)).await?;
     if !created {
         return Err(ErrorBody::new(
             "already_exists",
@@ -261,20 +262,7 @@ async fn ensure(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     if let Some(meta) = load_meta(&ctx, &sid).await? {
         return Ok(json!({"session_id": sid, "created": false, "session": meta}));
     }
-    let t = now();
-    let (meta, created) = create_meta(
-        &ctx,
-        SessionMeta {
-            session_id: sid.clone(),
-            created_at_ms: t,
-            updated_at_ms: t,
-            seq: 0,
-            title: data["title"].as_str().map(str::to_owned),
-            copied_from: None,
-            metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
-        },
-    )
-    .await?;
+    let (meta, created) = create_meta(&ctx, new_meta(&sid, &data)).await?;
     Ok(json!({"session_id": sid, "created": created, "session": meta}))
 }
 

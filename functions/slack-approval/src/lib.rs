@@ -452,7 +452,7 @@ pub fn worker(cfg: SlackConfig) -> Worker {
         move |ctx, data: Value| {
             let c = c.clone();
             async move {
-                let headers: HashMap<String, String> = data["headers"].as_object().map(|o| o.iter().filter_map(|(k, v)| Some((k.to_ascii_lowercase(), v.as_str()?.to_string()))).collect()).unwrap_or_default();
+                let headers = json_headers(&data["headers"]);
                 let body = data["body"].as_str().unwrap_or("").as_bytes().to_vec();
                 let r = handle_webhook(&ctx, &c, &headers, &body, now_secs()).await;
                 Ok(json!({"status": r.status, "body": r.body}))
@@ -510,16 +510,20 @@ pub async fn serve(
     Ok((url, task))
 }
 
-/// A Lambda Function URL (or API Gateway HTTP API) event → the webhook → its response.
-pub async fn handle_function_url(ctx: &Ctx, cfg: &SlackConfig, event: &Value) -> Value {
-    let headers: HashMap<String, String> = event["headers"]
-        .as_object()
+/// Headers given as a JSON object, names lower-cased (non-string values skipped).
+fn json_headers(v: &Value) -> HashMap<String, String> {
+    v.as_object()
         .map(|o| {
             o.iter()
                 .filter_map(|(k, v)| Some((k.to_ascii_lowercase(), v.as_str()?.to_string())))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A Lambda Function URL (or API Gateway HTTP API) event → the webhook → its response.
+pub async fn handle_function_url(ctx: &Ctx, cfg: &SlackConfig, event: &Value) -> Value {
+    let headers = json_headers(&event["headers"]);
     let raw = event["body"].as_str().unwrap_or("");
     let body = if event["isBase64Encoded"] == true {
         match base64_decode(raw) {

@@ -642,15 +642,7 @@ async fn dispatch(
         emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
     }
     if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
-        let e = Executed {
-            call: call.clone(),
-            result: envelope,
-            is_error: true,
-            duration_ms: 0,
-            terminate: false,
-        };
-        emit_execution_end(ctx, rec, &e).await;
-        return e;
+        return refused(ctx, rec, call, envelope).await;
     }
     let started = Instant::now();
     let mut payload = call.args.clone();
@@ -821,6 +813,11 @@ async fn function_execute(
 
 async fn denied(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Executed {
     emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
+    refused(ctx, rec, call, envelope).await
+}
+
+/// A call that was not run: its denial envelope is the result (announced already).
+async fn refused(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Executed {
     let e = Executed {
         call: call.clone(),
         result: envelope,
@@ -860,15 +857,7 @@ async fn function_awaiting_approval(
                     reason
                 };
                 let env = denial("user", &call.function_id, None, None, &call.args, &why);
-                let e = Executed {
-                    call: call.clone(),
-                    result: env,
-                    is_error: true,
-                    duration_ms: 0,
-                    terminate: false,
-                };
-                emit_execution_end(ctx, rec, &e).await;
-                e
+                refused(ctx, rec, &call, env).await
             }
             _ => {
                 let e = Executed {
