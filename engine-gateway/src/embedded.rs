@@ -223,7 +223,7 @@ impl EmbeddedBackend {
                         };
                         let version = match &new_value {
                             Some(v) => {
-                                let version = current_version.unwrap_or(0) + 1;
+                                let version = crate::state::next_version(current_version);
                                 table
                                     .insert(k.as_str(), encode(version, v).as_slice())
                                     .map_err(storage)?;

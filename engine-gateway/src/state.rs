@@ -222,6 +222,29 @@ pub trait ChangeFeed: Send + Sync {
     async fn ack(&self, records: &[ChangeRecord]) -> Result<(), StateError>;
 }
 
+/// The version a write gives a record now at `current` (None = absent).
+///
+/// A record created (or created again after a delete) starts at the wall clock in
+/// microseconds, not at 1: a reader holding the version of a deleted incarnation must never
+/// find it again on a new one, or its conditional write would pass on data it never saw
+/// (the ABA problem that once let a stale inbox drain drop one item and return another
+/// twice). Updates add 1, and no record takes a write per microsecond for its whole life,
+/// so a new incarnation never meets a version an older one had. The value stays below
+/// 2^53, so JSON clients read it exactly.
+pub fn next_version(current: Option<u64>) -> u64 {
+    match current {
+        Some(v) => v + 1,
+        None => first_version(),
+    }
+}
+
+fn first_version() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64)
+        .max(1)
+}
+
 pub fn check_expected(
     scope: &str,
     key: &str,

@@ -201,7 +201,10 @@ async fn random_and_mutated_frames_never_break_the_server() {
             json!({"scope": "after", "key": "fuzz", "value": true}),
         )
         .await;
-    assert_eq!(r["result"]["version"], 1, "{r}");
+    assert!(
+        r["result"]["version"].as_u64().is_some_and(|v| v > 0),
+        "{r}"
+    );
     let r = fresh.call("engine::functions::list", json!({})).await;
     assert!(r["result"]["functions"].is_array());
 }

@@ -166,6 +166,18 @@ async fn concurrent_updates_from_separate_backends_are_atomic() {
     let op = || {
         vec![serde_json::from_value(json!({"type": "increment", "path": "n", "by": 1})).unwrap()]
     };
+    let v0 = a
+        .state
+        .set(
+            "race",
+            "counter",
+            json!({"n": 0}),
+            Some(0),
+            &WriteMeta::default(),
+        )
+        .await
+        .unwrap()
+        .version;
     let mut tasks = Vec::new();
     for store in [a.state.clone(), b.state.clone()] {
         for _ in 0..4 {
@@ -185,14 +197,15 @@ async fn concurrent_updates_from_separate_backends_are_atomic() {
     }
     let v = a.state.get("race", "counter").await.unwrap().unwrap();
     assert_eq!(v.value["n"], 80);
-    assert_eq!(v.version, 80);
+    assert_eq!(v.version, v0 + 80);
     let err = a
         .state
         .set("race", "counter", json!({}), Some(3), &WriteMeta::default())
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("version_conflict") && err.to_string().contains("found 80"),
+        err.to_string().contains("version_conflict")
+            && err.to_string().contains(&format!("found {}", v0 + 80)),
         "{err}"
     );
 }

@@ -239,7 +239,8 @@ async fn state_functions_versions_and_atomic_updates() {
             json!({"scope": "s", "key": "k", "value": {"n": 1}, "expected_version": 0}),
         )
         .await;
-    assert_eq!(r["result"]["version"], 1, "{r}");
+    let v1 = r["result"]["version"].as_u64().expect("a version");
+    assert!(v1 > 0, "{r}");
     let r = c
         .call(
             "state::set",
@@ -250,22 +251,59 @@ async fn state_functions_versions_and_atomic_updates() {
     let r = c
         .call(
             "state::set",
-            json!({"scope": "s", "key": "k", "value": {"n": 2}, "expected_version": 1}),
+            json!({"scope": "s", "key": "k", "value": {"n": 2}, "expected_version": v1}),
         )
         .await;
     assert_eq!(r["result"]["old_value"], json!({"n": 1}));
-    assert_eq!(r["result"]["version"], 2);
+    assert_eq!(r["result"]["version"], v1 + 1);
     let r = c
         .call(
             "state::set",
-            json!({"scope": "s", "key": "k", "value": {}, "expected_version": 1}),
+            json!({"scope": "s", "key": "k", "value": {}, "expected_version": v1}),
         )
         .await;
     assert_eq!(r["error"]["code"], "version_conflict");
     assert!(
-        r["error"]["message"].as_str().unwrap().contains("found 2"),
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("found {}", v1 + 1)),
         "{r}"
     );
+
+    // Deleted and written again, a key never takes a version an older incarnation had: a
+    // reader still holding one must fail, not overwrite data it never saw.
+    let r = c
+        .call(
+            "state::delete",
+            json!({"scope": "s", "key": "k", "expected_version": v1 + 1}),
+        )
+        .await;
+    assert!(r.get("error").is_none(), "{r}");
+    let mut seen = vec![v1, v1 + 1];
+    for n in 0..3 {
+        let r = c
+            .call(
+                "state::set",
+                json!({"scope": "s", "key": "k", "value": {"again": n}}),
+            )
+            .await;
+        let v = r["result"]["version"].as_u64().expect("a version");
+        assert!(
+            !seen.contains(&v),
+            "version {v} reused after a delete: {seen:?}"
+        );
+        seen.push(v);
+    }
+    for stale in [v1, v1 + 1] {
+        let r = c
+            .call(
+                "state::set",
+                json!({"scope": "s", "key": "k", "value": {"stale": true}, "expected_version": stale}),
+            )
+            .await;
+        assert_eq!(r["error"]["code"], "version_conflict", "{r}");
+    }
 
     // Concurrent increments through many connections: atomic, none lost.
     let mut tasks = Vec::new();

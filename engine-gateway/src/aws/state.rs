@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::{AwsClients, AwsNames, err_code, err_text};
 use crate::state::{
     Entry, StateError, StateStore, UpdateOp, Versioned, WriteMeta, WriteOutcome, apply_ops,
-    check_expected, validate_address,
+    check_expected, next_version, validate_address,
 };
 
 /// How often a `state::update` retries after losing a race to another writer.
@@ -89,8 +89,8 @@ impl DynamoState {
         value: &Value,
         current: Option<u64>,
         meta: &WriteMeta,
-    ) -> Result<Option<Option<Versioned>>, StateError> {
-        let new_version = current.unwrap_or(0) + 1;
+    ) -> Result<Option<(Option<Versioned>, u64)>, StateError> {
+        let new_version = next_version(current);
         let mut req = self
             .clients
             .dynamodb
@@ -118,8 +118,8 @@ impl DynamoState {
         };
         match req.send().await {
             Ok(out) => match out.attributes() {
-                Some(item) if !item.is_empty() => Ok(Some(decode_item(item)?)),
-                _ => Ok(Some(None)),
+                Some(item) if !item.is_empty() => Ok(Some((decode_item(item)?, new_version))),
+                _ => Ok(Some((None, new_version))),
             },
             Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {
                 Ok(None)
@@ -147,19 +147,23 @@ impl StateStore for DynamoState {
         validate_address(scope, key)?;
         if let Some(expected) = expected_version {
             let current = if expected == 0 { None } else { Some(expected) };
-            if let Some(old) = self.put_if(scope, key, &value, current, meta).await? {
+            if let Some((old, version)) = self.put_if(scope, key, &value, current, meta).await? {
                 return Ok(WriteOutcome {
                     old_value: old.map(|o| o.value),
                     new_value: Some(value),
-                    version: expected + 1,
+                    version,
                 });
             }
             let found = self.read(scope, key).await?.map(|v| v.version);
             return Err(Self::conflict(scope, key, expected, found));
         }
         // Unconditional: one atomic UpdateItem bumps the version and returns the old image.
+        let before_first = next_version(None) - 1;
         let mut names = vec![("#val", "value"), ("#ver", "version")];
-        let mut set = vec!["#val = :val", "#ver = if_not_exists(#ver, :zero) + :one"];
+        let mut set = vec![
+            "#val = :val",
+            "#ver = if_not_exists(#ver, :before_first) + :one",
+        ];
         let mut req = self
             .clients
             .dynamodb
@@ -168,7 +172,10 @@ impl StateStore for DynamoState {
             .key("scope", s(scope))
             .key("key", s(key))
             .expression_attribute_values(":val", s(&value.to_string()))
-            .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+            .expression_attribute_values(
+                ":before_first",
+                AttributeValue::N(before_first.to_string()),
+            )
             .expression_attribute_values(":one", AttributeValue::N("1".into()))
             .return_values(ReturnValue::AllOld);
         if let Some(tp) = &meta.traceparent {
@@ -194,7 +201,7 @@ impl StateStore for DynamoState {
             None => None,
         };
         Ok(WriteOutcome {
-            version: old.as_ref().map(|o| o.version).unwrap_or(0) + 1,
+            version: old.as_ref().map_or(before_first + 1, |o| o.version + 1),
             old_value: old.map(|o| o.value),
             new_value: Some(value),
         })
@@ -226,15 +233,14 @@ impl StateStore for DynamoState {
                 .clone()
                 .unwrap_or_else(|| Value::Object(Default::default()));
             let new_value = apply_ops(base, &ops)?;
-            if self
+            if let Some((_, version)) = self
                 .put_if(scope, key, &new_value, current_version, meta)
                 .await?
-                .is_some()
             {
                 return Ok(WriteOutcome {
                     old_value,
                     new_value: Some(new_value),
-                    version: current_version.unwrap_or(0) + 1,
+                    version,
                 });
             }
             if expected_version.is_some() {
