@@ -177,22 +177,27 @@ pub async fn append_chain(
     parent: Parent,
     inputs: Vec<EntryInput>,
 ) -> Result<Vec<(Entry, bool)>, ErrorBody> {
-    require_meta(ctx, sid).await?;
     for input in &inputs {
         if let Some(id) = &input.id {
             valid_id("id", id)?;
         }
     }
-    let mut parent = match parent {
-        Parent::Root => None,
-        Parent::Id(p) => {
-            if load_entry(ctx, sid, &p).await?.is_none() {
-                return Err(entry_not_found(sid, &p));
+    // The session and the parent are checked at once (two reads, one round trip of latency).
+    let parent_check = async {
+        match parent {
+            Parent::Root => Ok(None),
+            Parent::Id(p) => {
+                if load_entry(ctx, sid, &p).await?.is_none() {
+                    return Err(entry_not_found(sid, &p));
+                }
+                Ok(Some(p))
             }
-            Some(p)
+            Parent::Leaf => Ok(tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone())),
         }
-        Parent::Leaf => tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone()),
     };
+    let (meta, parent) = tokio::join!(require_meta(ctx, sid), parent_check);
+    meta?;
+    let mut parent = parent?;
     if inputs.is_empty() {
         return Ok(Vec::new());
     }

@@ -14,6 +14,7 @@ pub mod types;
 
 use engine_gateway::builtins::req_str;
 use engine_gateway::state::DURABILITY_BAGGAGE;
+use futures_util::FutureExt;
 use harness_sdk::messages::{
     AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason,
 };
@@ -132,9 +133,39 @@ async fn enqueue_step(ctx: &Ctx, sid: &str, state: TurnState, dedup: String) -> 
     Ok(())
 }
 
-async fn run_request(ctx: &Ctx, sid: &str) -> StepResult<RunRequest> {
+/// The run's request, read once per run by this instance (it never changes during a run).
+async fn run_request(ctx: &Ctx, rec: &Record) -> StepResult<Arc<RunRequest>> {
+    let sid = &rec.session_id;
+    if let Ok(Some(hit)) = CACHE.try_with(|c| c.run(sid, rec).and_then(|r| r.request)) {
+        return Ok(hit);
+    }
     let v = ctx.state_get(SCOPE, &request_key(sid)).await?;
-    serde_json::from_value(v).map_err(|e| StepError::Fatal(format!("unreadable run request: {e}")))
+    let req: Arc<RunRequest> = Arc::new(
+        serde_json::from_value(v)
+            .map_err(|e| StepError::Fatal(format!("unreadable run request: {e}")))?,
+    );
+    let _ = CACHE.try_with(|c| c.update_run(sid, rec, |r| r.request = Some(req.clone())));
+    Ok(req)
+}
+
+/// The run's prompt (written at provisioning), read once per run by this instance.
+async fn run_prompt(ctx: &Ctx, rec: &Record) -> StepResult<Arc<Prompt>> {
+    let sid = &rec.session_id;
+    if let Ok(Some(hit)) = CACHE.try_with(|c| c.run(sid, rec).and_then(|r| r.prompt)) {
+        return Ok(hit);
+    }
+    let v = ctx.state_get(SCOPE, &prompt_key(sid)).await?;
+    let prompt: Prompt = serde_json::from_value(v)
+        .map_err(|e| StepError::Fatal(format!("unreadable run prompt: {e}")))?;
+    if prompt.run_key != rec.run_key {
+        return Err(StepError::Fatal(format!(
+            "the stored prompt belongs to run `{}`, not `{}`",
+            prompt.run_key, rec.run_key
+        )));
+    }
+    let prompt = Arc::new(prompt);
+    let _ = CACHE.try_with(|c| c.update_run(sid, rec, |r| r.prompt = Some(prompt.clone())));
+    Ok(prompt)
 }
 
 async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Value> {
@@ -145,18 +176,52 @@ async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Val
 
 // ------------------------------------------------------------------ history
 
-/// The histories this orchestrator instance read or wrote last, by session, with the leaf
-/// they end at. A run appends only through this worker, so while the record's leaf is the
-/// cached one, the cache is the tree's path (an entry rewritten in place by
-/// `session-tree::update_part` is seen from the next run on).
+/// What this orchestrator instance keeps between steps, by session, so a step does not re-read
+/// what cannot have changed:
+/// - the history it read or wrote last, with the leaf it ends at. A run appends only through
+///   this worker, so while the record's leaf is the cached one, the cache is the tree's path
+///   (an entry rewritten in place by `session-tree::update_part` is seen from the next run on);
+/// - the run's request and prompt, which are fixed for a run (keyed by the run's key and start
+///   time, so a new run on the session never sees the last one's).
 #[derive(Default)]
-pub struct HistoryCache {
+pub struct InstanceCache {
     inner: std::sync::Mutex<std::collections::HashMap<String, (String, Vec<AgentMessage>)>>,
+    runs: std::sync::Mutex<std::collections::HashMap<String, CachedRun>>,
 }
 
-const HISTORY_CACHE_SESSIONS: usize = 256;
+#[derive(Clone, Default)]
+struct CachedRun {
+    run_key: String,
+    started_at_ms: u64,
+    request: Option<Arc<RunRequest>>,
+    prompt: Option<Arc<Prompt>>,
+}
 
-impl HistoryCache {
+const CACHE_SESSIONS: usize = 256;
+
+impl InstanceCache {
+    fn run(&self, sid: &str, rec: &Record) -> Option<CachedRun> {
+        let runs = self.runs.lock().ok()?;
+        runs.get(sid)
+            .filter(|r| r.run_key == rec.run_key && r.started_at_ms == rec.started_at_ms)
+            .cloned()
+    }
+    fn update_run(&self, sid: &str, rec: &Record, f: impl FnOnce(&mut CachedRun)) {
+        if let Ok(mut runs) = self.runs.lock() {
+            if runs.len() >= CACHE_SESSIONS && !runs.contains_key(sid) {
+                runs.clear();
+            }
+            let entry = runs.entry(sid.to_string()).or_default();
+            if entry.run_key != rec.run_key || entry.started_at_ms != rec.started_at_ms {
+                *entry = CachedRun {
+                    run_key: rec.run_key.clone(),
+                    started_at_ms: rec.started_at_ms,
+                    ..Default::default()
+                };
+            }
+            f(entry);
+        }
+    }
     fn get(&self, sid: &str, leaf: &str) -> Option<Vec<AgentMessage>> {
         let inner = self.inner.lock().ok()?;
         inner
@@ -166,7 +231,7 @@ impl HistoryCache {
     }
     fn put(&self, sid: &str, leaf: &str, messages: Vec<AgentMessage>) {
         if let Ok(mut inner) = self.inner.lock() {
-            if inner.len() >= HISTORY_CACHE_SESSIONS && !inner.contains_key(sid) {
+            if inner.len() >= CACHE_SESSIONS && !inner.contains_key(sid) {
                 inner.clear();
             }
             inner.insert(sid.to_string(), (leaf.to_string(), messages));
@@ -190,7 +255,7 @@ impl HistoryCache {
 
 tokio::task_local! {
     /// The running step's instance cache (set by the step driver).
-    static HISTORY: std::sync::Arc<HistoryCache>;
+    static CACHE: std::sync::Arc<InstanceCache>;
 }
 
 /// The conversation as the model will see it: the cached path while the run's leaf is the
@@ -199,7 +264,7 @@ tokio::task_local! {
 async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
     if rec.tree
         && let Some(leaf) = &rec.tree_leaf
-        && let Ok(Some(hit)) = HISTORY.try_with(|c| c.get(&rec.session_id, leaf))
+        && let Ok(Some(hit)) = CACHE.try_with(|c| c.get(&rec.session_id, leaf))
     {
         return Ok(hit);
     }
@@ -221,7 +286,7 @@ async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessa
     let messages: Vec<AgentMessage> = serde_json::from_value(v["messages"].clone())
         .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?;
     if let Some(leaf) = &rec.tree_leaf {
-        let _ = HISTORY.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
+        let _ = CACHE.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
     }
     Ok(messages)
 }
@@ -278,7 +343,7 @@ async fn append_history(
         })?;
     if let Some(new_leaf) = &rec.tree_leaf {
         let _ =
-            HISTORY.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+            CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
     }
     Ok(stored)
 }
@@ -331,7 +396,8 @@ async fn preflight_compaction(
     else {
         return Ok(messages);
     };
-    let chars = serde_json::to_string(&(&rec.system_prompt, &messages, &rec.tools))
+    let prompt = run_prompt(ctx, rec).await?;
+    let chars = serde_json::to_string(&(&prompt.system_prompt, &messages, &prompt.tools))
         .map_or(0, |s| s.chars().count() as u64);
     if !rec.tree || chars / 4 <= usable_tokens(window) {
         return Ok(messages);
@@ -379,7 +445,7 @@ async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResu
         .as_ref()
         .and_then(|v| v["body"].as_str().or(v["index"].as_str()))
         .map(str::to_owned);
-    rec.system_prompt = Some(match &req.system_prompt {
+    let system_prompt = Some(match &req.system_prompt {
         Some(verbatim) => verbatim.clone(),
         None => prompt::system_prompt(
             req.mode.as_deref().unwrap_or("agent"),
@@ -394,7 +460,23 @@ async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResu
     .await
     .filter(|v| !v.is_null());
     let catalogue = ctx.trigger("engine::functions::list", json!({})).await?;
-    rec.tools = vec![prompt::agent_trigger_tool(&catalogue)];
+    let run_prompt = Prompt {
+        run_key: rec.run_key.clone(),
+        system_prompt,
+        tools: vec![prompt::agent_trigger_tool(&catalogue)],
+    };
+    ctx.state_set(
+        SCOPE,
+        &prompt_key(&rec.session_id),
+        serde_json::to_value(&run_prompt).map_err(|e| StepError::Fatal(e.to_string()))?,
+    )
+    .await?;
+    let run_prompt = Arc::new(run_prompt);
+    let _ = CACHE.try_with(|c| {
+        c.update_run(&rec.session_id, rec, |r| {
+            r.prompt = Some(run_prompt.clone())
+        })
+    });
     // Budgets: the one named, and those governing this workspace/agent.
     let mut budgets: Vec<String> = req.budget_id.iter().cloned().collect();
     if (req.workspace_id.is_some() || req.agent_id.is_some())
@@ -460,16 +542,17 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
     rec.turn_end_emitted = false;
     let messages = history(ctx, rec).await?;
     let messages = preflight_compaction(ctx, rec, req, messages).await?;
+    let prompt = run_prompt(ctx, rec).await?;
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
     let mut call = {
         let ctx = ctx.clone();
         let payload = json!({
             "writer_ref": writer,
-            "system_prompt": rec.system_prompt,
+            "system_prompt": prompt.system_prompt,
             "model": req.model,
             "messages": messages,
-            "tools": rec.tools,
+            "tools": prompt.tools,
             "budget_ids": rec.budget_ids,
         });
         let fid = format!("provider::{}::stream", req.provider);
@@ -483,17 +566,38 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
         tokio::select! {
             frame = reader.next() => {
                 let Some(frame) = frame else { break };
-                let ChannelFrame::Text(text) = frame else { continue };
-                let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text) else { continue };
-                match ev {
-                    AssistantMessageEvent::Done { message } | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
-                    other => {
-                        let mut llm_event = serde_json::to_value(&other).unwrap_or(Value::Null);
-                        let partial = llm_event.as_object_mut().and_then(|o| o.remove("partial"));
-                        if let Some(p) = partial {
-                            emit_transient(ctx, rec, "message_update", json!({"message": p, "llm_event": llm_event})).await;
+                // Frames already waiting are merged into one `message_update` (the latest
+                // partial holds every earlier delta), so a fast stream costs one push per
+                // batch instead of one per token.
+                let mut update: Option<Value> = None;
+                let mut closed = false;
+                let mut next = Some(frame);
+                while let Some(frame) = next.take() {
+                    if let ChannelFrame::Text(text) = frame
+                        && let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text)
+                    {
+                        match ev {
+                            AssistantMessageEvent::Done { message } | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
+                            other => {
+                                let mut llm_event = serde_json::to_value(&other).unwrap_or(Value::Null);
+                                let partial = llm_event.as_object_mut().and_then(|o| o.remove("partial"));
+                                if let Some(p) = partial {
+                                    update = Some(json!({"message": p, "llm_event": llm_event}));
+                                }
+                            }
                         }
                     }
+                    match reader.next().now_or_never() {
+                        Some(Some(more)) => next = Some(more),
+                        Some(None) => closed = true,
+                        None => {}
+                    }
+                }
+                if let Some(u) = update {
+                    emit_transient(ctx, rec, "message_update", u).await;
+                }
+                if closed {
+                    break;
                 }
             }
             // A provider that fails before attaching the writer (not registered, refused the
@@ -994,7 +1098,7 @@ async fn step(
     }
     let loaded_version = version;
     let outcome = async {
-        let req = run_request(ctx, &sid).await?;
+        let req = run_request(ctx, &rec).await?;
         match expected {
             TurnState::Provisioning => provisioning(ctx, &mut rec, &req).await,
             TurnState::AssistantStreaming => assistant_streaming(ctx, &mut rec, &req).await,
@@ -1163,8 +1267,6 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         tree_leaf: None,
         run_key,
         budget_ids: Vec::new(),
-        system_prompt: None,
-        tools: Vec::new(),
         event_seq: 0,
     };
     let mut version = expected;
@@ -1286,7 +1388,7 @@ fn def(id: &str, description: &str) -> RegisterFunction {
 
 pub fn worker() -> Worker {
     let hooks = Arc::new(Hooks::default());
-    let cache = Arc::new(HistoryCache::default());
+    let cache = Arc::new(InstanceCache::default());
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?}."), run_start);
     w.register_function(
@@ -1315,7 +1417,7 @@ pub fn worker() -> Worker {
                 move |ctx, data: Value| {
                     let hooks = hooks.clone();
                     let cache = cache.clone();
-                    HISTORY.scope(cache, async move { step(&ctx, &hooks, state, &data).await })
+                    CACHE.scope(cache, async move { step(&ctx, &hooks, state, &data).await })
                 }
             },
         );

@@ -20,6 +20,22 @@ pub fn record_key(sid: &str) -> String {
 pub fn request_key(sid: &str) -> String {
     format!("session/{sid}/run_request")
 }
+/// The run's system prompt and tools, written once at provisioning: kept out of the record,
+/// which every step loads and saves.
+pub fn prompt_key(sid: &str) -> String {
+    format!("session/{sid}/prompt")
+}
+
+/// What the model is told besides the conversation, fixed for a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Prompt {
+    /// The run it belongs to (`Record::run_key`).
+    pub run_key: String,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub tools: Vec<harness_sdk::messages::ToolSpec>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -147,10 +163,6 @@ pub struct Record {
     /// Budgets checked before each model call and charged by the provider.
     #[serde(default)]
     pub budget_ids: Vec<String>,
-    #[serde(default)]
-    pub system_prompt: Option<String>,
-    #[serde(default)]
-    pub tools: Vec<harness_sdk::messages::ToolSpec>,
     /// Counter for event item ids.
     #[serde(default)]
     pub event_seq: u64,
