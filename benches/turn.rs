@@ -4,7 +4,8 @@
 //! policy asked for every call, the provider streaming SSE over local HTTP.
 //! `BENCH_BACKEND=aws` runs it on the AWS backend (LocalStack), `BENCH_K` tool calls per
 //! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5), `BENCH_CONCURRENT`
-//! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went.
+//! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went
+//! (with `BENCH_TIMELINE=1`, every span of one tool call in start order).
 
 use auth_credentials::Auth;
 use engine_gateway::secrets::FileSecrets;
@@ -64,11 +65,13 @@ async fn breakdown(ctx: &Ctx, sid: &str, k: usize) {
         return;
     };
     let mut by_name: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+    let mut all_spans: Vec<serde_json::Value> = Vec::new();
     for trace in group["trace_ids"].as_array().into_iter().flatten() {
         let spans = ctx
             .trigger("engine::traces::list", json!({"trace_id": trace}))
             .await
             .expect("spans");
+        all_spans.extend(spans["spans"].as_array().into_iter().flatten().cloned());
         for s in spans["spans"].as_array().into_iter().flatten() {
             let ms = (s["end_unix_nanos"].as_u64().unwrap_or(0)
                 - s["start_unix_nanos"].as_u64().unwrap_or(0)) as f64
@@ -92,6 +95,41 @@ async fn breakdown(ctx: &Ctx, sid: &str, k: usize) {
             "{name} | {:.3} | {:.1}",
             ms / k as f64,
             *n as f64 / k as f64
+        );
+    }
+    if std::env::var("BENCH_TIMELINE").is_ok() {
+        timeline(&all_spans);
+    }
+}
+
+/// `BENCH_TIMELINE=1`: the engine-side spans of one tool call in the middle of the session,
+/// in start order, with their offsets (µs): the gaps between them are waits.
+fn timeline(spans: &[serde_json::Value]) {
+    let start = |s: &serde_json::Value| s["start_unix_nanos"].as_u64().unwrap_or(0);
+    let mut engine: Vec<&serde_json::Value> =
+        spans.iter().filter(|s| s["service"] == "engine").collect();
+    engine.sort_by_key(|s| start(s));
+    let steps: Vec<usize> = engine
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s["name"] == "turn::function_execute")
+        .map(|(i, _)| i)
+        .collect();
+    let (Some(&a), Some(&b)) = (steps.get(steps.len() / 2), steps.get(steps.len() / 2 + 1)) else {
+        return;
+    };
+    let t0 = start(engine[a]);
+    println!("\ntimeline of one tool call (engine spans; offset and duration in µs)");
+    for s in &engine[a..b] {
+        let dur = s["end_unix_nanos"]
+            .as_u64()
+            .unwrap_or(0)
+            .saturating_sub(start(s));
+        println!(
+            "{:>7} {:>6}  {}",
+            (start(s) - t0) / 1000,
+            dur / 1000,
+            s["name"].as_str().unwrap_or("?")
         );
     }
 }

@@ -164,6 +164,22 @@ impl EmbeddedBackend {
         }))
     }
 
+    /// Run a transaction in place when `in_place` (a non-durable write: redb keeps it in this
+    /// process's memory until the next durable commit, so there is no I/O to wait for and the
+    /// hand-off to the blocking pool would cost more than the write), else on the pool.
+    async fn transact<T, E, F>(&self, in_place: bool, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Database) -> Result<T, E> + Send + 'static,
+        String: Into<E>,
+    {
+        if in_place {
+            return f(&self.db);
+        }
+        self.blocking(f).await
+    }
+
     async fn blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,
@@ -196,7 +212,8 @@ impl EmbeddedBackend {
         let meta = meta.clone();
         let seqs = self.change_seq.clone();
         let (outcome, change) = self
-            .blocking(
+            .transact(
+                meta.deferred(),
                 move |db| -> Result<(WriteOutcome, Option<ChangeRecord>), StateError> {
                     let mut txn = db.begin_write().map_err(storage)?;
                     if meta.deferred() {
@@ -478,7 +495,7 @@ impl QueueBackend for EmbeddedBackend {
         let seqs = self.queue_seq.clone();
         let deferred = crate::state::baggage_defers(msg.baggage.as_deref());
         let seq = self
-            .blocking(move |db| {
+            .transact(deferred, move |db| {
                 let mut txn = db.begin_write().map_err(qstorage)?;
                 if deferred {
                     txn.set_durability(Durability::None).map_err(qstorage)?;
@@ -597,7 +614,14 @@ impl QueueBackend for EmbeddedBackend {
         // A message sent with deferred durability is acknowledged the same way: losing the
         // acknowledgement in a crash redelivers a step whose writes were lost with it.
         let deferred = crate::state::baggage_defers(d.message.baggage.as_deref());
-        self.blocking(move |db| {
+        // The handler is done: free its FIFO group for the next message now, while the
+        // acknowledgement commits. If that commit is lost, a restart delivers the message once
+        // more, as a crash between handler and acknowledgement always could (at least once).
+        self.with_queue(&d.message.queue, |q| {
+            q.msgs.remove(&seq);
+            q.notify.notify_one();
+        });
+        self.transact(deferred, move |db| {
             let mut txn = db.begin_write().map_err(qstorage)?;
             if deferred {
                 txn.set_durability(Durability::None).map_err(qstorage)?;
@@ -608,12 +632,7 @@ impl QueueBackend for EmbeddedBackend {
                 .map_err(qstorage)?;
             txn.commit().map_err(qstorage)
         })
-        .await?;
-        self.with_queue(&d.message.queue, |q| {
-            q.msgs.remove(&seq);
-            q.notify.notify_one();
-        });
-        Ok(())
+        .await
     }
 
     async fn fail(

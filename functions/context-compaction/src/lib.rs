@@ -298,6 +298,15 @@ async fn on_turn_end(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let Some(sid) = data["group_id"].as_str().map(str::to_owned) else {
         return Ok(json!({"ignored": "no session"}));
     };
+    // A turn that ends with function results goes back to the model: the run is live.
+    if data["event"]["data"]["function_results"]
+        .as_array()
+        .is_some_and(|r| !r.is_empty())
+    {
+        return Ok(
+            json!({"skipped": "run live; the pre-flight check compacts", "session_id": sid}),
+        );
+    }
     let state = ctx
         .trigger("turn::get_state", json!({"session_id": sid}))
         .await

@@ -385,7 +385,11 @@ async fn begin(
         ))
     })?;
     let turn = s.take(path, headers, &req)?;
-    tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
+    // Only a real delay goes through the timer: a zero sleep still waits for the timer wheel's
+    // next tick (up to a millisecond), which a zero-latency model must not add.
+    if turn.delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
+    }
     if let Some(status) = turn.http_status {
         return Err(Box::new(error_response(
             path,
