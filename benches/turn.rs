@@ -115,7 +115,33 @@ fn timeline(spans: &[serde_json::Value]) {
         .filter(|(_, s)| s["name"] == "turn::function_execute")
         .map(|(i, _)| i)
         .collect();
-    let (Some(&a), Some(&b)) = (steps.get(steps.len() / 2), steps.get(steps.len() / 2 + 1)) else {
+    // How far apart consecutive tool calls start, over the whole session.
+    let mut gaps: Vec<f64> = steps
+        .windows(2)
+        .map(|w| (start(engine[w[1]]) - start(engine[w[0]])) as f64 / 1e6)
+        .collect();
+    if gaps.len() >= 2 {
+        gaps.sort_by(|a, b| a.total_cmp(b));
+        let at = |q: f64| gaps[((gaps.len() - 1) as f64 * q) as usize];
+        println!(
+            "\ntool call to tool call (ms): min {:.2}, p50 {:.2}, p90 {:.2}, max {:.2}, mean {:.2}",
+            at(0.0),
+            at(0.5),
+            at(0.9),
+            at(1.0),
+            gaps.iter().sum::<f64>() / gaps.len() as f64
+        );
+    }
+    // The tool call picked: `BENCH_TIMELINE=slow` the slowest tenth's fastest, else the middle one.
+    let slow = std::env::var("BENCH_TIMELINE").is_ok_and(|v| v == "slow");
+    let pick = if slow && steps.len() > 2 {
+        let mut by_gap: Vec<usize> = (0..steps.len() - 1).collect();
+        by_gap.sort_by_key(|&i| start(engine[steps[i + 1]]) - start(engine[steps[i]]));
+        by_gap[(by_gap.len() - 1) * 9 / 10]
+    } else {
+        steps.len() / 2
+    };
+    let (Some(&a), Some(&b)) = (steps.get(pick), steps.get(pick + 1)) else {
         return;
     };
     let t0 = start(engine[a]);

@@ -168,7 +168,9 @@ impl Cassette {
 struct Inner {
     cassette: Cassette,
     next: usize,
-    requests: Vec<Value>,
+    /// What was received, kept as the raw body (parsed when asked for): copying each parsed
+    /// body would cost the server time that grows with the conversation.
+    requests: Vec<(String, Bytes)>,
 }
 
 #[derive(Clone, Default)]
@@ -195,12 +197,25 @@ impl ScriptedModel {
     }
 
     pub fn requests(&self) -> Vec<Value> {
-        lock(&self.inner).requests.clone()
+        let received = lock(&self.inner).requests.clone();
+        received
+            .into_iter()
+            .map(|(path, body)| {
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                json!({"path": path, "body": body})
+            })
+            .collect()
     }
 
-    fn take(&self, path: &str, headers: &HeaderMap, body: &Value) -> Result<Turn, Box<Response>> {
+    fn take(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+        raw: &Bytes,
+        body: &Value,
+    ) -> Result<Turn, Box<Response>> {
         let mut i = lock(&self.inner);
-        i.requests.push(json!({"path": path, "body": body}));
+        i.requests.push((path.to_string(), raw.clone()));
         if let Some(key) = i.cassette.require_api_key.clone() {
             let presented = headers
                 .get("x-api-key")
@@ -233,7 +248,9 @@ impl ScriptedModel {
         }) {
             return Ok(t.clone());
         }
-        let turns: Vec<Turn> = i
+        // The conversation's turns (side-request turns excluded), by reference: a long
+        // cassette is not copied per request.
+        let turns: Vec<&Turn> = i
             .cassette
             .turns
             .iter()
@@ -242,7 +259,6 @@ impl ScriptedModel {
                     .as_deref()
                     .is_some_and(|w| w.starts_with(SYSTEM_CONDITION))
             })
-            .cloned()
             .collect();
         let n = turns.len();
         if turns.iter().any(|t| t.when.is_some()) {
@@ -252,7 +268,7 @@ impl ScriptedModel {
                     .as_deref()
                     .is_some_and(|w| condition_holds(w, results))
             }) {
-                Some(t) => Ok(t.clone()),
+                Some(t) => Ok((*t).clone()),
                 None => Err(Box::new(error_response(
                     path,
                     500,
@@ -261,9 +277,11 @@ impl ScriptedModel {
                 ))),
             };
         }
-        let turn = if i.next < n {
+        let next = i.next;
+        let turn = if next < n {
+            let t = turns[next].clone();
             i.next += 1;
-            turns[i.next - 1].clone()
+            t
         } else if i.cassette.repeat_last && n > 0 {
             turns[n - 1].clone()
         } else {
@@ -374,7 +392,7 @@ async fn begin(
     s: &ScriptedModel,
     path: &str,
     headers: &HeaderMap,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<(Value, Turn), Box<Response>> {
     let req: Value = serde_json::from_slice(body).map_err(|e| {
         Box::new(error_response(
@@ -384,7 +402,7 @@ async fn begin(
             &format!("invalid JSON body: {e}"),
         ))
     })?;
-    let turn = s.take(path, headers, &req)?;
+    let turn = s.take(path, headers, body, &req)?;
     // Only a real delay goes through the timer: a zero sleep still waits for the timer wheel's
     // next tick (up to a millisecond), which a zero-latency model must not add.
     if turn.delay_ms > 0 {

@@ -185,9 +185,12 @@ async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Val
 ///   time, so a new run on the session never sees the last one's).
 #[derive(Default)]
 pub struct InstanceCache {
-    inner: std::sync::Mutex<std::collections::HashMap<String, (String, Vec<AgentMessage>)>>,
+    inner: std::sync::Mutex<std::collections::HashMap<String, (String, History)>>,
     runs: std::sync::Mutex<std::collections::HashMap<String, CachedRun>>,
 }
+
+/// A conversation shared between the cache and the step using it (not copied per turn).
+type History = Arc<Vec<AgentMessage>>;
 
 #[derive(Clone, Default)]
 struct CachedRun {
@@ -222,14 +225,14 @@ impl InstanceCache {
             f(entry);
         }
     }
-    fn get(&self, sid: &str, leaf: &str) -> Option<Vec<AgentMessage>> {
+    fn get(&self, sid: &str, leaf: &str) -> Option<History> {
         let inner = self.inner.lock().ok()?;
         inner
             .get(sid)
             .filter(|(l, _)| l == leaf)
             .map(|(_, m)| m.clone())
     }
-    fn put(&self, sid: &str, leaf: &str, messages: Vec<AgentMessage>) {
+    fn put(&self, sid: &str, leaf: &str, messages: History) {
         if let Ok(mut inner) = self.inner.lock() {
             if inner.len() >= CACHE_SESSIONS && !inner.contains_key(sid) {
                 inner.clear();
@@ -242,7 +245,8 @@ impl InstanceCache {
         if let Ok(mut inner) = self.inner.lock() {
             match inner.get_mut(sid) {
                 Some((leaf, messages)) if Some(leaf.as_str()) == old_leaf => {
-                    messages.extend(appended.iter().cloned());
+                    // Copies only if a step still holds the old list.
+                    Arc::make_mut(messages).extend(appended.iter().cloned());
                     *leaf = new_leaf.to_string();
                 }
                 _ => {
@@ -261,7 +265,7 @@ tokio::task_local! {
 /// The conversation as the model will see it: the cached path while the run's leaf is the
 /// cached one, else from the session tree (compaction applied; this also moves the run onto
 /// the tree's current leaf), or the record's own list without a session store.
-async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
+async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
     if rec.tree
         && let Some(leaf) = &rec.tree_leaf
         && let Ok(Some(hit)) = CACHE.try_with(|c| c.get(&rec.session_id, leaf))
@@ -272,9 +276,9 @@ async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
 }
 
 /// The history read from the session tree, whatever the cache holds.
-async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessage>> {
+async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
     if !rec.tree {
-        return Ok(rec.messages.clone());
+        return Ok(Arc::new(rec.messages.clone()));
     }
     let v = ctx
         .trigger(
@@ -283,8 +287,10 @@ async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessa
         )
         .await?;
     rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
-    let messages: Vec<AgentMessage> = serde_json::from_value(v["messages"].clone())
-        .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?;
+    let messages: History = Arc::new(
+        serde_json::from_value(v["messages"].clone())
+            .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?,
+    );
     if let Some(leaf) = &rec.tree_leaf {
         let _ = CACHE.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
     }
@@ -294,7 +300,10 @@ async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<Vec<AgentMessa
 /// For events that show the history (agent_end): never fails the step.
 async fn history_for_event(ctx: &Ctx, rec: &Record) -> Vec<AgentMessage> {
     let mut copy = rec.clone();
-    history(ctx, &mut copy).await.unwrap_or_default()
+    history(ctx, &mut copy)
+        .await
+        .map(|h| h.as_ref().clone())
+        .unwrap_or_default()
 }
 
 /// Append messages to the history → the messages as stored. In the tree each gets the id
@@ -387,8 +396,8 @@ async fn preflight_compaction(
     ctx: &Ctx,
     rec: &mut Record,
     req: &RunRequest,
-    messages: Vec<AgentMessage>,
-) -> StepResult<Vec<AgentMessage>> {
+    messages: History,
+) -> StepResult<History> {
     let Some(window) = rec
         .model_meta
         .as_ref()
@@ -397,7 +406,7 @@ async fn preflight_compaction(
         return Ok(messages);
     };
     let prompt = run_prompt(ctx, rec).await?;
-    let chars = serde_json::to_string(&(&prompt.system_prompt, &messages, &prompt.tools))
+    let chars = serde_json::to_string(&(&prompt.system_prompt, &*messages, &prompt.tools))
         .map_or(0, |s| s.chars().count() as u64);
     if !rec.tree || chars / 4 <= usable_tokens(window) {
         return Ok(messages);
@@ -551,10 +560,12 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
             "writer_ref": writer,
             "system_prompt": prompt.system_prompt,
             "model": req.model,
-            "messages": messages,
+            "messages": &*messages,
             "tools": prompt.tools,
             "budget_ids": rec.budget_ids,
         });
+        // Released before this step appends to the cached list (which then needs no copy).
+        drop(messages);
         let fid = format!("provider::{}::stream", req.provider);
         tokio::spawn(async move { ctx.trigger_timeout(&fid, payload, PROVIDER_TIMEOUT).await })
     };
