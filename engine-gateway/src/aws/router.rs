@@ -6,20 +6,34 @@
 //!   `invokefunction` message: the function is looked up in the registry table, its Lambda is
 //!   invoked with the bus envelope, and the `invocationresult` is posted back to the
 //!   connection through the API Gateway management API (a gone connection is forgotten).
+//!   A `streamsubscribe` / `streamunsubscribe` message records / forgets the connection's
+//!   subscription to a stream group (all groups without `group_id`) in the registry.
 //! - **State-trigger router** ([`AwsRouter::stream`]): a DynamoDB Stream batch of the state
 //!   table goes, record by matching record, to each registered state trigger's Lambda; the
 //!   first failure is reported as `batchItemFailures` so the stream retries from there.
+//!   Stored stream items (`stream::set`/`delete`, e.g. `agent::events`) in the batch are
+//!   posted as `streamevent` messages to the connections subscribed to their group (best
+//!   effort, as in the local engine; a gone connection is forgotten). `stream::send`, which
+//!   stores nothing, reaches nobody through this path.
 //! - **Registration** ([`register_lambda`]): a deployed worker Lambda is asked to describe
 //!   itself (`{"describe": true}`) and its functions and state triggers are written to the
 //!   registry, which is how the router and the other Lambdas find it.
 
 use super::registry::DynamoRegistry;
 use super::{AwsClients, AwsNames};
+use crate::engine::STREAM_SCOPE_PREFIX;
 use crate::protocol::{ErrorBody, codes};
 use crate::registry::Registry;
 use aws_sdk_apigatewaymanagement::primitives::Blob as MgmtBlob;
 use aws_sdk_lambda::primitives::Blob;
 use serde_json::{Value, json};
+
+/// Registry kind of a connection's stream subscription (owner: the connection).
+const SUBSCRIPTION: &str = "subscription";
+
+fn subscription_id(connection: &str, stream: &str, group: Option<&str>) -> String {
+    format!("{connection}\u{1}{stream}\u{1}{}", group.unwrap_or("*"))
+}
 
 /// Invoke a Lambda with a JSON event → its JSON answer.
 pub async fn invoke(
@@ -205,10 +219,7 @@ impl AwsRouter {
         {
             Ok(_) => Ok(true),
             Err(e) if e.as_service_error().is_some_and(|s| s.is_gone_exception()) => {
-                let _ = self
-                    .registry
-                    .remove("connection", connection_id, connection_id)
-                    .await;
+                self.forget(connection_id).await;
                 Ok(false)
             }
             Err(e) => Err(super::err_text(&e)),
@@ -245,14 +256,13 @@ impl AwsRouter {
                 }
             }
             Some("DISCONNECT") => {
-                let _ = self
-                    .registry
-                    .remove("connection", connection, connection)
-                    .await;
+                self.forget(connection).await;
                 status(200)
             }
             Some("MESSAGE") => {
-                let reply = self.route(event["body"].as_str().unwrap_or("")).await;
+                let reply = self
+                    .route(connection, event["body"].as_str().unwrap_or(""))
+                    .await;
                 if let Some(reply) = reply
                     && let Err(e) = self.post(connection, &reply).await
                 {
@@ -265,8 +275,101 @@ impl AwsRouter {
         }
     }
 
-    /// One client message → the message to send back (if any).
-    async fn route(&self, body: &str) -> Option<Value> {
+    /// A connection and its stream subscriptions, forgotten.
+    async fn forget(&self, connection: &str) {
+        let _ = self
+            .registry
+            .remove("connection", connection, connection)
+            .await;
+        if let Ok(subs) = self.registry.list(SUBSCRIPTION).await {
+            for (id, owner, _) in subs {
+                if owner == connection {
+                    let _ = self.registry.remove(SUBSCRIPTION, &id, &owner).await;
+                }
+            }
+        }
+    }
+
+    /// `streamsubscribe` / `streamunsubscribe` from a connection → an error to send back, if any.
+    async fn subscription(&self, connection: &str, msg: &Value, subscribe: bool) -> Option<Value> {
+        let Some(stream) = msg["stream_name"].as_str().filter(|s| !s.is_empty()) else {
+            return Some(
+                json!({"type": "error", "error": ErrorBody::invalid("missing required field `stream_name`"), "in_reply_to": msg["type"]}),
+            );
+        };
+        let group = msg["group_id"].as_str();
+        let id = subscription_id(connection, stream, group);
+        let outcome = if subscribe {
+            self.registry
+                .put(
+                    SUBSCRIPTION,
+                    &id,
+                    connection,
+                    json!({"connection_id": connection, "stream_name": stream, "group_id": group}),
+                )
+                .await
+        } else {
+            self.registry
+                .remove(SUBSCRIPTION, &id, connection)
+                .await
+                .map(|_| ())
+        };
+        match outcome {
+            Ok(()) => None,
+            Err(e) => Some(
+                json!({"type": "error", "error": ErrorBody::new(codes::INVOCATION_ERROR, format!("subscription not recorded: {e}")), "in_reply_to": msg["type"]}),
+            ),
+        }
+    }
+
+    /// The stored stream items of a stream batch → `streamevent` posts to the subscribed
+    /// connections. Best effort: a push that fails is logged, never retried.
+    async fn push_stream_items(&self, records: &[Value]) {
+        let items: Vec<(String, String, String, Value)> = records
+            .iter()
+            .filter_map(|r| {
+                let keys = &r["dynamodb"]["Keys"];
+                let stream = keys["scope"]["S"].as_str()?.strip_prefix(STREAM_SCOPE_PREFIX)?;
+                let (group, item) = keys["key"]["S"].as_str()?.split_once('\u{1}')?;
+                let (kind, image) = match r["eventName"].as_str()? {
+                    "INSERT" => ("create", "NewImage"),
+                    "MODIFY" => ("update", "NewImage"),
+                    _ => ("delete", "OldImage"),
+                };
+                let data = r["dynamodb"][image]["value"]["S"]
+                    .as_str()
+                    .and_then(|v| serde_json::from_str::<Value>(v).ok())
+                    .unwrap_or(Value::Null);
+                let message = json!({"type": "streamevent", "stream_name": stream, "group_id": group, "item_id": item, "event": {"type": kind, "data": data}});
+                Some((stream.to_string(), group.to_string(), item.to_string(), message))
+            })
+            .collect();
+        if items.is_empty() {
+            return;
+        }
+        let subs = match self.registry.list(SUBSCRIPTION).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "stream subscriptions unreadable; items not pushed");
+                return;
+            }
+        };
+        for (stream, group, item, message) in &items {
+            for (_, _, sub) in &subs {
+                let wanted = sub["stream_name"].as_str() == Some(stream.as_str())
+                    && sub["group_id"].as_str().is_none_or(|g| g == group.as_str());
+                let Some(connection) = sub["connection_id"].as_str().filter(|_| wanted) else {
+                    continue;
+                };
+                if let Err(e) = self.post(connection, message).await {
+                    tracing::warn!(error = %e, connection, stream, item, "stream event not pushed");
+                }
+            }
+        }
+    }
+
+    /// One client message from `connection` → the message to send back (if any).
+    async fn route(&self, connection: &str, body: &str) -> Option<Value> {
         let msg: Value = match serde_json::from_str(body) {
             Ok(v) => v,
             Err(e) => {
@@ -277,6 +380,8 @@ impl AwsRouter {
         };
         match msg["type"].as_str() {
             Some("ping") => Some(json!({"type": "pong"})),
+            Some("streamsubscribe") => self.subscription(connection, &msg, true).await,
+            Some("streamunsubscribe") => self.subscription(connection, &msg, false).await,
             Some("invokefunction") => {
                 let Some(function_id) = msg["function_id"].as_str() else {
                     return Some(
@@ -315,6 +420,7 @@ impl AwsRouter {
     /// as a DynamoDB event of the records it watches; partial failure from the first miss.
     pub async fn stream(&self, event: &Value) -> Value {
         let records: Vec<Value> = event["Records"].as_array().cloned().unwrap_or_default();
+        self.push_stream_items(&records).await;
         let triggers = match self.registry.list("trigger").await {
             Ok(t) => t,
             Err(e) => {

@@ -218,4 +218,127 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
     assert_eq!(audit.value["new_value"], json!({"v": 2}));
     assert!(state.get("demo-audit", "k").await.unwrap().is_none());
     assert!(echo.process_count() >= 1 && steps.process_count() >= 1);
+
+    // Stream pushes: stored stream items in a stream batch reach the connections subscribed
+    // to their group (or to every group), as `streamevent` messages.
+    for c in ["c2", "c3"] {
+        router
+            .websocket(&ws_event("CONNECT", c, None, Some("s3cret-token")))
+            .await;
+    }
+    let subscribe = |c: &str, body: Value| ws_event("MESSAGE", c, Some(body), None);
+    router
+        .websocket(&subscribe(
+            "c2",
+            json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"}),
+        ))
+        .await;
+    router
+        .websocket(&subscribe(
+            "c3",
+            json!({"type": "streamsubscribe", "stream_name": "agent::events"}),
+        ))
+        .await;
+    router
+        .websocket(&subscribe(
+            "gone-conn",
+            json!({"type": "streamsubscribe", "stream_name": "agent::events"}),
+        ))
+        .await;
+    let before = posts.lock().unwrap().len();
+    router
+        .websocket(&subscribe("c2", json!({"type": "streamsubscribe"})))
+        .await;
+    let bad = posts.lock().unwrap()[before].clone();
+    assert_eq!(bad.0, "c2");
+    assert_eq!(bad.1["error"]["code"], "invalid_message", "{bad:?}");
+    assert_eq!(bad.1["in_reply_to"], "streamsubscribe");
+
+    let item = |seq: u64, kind: ChangeKind, group: &str, item: &str, v: Option<Value>| {
+        let old = matches!(kind, ChangeKind::Deleted).then(|| json!({"type": "turn_end"}));
+        ChangeRecord {
+            seq,
+            position: None,
+            kind,
+            scope: "$stream:agent::events".into(),
+            key: format!("{group}\u{1}{item}"),
+            old_value: old,
+            new_value: v,
+            traceparent: None,
+            baggage: None,
+        }
+    };
+    let batch = engine_gateway::events::dynamodb_event(
+        &[
+            item(
+                10,
+                ChangeKind::Created,
+                "s1",
+                "s1-1",
+                Some(json!({"type": "turn_end"})),
+            ),
+            item(
+                11,
+                ChangeKind::Updated,
+                "s2",
+                "s2-1",
+                Some(json!({"type": "agent_end"})),
+            ),
+            item(12, ChangeKind::Deleted, "s1", "s1-1", None),
+        ],
+        &names.state_table(),
+    );
+    let before = posts.lock().unwrap().len();
+    assert_eq!(
+        router.stream(&batch).await,
+        json!({"batchItemFailures": []})
+    );
+    let pushed: Vec<(String, Value)> = posts.lock().unwrap()[before..].to_vec();
+    let to = |c: &str| -> Vec<Value> {
+        pushed
+            .iter()
+            .filter(|(id, _)| id == c)
+            .map(|(_, m)| m.clone())
+            .collect()
+    };
+    assert_eq!(
+        to("c2"),
+        vec![
+            json!({"type": "streamevent", "stream_name": "agent::events", "group_id": "s1", "item_id": "s1-1", "event": {"type": "create", "data": {"type": "turn_end"}}}),
+            json!({"type": "streamevent", "stream_name": "agent::events", "group_id": "s1", "item_id": "s1-1", "event": {"type": "delete", "data": {"type": "turn_end"}}}),
+        ]
+    );
+    let all = to("c3");
+    assert_eq!(all.len(), 3, "{pushed:?}");
+    assert_eq!(all[1]["group_id"], "s2");
+    assert_eq!(all[1]["event"]["type"], "update");
+    assert_eq!(all[1]["event"]["data"], json!({"type": "agent_end"}));
+    // The gone connection was forgotten with its subscription.
+    let subs = registry.list("subscription").await.unwrap();
+    assert!(
+        subs.iter().all(|(_, owner, _)| owner != "gone-conn"),
+        "{subs:?}"
+    );
+    assert!(
+        registry
+            .get("connection", "gone-conn")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Unsubscribed and disconnected connections receive nothing more.
+    router
+        .websocket(&subscribe(
+            "c3",
+            json!({"type": "streamunsubscribe", "stream_name": "agent::events"}),
+        ))
+        .await;
+    router
+        .websocket(&ws_event("DISCONNECT", "c2", None, None))
+        .await;
+    assert!(registry.list("subscription").await.unwrap().is_empty());
+    let before = posts.lock().unwrap().len();
+    router.stream(&batch).await;
+    assert_eq!(posts.lock().unwrap().len(), before);
 }
