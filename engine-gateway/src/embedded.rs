@@ -1,11 +1,12 @@
 //! The embedded durable backend: state, the change feed and queues in one redb file under the
-//! data dir. Every write is one committed (fsynced) transaction; a state write and its
-//! change-feed record commit together, so a trigger is never lost for a committed write.
-//! Queue scheduling state (in flight, visibility) is kept in memory: after a crash every
-//! unacknowledged message is simply visible again.
+//! data dir, with a write-ahead log beside it (`wal`). Every write is one committed
+//! transaction, logged in commit order; a durable write returns once its log record is on disk.
+//! A state write and its change-feed record commit together, so a trigger is never lost for a
+//! committed write. Queue scheduling state (in flight, visibility) is kept in memory: after a
+//! crash every unacknowledged message is simply visible again.
 
 use async_trait::async_trait;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -22,11 +23,7 @@ use crate::state::{
     WriteMeta, WriteOutcome, apply_ops, check_expected, is_reserved_scope, validate_address,
 };
 
-const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
-const CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("changes");
-const QUEUE_CONFIGS: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_configs");
-const QUEUE_MSGS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("queue_messages");
-const QUEUE_DEAD: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("queue_dead");
+use crate::wal::{CHANGES, Op, QUEUE_CONFIGS, QUEUE_DEAD, QUEUE_MSGS, STATE, Wal, WalError};
 
 /// How long a deduplication id suppresses a second enqueue (as SQS FIFO).
 const DEDUP_WINDOW: Duration = Duration::from_secs(300);
@@ -72,15 +69,35 @@ struct MemQueue {
     cfg: QueueConfig,
     msgs: BTreeMap<u64, MemMsg>,
     dedup: HashMap<String, (String, Instant)>,
+    /// The deduplication ids in the order they were recorded, so expiring them is amortized
+    /// O(1) per send instead of a scan of every id of the last five minutes.
+    dedup_order: std::collections::VecDeque<(Instant, String)>,
     notify: Arc<Notify>,
 }
 
 impl MemQueue {
+    fn expire_dedup(&mut self, now: Instant) {
+        while let Some((at, _)) = self.dedup_order.front() {
+            if now.duration_since(*at) < DEDUP_WINDOW {
+                break;
+            }
+            if let Some((at, id)) = self.dedup_order.pop_front()
+                && self
+                    .dedup
+                    .get(&id)
+                    .is_some_and(|(_, recorded)| *recorded == at)
+            {
+                self.dedup.remove(&id);
+            }
+        }
+    }
+
     fn new(cfg: QueueConfig) -> Self {
         Self {
             cfg,
             msgs: BTreeMap::new(),
             dedup: HashMap::new(),
+            dedup_order: Default::default(),
             notify: Arc::new(Notify::new()),
         }
     }
@@ -88,6 +105,7 @@ impl MemQueue {
 
 pub struct EmbeddedBackend {
     db: Arc<Database>,
+    wal: Arc<Wal>,
     /// Allocated inside the (serialized) write transaction, so seq order is commit order.
     change_seq: Arc<AtomicU64>,
     /// Committed, not yet handed out changes, in seq order (the on-disk table is the truth
@@ -112,6 +130,9 @@ impl EmbeddedBackend {
             txn.open_table(QUEUE_DEAD)?;
         }
         txn.commit()?;
+        // Whatever the log holds beyond redb's durable state is applied before anything is
+        // loaded from it.
+        let wal = Wal::open(&db, &data_dir.join("engine.wal"))?;
 
         let mut queues: HashMap<String, MemQueue> = HashMap::new();
         let mut max_queue_seq = 0u64;
@@ -156,6 +177,7 @@ impl EmbeddedBackend {
         }
         Ok(Arc::new(Self {
             db: Arc::new(db),
+            wal: Arc::new(wal),
             change_seq: Arc::new(AtomicU64::new(max_change_seq)),
             feed: Mutex::new(feed),
             change_notify: Notify::new(),
@@ -164,20 +186,30 @@ impl EmbeddedBackend {
         }))
     }
 
-    /// Run a transaction in place when `in_place` (a non-durable write: redb keeps it in this
-    /// process's memory until the next durable commit, so there is no I/O to wait for and the
-    /// hand-off to the blocking pool would cost more than the write), else on the pool.
-    async fn transact<T, E, F>(&self, in_place: bool, f: F) -> Result<T, E>
+    /// Run one write transaction and log it; unless `deferred`, return once its log record is
+    /// on disk. The transaction itself runs in place: redb commits it to memory and the log
+    /// append is one write(2), so the hand-off to the blocking pool would cost more than the
+    /// write. Only the fdatasync goes to the pool.
+    async fn commit<T, E, F>(&self, deferred: bool, f: F) -> Result<T, E>
     where
-        T: Send + 'static,
-        E: Send + 'static,
-        F: FnOnce(&Database) -> Result<T, E> + Send + 'static,
+        E: From<WalError> + Send + 'static,
+        F: FnOnce(&WriteTransaction, &mut Vec<Op>) -> Result<T, E>,
         String: Into<E>,
     {
-        if in_place {
-            return f(&self.db);
+        let (out, lsn) = self.wal.write(&self.db, f)?;
+        if !deferred {
+            self.wal.sync_to(lsn)?;
         }
-        self.blocking(f).await
+        Ok(out)
+    }
+
+    /// Fold the log into redb (a durable redb commit) and empty it.
+    pub async fn checkpoint(&self) -> Result<(), StateError> {
+        let (db, wal) = (self.db.clone(), self.wal.clone());
+        match tokio::task::spawn_blocking(move || wal.checkpoint(&db)).await {
+            Ok(r) => r.map_err(storage),
+            Err(e) => Err(StateError::Storage(format!("storage task failed: {e}"))),
+        }
     }
 
     async fn blocking<T, E, F>(&self, f: F) -> Result<T, E>
@@ -208,28 +240,22 @@ impl EmbeddedBackend {
         F: FnOnce(Option<&Versioned>) -> Result<Option<Value>, StateError> + Send + 'static,
     {
         validate_address(scope, key)?;
-        let (scope, key) = (scope.to_string(), key.to_string());
-        let meta = meta.clone();
-        let seqs = self.change_seq.clone();
+        let seqs = &self.change_seq;
         let (outcome, change) = self
-            .transact(
+            .commit(
                 meta.deferred(),
-                move |db| -> Result<(WriteOutcome, Option<ChangeRecord>), StateError> {
-                    let mut txn = db.begin_write().map_err(storage)?;
-                    if meta.deferred() {
-                        txn.set_durability(Durability::None).map_err(storage)?;
-                    }
+                |txn, log| -> Result<(WriteOutcome, Option<ChangeRecord>), StateError> {
                     let outcome;
                     let mut change = None;
                     {
                         let mut table = txn.open_table(STATE).map_err(storage)?;
-                        let k = state_key(&scope, &key);
+                        let k = state_key(scope, key);
                         let current = match table.get(k.as_str()).map_err(storage)? {
                             Some(g) => Some(decode(g.value())?),
                             None => None,
                         };
                         let current_version = current.as_ref().map(|c| c.version);
-                        check_expected(&scope, &key, expected_version, current_version)?;
+                        check_expected(scope, key, expected_version, current_version)?;
                         let new_value = compute(current.as_ref())?;
                         let old_value = current.map(|c| c.value);
                         let kind = match (&old_value, &new_value) {
@@ -241,24 +267,28 @@ impl EmbeddedBackend {
                         let version = match &new_value {
                             Some(v) => {
                                 let version = crate::state::next_version(current_version);
+                                let bytes = encode(version, v);
                                 table
-                                    .insert(k.as_str(), encode(version, v).as_slice())
+                                    .insert(k.as_str(), bytes.as_slice())
                                     .map_err(storage)?;
+                                log.push(Op::StatePut(k, bytes));
                                 version
                             }
                             None => {
-                                table.remove(k.as_str()).map_err(storage)?;
+                                if table.remove(k.as_str()).map_err(storage)?.is_some() {
+                                    log.push(Op::StateDel(k));
+                                }
                                 current_version.unwrap_or(0)
                             }
                         };
-                        if let (Some(kind), false) = (kind, is_reserved_scope(&scope)) {
+                        if let (Some(kind), false) = (kind, is_reserved_scope(scope)) {
                             let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
                             let record = ChangeRecord {
                                 seq,
                                 position: None,
                                 kind,
-                                scope: scope.clone(),
-                                key: key.clone(),
+                                scope: scope.to_string(),
+                                key: key.to_string(),
                                 old_value: old_value.clone(),
                                 new_value: new_value.clone(),
                                 traceparent: meta.traceparent.clone(),
@@ -269,6 +299,7 @@ impl EmbeddedBackend {
                                 .map_err(storage)?
                                 .insert(seq, bytes.as_slice())
                                 .map_err(storage)?;
+                            log.push(Op::ChangePut(seq, bytes));
                             change = Some(record);
                         }
                         outcome = WriteOutcome {
@@ -277,7 +308,6 @@ impl EmbeddedBackend {
                             version,
                         };
                     }
-                    txn.commit().map_err(storage)?;
                     Ok((outcome, change))
                 },
             )
@@ -303,6 +333,18 @@ impl From<String> for StateError {
 impl From<String> for QueueError {
     fn from(s: String) -> Self {
         QueueError::Storage(s)
+    }
+}
+
+impl From<WalError> for StateError {
+    fn from(e: WalError) -> Self {
+        StateError::Storage(e.to_string())
+    }
+}
+
+impl From<WalError> for QueueError {
+    fn from(e: WalError) -> Self {
+        QueueError::Storage(e.to_string())
     }
 }
 
@@ -424,13 +466,13 @@ impl ChangeFeed for EmbeddedBackend {
         let Some(seq) = records.iter().map(|r| r.seq).max() else {
             return Ok(());
         };
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(storage)?;
-            {
-                let mut table = txn.open_table(CHANGES).map_err(storage)?;
-                table.retain_in(..=seq, |_, _| false).map_err(storage)?;
-            }
-            txn.commit().map_err(storage)
+        // Not waited for on disk: a lost acknowledgement fires the trigger again after a
+        // machine crash (at least once), and a killed process loses no log record.
+        self.commit(true, |txn, log| {
+            let mut table = txn.open_table(CHANGES).map_err(storage)?;
+            table.retain_in(..=seq, |_, _| false).map_err(storage)?;
+            log.push(Op::ChangesRetainAfter(seq));
+            Ok::<_, StateError>(())
         })
         .await
     }
@@ -457,13 +499,13 @@ impl QueueBackend for EmbeddedBackend {
     async fn declare(&self, cfg: &QueueConfig) -> Result<(), QueueError> {
         let bytes = serde_json::to_vec(cfg).map_err(qstorage)?;
         let name = cfg.name.clone();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(qstorage)?;
+        self.commit(false, |txn, log| {
             txn.open_table(QUEUE_CONFIGS)
                 .map_err(qstorage)?
                 .insert(name.as_str(), bytes.as_slice())
                 .map_err(qstorage)?;
-            txn.commit().map_err(qstorage)
+            log.push(Op::QueueConfigPut(name, bytes));
+            Ok::<_, QueueError>(())
         })
         .await?;
         self.with_queue(&cfg.name, |q| {
@@ -482,8 +524,7 @@ impl QueueBackend for EmbeddedBackend {
         if let Some(dedup) = &msg.deduplication_id {
             let now = Instant::now();
             let seen = self.with_queue(&msg.queue, |q| {
-                q.dedup
-                    .retain(|_, (_, at)| now.duration_since(*at) < DEDUP_WINDOW);
+                q.expire_dedup(now);
                 q.dedup.get(dedup).map(|(id, _)| id.clone())
             });
             if let Some(id) = seen {
@@ -495,24 +536,22 @@ impl QueueBackend for EmbeddedBackend {
         let seqs = self.queue_seq.clone();
         let deferred = crate::state::baggage_defers(msg.baggage.as_deref());
         let seq = self
-            .transact(deferred, move |db| {
-                let mut txn = db.begin_write().map_err(qstorage)?;
-                if deferred {
-                    txn.set_durability(Durability::None).map_err(qstorage)?;
-                }
+            .commit(deferred, |txn, log| {
                 let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
                 txn.open_table(QUEUE_MSGS)
                     .map_err(qstorage)?
                     .insert((queue.as_str(), seq), bytes.as_slice())
                     .map_err(qstorage)?;
-                txn.commit().map_err(qstorage)?;
+                log.push(Op::MsgPut(queue, seq, bytes));
                 Ok::<_, QueueError>(seq)
             })
             .await?;
         let id = msg.id.clone();
         self.with_queue(&msg.queue.clone(), |q| {
             if let Some(dedup) = &msg.deduplication_id {
-                q.dedup.insert(dedup.clone(), (id.clone(), Instant::now()));
+                let now = Instant::now();
+                q.dedup.insert(dedup.clone(), (id.clone(), now));
+                q.dedup_order.push_back((now, dedup.clone()));
             }
             q.msgs.insert(
                 seq,
@@ -621,16 +660,13 @@ impl QueueBackend for EmbeddedBackend {
             q.msgs.remove(&seq);
             q.notify.notify_one();
         });
-        self.transact(deferred, move |db| {
-            let mut txn = db.begin_write().map_err(qstorage)?;
-            if deferred {
-                txn.set_durability(Durability::None).map_err(qstorage)?;
-            }
+        self.commit(deferred, |txn, log| {
             txn.open_table(QUEUE_MSGS)
                 .map_err(qstorage)?
                 .remove((queue.as_str(), seq))
                 .map_err(qstorage)?;
-            txn.commit().map_err(qstorage)
+            log.push(Op::MsgDel(queue, seq));
+            Ok::<_, QueueError>(())
         })
         .await
     }
@@ -648,22 +684,22 @@ impl QueueBackend for EmbeddedBackend {
         message.last_error = Some(error.chars().take(2000).collect());
         let bytes = serde_json::to_vec(&message).map_err(qstorage)?;
         let queue = message.queue.clone();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(qstorage)?;
-            {
-                let mut msgs = txn.open_table(QUEUE_MSGS).map_err(qstorage)?;
-                if dead_letter {
-                    msgs.remove((queue.as_str(), seq)).map_err(qstorage)?;
-                    txn.open_table(QUEUE_DEAD)
-                        .map_err(qstorage)?
-                        .insert((queue.as_str(), seq), bytes.as_slice())
-                        .map_err(qstorage)?;
-                } else {
-                    msgs.insert((queue.as_str(), seq), bytes.as_slice())
-                        .map_err(qstorage)?;
-                }
+        self.commit(false, |txn, log| {
+            let mut msgs = txn.open_table(QUEUE_MSGS).map_err(qstorage)?;
+            if dead_letter {
+                msgs.remove((queue.as_str(), seq)).map_err(qstorage)?;
+                txn.open_table(QUEUE_DEAD)
+                    .map_err(qstorage)?
+                    .insert((queue.as_str(), seq), bytes.as_slice())
+                    .map_err(qstorage)?;
+                log.push(Op::MsgDel(queue.clone(), seq));
+                log.push(Op::DeadPut(queue, seq, bytes));
+            } else {
+                msgs.insert((queue.as_str(), seq), bytes.as_slice())
+                    .map_err(qstorage)?;
+                log.push(Op::MsgPut(queue, seq, bytes));
             }
-            txn.commit().map_err(qstorage)
+            Ok::<_, QueueError>(())
         })
         .await?;
         self.with_queue(&d.message.queue, |q| {
@@ -695,8 +731,7 @@ impl QueueBackend for EmbeddedBackend {
         let name = queue.to_string();
         let seqs = self.queue_seq.clone();
         let moved = self
-            .blocking(move |db| {
-                let txn = db.begin_write().map_err(qstorage)?;
+            .commit(false, |txn, log| {
                 let mut out = Vec::new();
                 {
                     let mut dead = txn.open_table(QUEUE_DEAD).map_err(qstorage)?;
@@ -718,10 +753,11 @@ impl QueueBackend for EmbeddedBackend {
                         let bytes = serde_json::to_vec(&m).map_err(qstorage)?;
                         msgs.insert((name.as_str(), seq), bytes.as_slice())
                             .map_err(qstorage)?;
+                        log.push(Op::DeadDel(name.clone(), old_seq));
+                        log.push(Op::MsgPut(name.clone(), seq, bytes));
                         out.push((seq, m));
                     }
                 }
-                txn.commit().map_err(qstorage)?;
                 Ok::<_, QueueError>(out)
             })
             .await?;

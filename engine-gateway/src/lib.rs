@@ -22,6 +22,7 @@ pub mod server;
 pub mod state;
 pub mod state_api;
 pub mod trace;
+mod wal;
 
 pub use engine::{Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
 

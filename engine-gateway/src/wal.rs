@@ -1,0 +1,588 @@
+//! A redo log in front of the embedded redb file, so that a durable write costs one small
+//! append and an fdatasync instead of a redb durable commit. A redb durable commit writes
+//! every page dirtied since the last one and fsyncs: 0.5–0.9 ms here, against about 0.15 ms
+//! for an fdatasync of the few KB a turn step appends.
+//!
+//! Every write transaction commits to redb without durability. Before its log slot is
+//! released, it appends its physical effects (puts and deletes, by table) to `engine.wal`, so
+//! the log's order is the commit order. A write that must be durable then waits until the
+//! log is fdatasynced up to its record. This is a group commit: one fdatasync covers every
+//! record appended before it started.
+//!
+//! A checkpoint commits redb durably, records the last log sequence number it holds (in the
+//! `meta` table of the same commit), and starts writing the log from its beginning again. At
+//! open, the records after that number are applied again. Replay stops at the first torn,
+//! corrupt or out-of-sequence record: a crash mid-append leaves such a tail, and an earlier
+//! record never depends on a later one. The file is zero-filled ahead of the writes, so an
+//! fdatasync flushes data only, not the file's size (0.10 ms against 0.16 ms here).
+//!
+//! A record reaches the kernel as soon as it is appended, so a killed process loses nothing
+//! it committed. Only a machine crash can lose the records after the last fdatasync, and the
+//! log then ends at an earlier commit.
+
+use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
+pub(crate) const CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("changes");
+pub(crate) const QUEUE_CONFIGS: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("queue_configs");
+pub(crate) const QUEUE_MSGS: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new("queue_messages");
+pub(crate) const QUEUE_DEAD: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new("queue_dead");
+/// `wal_lsn`: the last log record the durable redb state holds.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const APPLIED_LSN: &str = "wal_lsn";
+
+/// A log this large is folded into redb at the next write (the log is read whole at open).
+const CHECKPOINT_BYTES: u64 = 8 << 20;
+/// Zero-filled ahead of the writes (a record past it still lands; the file just grows).
+const PREALLOCATED_BYTES: u64 = CHECKPOINT_BYTES + (1 << 20);
+
+/// One physical effect of a write transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Op {
+    StatePut(String, Vec<u8>),
+    StateDel(String),
+    ChangePut(u64, Vec<u8>),
+    /// Every change record up to and including this seq is removed.
+    ChangesRetainAfter(u64),
+    QueueConfigPut(String, Vec<u8>),
+    MsgPut(String, u64, Vec<u8>),
+    MsgDel(String, u64),
+    DeadPut(String, u64, Vec<u8>),
+    DeadDel(String, u64),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    #[error("storage: {0}")]
+    Db(#[from] redb::Error),
+    #[error("write-ahead log `{path}`: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for WalError {
+            fn from(e: $t) -> Self {
+                WalError::Db(e.into())
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
+
+/// The log and the order it is written in.
+pub(crate) struct Wal {
+    /// Held from a transaction's begin to its append, so the log's order is commit order.
+    tail: Mutex<Tail>,
+    file: File,
+    path: String,
+    /// The last record fully appended (it is in the kernel, maybe not on disk).
+    appended: AtomicU64,
+    /// The last record known to be on disk (by fdatasync or a checkpoint).
+    synced: AtomicU64,
+    sync_lock: Mutex<()>,
+}
+
+struct Tail {
+    next_lsn: u64,
+    /// Where the next record goes (the bytes written since the last checkpoint).
+    bytes: u64,
+}
+
+impl Wal {
+    /// Open the log beside `db`, apply what redb's durable state does not hold yet, then
+    /// checkpoint so the log starts empty.
+    pub(crate) fn open(db: &Database, path: &Path) -> Result<Wal, WalError> {
+        let display = path.display().to_string();
+        let io = |source| WalError::Io {
+            path: display.clone(),
+            source,
+        };
+        let applied = {
+            let txn = db.begin_write()?;
+            let lsn = txn.open_table(META)?.get(APPLIED_LSN)?.map(|g| g.value());
+            txn.commit()?;
+            lsn.unwrap_or(0)
+        };
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
+        let mut last = applied;
+        let records = parse(&bytes);
+        if records.iter().any(|(lsn, _)| *lsn > applied) {
+            let txn = db.begin_write()?;
+            for (lsn, ops) in records {
+                if lsn <= applied {
+                    continue;
+                }
+                if lsn != last + 1 {
+                    // A gap: nothing after it can be trusted.
+                    break;
+                }
+                for op in &ops {
+                    apply(&txn, op)?;
+                }
+                last = lsn;
+            }
+            txn.open_table(META)?.insert(APPLIED_LSN, last)?;
+            txn.commit()?;
+            tracing::info!(from = applied + 1, to = last, "write-ahead log replayed");
+        }
+        // Replayed and checkpointed: start over with a zero-filled file (zeros end a replay).
+        file.set_len(0).map_err(io)?;
+        let zeros = vec![0u8; 1 << 20];
+        for chunk in 0..PREALLOCATED_BYTES / zeros.len() as u64 {
+            file.write_all_at(&zeros, chunk * zeros.len() as u64)
+                .map_err(io)?;
+        }
+        file.sync_all().map_err(io)?;
+        Ok(Wal {
+            tail: Mutex::new(Tail {
+                next_lsn: last + 1,
+                bytes: 0,
+            }),
+            file,
+            path: display,
+            appended: AtomicU64::new(last),
+            synced: AtomicU64::new(last),
+            sync_lock: Mutex::new(()),
+        })
+    }
+
+    /// Run `f` in one write transaction, commit it (without an fsync), and log its effects.
+    /// Returns `f`'s value and the record's sequence number (0 when it changed nothing);
+    /// `sync_to` with that number makes it durable.
+    pub(crate) fn write<T, E>(
+        &self,
+        db: &Database,
+        f: impl FnOnce(&WriteTransaction, &mut Vec<Op>) -> Result<T, E>,
+    ) -> Result<(T, u64), E>
+    where
+        E: From<WalError>,
+    {
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut txn = db.begin_write().map_err(WalError::from)?;
+        txn.set_durability(Durability::None)
+            .map_err(WalError::from)?;
+        let mut ops = Vec::new();
+        let out = f(&txn, &mut ops)?;
+        txn.commit().map_err(WalError::from)?;
+        if ops.is_empty() {
+            return Ok((out, 0));
+        }
+        let lsn = tail.next_lsn;
+        let record = encode_record(lsn, &ops);
+        match self.file.write_all_at(&record, tail.bytes) {
+            Ok(()) => {
+                tail.next_lsn += 1;
+                tail.bytes += record.len() as u64;
+                self.appended.store(lsn, Ordering::Release);
+                if tail.bytes > CHECKPOINT_BYTES
+                    && let Err(e) = self.checkpoint_locked(db, &mut tail)
+                {
+                    tracing::warn!(error = %e, "checkpoint failed; the log keeps growing");
+                }
+                Ok((out, lsn))
+            }
+            Err(source) => {
+                // The record may be half written: redb itself must now hold everything.
+                tail.next_lsn += 1;
+                self.appended.store(lsn, Ordering::Release);
+                tracing::warn!(error = %source, path = %self.path, "log append failed; checkpointing");
+                self.checkpoint_locked(db, &mut tail)?;
+                Ok((out, lsn))
+            }
+        }
+    }
+
+    /// True when record `lsn` is already on disk.
+    pub(crate) fn is_synced(&self, lsn: u64) -> bool {
+        self.synced.load(Ordering::Acquire) >= lsn
+    }
+
+    /// Block until record `lsn` is on disk (one fdatasync covers every record appended
+    /// before it starts, so concurrent durable writes share it).
+    pub(crate) fn sync_to(&self, lsn: u64) -> Result<(), WalError> {
+        if self.is_synced(lsn) {
+            return Ok(());
+        }
+        let _one_at_a_time = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_synced(lsn) {
+            return Ok(());
+        }
+        let target = self.appended.load(Ordering::Acquire);
+        self.file.sync_data().map_err(|source| WalError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.synced.fetch_max(target, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Commit redb durably with the log's position, then empty the log.
+    pub(crate) fn checkpoint(&self, db: &Database) -> Result<(), WalError> {
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        self.checkpoint_locked(db, &mut tail)
+    }
+
+    fn checkpoint_locked(&self, db: &Database, tail: &mut Tail) -> Result<(), WalError> {
+        let last = tail.next_lsn - 1;
+        let txn = db.begin_write()?;
+        txn.open_table(META)?.insert(APPLIED_LSN, last)?;
+        txn.commit()?;
+        // The old records stay behind the new ones until overwritten; replay skips them (their
+        // numbers are not above the checkpoint's) and stops at the first one out of sequence.
+        tail.bytes = 0;
+        self.synced.fetch_max(last, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// Apply one logged effect (replay).
+fn apply(txn: &WriteTransaction, op: &Op) -> Result<(), WalError> {
+    match op {
+        Op::StatePut(k, v) => {
+            txn.open_table(STATE)?.insert(k.as_str(), v.as_slice())?;
+        }
+        Op::StateDel(k) => {
+            txn.open_table(STATE)?.remove(k.as_str())?;
+        }
+        Op::ChangePut(seq, v) => {
+            txn.open_table(CHANGES)?.insert(*seq, v.as_slice())?;
+        }
+        Op::ChangesRetainAfter(seq) => {
+            txn.open_table(CHANGES)?.retain_in(..=*seq, |_, _| false)?;
+        }
+        Op::QueueConfigPut(name, v) => {
+            txn.open_table(QUEUE_CONFIGS)?
+                .insert(name.as_str(), v.as_slice())?;
+        }
+        Op::MsgPut(q, seq, v) => {
+            txn.open_table(QUEUE_MSGS)?
+                .insert((q.as_str(), *seq), v.as_slice())?;
+        }
+        Op::MsgDel(q, seq) => {
+            txn.open_table(QUEUE_MSGS)?.remove((q.as_str(), *seq))?;
+        }
+        Op::DeadPut(q, seq, v) => {
+            txn.open_table(QUEUE_DEAD)?
+                .insert((q.as_str(), *seq), v.as_slice())?;
+        }
+        Op::DeadDel(q, seq) => {
+            txn.open_table(QUEUE_DEAD)?.remove((q.as_str(), *seq))?;
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ record format
+//
+// record = body_len u32 LE, crc32(body) u32 LE, body
+// body   = lsn u64 LE, op*
+// op     = tag u8, then its fields: strings and byte strings as u32 LE length + bytes, seqs
+//          as u64 LE.
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+fn encode_record(lsn: u64, ops: &[Op]) -> Vec<u8> {
+    let size: usize = ops
+        .iter()
+        .map(|op| match op {
+            Op::StatePut(k, v) | Op::QueueConfigPut(k, v) => 9 + k.len() + v.len(),
+            Op::MsgPut(k, _, v) | Op::DeadPut(k, _, v) => 17 + k.len() + v.len(),
+            Op::ChangePut(_, v) => 13 + v.len(),
+            _ => 32,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(16 + size);
+    out.extend_from_slice(&[0u8; 8]);
+    out.extend_from_slice(&lsn.to_le_bytes());
+    for op in ops {
+        match op {
+            Op::StatePut(k, v) => {
+                out.push(1);
+                put_bytes(&mut out, k.as_bytes());
+                put_bytes(&mut out, v);
+            }
+            Op::StateDel(k) => {
+                out.push(2);
+                put_bytes(&mut out, k.as_bytes());
+            }
+            Op::ChangePut(seq, v) => {
+                out.push(3);
+                out.extend_from_slice(&seq.to_le_bytes());
+                put_bytes(&mut out, v);
+            }
+            Op::ChangesRetainAfter(seq) => {
+                out.push(4);
+                out.extend_from_slice(&seq.to_le_bytes());
+            }
+            Op::QueueConfigPut(k, v) => {
+                out.push(5);
+                put_bytes(&mut out, k.as_bytes());
+                put_bytes(&mut out, v);
+            }
+            Op::MsgPut(q, seq, v) | Op::DeadPut(q, seq, v) => {
+                out.push(if matches!(op, Op::MsgPut(..)) { 6 } else { 8 });
+                put_bytes(&mut out, q.as_bytes());
+                out.extend_from_slice(&seq.to_le_bytes());
+                put_bytes(&mut out, v);
+            }
+            Op::MsgDel(q, seq) | Op::DeadDel(q, seq) => {
+                out.push(if matches!(op, Op::MsgDel(..)) { 7 } else { 9 });
+                put_bytes(&mut out, q.as_bytes());
+                out.extend_from_slice(&seq.to_le_bytes());
+            }
+        }
+    }
+    let body_len = (out.len() - 8) as u32;
+    let crc = crc32fast::hash(&out[8..]);
+    out[..4].copy_from_slice(&body_len.to_le_bytes());
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.buf.len() < n {
+            return None;
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    }
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        let n = self.u32()? as usize;
+        self.take(n).map(<[u8]>::to_vec)
+    }
+    fn string(&mut self) -> Option<String> {
+        String::from_utf8(self.bytes()?).ok()
+    }
+}
+
+fn decode_op(r: &mut Reader<'_>) -> Option<Op> {
+    Some(match r.u8()? {
+        1 => Op::StatePut(r.string()?, r.bytes()?),
+        2 => Op::StateDel(r.string()?),
+        3 => Op::ChangePut(r.u64()?, r.bytes()?),
+        4 => Op::ChangesRetainAfter(r.u64()?),
+        5 => Op::QueueConfigPut(r.string()?, r.bytes()?),
+        6 => Op::MsgPut(r.string()?, r.u64()?, r.bytes()?),
+        7 => Op::MsgDel(r.string()?, r.u64()?),
+        8 => Op::DeadPut(r.string()?, r.u64()?, r.bytes()?),
+        9 => Op::DeadDel(r.string()?, r.u64()?),
+        _ => return None,
+    })
+}
+
+/// The log's whole records, in order, up to the first one that is torn or corrupt.
+fn parse(buf: &[u8]) -> Vec<(u64, Vec<Op>)> {
+    let mut r = Reader { buf };
+    let mut out = Vec::new();
+    while let (Some(len), Some(crc)) = (r.u32(), r.u32()) {
+        let Some(body) = r.take(len as usize) else {
+            break;
+        };
+        if crc32fast::hash(body) != crc {
+            break;
+        }
+        let mut b = Reader { buf: body };
+        let Some(lsn) = b.u64() else { break };
+        let mut ops = Vec::new();
+        let mut whole = true;
+        while !b.buf.is_empty() {
+            match decode_op(&mut b) {
+                Some(op) => ops.push(op),
+                None => {
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if !whole {
+            break;
+        }
+        out.push((lsn, ops));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::ReadableDatabase;
+
+    fn all_ops() -> Vec<Op> {
+        vec![
+            Op::StatePut("s\0k".into(), b"v1".to_vec()),
+            Op::StateDel("s\0gone".into()),
+            Op::ChangePut(7, b"{}".to_vec()),
+            Op::ChangesRetainAfter(3),
+            Op::QueueConfigPut("q".into(), b"{\"name\":\"q\"}".to_vec()),
+            Op::MsgPut("q".into(), 9, b"m".to_vec()),
+            Op::MsgDel("q".into(), 8),
+            Op::DeadPut("q".into(), 5, b"d".to_vec()),
+            Op::DeadDel("q".into(), 4),
+        ]
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_ends_the_log() {
+        let mut log = encode_record(1, &all_ops());
+        log.extend(encode_record(2, &[Op::StateDel("a\0b".into())]));
+        let whole = log.len();
+        log.extend(encode_record(
+            3,
+            &[Op::StatePut("x\0y".into(), vec![1; 100])],
+        ));
+        assert_eq!(
+            parse(&log),
+            vec![
+                (1, all_ops()),
+                (2, vec![Op::StateDel("a\0b".into())]),
+                (3, vec![Op::StatePut("x\0y".into(), vec![1; 100])])
+            ]
+        );
+        // Torn anywhere inside the third record: the first two stand.
+        for cut in whole..log.len() {
+            assert_eq!(parse(&log[..cut]).len(), 2, "cut at {cut}");
+        }
+        // A flipped byte is a corrupt record, not a wrong value.
+        let mut bad = log.clone();
+        bad[whole + 20] ^= 0x40;
+        assert_eq!(parse(&bad).len(), 2);
+    }
+
+    fn state_of(db: &Database, key: &str) -> Option<Vec<u8>> {
+        let read = db.begin_read().unwrap();
+        let t = read.open_table(STATE).unwrap();
+        t.get(key).unwrap().map(|g| g.value().to_vec())
+    }
+
+    fn put(wal: &Wal, db: &Database, key: &str, value: &[u8]) -> u64 {
+        wal.write(db, |txn, log| -> Result<(), WalError> {
+            txn.open_table(STATE)?.insert(key, value)?;
+            log.push(Op::StatePut(key.into(), value.to_vec()));
+            Ok(())
+        })
+        .unwrap()
+        .1
+    }
+
+    /// What a crash leaves: the log's records on a redb file that never got them durably.
+    #[test]
+    fn a_logged_write_is_replayed_into_a_database_that_lost_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal_path = dir.path().join("engine.wal");
+        {
+            let db = Database::create(dir.path().join("a.redb")).unwrap();
+            let wal = Wal::open(&db, &wal_path).unwrap();
+            assert_eq!(put(&wal, &db, "s\0one", b"1"), 1);
+            let lsn = put(&wal, &db, "s\0two", b"2");
+            wal.sync_to(lsn).unwrap();
+            assert!(wal.is_synced(lsn));
+            // A write that changes nothing is not logged.
+            let (_, none) = wal
+                .write(&db, |_, _| -> Result<(), WalError> { Ok(()) })
+                .unwrap();
+            assert_eq!(none, 0);
+        }
+        let saved = std::fs::read(&wal_path).unwrap();
+        assert_eq!(parse(&saved).len(), 2);
+        // A fresh database file (as if redb had lost everything since its last durable
+        // commit), plus half of a third record at the log's end.
+        let mut torn = saved.clone();
+        torn.extend(&encode_record(3, &[Op::StateDel("s\0one".into())])[..10]);
+        std::fs::write(&wal_path, &torn).unwrap();
+        let db = Database::create(dir.path().join("b.redb")).unwrap();
+        let wal = Wal::open(&db, &wal_path).unwrap();
+        assert_eq!(state_of(&db, "s\0one").as_deref(), Some(&b"1"[..]));
+        assert_eq!(state_of(&db, "s\0two").as_deref(), Some(&b"2"[..]));
+        // Replayed and checkpointed: the log is empty (zero-filled) and numbering goes on.
+        assert!(parse(&std::fs::read(&wal_path).unwrap()).is_empty());
+        assert_eq!(
+            std::fs::metadata(&wal_path).unwrap().len(),
+            PREALLOCATED_BYTES
+        );
+        assert_eq!(put(&wal, &db, "s\0three", b"3"), 3);
+        drop(wal);
+        drop(db);
+        // Records the database already holds (by its checkpoint) are not applied twice: a
+        // stale log from before a checkpoint would otherwise undo later writes.
+        std::fs::write(&wal_path, &saved).unwrap();
+        let db = Database::create(dir.path().join("b.redb")).unwrap();
+        let _wal = Wal::open(&db, &wal_path).unwrap();
+        assert_eq!(state_of(&db, "s\0three").as_deref(), Some(&b"3"[..]));
+    }
+
+    #[test]
+    fn a_checkpoint_empties_the_log_and_keeps_the_numbering() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path().join("a.redb")).unwrap();
+        let wal_path = dir.path().join("engine.wal");
+        let wal = Wal::open(&db, &wal_path).unwrap();
+        put(&wal, &db, "s\0a", b"1");
+        put(&wal, &db, "s\0a", b"22");
+        assert_eq!(parse(&std::fs::read(&wal_path).unwrap()).len(), 2);
+        wal.checkpoint(&db).unwrap();
+        assert!(wal.is_synced(2));
+        // The next record goes to the log's start, ahead of the checkpointed ones.
+        assert_eq!(put(&wal, &db, "s\0b", b"3"), 3);
+        let log = std::fs::read(&wal_path).unwrap();
+        let records = parse(&log);
+        assert_eq!(records[0].0, 3);
+        drop(wal);
+        drop(db);
+        // Reopened: record 3 is applied once more (harmless, same value); the checkpointed
+        // record 2 behind it is not, so `s\0a` keeps its value.
+        let db = Database::create(dir.path().join("a.redb")).unwrap();
+        let wal = Wal::open(&db, &wal_path).unwrap();
+        assert_eq!(state_of(&db, "s\0a").as_deref(), Some(&b"22"[..]));
+        assert_eq!(state_of(&db, "s\0b").as_deref(), Some(&b"3"[..]));
+        assert_eq!(put(&wal, &db, "s\0c", b"4"), 4);
+    }
+}
