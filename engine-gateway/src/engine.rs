@@ -3,6 +3,7 @@
 //! durable:subscriber), queue consumers, stream fan-out, channels and the span store.
 //! Transport-agnostic: the WebSocket edge and in-process workers both drive it.
 
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
@@ -24,6 +25,15 @@ use crate::state::{ChangeFeed, ChangeRecord, StateStore};
 use crate::trace::{ATTR_FUNCTION_ID, Span, SpanStore, TraceContext, now_ms};
 
 pub type HandlerResult = Result<Value, ErrorBody>;
+
+/// What a panic carried, for the error that replaces it.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the handler panicked".into())
+}
 pub type Handler = Arc<dyn Fn(Invocation) -> BoxFuture<'static, HandlerResult> + Send + Sync>;
 
 /// The built-in queue that carries `durable:subscriber` copies.
@@ -661,13 +671,15 @@ impl Engine {
                     trace: ctx,
                     caller: caller.map(str::to_owned),
                 };
-                // Run in its own task so a panicking handler becomes an error, not a crash.
-                let task = tokio::spawn(handler(inv));
-                match tokio::time::timeout(timeout, task).await {
+                // Polled in the caller's task: a task per call cost a spawn and, more often
+                // than not, a wake-up of another worker thread. A panicking handler still
+                // becomes an error, not a crash.
+                let call = std::panic::AssertUnwindSafe(handler(inv)).catch_unwind();
+                match tokio::time::timeout(timeout, call).await {
                     Ok(Ok(r)) => r,
-                    Ok(Err(join)) => Err(ErrorBody::new(
+                    Ok(Err(panic)) => Err(ErrorBody::new(
                         codes::INVOCATION_ERROR,
-                        format!("`{function_id}` failed: {join}"),
+                        format!("`{function_id}` failed: {}", panic_message(&*panic)),
                     )),
                     Err(_) => Err(timed_out()),
                 }
