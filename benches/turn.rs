@@ -259,6 +259,9 @@ async fn main() {
         let d = run_session(&ctx, &format!("seq-{i}")).await.as_secs_f64() * 1000.0;
         per_call.push(d / k as f64);
         per_turn.push(d / (k + 1) as f64);
+        if std::env::var("BENCH_EACH").is_ok() {
+            eprintln!("session {i}: {:.2} ms per tool call", d / k as f64);
+        }
     }
     println!(
         "# turn benchmark: {backend} backend, zero-latency scripted model, K = {k} tool calls per session"

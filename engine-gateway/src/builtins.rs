@@ -62,7 +62,17 @@ fn meta_of(inv: &Invocation) -> WriteMeta {
     WriteMeta {
         traceparent: inv.trace.traceparent(),
         baggage: inv.trace.baggage_header(),
+        unwatched: false,
     }
+}
+
+/// A state write's meta, marked when no trigger watches its scope.
+fn write_meta_of(engine: &Engine, inv: &Invocation) -> WriteMeta {
+    let mut meta = meta_of(inv);
+    meta.unwatched = inv.data["scope"]
+        .as_str()
+        .is_some_and(|scope| engine.scope_unwatched(scope));
+    meta
 }
 
 fn add<F, Fut>(engine: &Arc<Engine>, id: &str, description: &str, request: Value, f: F)
@@ -237,7 +247,7 @@ pub fn register(engine: &Arc<Engine>) {
         ),
         |e, inv| async move {
             let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
                 .await
                 .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
@@ -252,7 +262,7 @@ pub fn register(engine: &Arc<Engine>) {
         ),
         |e, inv| async move {
             let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
                 .await
                 .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
@@ -266,8 +276,8 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string"), "value": {}, "expected_version": s("integer")}),
         ),
         |e, inv| async move {
-            let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+            let meta = write_meta_of(&e, &inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
                 .await
                 .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
@@ -281,8 +291,8 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string"), "ops": s("array"), "expected_version": s("integer")}),
         ),
         |e, inv| async move {
-            let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+            let meta = write_meta_of(&e, &inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
                 .await
                 .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
@@ -296,8 +306,8 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string"), "expected_version": s("integer")}),
         ),
         |e, inv| async move {
-            let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+            let meta = write_meta_of(&e, &inv);
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
                 .await
                 .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
@@ -312,7 +322,7 @@ pub fn register(engine: &Arc<Engine>) {
         ),
         |e, inv| async move {
             let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, &inv.data, &meta)
+            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
                 .await
                 .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },

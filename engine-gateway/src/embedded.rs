@@ -281,7 +281,9 @@ impl EmbeddedBackend {
                                 current_version.unwrap_or(0)
                             }
                         };
-                        if let (Some(kind), false) = (kind, is_reserved_scope(scope)) {
+                        if let (Some(kind), false, false) =
+                            (kind, is_reserved_scope(scope), meta.unwatched)
+                        {
                             let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
                             let record = ChangeRecord {
                                 seq,

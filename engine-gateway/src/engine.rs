@@ -196,6 +196,7 @@ pub struct Engine {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     call_seq: AtomicU64,
     boot_id: String,
+    started: std::time::Instant,
     closing: tokio::sync::watch::Sender<bool>,
     me: Weak<Engine>,
 }
@@ -260,6 +261,7 @@ impl Engine {
             tasks: Mutex::new(Vec::new()),
             call_seq: AtomicU64::new(0),
             boot_id: crate::trace::random_hex(4),
+            started: std::time::Instant::now(),
             closing: tokio::sync::watch::channel(false).0,
             me: me.clone(),
         });
@@ -1099,6 +1101,22 @@ impl Engine {
             .collect();
         out.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
         json!({ "triggers": out })
+    }
+
+    /// True when a write to `scope` can skip its change record: the start-up grace is over
+    /// (changes made in it wait for triggers that re-register) and no state trigger, of a
+    /// worker or a Lambda mapping, watches the scope. A trigger sees the changes committed
+    /// after it registered, as before; the dispatcher would drop the others anyway.
+    pub fn scope_unwatched(&self, scope: &str) -> bool {
+        if self.started.elapsed() < self.config.trigger_grace {
+            return false;
+        }
+        !read(&self.triggers).values().any(|t| match &t.kind {
+            TriggerKind::State { scope: s, .. } => {
+                s.as_deref().is_none_or(|s| glob_match(s, scope))
+            }
+            _ => false,
+        })
     }
 
     fn state_triggers_for(&self, rec: &ChangeRecord) -> Vec<(String, Option<String>)> {

@@ -127,6 +127,11 @@ pub struct ChangeRecord {
 pub struct WriteMeta {
     pub traceparent: Option<String>,
     pub baggage: Option<String>,
+    /// No state trigger watches the written scope (and the start-up grace, in which
+    /// reconnecting workers re-register theirs, is over): a backend with its own change feed
+    /// may skip the change record, which its dispatcher would drop anyway. Feeds it does not
+    /// control (DynamoDB Streams) ignore it.
+    pub unwatched: bool,
 }
 
 /// Baggage key a caller sets to `deferred` when its writes need not be durable on their own:

@@ -1,11 +1,11 @@
 //! The `state::*` functions as plain logic over a `StateStore`, so the engine's built-ins and
 //! a Lambda talking to DynamoDB directly (the SDK's AWS transport) answer them identically.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::builtins::{opt_str, opt_u64, req_str};
 use crate::protocol::ErrorBody;
-use crate::state::{StateStore, UpdateOp, WriteMeta};
+use crate::state::{StateStore, UpdateOp, WriteMeta, WriteOutcome};
 
 pub const FUNCTIONS: &[&str] = &[
     "state::get",
@@ -16,26 +16,36 @@ pub const FUNCTIONS: &[&str] = &[
     "state::list",
 ];
 
-fn value_of(data: &Value, field: &str) -> Result<Value, ErrorBody> {
-    data.get(field)
-        .cloned()
+/// Take `field` out of the request (no copy of a large value).
+fn take_value(data: &mut Value, field: &str) -> Result<Value, ErrorBody> {
+    data.get_mut(field)
+        .map(Value::take)
         .ok_or_else(|| ErrorBody::invalid(format!("missing required field `{field}`")))
+}
+
+/// `{old_value, new_value, version}`, built by moving the values (`json!` would copy them).
+fn outcome_json(out: WriteOutcome) -> Value {
+    let mut m = Map::with_capacity(3);
+    m.insert("old_value".into(), out.old_value.unwrap_or(Value::Null));
+    m.insert("new_value".into(), out.new_value.unwrap_or(Value::Null));
+    m.insert("version".into(), Value::from(out.version));
+    Value::Object(m)
 }
 
 /// Answer one `state::*` call; `None` when `function_id` is not a state function.
 pub async fn call(
     store: &dyn StateStore,
     function_id: &str,
-    data: &Value,
+    mut data: Value,
     meta: &WriteMeta,
 ) -> Option<Result<Value, ErrorBody>> {
     let r = match function_id {
-        "state::get" => get(store, data, false).await,
-        "state::get_versioned" => get(store, data, true).await,
-        "state::set" => set(store, data, meta).await,
-        "state::update" => update(store, data, meta).await,
-        "state::delete" => delete(store, data, meta).await,
-        "state::list" => list(store, data).await,
+        "state::get" => get(store, &data, false).await,
+        "state::get_versioned" => get(store, &data, true).await,
+        "state::set" => set(store, &mut data, meta).await,
+        "state::update" => update(store, &mut data, meta).await,
+        "state::delete" => delete(store, &data, meta).await,
+        "state::list" => list(store, &data).await,
         _ => return None,
     };
     Some(r)
@@ -45,31 +55,40 @@ async fn get(store: &dyn StateStore, data: &Value, versioned: bool) -> Result<Va
     let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
     let v = store.get(&scope, &key).await?;
     Ok(match (v, versioned) {
-        (Some(v), true) => json!({"value": v.value, "version": v.version}),
+        (Some(v), true) => {
+            let mut m = Map::with_capacity(2);
+            m.insert("value".into(), v.value);
+            m.insert("version".into(), Value::from(v.version));
+            Value::Object(m)
+        }
         (Some(v), false) => v.value,
         (None, _) => Value::Null,
     })
 }
 
-async fn set(store: &dyn StateStore, data: &Value, meta: &WriteMeta) -> Result<Value, ErrorBody> {
+async fn set(
+    store: &dyn StateStore,
+    data: &mut Value,
+    meta: &WriteMeta,
+) -> Result<Value, ErrorBody> {
     let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
-    let value = value_of(data, "value")?;
     let expected = opt_u64(data, "expected_version")?;
+    let value = take_value(data, "value")?;
     let out = store.set(&scope, &key, value, expected, meta).await?;
-    Ok(json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}))
+    Ok(outcome_json(out))
 }
 
 async fn update(
     store: &dyn StateStore,
-    data: &Value,
+    data: &mut Value,
     meta: &WriteMeta,
 ) -> Result<Value, ErrorBody> {
     let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
-    let ops: Vec<UpdateOp> = serde_json::from_value(value_of(data, "ops")?)
-        .map_err(|err| ErrorBody::invalid(format!("invalid `ops`: {err}")))?;
     let expected = opt_u64(data, "expected_version")?;
+    let ops: Vec<UpdateOp> = serde_json::from_value(take_value(data, "ops")?)
+        .map_err(|err| ErrorBody::invalid(format!("invalid `ops`: {err}")))?;
     let out = store.update(&scope, &key, ops, expected, meta).await?;
-    Ok(json!({"old_value": out.old_value, "new_value": out.new_value, "version": out.version}))
+    Ok(outcome_json(out))
 }
 
 async fn delete(

@@ -30,9 +30,21 @@ async fn change_feed_resumes_after_exactly_what_was_acknowledged() {
     let meta = WriteMeta {
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         baggage: None,
+        unwatched: false,
     };
     {
         let b = server::backends(&opts).await.unwrap();
+        if opts.backend == BackendKind::Embedded {
+            // Marked unwatched by the engine (no trigger on the scope): no change record.
+            let quiet = WriteMeta {
+                unwatched: true,
+                ..meta.clone()
+            };
+            b.state
+                .set("feed", "quiet", json!(0), None, &quiet)
+                .await
+                .unwrap();
+        }
         b.state
             .set("feed", "a", json!(1), None, &meta)
             .await

@@ -59,21 +59,29 @@ impl Bus for AwsBus {
         let meta = WriteMeta {
             traceparent: trace.traceparent(),
             baggage: trace.baggage_header(),
+            unwatched: false,
         };
-        match engine_gateway::state_api::call(&self.state, function_id, &data, &meta).await {
-            Some(r) => r.map_err(BusError::from),
-            // Another function: the Lambda the registry names, invoked directly.
-            None => engine_gateway::aws::router::call_function(
-                &self.clients,
-                &self.registry,
-                function_id,
-                data,
-                meta.traceparent,
-                meta.baggage,
-            )
-            .await
-            .map_err(BusError::from),
+        if engine_gateway::state_api::FUNCTIONS.contains(&function_id) {
+            return match engine_gateway::state_api::call(&self.state, function_id, data, &meta)
+                .await
+            {
+                Some(r) => r.map_err(BusError::from),
+                None => Err(BusError::InvalidMessage(format!(
+                    "`{function_id}` is not a state function"
+                ))),
+            };
         }
+        // Another function: the Lambda the registry names, invoked directly.
+        engine_gateway::aws::router::call_function(
+            &self.clients,
+            &self.registry,
+            function_id,
+            data,
+            meta.traceparent,
+            meta.baggage,
+        )
+        .await
+        .map_err(BusError::from)
     }
 
     async fn call_void(
