@@ -180,11 +180,15 @@ fn p50(v: &mut [f64]) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    server::disable_transparent_huge_pages();
     let k = env_usize("BENCH_K", 50);
     let sessions = env_usize("BENCH_SESSIONS", 5);
     let backend = std::env::var("BENCH_BACKEND").unwrap_or_else(|_| "embedded".into());
     let dir = tempfile::tempdir().expect("tempdir");
     let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
+    if let Ok(n) = std::env::var("BENCH_SPANS") {
+        opts.span_capacity = n.parse().expect("BENCH_SPANS: a number of spans");
+    }
     if backend == "aws" {
         opts.backend = server::BackendKind::Aws;
         opts.aws.prefix = format!("tb{}-", engine_gateway::trace::random_hex(4));

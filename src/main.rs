@@ -140,6 +140,7 @@ fn ask(question: &str) -> bool {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    server::disable_transparent_huge_pages();
     server::init_logging();
     let running = server::start(&cli.serve).await?;
     let engine = running.engine.clone();

@@ -25,6 +25,10 @@ use crate::state::{
 
 use crate::wal::{CHANGES, Op, QUEUE_CONFIGS, QUEUE_DEAD, QUEUE_MSGS, STATE, Wal, WalError};
 
+/// redb's page cache. The hot part of the file (turn records, session heads, queues) is
+/// small; old history and events are read from the OS page cache when asked for.
+const CACHE_BYTES: usize = 32 << 20;
+
 /// How long a deduplication id suppresses a second enqueue (as SQS FIFO).
 const DEDUP_WINDOW: Duration = Duration::from_secs(300);
 
@@ -120,7 +124,11 @@ impl EmbeddedBackend {
     /// Open (or create) `<data_dir>/engine.redb` and load every pending queue message.
     pub fn open(data_dir: &Path) -> anyhow::Result<Arc<Self>> {
         std::fs::create_dir_all(data_dir)?;
-        let db = Database::create(data_dir.join("engine.redb"))?;
+        // redb's default cache (1 GiB) would keep the whole file in this process as it grows;
+        // the OS page cache holds what does not fit.
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(data_dir.join("engine.redb"))?;
         let txn = db.begin_write()?;
         {
             txn.open_table(STATE)?;

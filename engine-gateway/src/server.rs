@@ -257,6 +257,20 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
     })
 }
 
+/// Turn off transparent huge pages for this process. The allocator asks for them on its
+/// arenas, and the kernel then zeroes a whole 2 MiB page where a few KB were needed: in the
+/// turn benchmark that was about a tenth of the CPU and 30 MB more memory.
+pub fn disable_transparent_huge_pages() {
+    // SAFETY: prctl with PR_SET_THP_DISABLE only sets a flag on this process.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc != 0 {
+        tracing::debug!(
+            "transparent huge pages stay on: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

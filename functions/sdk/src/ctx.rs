@@ -121,7 +121,11 @@ impl Ctx {
     pub async fn state_set(&self, scope: &str, key: &str, value: Value) -> Result<Value, BusError> {
         self.trigger(
             "state::set",
-            json!({"scope": scope, "key": key, "value": value}),
+            fields([
+                ("scope", scope.into()),
+                ("key", key.into()),
+                ("value", value),
+            ]),
         )
         .await
     }
@@ -137,7 +141,12 @@ impl Ctx {
     ) -> Result<Value, BusError> {
         self.trigger(
             "state::set",
-            json!({"scope": scope, "key": key, "value": value, "expected_version": expected}),
+            fields([
+                ("scope", scope.into()),
+                ("key", key.into()),
+                ("value", value),
+                ("expected_version", expected.into()),
+            ]),
         )
         .await
     }
@@ -150,7 +159,7 @@ impl Ctx {
     ) -> Result<Value, BusError> {
         self.trigger(
             "state::update",
-            json!({"scope": scope, "key": key, "ops": ops}),
+            fields([("scope", scope.into()), ("key", key.into()), ("ops", ops)]),
         )
         .await
     }
@@ -176,7 +185,12 @@ impl Ctx {
     ) -> Result<Value, BusError> {
         self.trigger(
             "stream::set",
-            json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data}),
+            fields([
+                ("stream_name", stream_name.into()),
+                ("group_id", group_id.into()),
+                ("item_id", item_id.into()),
+                ("data", data),
+            ]),
         )
         .await
     }
@@ -190,7 +204,12 @@ impl Ctx {
     ) -> Result<Value, BusError> {
         self.trigger(
             "stream::send",
-            json!({"stream_name": stream_name, "group_id": group_id, "type": event_type, "data": data}),
+            fields([
+                ("stream_name", stream_name.into()),
+                ("group_id", group_id.into()),
+                ("type", event_type.into()),
+                ("data", data),
+            ]),
         )
         .await
     }
@@ -283,4 +302,14 @@ impl Ctx {
             "{scope}/{key} kept changing under {ATTEMPTS} attempts"
         )))
     }
+}
+
+/// A request object built by moving its values in: `json!` would copy a caller's value (it
+/// serializes by reference), which for a turn record or an event is a deep copy per call.
+fn fields<const N: usize>(pairs: [(&str, Value); N]) -> Value {
+    let mut map = serde_json::Map::with_capacity(N);
+    for (k, v) in pairs {
+        map.insert(k.to_string(), v);
+    }
+    Value::Object(map)
 }

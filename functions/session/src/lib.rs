@@ -232,9 +232,8 @@ pub async fn append_chain(
     Ok(out)
 }
 
-fn entry_input(v: &Value) -> Result<EntryInput, ErrorBody> {
+fn entry_input(mut v: Value) -> Result<EntryInput, ErrorBody> {
     // Shorthand: a bare AgentMessage under `message`.
-    let mut v = v.clone();
     if v.get("type").is_none() && v.get("message").is_some() {
         v["type"] = json!("message");
     }
@@ -271,12 +270,13 @@ async fn ensure(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     Ok(json!({"session_id": sid, "created": created, "session": meta}))
 }
 
-async fn append(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+async fn append(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
-    let input = match data.get("entry") {
+    let entry = data.get_mut("entry").map(Value::take);
+    let input = match entry {
         Some(e) => entry_input(e)?,
         None if data.get("message").is_some() => {
-            entry_input(&json!({"message": data["message"], "id": data.get("id")}))?
+            entry_input(json!({"message": data["message"], "id": data.get("id")}))?
         }
         None => return Err(ErrorBody::invalid("missing `entry` (or `message`)")),
     };
@@ -284,14 +284,15 @@ async fn append(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     Ok(stored_json(&stored[0]))
 }
 
-async fn append_batch(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
-    let inputs = data["entries"]
-        .as_array()
-        .ok_or_else(|| ErrorBody::invalid("`entries` must be an array"))?
-        .iter()
-        .map(entry_input)
-        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = match data["entries"].take() {
+        Value::Array(entries) => entries
+            .into_iter()
+            .map(entry_input)
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(ErrorBody::invalid("`entries` must be an array")),
+    };
     let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, inputs).await?;
     Ok(json!({
         "entry_ids": stored.iter().map(|s| s.0.id.clone()).collect::<Vec<_>>(),

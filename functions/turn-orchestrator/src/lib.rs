@@ -68,12 +68,12 @@ fn durably(ctx: &Ctx) -> Ctx {
 }
 
 async fn load(ctx: &Ctx, sid: &str) -> StepResult<Option<(Record, u64)>> {
-    let v = ctx.state_get_versioned(SCOPE, &record_key(sid)).await?;
+    let mut v = ctx.state_get_versioned(SCOPE, &record_key(sid)).await?;
     if v.is_null() {
         return Ok(None);
     }
     let version = v["version"].as_u64().unwrap_or(0);
-    let rec: Record = serde_json::from_value(v["value"].clone())
+    let rec: Record = serde_json::from_value(v["value"].take())
         .map_err(|e| StepError::Fatal(format!("unreadable turn record: {e}")))?;
     Ok(Some((rec, version)))
 }
@@ -287,8 +287,9 @@ async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
         )
         .await?;
     rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
+    let mut v = v;
     let messages: History = Arc::new(
-        serde_json::from_value(v["messages"].clone())
+        serde_json::from_value(v["messages"].take())
             .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?,
     );
     if let Some(leaf) = &rec.tree_leaf {
@@ -329,19 +330,21 @@ async fn append_history(
             json!({"type": "message", "id": format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count), "message": m})
         })
         .collect();
-    let out = ctx
-        .trigger(
-            "session-tree::append_batch",
-            json!({"session_id": rec.session_id, "parent_id": rec.tree_leaf, "entries": entries}),
-        )
+    // Built by moving the entries in (`json!` would copy them).
+    let mut request = serde_json::Map::with_capacity(3);
+    request.insert("session_id".into(), rec.session_id.clone().into());
+    request.insert("parent_id".into(), json!(rec.tree_leaf));
+    request.insert("entries".into(), Value::Array(entries));
+    let mut out = ctx
+        .trigger("session-tree::append_batch", Value::Object(request))
         .await?;
     let old_leaf = rec.tree_leaf.take();
     rec.tree_leaf = out["leaf_id"].as_str().map(str::to_owned);
     let stored = out["entries"]
-        .as_array()
+        .as_array_mut()
         .map(|a| {
-            a.iter()
-                .map(|e| serde_json::from_value(e["entry"]["message"].clone()))
+            a.iter_mut()
+                .map(|e| serde_json::from_value(e["entry"]["message"].take()))
                 .collect::<Result<Vec<AgentMessage>, _>>()
         })
         .unwrap_or_else(|| Ok(Vec::new()))
