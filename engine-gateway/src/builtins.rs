@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 
 use crate::engine::{Engine, HandlerResult, Invocation, STREAM_SCOPE_PREFIX};
-use crate::protocol::{ErrorBody, Message, RegisterFunction, StreamEventBody, codes, kind_of};
+use crate::protocol::{ErrorBody, Message, RegisterFunction, codes, kind_of};
 use crate::queue::QueueConfig;
 use crate::state::WriteMeta;
 use crate::trace::Span;
@@ -50,6 +50,13 @@ pub fn opt_u64(data: &Value, field: &str) -> Result<Option<u64>, ErrorBody> {
             ))
         }),
     }
+}
+
+/// Take `field` out of a request this handler owns (no copy of a large value).
+fn take_value(data: &mut Value, field: &str) -> Result<Value, ErrorBody> {
+    data.get_mut(field)
+        .map(Value::take)
+        .ok_or_else(|| ErrorBody::invalid(format!("missing required field `{field}`")))
 }
 
 fn req_value(data: &Value, field: &str) -> Result<Value, ErrorBody> {
@@ -337,32 +344,27 @@ pub fn register(engine: &Arc<Engine>) {
             &["stream_name", "group_id", "item_id", "data"],
             json!({"stream_name": s("string"), "group_id": s("string"), "item_id": s("string"), "data": {}}),
         ),
-        |e, inv| async move {
+        |e, mut inv| async move {
             let (scope, group) = stream_addr(&inv.data)?;
             let item = req_str(&inv.data, "item_id")?;
-            let data = req_value(&inv.data, "data")?;
+            let name = req_str(&inv.data, "stream_name")?;
+            let data = take_value(&mut inv.data, "data")?;
             let key = format!("{group}\u{1}{item}");
             let out = e
                 .state
-                .set(&scope, &key, data.clone(), None, &meta_of(&inv))
+                .set(&scope, &key, data, None, &meta_of(&inv))
                 .await?;
             let event_type = if out.old_value.is_some() {
                 "update"
             } else {
                 "create"
             };
-            let name = req_str(&inv.data, "stream_name")?;
-            e.emit_stream_event(
-                &name,
-                &group,
-                &item,
-                StreamEventBody {
-                    event_type: event_type.into(),
-                    data,
-                },
-                &inv.trace,
-            );
-            Ok(json!({"old_value": out.old_value, "new_value": out.new_value}))
+            let new_value = out.new_value.unwrap_or(Value::Null);
+            e.emit_stream_event(&name, &group, &item, event_type, &new_value, &inv.trace);
+            let mut answer = serde_json::Map::with_capacity(2);
+            answer.insert("old_value".into(), out.old_value.unwrap_or(Value::Null));
+            answer.insert("new_value".into(), new_value);
+            Ok(Value::Object(answer))
         },
     );
     add(
@@ -373,19 +375,13 @@ pub fn register(engine: &Arc<Engine>) {
             &["stream_name", "group_id", "data"],
             json!({"stream_name": s("string"), "group_id": s("string"), "type": s("string"), "item_id": s("string"), "data": {}}),
         ),
-        |e, inv| async move {
+        |e, mut inv| async move {
             let (_, group) = stream_addr(&inv.data)?;
             let name = req_str(&inv.data, "stream_name")?;
-            let data = req_value(&inv.data, "data")?;
             let event_type = opt_str(&inv.data, "type")?.unwrap_or_else(|| "send".into());
             let item = opt_str(&inv.data, "item_id")?.unwrap_or_default();
-            e.emit_stream_event(
-                &name,
-                &group,
-                &item,
-                StreamEventBody { event_type, data },
-                &inv.trace,
-            );
+            let data = take_value(&mut inv.data, "data")?;
+            e.emit_stream_event(&name, &group, &item, &event_type, &data, &inv.trace);
             Ok(json!({"ok": true}))
         },
     );
@@ -421,18 +417,9 @@ pub fn register(engine: &Arc<Engine>) {
                     &WriteMeta::default(),
                 )
                 .await?;
-            if let Some(old) = out.old_value.clone() {
+            if let Some(old) = &out.old_value {
                 let name = req_str(&inv.data, "stream_name")?;
-                e.emit_stream_event(
-                    &name,
-                    &group,
-                    &item,
-                    StreamEventBody {
-                        event_type: "delete".into(),
-                        data: old,
-                    },
-                    &inv.trace,
-                );
+                e.emit_stream_event(&name, &group, &item, "delete", old, &inv.trace);
             }
             Ok(json!({"deleted": out.old_value.is_some()}))
         },

@@ -1213,9 +1213,16 @@ impl Engine {
         stream_name: &str,
         group_id: &str,
         item_id: &str,
-        event: StreamEventBody,
+        event_type: &str,
+        data: &Value,
         parent: &TraceContext,
     ) {
+        // The event is built (a copy of `data`) only when someone listens: most stored items
+        // (agent::events with no UI attached) have no subscriber and no trigger.
+        let event = || StreamEventBody {
+            event_type: event_type.to_string(),
+            data: data.clone(),
+        };
         let subscribers: Vec<String> = {
             let subs = read(&self.stream_subs);
             let mut ids: Vec<String> = Vec::new();
@@ -1233,7 +1240,7 @@ impl Engine {
                 stream_name: stream_name.to_string(),
                 group_id: group_id.to_string(),
                 item_id: item_id.to_string(),
-                event: event.clone(),
+                event: event(),
             };
             for w in subscribers {
                 self.push(&w, &msg);
@@ -1264,7 +1271,7 @@ impl Engine {
             "stream_name": stream_name,
             "group_id": group_id,
             "item_id": item_id,
-            "event": event,
+            "event": event(),
         });
         for f in functions {
             let engine = engine.clone();

@@ -115,7 +115,7 @@ async fn emit_at(ctx: &Ctx, rec: &Record, seq: u64, event_type: &str, mut data: 
 async fn emit_transient(ctx: &Ctx, rec: &Record, event_type: &str, mut data: Value) {
     data["type"] = json!(event_type);
     let _ = ctx
-        .trigger("stream::send", json!({"stream_name": EVENTS, "group_id": rec.session_id, "type": event_type, "data": data}))
+        .stream_send(EVENTS, &rec.session_id, event_type, data)
         .await;
 }
 
