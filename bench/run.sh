@@ -63,7 +63,7 @@ sdk=$(BENCH_SECS=$SECS cargo bench -p engine-gateway --bench bus --locked 2>/dev
   echo
   echo "Remote echo worker and callers built on harness-sdk (each call: caller SDK → engine →"
   echo "worker SDK → engine → caller, with spans recorded on both sides). State and queue writes"
-  echo "are committed (fsync) to the embedded redb file before they are acknowledged."
+  echo "are durable (logged and fdatasynced, see engine-gateway/README.md) before they are acknowledged."
   echo
   echo "| metric | value |"
   echo "| --- | --- |"
