@@ -26,6 +26,8 @@ use crate::trace::{ATTR_FUNCTION_ID, Span, SpanStore, TraceContext, now_ms};
 
 pub type HandlerResult = Result<Value, ErrorBody>;
 
+pub type Handler = Arc<dyn Fn(Invocation) -> BoxFuture<'static, HandlerResult> + Send + Sync>;
+
 /// What a panic carried, for the error that replaces it.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -34,7 +36,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "the handler panicked".into())
 }
-pub type Handler = Arc<dyn Fn(Invocation) -> BoxFuture<'static, HandlerResult> + Send + Sync>;
 
 /// The built-in queue that carries `durable:subscriber` copies.
 pub const DURABLE_QUEUE: &str = "iii::durable";
