@@ -11,6 +11,7 @@ use crate::engine::{Engine, HandlerResult, Invocation, STREAM_SCOPE_PREFIX};
 use crate::protocol::{ErrorBody, Message, RegisterFunction, codes, kind_of};
 use crate::queue::QueueConfig;
 use crate::state::WriteMeta;
+use crate::state_api::take_value;
 use crate::trace::Span;
 
 pub const ENGINE_OWNER: &str = "engine";
@@ -50,13 +51,6 @@ pub fn opt_u64(data: &Value, field: &str) -> Result<Option<u64>, ErrorBody> {
             ))
         }),
     }
-}
-
-/// Take `field` out of a request this handler owns (no copy of a large value).
-fn take_value(data: &mut Value, field: &str) -> Result<Value, ErrorBody> {
-    data.get_mut(field)
-        .map(Value::take)
-        .ok_or_else(|| ErrorBody::invalid(format!("missing required field `{field}`")))
 }
 
 fn req_value(data: &Value, field: &str) -> Result<Value, ErrorBody> {

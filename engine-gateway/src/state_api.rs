@@ -16,8 +16,8 @@ pub const FUNCTIONS: &[&str] = &[
     "state::list",
 ];
 
-/// Take `field` out of the request (no copy of a large value).
-fn take_value(data: &mut Value, field: &str) -> Result<Value, ErrorBody> {
+/// Take `field` out of a request the caller owns (no copy of a large value).
+pub(crate) fn take_value(data: &mut Value, field: &str) -> Result<Value, ErrorBody> {
     data.get_mut(field)
         .map(Value::take)
         .ok_or_else(|| ErrorBody::invalid(format!("missing required field `{field}`")))
