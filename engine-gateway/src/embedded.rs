@@ -210,15 +210,6 @@ impl EmbeddedBackend {
         Ok(out)
     }
 
-    /// Fold the log into redb (a durable redb commit) and empty it.
-    pub async fn checkpoint(&self) -> Result<(), StateError> {
-        let (db, wal) = (self.db.clone(), self.wal.clone());
-        match tokio::task::spawn_blocking(move || wal.checkpoint(&db)).await {
-            Ok(r) => r.map_err(storage),
-            Err(e) => Err(StateError::Storage(format!("storage task failed: {e}"))),
-        }
-    }
-
     async fn blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,

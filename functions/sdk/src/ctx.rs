@@ -306,7 +306,7 @@ impl Ctx {
 
 /// A request object built by moving its values in: `json!` would copy a caller's value (it
 /// serializes by reference), which for a turn record or an event is a deep copy per call.
-fn fields<const N: usize>(pairs: [(&str, Value); N]) -> Value {
+pub fn fields<const N: usize>(pairs: [(&str, Value); N]) -> Value {
     let mut map = serde_json::Map::with_capacity(N);
     for (k, v) in pairs {
         map.insert(k.to_string(), v);

@@ -17,7 +17,7 @@ pub mod worker;
 
 pub use bus::{Bus, EnqueueOptions};
 pub use channel::{ChannelReader, ChannelWriter};
-pub use ctx::{Ctx, Write};
+pub use ctx::{Ctx, Write, fields};
 pub use embedded::run_embedded;
 pub use engine_gateway::channels::{ChannelFrame, ChannelRef};
 pub use engine_gateway::protocol::{ErrorBody, RegisterFunction};

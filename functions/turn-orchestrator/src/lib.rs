@@ -280,14 +280,13 @@ async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
     if !rec.tree {
         return Ok(Arc::new(rec.messages.clone()));
     }
-    let v = ctx
+    let mut v = ctx
         .trigger(
             "session-tree::messages",
             json!({"session_id": rec.session_id}),
         )
         .await?;
     rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
-    let mut v = v;
     let messages: History = Arc::new(
         serde_json::from_value(v["messages"].take())
             .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?,
@@ -330,14 +329,12 @@ async fn append_history(
             json!({"type": "message", "id": format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count), "message": m})
         })
         .collect();
-    // Built by moving the entries in (`json!` would copy them).
-    let mut request = serde_json::Map::with_capacity(3);
-    request.insert("session_id".into(), rec.session_id.clone().into());
-    request.insert("parent_id".into(), json!(rec.tree_leaf));
-    request.insert("entries".into(), Value::Array(entries));
-    let mut out = ctx
-        .trigger("session-tree::append_batch", Value::Object(request))
-        .await?;
+    let request = harness_sdk::fields([
+        ("session_id", rec.session_id.as_str().into()),
+        ("parent_id", json!(rec.tree_leaf)),
+        ("entries", Value::Array(entries)),
+    ]);
+    let mut out = ctx.trigger("session-tree::append_batch", request).await?;
     let old_leaf = rec.tree_leaf.take();
     rec.tree_leaf = out["leaf_id"].as_str().map(str::to_owned);
     let stored = out["entries"]
