@@ -186,7 +186,7 @@ async fn main() -> anyhow::Result<()> {
     if cli.serve_only {
         let _ = std::io::stdout().flush();
         tokio::signal::ctrl_c().await?;
-        drop(workers);
+        drop((workers, engine));
         running.shutdown().await;
         return Ok(());
     }
@@ -357,7 +357,8 @@ async fn main() -> anyhow::Result<()> {
         println!("serving on {}; Ctrl-C stops", running.url());
         tokio::signal::ctrl_c().await?;
     }
-    drop(workers);
+    // Every handle on the engine goes before the shutdown, which waits for the last one.
+    drop((workers, client, engine));
     running.shutdown().await;
     Ok(())
 }

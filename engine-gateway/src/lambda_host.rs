@@ -211,6 +211,9 @@ impl LambdaFunction {
                 format!("local/{}", process.id),
             )
             .env("AWS_EXECUTION_ENV", "AWS_Lambda_rust")
+            // Credentials come from the environment here, as in Lambda: never from an instance
+            // metadata endpoint, which a local process must not reach.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("_HANDLER", "bootstrap")
             .envs(self.extra_env.iter().cloned())
             .envs(self.spec.env.iter().cloned())
@@ -513,4 +516,57 @@ pub fn serve_invoke_api_on(
         let _ = axum::serve(listener, app).await;
     });
     Ok((url, task))
+}
+
+/// What [`check_start`] saw of one bootstrap.
+#[derive(Debug, Clone)]
+pub struct StartCheck {
+    pub name: String,
+    /// Spawn → its first `GET /next`.
+    pub cold_start: Duration,
+    /// Spawn → the answer to the first invocation.
+    pub first_answer: Duration,
+    pub answer: Value,
+}
+
+/// Start `spec`'s bootstrap under a Runtime API of its own, invoke it once with `event`, and
+/// kill it: proof that a built bootstrap initialises and serves (CI's Lambda stage, and the
+/// cold-start figures of `bench/aws.sh`). A bootstrap that fails its init, exits or never asks
+/// for work fails the check within `spec.timeout`.
+pub async fn check_start(
+    mut spec: LambdaSpec,
+    env: Vec<(String, String)>,
+    event: &Value,
+) -> Result<StartCheck, LambdaError> {
+    spec.max_processes = 1;
+    let name = spec.name.clone();
+    let started = Instant::now();
+    let timeout = spec.timeout;
+    let f = LambdaFunction::new(spec, env);
+    f.spawn_process().await?;
+    // Wait for the first `next` so that a bootstrap that exits during init is reported as such
+    // (the pool would otherwise respawn it until the invocation times out).
+    while f.cold_starts().is_empty() {
+        if f.process_count() == 0 {
+            return Err(LambdaError::Spawn(format!(
+                "{name} exited before asking for work (its output is above)"
+            )));
+        }
+        if started.elapsed() > timeout {
+            f.shutdown();
+            return Err(LambdaError::TimedOut(timeout.as_millis()));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let answer = f.invoke(event).await;
+    let first_answer = started.elapsed();
+    f.shutdown();
+    let answer = answer?;
+    let cold_start = f.cold_starts().first().copied().unwrap_or(first_answer);
+    Ok(StartCheck {
+        name,
+        cold_start,
+        first_answer,
+        answer,
+    })
 }

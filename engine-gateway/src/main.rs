@@ -38,6 +38,19 @@ enum Command {
         #[arg(required = true)]
         function_names: Vec<String>,
     },
+    /// Start every `bootstrap` under `DIR` (`DIR/<function>/bootstrap`, as `cargo lambda build`
+    /// lays them out) under a local Runtime API, invoke each once with `{"describe": true}`,
+    /// and print its cold start. Fails when any bootstrap does not start and answer.
+    CheckLambdas {
+        /// The `cargo lambda build` output directory.
+        #[arg(long, default_value = "target/lambda")]
+        dir: std::path::PathBuf,
+        /// Check only these functions (default: every folder with a bootstrap).
+        names: Vec<String>,
+        /// How long one bootstrap may take to start and answer.
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
+    },
 }
 
 #[tokio::main]
@@ -71,6 +84,11 @@ async fn main() -> anyhow::Result<()> {
                 println!("{out}");
             }
         }
+        Command::CheckLambdas {
+            dir,
+            names,
+            timeout_secs,
+        } => check_lambdas(&dir, names, timeout_secs).await?,
         Command::Serve(opts) => {
             let running = server::start(&opts).await?;
             tracing::info!(listen = %running.local_addr, data_dir = %opts.data_dir.display(), "engine-gateway ready");
@@ -82,5 +100,62 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+async fn check_lambdas(
+    dir: &std::path::Path,
+    mut names: Vec<String>,
+    timeout_secs: u64,
+) -> anyhow::Result<()> {
+    use engine_gateway::lambda_host::{LambdaSpec, check_start, describe_event};
+    if names.is_empty() {
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?;
+        for entry in entries {
+            let entry = entry?;
+            if entry.path().join("bootstrap").is_file() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+    }
+    anyhow::ensure!(!names.is_empty(), "no bootstrap under {}", dir.display());
+    println!(
+        "{:<22} {:>14} {:>14}  answer",
+        "function", "cold start", "first answer"
+    );
+    let mut failed = Vec::new();
+    for name in &names {
+        let mut spec = LambdaSpec::new(name, dir.join(name).join("bootstrap"));
+        spec.timeout = std::time::Duration::from_secs(timeout_secs);
+        match check_start(spec, Vec::new(), &describe_event()).await {
+            Ok(c) => {
+                // A worker lists its functions; the engine router answers that it routes
+                // WebSocket and stream events only. Either way the handler loop ran.
+                let what = match c.answer["functions"].as_array() {
+                    Some(f) => format!("{} functions", f.len()),
+                    None => c.answer["error"]["code"]
+                        .as_str()
+                        .map_or_else(|| c.answer.to_string(), |code| format!("error {code}")),
+                };
+                println!(
+                    "{:<22} {:>11.1} ms {:>11.1} ms  {what}",
+                    c.name,
+                    c.cold_start.as_secs_f64() * 1e3,
+                    c.first_answer.as_secs_f64() * 1e3
+                );
+            }
+            Err(e) => {
+                println!("{name:<22} FAILED: {e}");
+                failed.push(name.clone());
+            }
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "bootstraps that did not start and answer: {}",
+        failed.join(", ")
+    );
     Ok(())
 }

@@ -156,6 +156,7 @@ async fn lambdas_under_the_local_runtime_api_on_the_selected_backend() {
         tokio::spawn(async move { ctx.trigger("demo::sleep", json!({"ms": 20_000})).await })
     };
     tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut killed = Vec::new();
     for pid in std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
@@ -171,8 +172,18 @@ async fn lambdas_under_the_local_runtime_api_on_the_selected_backend() {
             unsafe {
                 libc::kill(pid as libc::pid_t, libc::SIGKILL);
             }
+            killed.push(pid);
         }
     }
+    // An idle process killed too must be reaped (and leave the pool) before the next call,
+    // or that call could be handed to it: wait until none of the killed pids is left.
+    eventually("killed processes reaped", || {
+        let gone = killed
+            .iter()
+            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists());
+        async move { gone.then_some(Value::Null) }
+    })
+    .await;
     let err = slow.await.unwrap().unwrap_err();
     assert_eq!(err.code(), "invocation_error", "{err}");
     assert!(err.to_string().contains("exited"), "{err}");
