@@ -15,6 +15,11 @@ if ! bash localstack/emu.sh status >/dev/null 2>&1; then bash localstack/emu.sh 
 trap '[ $started = 1 ] && bash localstack/emu.sh stop >/dev/null 2>&1 || true' EXIT
 command -v cargo-lambda >/dev/null || pip install -q cargo-lambda==1.9.2 >&2
 cargo lambda build --release --locked -p harness-sdk --bins >&2
+# Every deployed function with the real release profile (CI builds the cheaper ci-lambda one):
+# sizes and glibc floor, then each bootstrap's cold start under the local Runtime API.
+LAMBDA_PROFILE=release bash scripts/lambda-builds.sh >&2
+cargo build -q --locked --workspace --bin engine-gateway >&2
+starts=$(bash scripts/lambda-builds.sh --check-start | tail -n +2)
 
 lat() { BENCH_BACKEND=$1 BENCH_SKIP_ROUND_TRIPS=1 BENCH_ITERATIONS=$ITER cargo bench -q --locked -p engine-gateway --bench bus 2>/dev/null | grep -E '^(state|enqueue)'; }
 embedded=$(lat embedded)

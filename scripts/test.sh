@@ -1,20 +1,64 @@
 #!/usr/bin/env bash
 # The project's one test command: formatting, lints, every test on the embedded backend, the
-# deploy checks (cfn-lint, release Lambda builds), then
-# the bus suites again on the AWS backend against LocalStack (installed, started and stopped
-# here). Prints how long each stage took. Needs the Rust toolchain, python3, a JDK and npm.
+# deploy checks (cfn-lint, Lambda builds that start under a Runtime API), then the suites again
+# on the AWS backend against LocalStack (installed, started and stopped here). Prints how long
+# each stage took. Needs the Rust toolchain, python3, a JDK and npm.
 #   SKIP_AWS=1  skip the emulator stages      EMU=moto  use moto instead of LocalStack
-#   SKIP_LAMBDA_BUILDS=1  skip the release Lambda builds (the slowest stage)
+#   SKIP_LAMBDA_BUILDS=1  skip the Lambda builds
+#   CARGO_TARGET_DIR  one target directory for every stage (a cache outside the clone may be
+#                     reused); the deploy tools and the emulator's install live under it too.
+#
+# Time (bench/results/ci.md): one build per profile and feature set. Every test stage runs
+# from the single `--workspace` test build through cargo-nextest (`cargo test -p X` would
+# resolve features for X alone and compile the crates again); the Lambda bootstraps use the
+# `ci-lambda` profile (release without the LTO link; `release` stays for bench/aws.sh), and
+# the emulator installs and starts while they build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+mkdir -p "$CARGO_TARGET_DIR"
+logs="$CARGO_TARGET_DIR/ci-logs"
+mkdir -p "$logs"
 
 stage_start=0
 stage() { stage_name="$1"; stage_start=$(date +%s); echo "=== $stage_name"; }
 stage_done() { echo "=== $stage_name: $(( $(date +%s) - stage_start ))s"; }
 total_start=$(date +%s)
+nextest() { cargo nextest run --workspace --locked --profile ci "$@"; }
+
+# Background jobs (tool installs, the emulator) are waited for by the stage that needs them,
+# and stopped whatever happens.
+bg_pids=()
+cleanup() {
+  for p in "${bg_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ "${emu_started:-0}" = 1 ]; then bash localstack/emu.sh stop >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+wait_for() { # name pid log
+  if ! wait "$2"; then echo "!! $1 failed; its log ($3):"; tail -40 "$3"; exit 1; fi
+}
 
 stage "rustfmt"
 cargo fmt --all -- --check
+stage_done
+
+# Python tools for the deploy checks, in a venv of their own (pinned), installed while the
+# Rust stages compile.
+venv="$CARGO_TARGET_DIR/ci-venv"
+(
+  if [ ! -x "$venv/bin/cfn-lint" ] || [ ! -x "$venv/bin/cargo-lambda" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check cfn-lint==1.51.0 cargo-lambda==1.9.2
+  fi
+) > "$logs/venv.log" 2>&1 &
+venv_pid=$!; bg_pids+=("$venv_pid")
+
+stage "test runner (cargo-nextest)"
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest@0.9.143
+fi
+cargo nextest --version | head -1
 stage_done
 
 stage "clippy (all targets, warnings are errors)"
@@ -22,59 +66,70 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 stage_done
 
 stage "tests (workspace, embedded backend)"
-cargo test --workspace --locked
+nextest
 stage_done
 
-# Python tools for the deploy checks, in a venv of their own (pinned).
-stage "deploy tooling (cfn-lint, cargo-lambda)"
-if [ ! -x target/ci-venv/bin/cfn-lint ] || [ ! -x target/ci-venv/bin/cargo-lambda ]; then
-  python3 -m venv target/ci-venv
-  target/ci-venv/bin/pip install --quiet --disable-pip-version-check cfn-lint==1.51.0 cargo-lambda==1.9.2
-fi
-export PATH="$PWD/target/ci-venv/bin:$PATH"
+stage "deploy tooling (cfn-lint, cargo-lambda; installed in the background)"
+wait_for "deploy tooling install" "$venv_pid" "$logs/venv.log"
+export PATH="$venv/bin:$PATH"
 stage_done
 
 stage "infrastructure template (cfn-lint; tests/infra.rs ran with the workspace tests)"
 cfn-lint infra/template.yaml
 stage_done
 
+if [ "${SKIP_AWS:-0}" != 1 ]; then
+  export EMU=${EMU:-localstack}
+  # The emulator's install (venv, DynamoDB Local) is cached with the target directory.
+  export EMU_HOME=${EMU_HOME:-$CARGO_TARGET_DIR/aws-emu}
+  if [ "$EMU" = moto ]; then export AWS_ENDPOINT_URL=http://127.0.0.1:4567; fi
+  source localstack/env.sh
+  # Installed and started while the Lambda bootstraps compile.
+  emu_started=1
+  bash localstack/emu.sh start > "$logs/emu-start.log" 2>&1 &
+  emu_pid=$!; bg_pids+=("$emu_pid")
+fi
+
 if [ "${SKIP_LAMBDA_BUILDS:-0}" != 1 ]; then
-  stage "Lambda builds (cargo lambda build --release; glibc <= 2.34; sizes)"
+  stage "Lambda builds (cargo lambda build --profile ci-lambda; glibc <= 2.34; sizes)"
   bash scripts/lambda-builds.sh
   stage_done
 fi
 
 if [ "${SKIP_AWS:-0}" != 1 ]; then
-  export EMU=${EMU:-localstack}
-  export EMU_HOME=${EMU_HOME:-$PWD/target/aws-emu}
-  if [ "$EMU" = moto ]; then export AWS_ENDPOINT_URL=http://127.0.0.1:4567; fi
-  source localstack/env.sh
-  stage "start the AWS emulator ($EMU)"
-  trap 'bash localstack/emu.sh stop >/dev/null 2>&1 || true' EXIT
-  bash localstack/emu.sh start
+  stage "AWS emulator ($EMU): wait for the background start, provision"
+  wait_for "emulator start" "$emu_pid" "$logs/emu-start.log"
+  cat "$logs/emu-start.log"
   bash localstack/provision.sh >/dev/null
   stage_done
 
+  if [ "${SKIP_LAMBDA_BUILDS:-0}" != 1 ]; then
+    stage "Lambda bootstraps start under the local Runtime API (one invoke each)"
+    bash scripts/lambda-builds.sh --check-start
+    stage_done
+  fi
+
+  export HARNESS_TEST_BACKEND=aws
   stage "tests (bus suites on the AWS backend: DynamoDB + Streams, SQS, Secrets Manager)"
-  HARNESS_TEST_BACKEND=aws cargo test --locked -p engine-gateway
+  nextest -E 'package(engine-gateway)'
   stage_done
 
   stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport)"
-  HARNESS_TEST_BACKEND=aws cargo test --locked -p harness-sdk --test full_stack --test aws_bus --test aws_router
+  nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router))'
   stage_done
 
   stage "tests (whole agent turns on the AWS backend)"
-  HARNESS_TEST_BACKEND=aws cargo test --locked --test turn
+  nextest -E 'package(agent-harness) & binary(turn)'
   stage_done
 
-  stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills on the AWS backend)"
-  HARNESS_TEST_BACKEND=aws cargo test --locked -p session-worker -p llm-budget -p hook-fanout
-  HARNESS_TEST_BACKEND=aws cargo test --locked --test harness_jobs --test slack
+  stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills, Slack on the AWS backend)"
+  nextest -E 'package(session-worker) | package(llm-budget) | package(hook-fanout) | (package(agent-harness) & (binary(harness_jobs) | binary(slack)))'
   stage_done
+  unset HARNESS_TEST_BACKEND
 
   stage "stop the AWS emulator"
   bash localstack/emu.sh stop
-  trap - EXIT
+  emu_started=0
   stage_done
 fi
 

@@ -343,6 +343,7 @@ pub fn register(engine: &Arc<Engine>) {
             let item = req_str(&inv.data, "item_id")?;
             let name = req_str(&inv.data, "stream_name")?;
             let data = take_value(&mut inv.data, "data")?;
+            crate::state::check_value_depth("`data`", &data)?;
             let key = format!("{group}\u{1}{item}");
             let out = e
                 .state

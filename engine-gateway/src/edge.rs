@@ -31,6 +31,14 @@ pub struct EdgeConfig {
     pub max_frame_bytes: usize,
     pub idle_timeout: Duration,
     pub max_lifetime: Duration,
+    /// Origins (`scheme://host[:port]`) a browser may connect from besides the engine's own.
+    /// A `$connect` that carries an `Origin` header from anywhere else is refused with 403,
+    /// so a web page the user visits cannot drive the bus.
+    pub allowed_origins: Vec<String>,
+    /// A connection that has not finished its WebSocket handshake by then is closed.
+    pub handshake_timeout: Duration,
+    /// Most connections open at once; more are closed right after `accept`.
+    pub max_connections: usize,
 }
 
 impl Default for EdgeConfig {
@@ -41,6 +49,9 @@ impl Default for EdgeConfig {
             max_frame_bytes: 32 * 1024,
             idle_timeout: Duration::from_secs(600),
             max_lifetime: Duration::from_secs(2 * 3600),
+            allowed_origins: Vec::new(),
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 1024,
         }
     }
 }
@@ -68,10 +79,50 @@ fn reject(status: u16, body: &str) -> ErrorResponse {
     resp
 }
 
-/// `$connect`: authenticate and pick the route, before the upgrade.
+/// The origins a page served by the engine itself would send: its listening address, and the
+/// loopback names when it listens on loopback. (Not the `Host` header: a DNS-rebound page
+/// sends a matching `Host` and `Origin` of its own name.)
+pub fn own_origins(local: SocketAddr) -> Vec<String> {
+    let port = local.port();
+    let mut hosts = vec![match local.ip() {
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    }];
+    if local.ip().is_loopback() || local.ip().is_unspecified() {
+        hosts.extend(["localhost".into(), "127.0.0.1".into(), "[::1]".into()]);
+    }
+    hosts
+        .iter()
+        .flat_map(|h| [format!("http://{h}:{port}"), format!("https://{h}:{port}")])
+        .collect()
+}
+
+fn origin_allowed(origin: &str, own: &[String], cfg: &EdgeConfig) -> bool {
+    let origin = origin.trim_end_matches('/');
+    own.iter()
+        .chain(cfg.allowed_origins.iter())
+        .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin))
+}
+
+/// `$connect`: check the origin, authenticate and pick the route, before the upgrade.
 // The error type is tungstenite's handshake rejection, which the callback must return as is.
 #[allow(clippy::result_large_err)]
-fn on_connect(engine: &Engine, cfg: &EdgeConfig, req: &Request) -> Result<Route, ErrorResponse> {
+fn on_connect(
+    engine: &Engine,
+    cfg: &EdgeConfig,
+    own: &[String],
+    req: &Request,
+) -> Result<Route, ErrorResponse> {
+    if let Some(origin) = req.headers().get(http::header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !origin_allowed(origin, own, cfg) {
+            tracing::warn!(%origin, "$connect refused: origin not allowed");
+            return Err(reject(
+                403,
+                "origin not allowed: start the engine with --allowed-origins to admit it",
+            ));
+        }
+    }
     let query = req.uri().query();
     if let Some(token) = &cfg.token {
         let bearer = req
@@ -114,6 +165,8 @@ pub async fn serve(
     cfg: EdgeConfig,
 ) -> std::io::Result<()> {
     let cfg = Arc::new(cfg);
+    let own: Arc<[String]> = own_origins(listener.local_addr()?).into();
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     loop {
         let (stream, addr) = match listener.accept().await {
             Ok(x) => x,
@@ -124,10 +177,17 @@ pub async fn serve(
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%addr, max = cfg.max_connections, "connection refused: too many open connections");
+            drop(stream);
+            continue;
+        };
         let engine = engine.clone();
         let cfg = cfg.clone();
+        let own = own.clone();
         tokio::spawn(async move {
-            if let Err(e) = handle_connection(engine, cfg, stream, addr).await {
+            let _slot = slot;
+            if let Err(e) = handle_connection(engine, cfg, own, stream, addr).await {
                 tracing::debug!(%addr, error = %e, "connection ended with an error");
             }
         });
@@ -138,6 +198,7 @@ pub async fn serve(
 async fn handle_connection(
     engine: Arc<Engine>,
     cfg: Arc<EdgeConfig>,
+    own: Arc<[String]>,
     stream: TcpStream,
     addr: SocketAddr,
 ) -> Result<(), WsError> {
@@ -150,14 +211,22 @@ async fn handle_connection(
     let engine_cb = engine.clone();
     let cfg_cb = cfg.clone();
     let callback = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
-        let r = on_connect(&engine_cb, &cfg_cb, req)?;
+        let r = on_connect(&engine_cb, &cfg_cb, &own, req)?;
         if let Ok(mut slot) = route_out.lock() {
             *slot = Some(r);
         }
         Ok(resp)
     };
-    let ws =
-        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config)).await?;
+    let handshake =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config));
+    // A peer that opens a socket and never finishes the upgrade must not hold a slot.
+    let ws = match tokio::time::timeout(cfg.handshake_timeout, handshake).await {
+        Ok(ws) => ws?,
+        Err(_) => {
+            tracing::debug!(%addr, "handshake not finished in time; closed");
+            return Ok(());
+        }
+    };
     let route = route.lock().ok().and_then(|mut r| r.take());
     match route {
         Some(Route::Worker) => run_worker_connection(engine, cfg, ws, addr).await,

@@ -482,9 +482,28 @@ impl Engine {
         Ok(())
     }
 
+    /// What only the engine may register: its namespaces, and any ID a built-in serves.
+    fn check_registrable(&self, owner: &str, id: &str) -> Result<(), ErrorBody> {
+        if owner == crate::builtins::ENGINE_OWNER {
+            return Ok(());
+        }
+        crate::protocol::check_not_reserved(id)?;
+        if read(&self.functions)
+            .get(id)
+            .is_some_and(|f| f.owner == crate::builtins::ENGINE_OWNER)
+        {
+            return Err(ErrorBody::new(
+                codes::FORBIDDEN,
+                format!("`{id}` is an engine built-in and cannot be replaced"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Register a function served by a remote connection (last registration wins).
     pub fn register_remote(&self, worker_id: &str, def: RegisterFunction) -> Result<(), ErrorBody> {
         Self::validate_function_id(&def.id)?;
+        self.check_registrable(worker_id, &def.id)?;
         let outbox = read(&self.workers)
             .get(worker_id)
             .and_then(|w| w.outbox.clone())
@@ -501,6 +520,7 @@ impl Engine {
         handler: Handler,
     ) -> Result<(), ErrorBody> {
         Self::validate_function_id(&def.id)?;
+        self.check_registrable(owner, &def.id)?;
         self.insert_function(owner, def, Target::Local(handler));
         Ok(())
     }

@@ -18,7 +18,7 @@ enum Command {
     /// (default `info`); OTEL_EXPORTER_OTLP_ENDPOINT enables OTLP/HTTP export; with
     /// `--backend aws`, AWS_ENDPOINT_URL, AWS_REGION and the usual credential variables
     /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) select the account.
-    Serve(ServeOptions),
+    Serve(Box<ServeOptions>),
     /// Create every AWS resource (tables with streams, FIFO queues with DLQs, secrets)
     /// idempotently, from the standard AWS environment, and print what exists.
     Provision {

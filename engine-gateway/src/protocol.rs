@@ -21,6 +21,21 @@ pub mod codes {
     pub const GONE: &str = "gone";
 }
 
+/// Namespaces only the engine serves: no connection, embedded worker or Lambda may register
+/// (and so replace) a function in them.
+pub const RESERVED_NAMESPACES: &[&str] = &["engine::", "iii::", "state::", "stream::"];
+
+/// `Err(forbidden)` when `id` lies in a [`RESERVED_NAMESPACES`] namespace.
+pub fn check_not_reserved(id: &str) -> Result<(), ErrorBody> {
+    match RESERVED_NAMESPACES.iter().find(|ns| id.starts_with(**ns)) {
+        Some(ns) => Err(ErrorBody::new(
+            codes::FORBIDDEN,
+            format!("`{id}` is in the engine's own namespace `{ns}*`, which cannot be registered"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `{code, message, stacktrace?}`: the error half of every answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorBody {

@@ -53,6 +53,16 @@ pub struct ServeOptions {
     /// When set, `$connect` requires `Authorization: Bearer <token>` or `?token=<token>`.
     #[arg(long, env = "ENGINE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Origins (`scheme://host[:port]`, comma-separated) a browser may connect from besides
+    /// the engine's own address; a `$connect` with any other `Origin` header gets 403.
+    #[arg(long, env = "ENGINE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// A connection that has not finished its WebSocket handshake by then is closed.
+    #[arg(long, env = "ENGINE_HANDSHAKE_TIMEOUT_SECS", default_value_t = 10)]
+    pub handshake_timeout_secs: u64,
+    /// Most WebSocket connections open at once.
+    #[arg(long, env = "ENGINE_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
     /// Largest WebSocket message accepted; a larger one closes the connection with 1009.
     #[arg(long, env = "ENGINE_MAX_MESSAGE_BYTES", default_value_t = 128 * 1024)]
     pub max_message_bytes: usize,
@@ -116,6 +126,9 @@ impl ServeOptions {
             listen: "127.0.0.1:0".into(),
             data_dir,
             token: None,
+            allowed_origins: Vec::new(),
+            handshake_timeout_secs: 10,
+            max_connections: 1024,
             max_message_bytes: 128 * 1024,
             max_frame_bytes: 32 * 1024,
             idle_timeout_secs: 600,
@@ -147,6 +160,14 @@ impl ServeOptions {
             max_frame_bytes: self.max_frame_bytes,
             idle_timeout: Duration::from_secs(self.idle_timeout_secs),
             max_lifetime: Duration::from_secs(self.max_lifetime_secs),
+            allowed_origins: self
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim().to_string())
+                .filter(|o| !o.is_empty())
+                .collect(),
+            max_connections: self.max_connections,
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
         }
     }
 }

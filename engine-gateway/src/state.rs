@@ -269,8 +269,63 @@ pub fn check_expected(
     }
 }
 
-/// Apply update ops to a value (pure; the store makes it atomic).
+/// Most segments in a `state::update` path.
+pub const MAX_PATH_SEGMENTS: usize = 64;
+/// Deepest JSON value a write may store (objects and arrays nested in each other).
+pub const MAX_VALUE_DEPTH: usize = 64;
+
+/// Whether `v` nests deeper than `max`, found without recursion: a hostile value must not
+/// exhaust the stack of the check meant to refuse it.
+pub fn deeper_than(v: &Value, max: usize) -> bool {
+    let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
+    while let Some((v, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth + 1 > max {
+            return true;
+        }
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
+    false
+}
+
+/// Refuse a value to be written that nests deeper than [`MAX_VALUE_DEPTH`].
+pub fn check_value_depth(what: &str, v: &Value) -> Result<(), StateError> {
+    if deeper_than(v, MAX_VALUE_DEPTH) {
+        return Err(StateError::Invalid(format!(
+            "{what} nests deeper than {MAX_VALUE_DEPTH} levels (the limit for stored values)"
+        )));
+    }
+    Ok(())
+}
+
+fn check_path(path: &str) -> Result<(), StateError> {
+    let sep = if path.starts_with('/') { '/' } else { '.' };
+    let segments = path.chars().filter(|c| *c == sep).count() + 1;
+    if segments > MAX_PATH_SEGMENTS {
+        let shown: String = path.chars().take(40).collect();
+        return Err(StateError::Invalid(format!(
+            "path `{shown}…` has {segments} segments (at most {MAX_PATH_SEGMENTS})"
+        )));
+    }
+    Ok(())
+}
+
+/// Apply update ops to a value (pure; the store makes it atomic). Paths are at most
+/// [`MAX_PATH_SEGMENTS`] long and the result at most [`MAX_VALUE_DEPTH`] deep.
 pub fn apply_ops(mut current: Value, ops: &[UpdateOp]) -> Result<Value, StateError> {
+    for op in ops {
+        let path = match op {
+            UpdateOp::Set { path, .. }
+            | UpdateOp::Append { path, .. }
+            | UpdateOp::Increment { path, .. }
+            | UpdateOp::Remove { path } => path,
+        };
+        check_path(path)?;
+    }
     for op in ops {
         match op {
             UpdateOp::Set { path, value } => {
@@ -326,6 +381,7 @@ pub fn apply_ops(mut current: Value, ops: &[UpdateOp]) -> Result<Value, StateErr
             UpdateOp::Remove { path } => remove_at(&mut current, path)?,
         }
     }
+    check_value_depth("the updated value", &current)?;
     Ok(current)
 }
 
@@ -446,6 +502,31 @@ mod tests {
             out,
             json!({"list":[1,2],"new":["x"],"b":{"c":true},"f":0.5})
         );
+    }
+
+    #[test]
+    fn depth_is_measured_without_recursion_and_paths_are_bounded() {
+        let nest = |d: usize| (0..d).fold(json!(1), |v, _| json!({"k": [v]}));
+        assert!(!deeper_than(&json!(1), 0));
+        assert!(deeper_than(&json!([1]), 0));
+        assert!(!deeper_than(&nest(32), 64));
+        assert!(deeper_than(&nest(33), 64));
+        // Far deeper than any stack would survive recursively.
+        let mut deep = json!(1);
+        for _ in 0..200_000 {
+            deep = Value::Array(vec![deep]);
+        }
+        assert!(deeper_than(&deep, MAX_VALUE_DEPTH));
+        // Dropping it recursively would overflow the stack too: take it apart iteratively.
+        while let Value::Array(mut items) = deep {
+            deep = items.pop().unwrap_or(Value::Null);
+        }
+        let ops = vec![UpdateOp::Set {
+            path: vec!["a"; 65].join("."),
+            value: json!(1),
+        }];
+        let err = apply_ops(Value::Null, &ops).unwrap_err().to_string();
+        assert!(err.contains("65 segments"), "{err}");
     }
 
     #[test]

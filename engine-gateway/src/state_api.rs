@@ -74,6 +74,7 @@ async fn set(
     let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
     let expected = opt_u64(data, "expected_version")?;
     let value = take_value(data, "value")?;
+    crate::state::check_value_depth("`value`", &value)?;
     let out = store.set(&scope, &key, value, expected, meta).await?;
     Ok(outcome_json(out))
 }

@@ -11,8 +11,22 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
+/// `depth` arrays nested in each other around `1`.
+fn nested(depth: usize) -> Value {
+    (0..depth).fold(json!(1), |v, _| json!([v]))
+}
+
 fn valid_messages() -> Vec<Value> {
+    // Hostile shapes: a 15 000-segment path (it once overflowed the stack), values nested past
+    // the 64-level limit, and registrations in the engine's own namespaces.
+    let long_path = vec!["a"; 15_000].join(".");
     vec![
+        json!({"type":"invokefunction","invocation_id":"d1","function_id":"state::update","data":{"scope":"s","key":"deep","ops":[{"type":"set","path":long_path,"value":1}]}}),
+        json!({"type":"invokefunction","invocation_id":"d2","function_id":"state::set","data":{"scope":"s","key":"deep","value":nested(100)}}),
+        json!({"type":"invokefunction","invocation_id":"d3","function_id":"state::update","data":{"scope":"s","key":"deep","ops":[{"type":"set","path":vec!["b"; 40].join("."),"value":nested(40)}]}}),
+        json!({"type":"invokefunction","invocation_id":"d4","function_id":"stream::set","data":{"stream_name":"x","group_id":"g","item_id":"d","data":nested(90)}}),
+        json!({"type":"registerfunction","id":"state::get"}),
+        json!({"type":"registerfunction","id":"engine::functions::list"}),
         json!({"type":"registerfunction","id":"fz::f","description":"d","request_format":{"type":"object"}}),
         json!({"type":"unregisterfunction","id":"fz::f"}),
         json!({"type":"registertrigger","id":"t","trigger_type":"state","function_id":"fz::f","config":{"scope":"s","key":"k*"}}),
@@ -146,7 +160,7 @@ async fn random_and_mutated_frames_never_break_the_server() {
     let rounds: usize = std::env::var("FUZZ_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3000);
+        .unwrap_or(10_000);
     let mut rng = StdRng::seed_from_u64(seed);
     let valid = valid_messages();
     let mut raw = Raw::connect(&srv.url()).await;

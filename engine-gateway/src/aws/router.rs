@@ -122,6 +122,8 @@ pub async fn register_lambda(
     let mut functions = Vec::new();
     for f in described["functions"].as_array().into_iter().flatten() {
         let Some(id) = f["id"].as_str() else { continue };
+        crate::protocol::check_not_reserved(id)
+            .map_err(|e| anyhow::anyhow!("{function_name}: {}", e.message))?;
         let mut body = f.clone();
         body["target"] = json!("lambda");
         body["lambda"] = json!(function_name);

@@ -1,0 +1,214 @@
+//! The bus as a trust boundary, over real WebSockets on the selected backend: browser origins,
+//! the engine's own namespaces, hostile nesting, unfinished handshakes and the connection cap.
+
+mod common;
+
+use common::{Raw, start, start_with};
+use serde_json::{Value, json};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+fn rejection(e: tokio_tungstenite::tungstenite::Error) -> u16 {
+    match e {
+        tokio_tungstenite::tungstenite::Error::Http(r) => r.status().as_u16(),
+        other => panic!("expected an HTTP rejection, got {other}"),
+    }
+}
+
+async fn connect_from(url: &str, origin: &str) -> Result<(), u16> {
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert("origin", origin.parse().unwrap());
+    match tokio_tungstenite::connect_async(req).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(rejection(e)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_connect_only_from_the_engines_own_or_allowed_origins() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.allowed_origins = vec!["https://console.example.com".into()];
+    let srv = start_with(opts).await;
+    let port = srv.local_addr.port();
+    // No Origin header: a CLI or worker, not a browser.
+    Raw::connect(&srv.url()).await.barrier().await;
+    // A page from anywhere else, including a DNS-rebound name that resolves to us.
+    for evil in [
+        "http://evil.example".to_string(),
+        format!("http://evil.example:{port}"),
+        "null".to_string(),
+        format!("http://127.0.0.1:{}", port.wrapping_add(1)),
+    ] {
+        assert_eq!(
+            connect_from(&srv.url(), &evil).await,
+            Err(403),
+            "origin {evil}"
+        );
+    }
+    // The engine's own address and the configured origin.
+    for good in [
+        format!("http://127.0.0.1:{port}"),
+        format!("http://localhost:{port}"),
+        "https://console.example.com".to_string(),
+    ] {
+        assert_eq!(
+            connect_from(&srv.url(), &good).await,
+            Ok(()),
+            "origin {good}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_connection_can_register_or_replace_the_engines_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    for id in [
+        "engine::functions::list",
+        "engine::anything::new",
+        "iii::durable::publish",
+        "state::set",
+        "state::mine",
+        "stream::set",
+    ] {
+        raw.send(json!({"type": "registerfunction", "id": id}))
+            .await;
+        let err = raw.recv_until(|v| v["type"] == "error").await;
+        assert_eq!(err["error"]["code"], "forbidden", "{id}: {err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(id),
+            "the error names {id}: {err}"
+        );
+    }
+    raw.barrier().await;
+    // The built-ins still answer as the engine's.
+    let r = raw
+        .call("state::set", json!({"scope": "s", "key": "k", "value": 1}))
+        .await;
+    assert_eq!(r["result"]["new_value"], 1, "{r}");
+    let r = raw.call("engine::functions::list", json!({})).await;
+    assert!(r["result"]["functions"].is_array(), "{r}");
+    // An ordinary namespace is still the connection's to take.
+    raw.register("mine::f").await;
+}
+
+fn nested(depth: usize) -> Value {
+    (0..depth).fold(json!(1), |v, _| json!([v]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_paths_and_values_are_refused_by_name_and_nothing_breaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    // The frame that once overflowed the stack and aborted the process: ~30 KB, 15 000 segments.
+    let long_path = vec!["a"; 15_000].join(".");
+    let r = raw
+        .call(
+            "state::update",
+            json!({"scope": "s", "key": "deep", "ops": [{"type": "set", "path": long_path, "value": 1}]}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], "invalid_message", "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("15000 segments") && msg.contains("64"),
+        "{msg}"
+    );
+    // The same as a JSON pointer.
+    let pointer = format!("/{}", vec!["a"; 65].join("/"));
+    let r = raw
+        .call(
+            "state::update",
+            json!({"scope": "s", "key": "deep", "ops": [{"type": "set", "path": pointer, "value": 1}]}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], "invalid_message", "{r}");
+
+    // Values: 64 levels are stored and read back; 65 are refused, on every write path.
+    let r = raw
+        .call(
+            "state::set",
+            json!({"scope": "s", "key": "ok", "value": nested(64)}),
+        )
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    let r = raw
+        .call("state::get", json!({"scope": "s", "key": "ok"}))
+        .await;
+    assert_eq!(r["result"], nested(64));
+    for (function_id, data) in [
+        (
+            "state::set",
+            json!({"scope": "s", "key": "deep", "value": nested(65)}),
+        ),
+        (
+            "stream::set",
+            json!({"stream_name": "x", "group_id": "g", "item_id": "i", "data": nested(65)}),
+        ),
+        // 40 levels of path plus 30 of value: each within its limit, together too deep.
+        (
+            "state::update",
+            json!({"scope": "s", "key": "deep", "ops": [{"type": "set", "path": vec!["b"; 40].join("."), "value": nested(30)}]}),
+        ),
+    ] {
+        let r = raw.call(function_id, data).await;
+        assert_eq!(r["error"]["code"], "invalid_message", "{function_id}: {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("64 levels"),
+            "{function_id}: {r}"
+        );
+    }
+    let r = raw
+        .call("state::get", json!({"scope": "s", "key": "deep"}))
+        .await;
+    assert!(r["result"].is_null(), "nothing was written: {r}");
+    // The connection and the engine are fine.
+    raw.barrier().await;
+    Raw::connect(&srv.url()).await.barrier().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_handshakes_are_closed_and_connections_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.handshake_timeout_secs = 1;
+    opts.max_connections = 3;
+    let srv = start_with(opts).await;
+    // A socket that never sends its upgrade request is closed after the handshake timeout.
+    let mut silent = tokio::net::TcpStream::connect(srv.local_addr)
+        .await
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+        .await
+        .expect("the engine closes a silent socket within its handshake timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    drop(silent);
+
+    // Three connections fit; the fourth is turned away; closing one frees its slot.
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut r = Raw::connect(&srv.url()).await;
+        r.barrier().await;
+        open.push(r);
+    }
+    assert!(
+        tokio_tungstenite::connect_async(srv.url()).await.is_err(),
+        "a fourth connection is refused"
+    );
+    let first = open.remove(0);
+    drop(first);
+    common::wait_for("a slot to free up", || {
+        let url = srv.url();
+        async move { tokio_tungstenite::connect_async(url).await.is_ok() }
+    })
+    .await;
+}
