@@ -1,7 +1,7 @@
 //! W3C trace context (`traceparent`, `baggage`), spans, the engine's in-memory span store that
 //! answers `engine::traces::group_by`, and OTLP/HTTP (JSON encoding) export.
 
-use rand::Rng;
+use rand::RngExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -7,7 +7,7 @@ mod common;
 use common::{Raw, start};
 use futures_util::SinkExt;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde_json::{Map, Value, json};
 use tokio_tungstenite::tungstenite::Message;
 

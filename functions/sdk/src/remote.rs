@@ -8,7 +8,7 @@ use engine_gateway::channels::ChannelRef;
 use engine_gateway::protocol::{self, ErrorBody, InvocationResult, InvokeFunction, Message, codes};
 use engine_gateway::trace::{Span, TraceContext};
 use futures_util::{SinkExt, StreamExt};
-use rand::Rng;
+use rand::RngExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
