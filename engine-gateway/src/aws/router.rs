@@ -24,9 +24,11 @@ use super::{AwsClients, AwsNames};
 use crate::engine::STREAM_SCOPE_PREFIX;
 use crate::protocol::{ErrorBody, codes};
 use crate::registry::Registry;
+use crate::secrets::SecretStore;
 use aws_sdk_apigatewaymanagement::primitives::Blob as MgmtBlob;
 use aws_sdk_lambda::primitives::Blob;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// Registry kind of a connection's stream subscription (owner: the connection).
 const SUBSCRIPTION: &str = "subscription";
@@ -151,11 +153,33 @@ pub async fn register_lambda(
     Ok(json!({"lambda": function_name, "functions": functions, "state_triggers": triggers}))
 }
 
+/// Where `$connect` finds the token it requires. There is no "no token": a router that cannot
+/// tell who may connect refuses everyone.
+pub enum ConnectToken {
+    /// A token given to the Lambda directly (`ENGINE_TOKEN`).
+    Fixed(String),
+    /// The secret `engine/token`, read at the first `$connect` (not during init, which would
+    /// put a network call in every cold start) and kept. A failed or empty read refuses that
+    /// connection and is tried again at the next one.
+    Secret(Arc<dyn SecretStore>),
+}
+
+impl ConnectToken {
+    /// `ENGINE_TOKEN` when set, else the secret.
+    pub fn from_env_or(secrets: Arc<dyn SecretStore>) -> Self {
+        match std::env::var("ENGINE_TOKEN") {
+            Ok(t) if !t.is_empty() => ConnectToken::Fixed(t),
+            _ => ConnectToken::Secret(secrets),
+        }
+    }
+}
+
 pub struct AwsRouter {
     clients: AwsClients,
     registry: DynamoRegistry,
     connections: aws_sdk_apigatewaymanagement::Client,
-    token: Option<String>,
+    token: ConnectToken,
+    secret_token: tokio::sync::OnceCell<String>,
 }
 
 fn status(code: u16) -> Value {
@@ -168,7 +192,7 @@ impl AwsRouter {
         clients: AwsClients,
         names: &AwsNames,
         management_endpoint: &str,
-        token: Option<String>,
+        token: ConnectToken,
     ) -> Self {
         let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&clients.config)
             .endpoint_url(management_endpoint)
@@ -177,13 +201,37 @@ impl AwsRouter {
             registry: DynamoRegistry::new(clients.clone(), names),
             connections: aws_sdk_apigatewaymanagement::Client::from_conf(conf),
             clients,
-            token: token.filter(|t| !t.is_empty()),
+            token,
+            secret_token: tokio::sync::OnceCell::new(),
         }
     }
 
-    fn authorized(&self, event: &Value) -> bool {
-        let Some(expected) = &self.token else {
-            return true;
+    /// The token `$connect` requires, or why there is none (then nobody connects).
+    async fn expected_token(&self) -> Result<&str, String> {
+        match &self.token {
+            ConnectToken::Fixed(t) if !t.is_empty() => Ok(t),
+            ConnectToken::Fixed(_) => Err("the configured engine token is empty".into()),
+            ConnectToken::Secret(store) => self
+                .secret_token
+                .get_or_try_init(|| async {
+                    match store.get("engine/token").await {
+                        Ok(Some(t)) if !t.is_empty() && t != "{}" => Ok(t),
+                        Ok(_) => Err("the secret engine/token is missing or empty".to_string()),
+                        Err(e) => Err(format!("the secret engine/token cannot be read: {e}")),
+                    }
+                })
+                .await
+                .map(String::as_str),
+        }
+    }
+
+    async fn authorized(&self, event: &Value) -> bool {
+        let expected = match self.expected_token().await {
+            Ok(t) => t,
+            Err(why) => {
+                tracing::error!(%why, "$connect refused: no token to check against (fail closed)");
+                return false;
+            }
         };
         let given = event["queryStringParameters"]["token"]
             .as_str()
@@ -236,7 +284,7 @@ impl AwsRouter {
         };
         match ctx["eventType"].as_str() {
             Some("CONNECT") => {
-                if !self.authorized(event) {
+                if !self.authorized(event).await {
                     tracing::warn!(connection, "connection refused: bad or missing token");
                     return status(401);
                 }

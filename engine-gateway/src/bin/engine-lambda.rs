@@ -7,9 +7,8 @@
 //! (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`), and the `$connect` token in
 //! the secret `<prefix>secrets/engine/token` (or `ENGINE_TOKEN`).
 
-use engine_gateway::aws::router::AwsRouter;
+use engine_gateway::aws::router::{AwsRouter, ConnectToken};
 use engine_gateway::aws::{AwsClients, AwsNames};
-use engine_gateway::secrets::SecretStore;
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -21,10 +20,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let names = AwsNames::new(&prefix);
     let clients = AwsClients::from_env().await;
     let secrets = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone());
-    let token = match secrets.get("engine/token").await {
-        Ok(Some(t)) if !t.is_empty() && t != "{}" => Some(t),
-        _ => std::env::var("ENGINE_TOKEN").ok(),
-    };
+    // Read at the first $connect, not here: init stays off the network.
+    let token = ConnectToken::from_env_or(Arc::new(secrets));
     let endpoint = std::env::var("WS_MANAGEMENT_ENDPOINT").unwrap_or_default();
     let router = Arc::new(AwsRouter::new(clients, &names, &endpoint, token));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {

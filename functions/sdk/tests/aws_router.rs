@@ -8,10 +8,11 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use engine_gateway::aws::router::{AwsRouter, register_lambda};
+use engine_gateway::aws::router::{AwsRouter, ConnectToken, register_lambda};
 use engine_gateway::aws::{AwsClients, AwsNames, resources};
 use engine_gateway::lambda_host::{LambdaFunction, LambdaSpec, serve_invoke_api_on};
 use engine_gateway::registry::Registry;
+use engine_gateway::secrets::SecretStore;
 use engine_gateway::state::{ChangeKind, ChangeRecord, StateStore};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
@@ -116,7 +117,12 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
     assert_eq!(r["state_triggers"].as_array().unwrap().len(), 1, "{r}");
 
     let (mgmt, posts) = mock_management_api().await;
-    let router = AwsRouter::new(clients.clone(), &names, &mgmt, Some("s3cret-token".into()));
+    let router = AwsRouter::new(
+        clients.clone(),
+        &names,
+        &mgmt,
+        ConnectToken::Fixed("s3cret-token".into()),
+    );
     let registry = engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names);
 
     // $connect: the token is checked here, and only here.
@@ -135,6 +141,57 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
     assert_eq!(
         router
             .websocket(&ws_event("CONNECT", "c1", None, Some("s3cret-token")))
+            .await["statusCode"],
+        200
+    );
+
+    // Fail closed: with the token secret missing or unreadable nobody connects, whatever
+    // they present; once the secret is there, the same router admits the right token.
+    let secrets = Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
+        clients.clone(),
+        names.clone(),
+    ));
+    let from_secret = AwsRouter::new(
+        clients.clone(),
+        &names,
+        &mgmt,
+        ConnectToken::Secret(secrets.clone()),
+    );
+    let unreachable = AwsClients::new(Some("http://127.0.0.1:9")).await;
+    let unreadable = AwsRouter::new(
+        unreachable.clone(),
+        &names,
+        &mgmt,
+        ConnectToken::Secret(Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
+            unreachable,
+            names.clone(),
+        ))),
+    );
+    for (router, token) in [
+        (&from_secret, "anything"),
+        (&from_secret, ""),
+        (&unreadable, "x"),
+    ] {
+        assert_eq!(
+            router
+                .websocket(&ws_event("CONNECT", "c8", None, Some(token)))
+                .await["statusCode"],
+            401
+        );
+    }
+    secrets
+        .put("engine/token", "from-the-secret")
+        .await
+        .unwrap();
+    assert_eq!(
+        from_secret
+            .websocket(&ws_event("CONNECT", "c8", None, Some("wrong")))
+            .await["statusCode"],
+        401
+    );
+    assert_eq!(
+        from_secret
+            .websocket(&ws_event("CONNECT", "c8", None, Some("from-the-secret")))
             .await["statusCode"],
         200
     );
