@@ -493,3 +493,100 @@ async fn no_policy_means_every_call_is_denied_as_gate_unavailable() {
         "{result}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_human() {
+    let s = stack(PERMISSIONS).await;
+    // A swapped policy (any worker granted `policy::`) that allows every call.
+    let _lax = harness_sdk::run_embedded(
+        harness_sdk::Worker::new("lax-policy").function(
+            "policy::check_permissions",
+            "allows everything",
+            |_c, _d: Value| async move { Ok(json!({"decision": "allow", "rule_id": "everything"})) },
+        ),
+        &s.srv.engine,
+    )
+    .unwrap();
+    let internal = [
+        (
+            "a1",
+            "approval::resolve",
+            json!({"session_id": "human", "function_call_id": "x", "decision": "allow"}),
+        ),
+        (
+            "a2",
+            "policy::check_permissions",
+            json!({"function_id": "shell::exec"}),
+        ),
+        (
+            "a3",
+            "run::start",
+            json!({"session_id": "other", "provider": "anthropic", "model": "claude-sonnet-4-5"}),
+        ),
+        (
+            "a4",
+            "auth::set_token",
+            json!({"provider": "anthropic", "token": {"type": "api_key", "key": "stolen"}}),
+        ),
+        (
+            "a5",
+            "state::set",
+            json!({"scope": "agent", "key": "k", "value": 1}),
+        ),
+        (
+            "a6",
+            "engine::durable::publish",
+            json!({"topic": "t", "data": 1}),
+        ),
+    ];
+    let mut turns: Vec<Turn> = internal
+        .iter()
+        .map(|(id, f, p)| call(id, f, p.clone()))
+        .collect();
+    // An ordinary call the lax policy lets through, to show it is in charge otherwise.
+    turns.push(call("a7", "fs::list", json!({})));
+    turns.push(text("Done."));
+    s.model.load(Cassette {
+        turns,
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "lax", Some(20)).await;
+    wait_state(&ctx, "lax", "stopped").await;
+    let rec = record(&s, "lax").await;
+    let results: Vec<&Value> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "function_result")
+        .collect();
+    assert_eq!(results.len(), internal.len() + 1, "{rec}");
+    for (_, function_id, _) in &internal {
+        let r = results
+            .iter()
+            .find(|r| r["function_id"] == *function_id)
+            .unwrap_or_else(|| panic!("a result for {function_id}"));
+        assert_eq!(r["is_error"], true, "{r}");
+        assert_eq!(r["details"]["status"], "denied", "{r}");
+        assert_eq!(r["details"]["rule_id"], "harness.internal_only", "{r}");
+    }
+    let listed = results
+        .iter()
+        .find(|r| r["function_id"] == "fs::list")
+        .unwrap();
+    assert_eq!(listed["is_error"], false, "{listed}");
+    // Nothing the model asked for happened.
+    assert!(
+        ctx.state_get("approvals", "human/x")
+            .await
+            .unwrap()
+            .is_null()
+    );
+    assert!(ctx.state_get("agent", "k").await.unwrap().is_null());
+    assert!(
+        ctx.trigger("turn::get_state", json!({"session_id": "other"}))
+            .await
+            .unwrap()
+            .is_null()
+    );
+}

@@ -839,6 +839,32 @@ async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
     }
 }
 
+/// Functions the orchestrator never dispatches for the model, whatever the policy answers: a
+/// swapped or buggy policy must not let the agent approve its own calls, rewrite the policy,
+/// start runs, change credentials, write state behind the record's back or drive the engine.
+const NEVER_FOR_THE_AGENT: &[&str] = &[
+    "approval::*",
+    "policy::*",
+    "run::start",
+    "auth::set_token",
+    "auth::delete_token",
+    "state::set",
+    "state::update",
+    "state::delete",
+    "engine::*",
+    "iii::*",
+];
+
+fn never_for_the_agent(function_id: &str) -> Option<&'static str> {
+    NEVER_FOR_THE_AGENT
+        .iter()
+        .copied()
+        .find(|p| match p.strip_suffix('*') {
+            Some(prefix) => function_id.starts_with(prefix),
+            None => function_id == *p,
+        })
+}
+
 async fn function_execute(
     ctx: &Ctx,
     hooks: &Hooks,
@@ -860,6 +886,22 @@ async fn function_execute(
                 .any(|c| c.function_call_id == call.function_call_id)
         });
         if done || parked {
+            continue;
+        }
+        if let Some(pattern) = never_for_the_agent(&call.function_id) {
+            let env = denial(
+                "permissions",
+                &call.function_id,
+                Some("harness.internal_only"),
+                Some(&json!(pattern)),
+                &call.args,
+                "this function is for humans and the harness itself; the orchestrator never calls it for the model, whatever the policy says",
+            );
+            let executed = denied(ctx, rec, &call, env).await;
+            if let Some(w) = rec.work.as_mut() {
+                w.executed.insert(call.function_call_id.clone(), executed);
+            }
+            save(&durably(ctx), rec, version).await?;
             continue;
         }
         // The one choke point: the policy decides, and silence or slowness means deny.
