@@ -185,8 +185,20 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
         std::fs::read_to_string(s.work.join("approved.txt")).unwrap(),
         "from slack"
     );
-    let decision = ctx.state_get("approvals", "sl1/w1").await.unwrap();
-    assert_eq!(decision["decided_by"], "slack:U123 (ann)");
+    // Applied once and consumed: the record is gone, the event log says who decided.
+    assert!(
+        ctx.state_get("approvals", "sl1/w1")
+            .await
+            .unwrap()
+            .is_null()
+    );
+    let applied = events(&ctx, "sl1")
+        .await
+        .into_iter()
+        .find(|e| e["type"] == "approval_applied")
+        .expect("an approval_applied event");
+    assert_eq!(applied["decided_by"], "slack:U123 (ann)", "{applied}");
+    assert_eq!(applied["decision"], "allow", "{applied}");
     assert_eq!(posted.lock().unwrap().len(), 1, "posted once");
 
     // A slash command with a bare call id, through the Lambda Function URL entry point.

@@ -590,3 +590,134 @@ async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_hum
             .is_null()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_applies_only_to_the_call_it_was_given_for() {
+    let s = stack(PERMISSIONS).await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    // The model reuses its call id: first a write, then a command under the same id. And two
+    // calls of one message with empty and repeated ids must not collide either.
+    s.model.load(Cassette {
+        turns: vec![
+            call(
+                "dup",
+                "fs::write",
+                json!({"path": "a.txt", "content": "approved"}),
+            ),
+            call(
+                "dup",
+                "shell::exec",
+                json!({"command": "echo replayed > b.txt"}),
+            ),
+            Turn {
+                tool_calls: vec![
+                    ToolCall {
+                        id: String::new(),
+                        name: "agent_trigger".into(),
+                        arguments: json!({"function": "fs::list", "payload": {}}),
+                    },
+                    ToolCall {
+                        id: String::new(),
+                        name: "agent_trigger".into(),
+                        arguments: json!({"function": "fs::read", "payload": {"path": "a.txt"}}),
+                    },
+                ],
+                ..Default::default()
+            },
+            text("Done."),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "replay", Some(10)).await;
+    let view = wait_state(&ctx, "replay", "function_awaiting_approval").await;
+    assert_eq!(view["awaiting_approval"][0]["function_id"], "fs::write");
+    let ok = ctx
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "replay", "function_call_id": "dup", "decision": "allow"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok, json!({"ok": true}));
+
+    // The command arrives under the same id: it parks and runs nothing.
+    let view = wait_state(&ctx, "replay", "function_awaiting_approval").await;
+    let view = if view["awaiting_approval"][0]["function_id"] == "fs::write" {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        wait_state(&ctx, "replay", "function_awaiting_approval").await
+    } else {
+        view
+    };
+    assert_eq!(
+        view["awaiting_approval"][0]["function_id"], "shell::exec",
+        "{view}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+        "approved"
+    );
+    // The first decision was consumed: it is gone, and nothing ran the command.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !s.work.join("b.txt").exists(),
+        "the replayed approval ran nothing"
+    );
+    let view = ctx
+        .trigger("turn::get_state", json!({"session_id": "replay"}))
+        .await
+        .unwrap();
+    assert_eq!(view["state"], "function_awaiting_approval", "{view}");
+    // It runs once approved itself.
+    let ok = ctx
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "replay", "function_call_id": "dup", "decision": "deny", "reason": "not this one"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok, json!({"ok": true}));
+    // Decided once: a second decision for the same parked call is refused.
+    let again = ctx
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "replay", "function_call_id": "dup", "decision": "allow"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again["error"], "not_pending", "{again}");
+    wait_state(&ctx, "replay", "stopped").await;
+    assert!(!s.work.join("b.txt").exists());
+    let rec = record(&s, "replay").await;
+    let results: Vec<&Value> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "function_result")
+        .collect();
+    assert_eq!(results.len(), 4, "{rec}");
+    assert_eq!(results[1]["details"]["denied_by"], "user");
+    // The two id-less calls got ids of their own, and the stored call blocks carry the same.
+    let (a, b) = (
+        results[2]["function_call_id"].as_str().unwrap(),
+        results[3]["function_call_id"].as_str().unwrap(),
+    );
+    assert!(!a.is_empty() && !b.is_empty() && a != b, "{a} {b}");
+    assert_eq!(
+        results[3]["details"]["content"], "approved",
+        "{}",
+        results[3]
+    );
+    let blocks: Vec<&str> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["type"] == "function_call")
+        .map(|c| c["id"].as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|s| Box::leak(s.clone().into_boxed_str()) as &str)
+        .collect();
+    assert!(blocks.contains(&a) && blocks.contains(&b), "{blocks:?}");
+}

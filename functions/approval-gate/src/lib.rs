@@ -2,6 +2,11 @@
 //! allow|deny|aborted, reason?, decided_by?}` writes `approvals/<sid>/<cid>` (the first
 //! decision wins) only for a call that is parked; the turn's state trigger on `approvals`
 //! wakes the session. `approval::list_pending {session_id?}` lists parked calls.
+//!
+//! A decision is bound to the parked call: it records the call's function id and the hash of
+//! its arguments, and the orchestrator applies it only to a call with exactly those, then
+//! deletes it (consumed once). A leftover decision of another call under the same id is
+//! replaced, never reused.
 
 use harness_sdk::{BusError, Ctx, ErrorBody, RegisterFunction, Worker};
 use serde_json::{Value, json};
@@ -45,20 +50,40 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         record["state"].as_str(),
         None | Some("stopped") | Some("failed")
     );
-    let is_parked = live && parked(&record).iter().any(|c| c["function_call_id"] == cid);
-    if !is_parked {
+    let calls = parked(&record);
+    let Some(call) = calls
+        .iter()
+        .find(|c| c["function_call_id"] == cid)
+        .filter(|_| live)
+    else {
         return Ok(json!({"ok": false, "error": "not_pending"}));
-    }
+    };
+    let function_id = call["function_id"].as_str().unwrap_or_default();
+    let hash = harness_sdk::messages::args_hash(&call["args"]);
     let value = json!({
         "decision": decision,
         "reason": data["reason"].as_str().unwrap_or(""),
         "decided_by": data["decided_by"].as_str().unwrap_or("unknown"),
         "decided_at": engine_gateway::trace::now_ms(),
+        "function_id": function_id,
+        "args_hash": hash,
     });
-    match ctx
-        .state_set_if("approvals", &format!("{sid}/{cid}"), value, 0)
-        .await
+    let key = format!("{sid}/{cid}");
+    // A record may already be there: this call's decision (someone decided first), or one
+    // left by an earlier call under the same id that was never consumed (a crash between
+    // running it and deleting its decision). Only the first means "not pending".
+    let mut expected = 0;
+    let existing = ctx.state_get_versioned("approvals", &key).await;
+    if let Ok(existing) = &existing
+        && !existing.is_null()
     {
+        let bound = &existing["value"];
+        if bound["function_id"] == function_id && bound["args_hash"] == hash.as_str() {
+            return Ok(json!({"ok": false, "error": "not_pending"}));
+        }
+        expected = existing["version"].as_u64().unwrap_or(0);
+    }
+    match ctx.state_set_if("approvals", &key, value, expected).await {
         Ok(_) => Ok(json!({"ok": true})),
         // Someone decided first.
         Err(BusError::VersionConflict(_)) => Ok(json!({"ok": false, "error": "not_pending"})),

@@ -300,6 +300,17 @@ impl AssistantBuilder {
     }
 }
 
+/// The hash an approval is bound to: SHA-256 of the arguments' JSON with keys sorted (the
+/// form `serde_json` writes), hex. The same call always hashes the same; any change to the
+/// arguments changes it.
+pub fn args_hash(args: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(args.to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use engine_gateway::builtins::req_str;
 use engine_gateway::state::DURABILITY_BAGGAGE;
 use futures_util::FutureExt;
 use harness_sdk::messages::{
-    AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason,
+    AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason, args_hash,
 };
 use harness_sdk::{
     BusError, ChannelFrame, Ctx, EnqueueOptions, ErrorBody, RegisterFunction, Worker,
@@ -648,6 +648,7 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
             "the provider closed the stream without a final message".into(),
         ),
     };
+    let message = with_usable_call_ids(message, rec.turn_count);
     // The stored message is the one decided on (a re-run step gets the first run's back).
     let message = append_history(ctx, rec, vec![message], "a")
         .await?
@@ -865,6 +866,30 @@ fn never_for_the_agent(function_id: &str) -> Option<&'static str> {
         })
 }
 
+/// Call ids the orchestrator can key results and approvals by: a provider id that is empty,
+/// too long, holds `/` or repeats another of the same message is replaced by
+/// `call-<turn>-<index>`, in the stored message too, so the provider's round trip still pairs
+/// each result with its call.
+fn with_usable_call_ids(mut message: AgentMessage, turn: u32) -> AgentMessage {
+    if let AgentMessage::Assistant { content, .. } = &mut message {
+        let mut seen = std::collections::HashSet::new();
+        for (index, block) in content.iter_mut().enumerate() {
+            if let ContentBlock::FunctionCall { id, .. } = block {
+                let usable = !id.is_empty() && id.len() <= 128 && !id.contains('/');
+                if !usable || !seen.insert(id.clone()) {
+                    let mut fresh = format!("call-{turn}-{index}");
+                    while seen.contains(&fresh) {
+                        fresh.push('_');
+                    }
+                    seen.insert(fresh.clone());
+                    *id = fresh;
+                }
+            }
+        }
+    }
+    message
+}
+
 async fn function_execute(
     ctx: &Ctx,
     hooks: &Hooks,
@@ -1000,10 +1025,17 @@ async fn function_awaiting_approval(
                 &format!("{}/{}", rec.session_id, call.function_call_id),
             )
             .await?;
-        if decision.is_null() {
+        // A decision counts only for the call it was made for: same function, same
+        // arguments. Anything else under this id (a leftover of an earlier call) is ignored
+        // and the call stays parked until it is decided itself.
+        let bound = decision["function_id"] == call.function_id.as_str()
+            && decision["args_hash"] == args_hash(&call.args).as_str();
+        if decision.is_null() || !bound {
             continue;
         }
         let reason = decision["reason"].as_str().unwrap_or("").to_string();
+        // The decision record is deleted once applied: the event log keeps who decided what.
+        emit(ctx, rec, "approval_applied", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "decision": decision["decision"], "reason": reason, "decided_by": decision["decided_by"], "decided_at": decision["decided_at"]})).await;
         let executed = match decision["decision"].as_str() {
             // Approved: dispatched without asking the policy again.
             Some("allow") => dispatch(ctx, hooks, rec, &call, false).await,
@@ -1035,6 +1067,12 @@ async fn function_awaiting_approval(
             a.retain(|c| c.function_call_id != call.function_call_id);
         }
         save(&durably(ctx), rec, version).await?;
+        // Consumed: the decision goes once the call's outcome is saved. (Should this delete
+        // be lost, the binding above still keeps it from applying to any other call.)
+        let key = format!("{}/{}", rec.session_id, call.function_call_id);
+        if let Err(e) = ctx.state_delete(APPROVALS, &key).await {
+            tracing::warn!(%key, error = %e, "a consumed approval could not be deleted");
+        }
     }
     if rec
         .awaiting_approval
@@ -1424,7 +1462,12 @@ async fn on_approval(ctx: Ctx, event: Value) -> Result<Value, ErrorBody> {
             &ctx,
             sid,
             TurnState::FunctionAwaitingApproval,
-            format!("{sid}-approval-{cid}"),
+            // Per decision, not per call id: a later call parked under the same id must
+            // wake the session too (the queue drops a repeated deduplication id).
+            format!(
+                "{sid}-approval-{cid}-{}",
+                event["new_value"]["decided_at"].as_u64().unwrap_or(0)
+            ),
         )
         .await
         .map_err(|_| ErrorBody::new("enqueue_error", "could not wake the session"))?;
