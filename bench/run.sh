@@ -16,7 +16,8 @@ cargo build --release -p engine-gateway --locked >&2
 CARGO_TARGET_DIR="$BB_TARGET" cargo build --release --manifest-path "$BUSBENCH_DIR/Cargo.toml" >&2
 BB="$BB_TARGET/release"
 data=$(mktemp -d)
-./target/release/engine-gateway serve --listen 127.0.0.1:49401 --data-dir "$data" >/dev/null 2>&1 &
+token=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+ENGINE_TOKEN=$token ./target/release/engine-gateway serve --listen 127.0.0.1:49401 --data-dir "$data" >/dev/null 2>&1 &
 engine_pid=$!
 "$BB/floor" 127.0.0.1:49402 >/dev/null 2>&1 &
 floor_pid=$!
@@ -27,7 +28,7 @@ field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 rows=""
 for round in $(seq 1 "$ROUNDS"); do
   for callers in 1 16; do
-    e=$("$BB/busbench" ws://127.0.0.1:49401/ "$callers" "$SECS")
+    e=$("$BB/busbench" "ws://127.0.0.1:49401/?token=$token" "$callers" "$SECS")
     f=$("$BB/busbench" ws://127.0.0.1:49402/ "$callers" "$SECS")
     ep50=$(echo "$e" | field p50_us); fp50=$(echo "$f" | field p50_us)
     ecps=$(echo "$e" | field calls_per_s); fcps=$(echo "$f" | field calls_per_s)

@@ -179,8 +179,9 @@ async fn main() -> anyhow::Result<()> {
     let (provider, model, handles) = provider(&engine, cli.cassette.as_deref()).await?;
     workers.extend(handles);
     println!(
-        "engine-gateway on {} · model {provider}/{model} · workdir {}",
-        running.url(),
+        "engine-gateway on {} ({}) · model {provider}/{model} · workdir {}",
+        running.address(),
+        running.token_source(),
         cli.workdir.display()
     );
     if cli.serve_only {
@@ -354,7 +355,11 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     if cli.keep_serving {
-        println!("serving on {}; Ctrl-C stops", running.url());
+        println!(
+            "serving on {} ({}); Ctrl-C stops",
+            running.address(),
+            running.token_source()
+        );
         tokio::signal::ctrl_c().await?;
     }
     // Every handle on the engine goes before the shutdown, which waits for the last one.

@@ -29,11 +29,19 @@ fn spawn(dir: &std::path::Path) -> (Child, String) {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let url = line
+    let address = line
         .split_whitespace()
         .nth(2)
-        .expect("url in the ready line")
-        .to_string();
+        .expect("url in the ready line");
+    // No token given: the engine generated one into its data dir (0600) and says where.
+    let token_file = dir.join("data").join("engine.token");
+    assert!(line.contains(&token_file.display().to_string()), "{line}");
+    let token = std::fs::read_to_string(&token_file).expect("the generated token");
+    assert!(
+        !line.contains(token.trim()),
+        "the banner never shows the token"
+    );
+    let url = format!("{address}/?token={}", token.trim());
     // Keep reading so the process never writes into a closed pipe.
     std::thread::spawn(move || {
         let mut sink = String::new();

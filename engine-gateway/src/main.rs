@@ -91,9 +91,13 @@ async fn main() -> anyhow::Result<()> {
         } => check_lambdas(&dir, names, timeout_secs).await?,
         Command::Serve(opts) => {
             let running = server::start(&opts).await?;
-            tracing::info!(listen = %running.local_addr, data_dir = %opts.data_dir.display(), "engine-gateway ready");
-            // Tests and scripts read this line to learn the bound port.
-            println!("listening on {}", running.url());
+            tracing::info!(listen = %running.local_addr, data_dir = %opts.data_dir.display(), token = %running.token_source(), "engine-gateway ready");
+            // Tests and scripts read this line to learn the bound port (never the token).
+            println!(
+                "listening on {} ({})",
+                running.address(),
+                running.token_source()
+            );
             tokio::select! {
                 r = &mut { running.edge } => { r??; }
                 _ = tokio::signal::ctrl_c() => { tracing::info!("shutting down"); }

@@ -50,7 +50,9 @@ pub struct ServeOptions {
     /// Directory of the embedded durable backend (state, queues, stream items).
     #[arg(long, env = "ENGINE_DATA_DIR", default_value = "./.harness-data")]
     pub data_dir: PathBuf,
-    /// When set, `$connect` requires `Authorization: Bearer <token>` or `?token=<token>`.
+    /// The token `$connect` requires (`Authorization: Bearer <token>` or `?token=<token>`).
+    /// Without one, a random 256-bit token is generated into `<data-dir>/engine.token` (mode
+    /// 0600) and reused on restart; that is allowed on a loopback `--listen` only.
     #[arg(long, env = "ENGINE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Origins (`scheme://host[:port]`, comma-separated) a browser may connect from besides
@@ -176,11 +178,30 @@ pub struct RunningServer {
     pub engine: Arc<Engine>,
     pub local_addr: SocketAddr,
     pub edge: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The token `$connect` requires.
+    pub token: String,
+    /// Where the generated token lives (`None` when it was given).
+    pub token_file: Option<PathBuf>,
 }
 
 impl RunningServer {
+    /// The URL a client connects with, token included (`?token=`; the SDK moves it into an
+    /// `Authorization` header). Never log it: [`RunningServer::address`] is for that.
     pub fn url(&self) -> String {
+        format!("ws://{}/?token={}", self.local_addr, self.token)
+    }
+
+    /// `ws://host:port`, without the token: what may be printed.
+    pub fn address(&self) -> String {
         format!("ws://{}", self.local_addr)
+    }
+
+    /// Where the token comes from, for logs and banners (never the token itself).
+    pub fn token_source(&self) -> String {
+        match &self.token_file {
+            Some(p) => format!("token in {}", p.display()),
+            None => "token from --token / ENGINE_TOKEN".into(),
+        }
     }
 
     /// Stop accepting, close every connection, stop background work.
@@ -232,19 +253,102 @@ pub async fn backends(opts: &ServeOptions) -> anyhow::Result<Backends> {
 }
 
 /// Open the configured backend, start the engine and the edge.
+/// The token `$connect` requires: the one given, or the one generated into
+/// `<data-dir>/engine.token` (created once, mode 0600, in a 0700 data dir, and reused).
+/// A generated token only protects a loopback listener: anything else needs one given.
+pub fn engine_token(opts: &ServeOptions) -> anyhow::Result<(String, Option<PathBuf>)> {
+    if let Some(t) = opts.token.as_deref().filter(|t| !t.is_empty()) {
+        return Ok((t.to_string(), None));
+    }
+    let loopback = match opts.listen.parse::<SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => opts.listen.starts_with("localhost:"),
+    };
+    anyhow::ensure!(
+        loopback,
+        "refusing to listen on {} without a token: anyone who can reach that address could \
+         drive the bus. Set --token / ENGINE_TOKEN (a generated token is only for a loopback \
+         --listen)",
+        opts.listen
+    );
+    let dir = &opts.data_dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", dir.display()))?;
+    restrict(dir, 0o700)?;
+    let path = dir.join("engine.token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => {
+            restrict(&path, 0o600)?;
+            return Ok((t.trim().to_string(), Some(path)));
+        }
+        Ok(_) => anyhow::bail!(
+            "{} is empty: delete it to have a new token generated",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+    }
+    let token = crate::trace::random_hex(32);
+    write_private(&path, &token)?;
+    tracing::info!(file = %path.display(), "generated an engine token");
+    Ok((token, Some(path)))
+}
+
+fn restrict(path: &std::path::Path, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| anyhow::anyhow!("cannot restrict {} to {mode:o}: {e}", path.display()))
+}
+
+/// Create `path` with `text`, readable by the owner only, durably (file and directory
+/// synced). Two engines racing on one data dir: the loser reads the winner's token.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    let mut f = match created {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => anyhow::bail!("cannot create {}: {e}", path.display()),
+    };
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| anyhow::anyhow!("cannot sync {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
 pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
+    let (token, token_file) = engine_token(opts)?;
+    // Another engine may have generated it first (create_new lost the race): read it back.
+    let token = match &token_file {
+        Some(p) => std::fs::read_to_string(p)
+            .map(|t| t.trim().to_string())
+            .unwrap_or(token),
+        None => token,
+    };
     let engine = Engine::start(opts.engine_config(), backends(opts).await?).await;
     let listener = TcpListener::bind(&opts.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
     let local_addr = listener.local_addr()?;
-    let edge = tokio::spawn(edge::serve(engine.clone(), listener, opts.edge_config()));
+    let mut edge_config = opts.edge_config();
+    edge_config.token = Some(token.clone());
+    let edge = tokio::spawn(edge::serve(engine.clone(), listener, edge_config));
     // What a deployed Lambda gets from its configuration: how to reach the bus and where
     // its backend lives.
-    let mut env = vec![("ENGINE_URL".to_string(), format!("ws://{local_addr}"))];
-    if let Some(t) = opts.edge_config().token {
-        env.push(("ENGINE_TOKEN".to_string(), t));
-    }
+    let mut env = vec![
+        ("ENGINE_URL".to_string(), format!("ws://{local_addr}")),
+        ("ENGINE_TOKEN".to_string(), token.clone()),
+    ];
     match opts.backend {
         BackendKind::Aws => {
             env.push(("ENGINE_BACKEND".into(), "aws".into()));
@@ -275,6 +379,8 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
         engine,
         local_addr,
         edge,
+        token,
+        token_file,
     })
 }
 

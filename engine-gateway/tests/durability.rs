@@ -29,6 +29,8 @@ impl Home {
     }
 }
 
+const TOKEN: &str = "durability-test-token";
+
 fn spawn_engine(home: &Home) -> Engine {
     spawn_engine_with_grace(home, 300)
 }
@@ -44,6 +46,7 @@ fn spawn_engine_with_grace(home: &Home, grace_ms: u64) -> Engine {
         ])
         .args(common::backend_args(home.dir.path(), &home.prefix))
         .env("RUST_LOG", "warn")
+        .env("ENGINE_TOKEN", TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -53,11 +56,16 @@ fn spawn_engine_with_grace(home: &Home, grace_ms: u64) -> Engine {
     BufReader::new(stdout)
         .read_line(&mut line)
         .expect("ready line");
-    let url = line
+    let address = line
         .trim()
         .strip_prefix("listening on ")
-        .expect("ready line format")
-        .to_string();
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("ready line format");
+    assert!(
+        !line.contains(TOKEN),
+        "the ready line never shows the token: {line}"
+    );
+    let url = format!("{address}/?token={TOKEN}");
     Engine { child, url }
 }
 

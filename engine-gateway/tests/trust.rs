@@ -212,3 +212,54 @@ async fn unfinished_handshakes_are_closed_and_connections_are_capped() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_one_is_generated_kept_private_reused_and_required() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut opts = common::options(&data);
+    opts.token = None;
+    let srv = start_with(opts.clone()).await;
+    let file = data.join("engine.token");
+    assert_eq!(srv.token_file.as_deref(), Some(file.as_path()));
+    let token = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(token.len(), 64, "256 bits in hex");
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(mode(&data), 0o700);
+    assert!(
+        !srv.token_source().contains(&token),
+        "{}",
+        srv.token_source()
+    );
+    // Required: nothing connects without it.
+    assert_eq!(
+        rejection(
+            tokio_tungstenite::connect_async(srv.address())
+                .await
+                .unwrap_err()
+        ),
+        401
+    );
+    Raw::connect(&srv.url()).await.barrier().await;
+    srv.shutdown().await;
+    // Reused on restart.
+    let again = start_with(opts).await;
+    assert_eq!(again.token, token);
+
+    // A listener others can reach needs a token given on purpose.
+    let mut open = common::options(&dir.path().join("other"));
+    open.token = None;
+    open.listen = "0.0.0.0:0".into();
+    let err = engine_gateway::server::start(&open)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("without a token"), "{err}");
+    open.token = Some("given".into());
+    engine_gateway::server::start(&open)
+        .await
+        .expect("starts with a token");
+}

@@ -168,15 +168,15 @@ async fn connect_requires_the_token_when_set() {
         tokio_tungstenite::tungstenite::Error::Http(r) => r.status().as_u16(),
         other => panic!("expected an HTTP rejection, got {other}"),
     };
-    let missing = tokio_tungstenite::connect_async(srv.url())
+    let missing = tokio_tungstenite::connect_async(srv.address())
         .await
         .unwrap_err();
     assert_eq!(status(missing), 401);
-    let wrong = tokio_tungstenite::connect_async(format!("{}/?token=nope", srv.url()))
+    let wrong = tokio_tungstenite::connect_async(format!("{}/?token=nope", srv.address()))
         .await
         .unwrap_err();
     assert_eq!(status(wrong), 401);
-    let mut req = srv.url().into_client_request().unwrap();
+    let mut req = srv.address().into_client_request().unwrap();
     req.headers_mut()
         .insert("authorization", "Bearer wrong".parse().unwrap());
     assert_eq!(
@@ -184,9 +184,9 @@ async fn connect_requires_the_token_when_set() {
         401
     );
 
-    let mut ok = Raw::connect(&format!("{}/?token=s3cret", srv.url())).await;
+    let mut ok = Raw::connect(&format!("{}/?token=s3cret", srv.address())).await;
     ok.barrier().await;
-    let mut req = srv.url().into_client_request().unwrap();
+    let mut req = srv.address().into_client_request().unwrap();
     req.headers_mut()
         .insert("authorization", "Bearer s3cret".parse().unwrap());
     let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();

@@ -44,10 +44,13 @@ pub struct RemoteOptions {
 }
 
 impl RemoteOptions {
+    /// A `token` query parameter in `url` becomes the `Authorization` header (so it also
+    /// reaches channel attachments, whose URLs carry their own query).
     pub fn new(url: &str) -> Self {
+        let (url, token) = split_token(url);
         Self {
-            url: url.to_string(),
-            token: None,
+            url,
+            token,
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
             call_grace: Duration::from_secs(2),
@@ -55,15 +58,22 @@ impl RemoteOptions {
         }
     }
 
+    /// Present `token` at `$connect`; `None` or empty keeps a token the URL carried.
     pub fn with_token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|t| !t.is_empty());
+        if let Some(t) = token.filter(|t| !t.is_empty()) {
+            self.token = Some(t);
+        }
         self
     }
 
     /// `ENGINE_URL` (default `ws://127.0.0.1:49134`) and `ENGINE_TOKEN`.
     pub fn from_env() -> Self {
         let url = std::env::var("ENGINE_URL").unwrap_or_else(|_| "ws://127.0.0.1:49134".into());
-        Self::new(&url).with_token(std::env::var("ENGINE_TOKEN").ok())
+        let opts = Self::new(&url);
+        match std::env::var("ENGINE_TOKEN") {
+            Ok(t) if !t.is_empty() => opts.with_token(Some(t)),
+            _ => opts,
+        }
     }
 
     fn request(
@@ -304,6 +314,34 @@ impl Bus for RemoteBus {
             spans.push(span);
         }
     }
+}
+
+/// `ws://h:p/?token=t&x=1` → (`ws://h:p/?x=1`, `Some(t)`); a URL that does not parse is kept.
+fn split_token(raw: &str) -> (String, Option<String>) {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return (raw.to_string(), None);
+    };
+    let mut token = None;
+    let rest: Vec<(String, String)> = url
+        .query_pairs()
+        .filter_map(|(k, v)| {
+            if k == "token" {
+                token = Some(v.into_owned()).filter(|t| !t.is_empty());
+                None
+            } else {
+                Some((k.into_owned(), v.into_owned()))
+            }
+        })
+        .collect();
+    if token.is_none() {
+        return (raw.to_string(), None);
+    }
+    if rest.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    (url.to_string(), token)
 }
 
 fn channel_path(c: &ChannelRef, dir: &str) -> String {

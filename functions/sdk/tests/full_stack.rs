@@ -163,7 +163,7 @@ async fn lambdas_under_the_local_runtime_api_on_the_selected_backend() {
     {
         let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let wanted = format!("ENGINE_URL={}", srv.url());
+        let wanted = format!("ENGINE_URL={}", srv.address());
         let ours = environ
             .split(|b| *b == 0)
             .any(|entry| entry == wanted.as_bytes());

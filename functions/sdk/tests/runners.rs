@@ -98,10 +98,11 @@ async fn remote_worker_reconnects_and_re_registers_after_an_engine_restart() {
     );
     rem.wait_connected(Duration::from_secs(5)).await.unwrap();
     let first_id = rem.worker_id();
+    let srv_address = srv.address();
     srv.shutdown().await;
 
     // Same address, same data dir: the worker comes back on its own.
-    opts.listen = url.trim_start_matches("ws://").to_string();
+    opts.listen = srv_address.trim_start_matches("ws://").to_string();
     // The stopped engine's last tasks may still hold the database for a moment.
     let mut started = server::start(&opts).await;
     for _ in 0..50 {
