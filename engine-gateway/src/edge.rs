@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -17,6 +16,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 
 use crate::channels::{ChannelError, ChannelFrame, Direction, constant_time_eq};
 use crate::engine::{Engine, Outbound, Outbox};
+pub const CLOSE_POLICY: u16 = 1008;
 use crate::protocol::{self, ErrorBody, Message};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:49134";
@@ -39,6 +39,9 @@ pub struct EdgeConfig {
     pub handshake_timeout: Duration,
     /// Most connections open at once; more are closed right after `accept`.
     pub max_connections: usize,
+    /// Most bytes queued for one connection; a peer that falls this far behind is closed
+    /// (1008) and its queue dropped.
+    pub max_queued_bytes: usize,
 }
 
 impl Default for EdgeConfig {
@@ -52,6 +55,7 @@ impl Default for EdgeConfig {
             allowed_origins: Vec::new(),
             handshake_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            max_queued_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -253,19 +257,24 @@ async fn run_worker_connection(
     addr: SocketAddr,
 ) -> Result<(), WsError> {
     let (mut sink, mut stream) = ws.split();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
+    let (tx, mut rx) = Outbox::bounded(cfg.max_queued_bytes);
     let worker_id = engine.connect_remote(tx.clone(), Some(addr.to_string()));
 
     // Writer: batch what is queued, flush when the queue is empty.
-    let writer = tokio::spawn(async move {
+    let counter = tx.clone();
+    let mut writer = tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
-            let (msg, last) = match out {
-                Outbound::Text(t) => (WsMessage::text(t), false),
-                Outbound::Close(code, reason) => (close_msg(code, &reason), true),
+            let (msg, last, bytes) = match out {
+                Outbound::Text(t) => {
+                    let n = t.len();
+                    (WsMessage::text(t), false, n)
+                }
+                Outbound::Close(code, reason) => (close_msg(code, &reason), true, 0),
             };
             if sink.feed(msg).await.is_err() {
                 break;
             }
+            counter.written(bytes);
             if last {
                 let _ = sink.flush().await;
                 break;
@@ -287,6 +296,7 @@ async fn run_worker_connection(
     tokio::pin!(lifetime);
     let mut closing = engine.closing();
     let mut idle_deadline = tokio::time::Instant::now() + cfg.idle_timeout;
+    let mut overflowed = false;
     loop {
         let idle = tokio::time::sleep_until(idle_deadline);
         tokio::select! {
@@ -319,7 +329,25 @@ async fn run_worker_connection(
                 let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "maximum connection lifetime reached".into()));
                 break;
             }
+            _ = tx.overflowed() => {
+                overflowed = true;
+                break;
+            }
         }
+    }
+    if overflowed {
+        // The peer stopped reading. Its writer may be stuck on a full socket: it gets a
+        // moment to finish, then the connection and everything queued for it go.
+        tracing::warn!(%addr, limit = cfg.max_queued_bytes, "connection closed: too far behind (1008)");
+        engine.disconnect(&worker_id);
+        drop(tx);
+        if tokio::time::timeout(Duration::from_millis(500), &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
+        return Ok(());
     }
     // $disconnect
     engine.disconnect(&worker_id);

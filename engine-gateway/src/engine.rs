@@ -54,7 +54,64 @@ pub struct Invocation {
 }
 
 /// Something that can receive frames pushed by the engine (a WebSocket connection).
-pub type Outbox = mpsc::UnboundedSender<Outbound>;
+/// What the engine queues for one connection, bounded in bytes: a peer that stops reading
+/// cannot make the engine hold its pushes forever. Past the limit every send fails and the
+/// connection is told to close (1008) through [`Outbox::overflowed`].
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::UnboundedSender<Outbound>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    limit: usize,
+    overflow: Arc<tokio::sync::Notify>,
+    over: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Outbox {
+    /// An outbox of at most `limit_bytes` queued text, and the receiving end for the writer.
+    pub fn bounded(limit_bytes: usize) -> (Outbox, mpsc::UnboundedReceiver<Outbound>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let outbox = Outbox {
+            tx,
+            queued: Arc::default(),
+            limit: limit_bytes,
+            overflow: Arc::default(),
+            over: Arc::default(),
+        };
+        (outbox, rx)
+    }
+
+    pub fn send(&self, out: Outbound) -> Result<(), mpsc::error::SendError<Outbound>> {
+        if self.over.load(Ordering::Relaxed) {
+            return Err(mpsc::error::SendError(out));
+        }
+        if let Outbound::Text(t) = &out {
+            let queued = self.queued.fetch_add(t.len(), Ordering::Relaxed) + t.len();
+            if queued > self.limit {
+                self.over.store(true, Ordering::Relaxed);
+                self.overflow.notify_one();
+                return Err(mpsc::error::SendError(out));
+            }
+        }
+        self.tx.send(out)
+    }
+
+    /// The writer put `bytes` of text on the wire.
+    pub fn written(&self, bytes: usize) {
+        self.queued.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Resolves once a send found the queue over its limit.
+    pub async fn overflowed(&self) {
+        if self.over.load(Ordering::Relaxed) {
+            return;
+        }
+        self.overflow.notified().await;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
 
 #[derive(Debug, Clone)]
 pub enum Outbound {

@@ -62,6 +62,10 @@ pub struct ServeOptions {
     /// A connection that has not finished its WebSocket handshake by then is closed.
     #[arg(long, env = "ENGINE_HANDSHAKE_TIMEOUT_SECS", default_value_t = 10)]
     pub handshake_timeout_secs: u64,
+    /// Most bytes queued for one connection: a peer that stops reading and falls this far
+    /// behind is closed (1008).
+    #[arg(long, env = "ENGINE_MAX_QUEUED_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_queued_bytes: usize,
     /// Most WebSocket connections open at once.
     #[arg(long, env = "ENGINE_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
@@ -130,6 +134,7 @@ impl ServeOptions {
             token: None,
             allowed_origins: Vec::new(),
             handshake_timeout_secs: 10,
+            max_queued_bytes: 8 * 1024 * 1024,
             max_connections: 1024,
             max_message_bytes: 128 * 1024,
             max_frame_bytes: 32 * 1024,
@@ -170,6 +175,7 @@ impl ServeOptions {
                 .collect(),
             max_connections: self.max_connections,
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
+            max_queued_bytes: self.max_queued_bytes,
         }
     }
 }

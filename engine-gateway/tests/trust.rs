@@ -263,3 +263,71 @@ async fn without_a_token_one_is_generated_kept_private_reused_and_required() {
         .await
         .expect("starts with a token");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_is_cut_off_and_its_backlog_dropped() {
+    use futures_util::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.max_queued_bytes = 256 * 1024;
+    let srv = start_with(opts).await;
+    let mut slow = Raw::connect(&srv.url()).await;
+    slow.send(json!({"type": "streamsubscribe", "stream_name": "firehose", "group_id": "g"}))
+        .await;
+    slow.barrier().await;
+    let slow_id = slow.worker_id.clone();
+    // 16 KB events, far more than the socket buffers and the queue limit hold together.
+    let mut pusher = Raw::connect(&srv.url()).await;
+    let blob = "x".repeat(16 * 1024);
+    let workers = |v: &Value| -> Vec<String> {
+        v["result"]["workers"]
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|w| w["worker_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        workers(&pusher.call("engine::workers::list", json!({})).await).contains(&slow_id),
+        "listed while it keeps up"
+    );
+    let mut cut_off = false;
+    for i in 0..2_000 {
+        let r = pusher
+            .call(
+                "stream::send",
+                json!({"stream_name": "firehose", "group_id": "g", "data": {"i": i, "blob": blob}}),
+            )
+            .await;
+        assert!(r["error"].is_null(), "{r}");
+        if i % 50 == 49 {
+            let list = pusher.call("engine::workers::list", json!({})).await;
+            if !workers(&list).contains(&slow_id) {
+                cut_off = true;
+                break;
+            }
+        }
+    }
+    assert!(cut_off, "the engine dropped the subscriber that never read");
+    // Reading now, the subscriber gets what the socket held, then the end of the connection.
+    let drained = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let mut n = 0usize;
+        while let Some(Ok(m)) = slow.ws.next().await {
+            if m.is_close() {
+                break;
+            }
+            n += 1;
+        }
+        n
+    })
+    .await
+    .expect("the connection ends");
+    assert!(
+        drained < 2_000,
+        "the backlog was dropped ({drained} frames arrived)"
+    );
+    // Everyone else is served as before.
+    pusher.barrier().await;
+}
