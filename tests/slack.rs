@@ -64,7 +64,11 @@ fn signed(body: &str, ts: u64, secret: &str) -> reqwest::header::HeaderMap {
 }
 
 fn button(action: &str, value: &str) -> String {
-    let payload = json!({"type": "block_actions", "user": {"id": "U123", "username": "ann"}, "actions": [{"action_id": action, "value": value}]});
+    button_from(("U123", "ann"), action, value)
+}
+
+fn button_from((id, name): (&str, &str), action: &str, value: &str) -> String {
+    let payload = json!({"type": "block_actions", "user": {"id": id, "username": name}, "channel": {"id": "C-elsewhere"}, "actions": [{"action_id": action, "value": value}]});
     url::form_urlencoded::Serializer::new(String::new())
         .append_pair("payload", &payload.to_string())
         .finish()
@@ -85,6 +89,9 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
         env: Arc::new(move |k| env.get(k).cloned()),
         api_base: api,
         channel: Some("C-approvals".into()),
+        // ann (U123) may decide anywhere; members of C-approvals may decide from there.
+        approvers: vec!["U123".into()],
+        approver_channels: vec!["C-approvals".into()],
         http: reqwest::Client::new(),
     };
     let _slack =
@@ -156,6 +163,30 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
         "nothing was decided"
     );
 
+    // Signed, but by someone who is not an approver, from a channel that is not allowed:
+    // answered privately, and nothing is decided.
+    let outsider = button_from(("U777", "mallory"), "approve", "sl1/w1");
+    let r = http
+        .post(format!("{hook}/slack/interactive"))
+        .headers(signed(&outsider, now, SECRET))
+        .body(outsider)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["response_type"], "ephemeral", "{v}");
+    assert!(
+        v["text"].as_str().unwrap().contains("not an approver"),
+        "{v}"
+    );
+    assert!(
+        ctx.state_get("approvals", "sl1/w1")
+            .await
+            .unwrap()
+            .is_null()
+    );
+
     // Signed: approved, answered at once, and the turn completes.
     let headers = signed(&body, now, SECRET);
     let r = http
@@ -215,7 +246,7 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
     });
     start(&ctx, "sl2", Some(5)).await;
     wait_state(&ctx, "sl2", "function_awaiting_approval").await;
-    let body = "command=%2Fdeny&text=w2+not+during+the+freeze&user_id=U9&user_name=bo&response_url=http%3A%2F%2F127.0.0.1%3A9%2Fnone";
+    let body = "command=%2Fdeny&text=w2+not+during+the+freeze&user_id=U9&user_name=bo&channel_id=C-approvals&response_url=http%3A%2F%2F127.0.0.1%3A9%2Fnone";
     let ts = slack_approval::now_secs();
     let event = json!({
         "version": "2.0", "rawPath": "/", "isBase64Encoded": false, "body": body,

@@ -44,6 +44,11 @@ pub struct SlackConfig {
     pub api_base: String,
     /// Where parked calls are announced (`SLACK_CHANNEL`); none: not announced.
     pub channel: Option<String>,
+    /// Who may decide: Slack user ids (`SLACK_APPROVERS`, comma-separated) and channels whose
+    /// members may (`SLACK_APPROVER_CHANNELS`). A valid signature only proves the request came
+    /// from the workspace; anyone else's request decides nothing. Both empty: nobody may.
+    pub approvers: Vec<String>,
+    pub approver_channels: Vec<String>,
     pub http: reqwest::Client,
 }
 
@@ -58,11 +63,34 @@ impl SlackConfig {
             channel: std::env::var("SLACK_CHANNEL")
                 .ok()
                 .filter(|c| !c.is_empty()),
+            approvers: list_env("SLACK_APPROVERS"),
+            approver_channels: list_env("SLACK_APPROVER_CHANNELS"),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap_or_default(),
         }
+    }
+
+    /// Why `d` may not decide, if it may not.
+    fn refusal(&self, d: &Decision) -> Option<String> {
+        if self.approvers.is_empty() && self.approver_channels.is_empty() {
+            return Some(
+                "No approvers are configured for this harness (SLACK_APPROVERS or SLACK_APPROVER_CHANNELS), so nothing can be decided from Slack."
+                    .into(),
+            );
+        }
+        let by_user = self.approvers.iter().any(|u| *u == d.user_id);
+        let by_channel = d
+            .channel_id
+            .as_ref()
+            .is_some_and(|c| self.approver_channels.iter().any(|a| a == c));
+        (!by_user && !by_channel).then(|| {
+            format!(
+                "<@{}> is not an approver for this harness: nothing was decided.",
+                d.user_id
+            )
+        })
     }
 
     async fn secret(&self, name: &str, env: &str) -> Option<String> {
@@ -103,6 +131,17 @@ pub struct Decision {
     pub user_name: String,
     pub response_url: Option<String>,
     pub interactive: bool,
+    /// The channel the command or button came from, when Slack says.
+    pub channel_id: Option<String>,
+}
+
+fn list_env(name: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// Read the decision out of a slash command or a button press.
@@ -138,6 +177,10 @@ pub fn parse_decision(body: &[u8]) -> Result<Decision, String> {
                 .to_string(),
             response_url: p["response_url"].as_str().map(str::to_owned),
             interactive: true,
+            channel_id: p["channel"]["id"]
+                .as_str()
+                .or(p["container"]["channel_id"].as_str())
+                .map(str::to_owned),
         });
     }
     let command = f.get("command").map(String::as_str).unwrap_or("");
@@ -159,6 +202,7 @@ pub fn parse_decision(body: &[u8]) -> Result<Decision, String> {
         user_name: f.get("user_name").cloned().unwrap_or_default(),
         response_url: f.get("response_url").cloned(),
         interactive: false,
+        channel_id: f.get("channel_id").cloned().filter(|c| !c.is_empty()),
     })
 }
 
@@ -285,6 +329,10 @@ pub async fn handle_webhook(
         Ok(d) => d,
         Err(e) => return reply(200, ephemeral(&e)),
     };
+    if let Some(why) = cfg.refusal(&decision) {
+        tracing::warn!(user = %decision.user_id, channel = ?decision.channel_id, "Slack decision refused: not an approver");
+        return reply(200, ephemeral(&why));
+    }
     let work = {
         let ctx = ctx.clone();
         let d = decision.clone();
