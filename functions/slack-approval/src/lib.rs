@@ -80,7 +80,7 @@ impl SlackConfig {
                     .into(),
             );
         }
-        let by_user = self.approvers.iter().any(|u| *u == d.user_id);
+        let by_user = self.approvers.contains(&d.user_id);
         let by_channel = d
             .channel_id
             .as_ref()
