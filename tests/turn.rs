@@ -642,12 +642,22 @@ async fn an_approval_applies_only_to_the_call_it_was_given_for() {
     assert_eq!(ok, json!({"ok": true}));
 
     // The command arrives under the same id: it parks and runs nothing.
-    let view = wait_state(&ctx, "replay", "function_awaiting_approval").await;
-    let view = if view["awaiting_approval"][0]["function_id"] == "fs::write" {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        wait_state(&ctx, "replay", "function_awaiting_approval").await
-    } else {
-        view
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let view = loop {
+        let view = ctx
+            .trigger("turn::get_state", json!({"session_id": "replay"}))
+            .await
+            .unwrap();
+        if view["state"] == "function_awaiting_approval"
+            && view["awaiting_approval"][0]["function_id"] == "shell::exec"
+        {
+            break view;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command never parked: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(
         view["awaiting_approval"][0]["function_id"], "shell::exec",

@@ -113,7 +113,7 @@ impl ServeOptions {
     /// fresh resource prefix that this engine creates.
     pub fn for_tests(data_dir: PathBuf) -> Self {
         let mut opts = Self::for_data_dir(data_dir);
-        if std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+        if aws_test_backend() {
             opts.backend = BackendKind::Aws;
             opts.aws.prefix = format!("t{}-", crate::trace::random_hex(5));
             opts.aws.create_resources = true;
@@ -225,6 +225,20 @@ impl RunningServer {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// `HARNESS_TEST_BACKEND=aws`: the tests run against the emulator, so its endpoint must be set
+/// (`source localstack/env.sh`); without it the AWS SDK would look for credentials on an
+/// instance metadata endpoint, which a test must never reach.
+pub fn aws_test_backend() -> bool {
+    let aws = std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws");
+    if aws {
+        assert!(
+            std::env::var("AWS_ENDPOINT_URL").is_ok_and(|u| !u.is_empty()),
+            "HARNESS_TEST_BACKEND=aws needs the emulator's AWS_ENDPOINT_URL: source localstack/env.sh"
+        );
+    }
+    aws
 }
 
 /// Build the backends the options ask for.

@@ -34,7 +34,7 @@ pub async fn stack_with(permissions: &str, catalog: models_catalog::Catalog) -> 
     let base = model.serve().await.unwrap();
     let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
     // HARNESS_TEST_BACKEND=aws: the same turns on DynamoDB + Streams and SQS FIFO.
-    if std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+    if server::aws_test_backend() {
         opts.backend = server::BackendKind::Aws;
         opts.aws.prefix = format!("turn{}-", engine_gateway::trace::random_hex(4));
         opts.aws.create_resources = true;

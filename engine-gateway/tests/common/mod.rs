@@ -14,7 +14,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// Which backend the suite runs against: `HARNESS_TEST_BACKEND=aws` runs it on the AWS
 /// backend (the emulator at `AWS_ENDPOINT_URL`), each test with its own resource prefix.
 pub fn aws_backend() -> bool {
-    std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws")
+    engine_gateway::server::aws_test_backend()
 }
 
 pub fn fresh_prefix() -> String {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lambda_without_the_bus_reaches_dynamodb_and_sqs_directly() {
-    if !std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+    if !engine_gateway::server::aws_test_backend() {
         eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
         return;
     }

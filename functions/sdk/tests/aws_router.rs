@@ -66,7 +66,7 @@ fn ws_event(kind: &str, connection: &str, body: Option<Value>, token: Option<&st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
-    if std::env::var("HARNESS_TEST_BACKEND").ok().as_deref() != Some("aws") {
+    if !engine_gateway::server::aws_test_backend() {
         eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
         return;
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 fn options(dir: &std::path::Path) -> ServeOptions {
     let mut opts = ServeOptions::for_data_dir(dir.to_path_buf());
-    if std::env::var("HARNESS_TEST_BACKEND").is_ok_and(|b| b == "aws") {
+    if engine_gateway::server::aws_test_backend() {
         opts.backend = BackendKind::Aws;
         opts.aws.prefix = format!("fs{}-", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         opts.aws.create_resources = true;
