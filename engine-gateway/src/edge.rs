@@ -16,7 +16,6 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 
 use crate::channels::{ChannelError, ChannelFrame, Direction, constant_time_eq};
 use crate::engine::{Engine, Outbound, Outbox};
-pub const CLOSE_POLICY: u16 = 1008;
 use crate::protocol::{self, ErrorBody, Message};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:49134";
@@ -39,8 +38,9 @@ pub struct EdgeConfig {
     pub handshake_timeout: Duration,
     /// Most connections open at once; more are closed right after `accept`.
     pub max_connections: usize,
-    /// Most bytes queued for one connection; a peer that falls this far behind is closed
-    /// (1008) and its queue dropped.
+    /// Most bytes queued for one connection; a peer that falls this far behind is
+    /// disconnected and its queue dropped (no close frame can reach a peer that is not
+    /// reading).
     pub max_queued_bytes: usize,
 }
 
@@ -338,7 +338,7 @@ async fn run_worker_connection(
     if overflowed {
         // The peer stopped reading. Its writer may be stuck on a full socket: it gets a
         // moment to finish, then the connection and everything queued for it go.
-        tracing::warn!(%addr, limit = cfg.max_queued_bytes, "connection closed: too far behind (1008)");
+        tracing::warn!(%addr, limit = cfg.max_queued_bytes, "connection dropped: too far behind");
         engine.disconnect(&worker_id);
         drop(tx);
         if tokio::time::timeout(Duration::from_millis(500), &mut writer)

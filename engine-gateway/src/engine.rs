@@ -56,7 +56,7 @@ pub struct Invocation {
 /// Something that can receive frames pushed by the engine (a WebSocket connection).
 /// What the engine queues for one connection, bounded in bytes: a peer that stops reading
 /// cannot make the engine hold its pushes forever. Past the limit every send fails and the
-/// connection is told to close (1008) through [`Outbox::overflowed`].
+/// connection is told to drop through [`Outbox::overflowed`].
 #[derive(Clone)]
 pub struct Outbox {
     tx: mpsc::UnboundedSender<Outbound>,

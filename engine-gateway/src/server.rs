@@ -63,7 +63,7 @@ pub struct ServeOptions {
     #[arg(long, env = "ENGINE_HANDSHAKE_TIMEOUT_SECS", default_value_t = 10)]
     pub handshake_timeout_secs: u64,
     /// Most bytes queued for one connection: a peer that stops reading and falls this far
-    /// behind is closed (1008).
+    /// behind is disconnected and its backlog dropped.
     #[arg(long, env = "ENGINE_MAX_QUEUED_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_queued_bytes: usize,
     /// Most WebSocket connections open at once.
