@@ -107,10 +107,6 @@ impl Outbox {
         }
         self.overflow.notified().await;
     }
-
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
 }
 
 #[derive(Debug, Clone)]
