@@ -3,62 +3,12 @@
 //! and the one in flight at the kill is run again with the same `function_call_id` (which the
 //! tool here uses to make its effect idempotent, as the routing envelope intends).
 
+mod common;
+
+use common::process::{lines, spawn_harness};
 use harness_sdk::{RemoteOptions, connect_client};
 use serde_json::json;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn spawn(dir: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_harness"))
-        .args(["--serve-only", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .arg("--workdir")
-        .arg(dir.join("work"))
-        .arg("--permissions")
-        .arg(dir.join("perms.yaml"))
-        .arg("--cassette")
-        .arg(dir.join("cassette.json"))
-        .env("RUST_LOG", "warn")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("harness");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let address = line
-        .split_whitespace()
-        .nth(2)
-        .expect("url in the ready line");
-    // No token given: the engine generated one into its data dir (0600) and says where.
-    let token_file = dir.join("data").join("engine.token");
-    assert!(line.contains(&token_file.display().to_string()), "{line}");
-    let token = std::fs::read_to_string(&token_file).expect("the generated token");
-    assert!(
-        !line.contains(token.trim()),
-        "the banner never shows the token"
-    );
-    let url = format!("{address}/?token={}", token.trim());
-    // Keep reading so the process never writes into a closed pipe.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while out.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
-    (child, url)
-}
-
-fn lines(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
@@ -83,8 +33,8 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
     ]});
     std::fs::write(dir.path().join("cassette.json"), cassette.to_string()).unwrap();
 
-    let (mut child, url) = spawn(dir.path());
-    let client = connect_client("t", RemoteOptions::new(&url)).await;
+    let harness = spawn_harness(dir.path(), &[]);
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     let r = client
         .ctx()
         .trigger("harness::trigger", json!({"session_id": "k1", "payload": {"provider": "scripted", "model": "scripted-demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
@@ -100,14 +50,13 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    harness.kill9();
     drop(client);
     let before = lines(&effects).len();
     assert!(before < ids.len(), "killed mid-batch ({before} done)");
 
-    let (mut child, url) = spawn(dir.path());
-    let client = connect_client("t", RemoteOptions::new(&url)).await;
+    let harness = spawn_harness(dir.path(), &[]);
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let state = loop {
         let v = client
@@ -124,8 +73,7 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    child.kill().unwrap();
-    child.wait().unwrap();
+    harness.kill9();
     assert_eq!(state["state"], "stopped", "{state}");
     assert_eq!(state["error"], serde_json::Value::Null, "{state}");
     let mut effect_ids = lines(&effects);

@@ -14,7 +14,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 
-use crate::channels::{ChannelError, ChannelFrame, Direction, constant_time_eq};
+use crate::access::{Access, Principal};
+use crate::channels::{ChannelError, ChannelFrame, Direction};
 use crate::engine::{Engine, Outbound, Outbox};
 use crate::protocol::{self, ErrorBody, Message};
 
@@ -24,8 +25,9 @@ pub const CLOSE_GOING_AWAY: u16 = 1001;
 
 #[derive(Debug, Clone)]
 pub struct EdgeConfig {
-    /// When set, `$connect` requires `Authorization: Bearer <token>` or `?token=<token>`.
-    pub token: Option<String>,
+    /// The credentials `$connect` accepts (`Authorization: Bearer <token>` or
+    /// `?token=<token>`) and the role each carries. None configured: nothing is asked.
+    pub access: Access,
     pub max_message_bytes: usize,
     pub max_frame_bytes: usize,
     pub idle_timeout: Duration,
@@ -47,7 +49,7 @@ pub struct EdgeConfig {
 impl Default for EdgeConfig {
     fn default() -> Self {
         Self {
-            token: None,
+            access: Access::default(),
             max_message_bytes: 128 * 1024,
             max_frame_bytes: 32 * 1024,
             idle_timeout: Duration::from_secs(600),
@@ -61,7 +63,7 @@ impl Default for EdgeConfig {
 }
 
 enum Route {
-    Worker,
+    Worker(Principal),
     Channel {
         id: String,
         key: String,
@@ -128,19 +130,16 @@ fn on_connect(
         }
     }
     let query = req.uri().query();
-    if let Some(token) = &cfg.token {
-        let bearer = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::to_owned);
-        let presented = bearer.or_else(|| query_param(query, "token"));
-        let ok = presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes()));
-        if !ok {
-            return Err(reject(401, "missing or wrong engine token"));
-        }
-    }
+    let bearer = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let presented = bearer.or_else(|| query_param(query, "token"));
+    let Some(principal) = cfg.access.authenticate(presented.as_deref()) else {
+        return Err(reject(401, "missing or wrong engine token"));
+    };
     let path = req.uri().path();
     if let Some(id) = path.strip_prefix("/ws/channels/") {
         let key = query_param(query, "key").ok_or_else(|| reject(400, "missing `key`"))?;
@@ -159,7 +158,7 @@ fn on_connect(
             dir,
         });
     }
-    Ok(Route::Worker)
+    Ok(Route::Worker(principal))
 }
 
 /// Accept connections until the listener fails.
@@ -233,7 +232,9 @@ async fn handle_connection(
     };
     let route = route.lock().ok().and_then(|mut r| r.take());
     match route {
-        Some(Route::Worker) => run_worker_connection(engine, cfg, ws, addr).await,
+        Some(Route::Worker(principal)) => {
+            run_worker_connection(engine, cfg, ws, addr, principal).await
+        }
         Some(Route::Channel { id, key, dir }) => run_channel_end(engine, ws, id, key, dir).await,
         None => Ok(()),
     }
@@ -255,10 +256,11 @@ async fn run_worker_connection(
     cfg: Arc<EdgeConfig>,
     ws: WebSocketStream<TcpStream>,
     addr: SocketAddr,
+    principal: Principal,
 ) -> Result<(), WsError> {
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = Outbox::bounded(cfg.max_queued_bytes);
-    let worker_id = engine.connect_remote(tx.clone(), Some(addr.to_string()));
+    let worker_id = engine.connect_remote(tx.clone(), Some(addr.to_string()), principal);
 
     // Writer: batch what is queued, flush when the queue is empty.
     let counter = tx.clone();
@@ -414,7 +416,11 @@ pub fn handle_frame(engine: &Arc<Engine>, worker_id: &str, tx: &Outbox, text: &s
         Message::StreamSubscribe {
             stream_name,
             group_id,
-        } => engine.stream_subscribe(worker_id, &stream_name, group_id.as_deref()),
+        } => {
+            if let Err(e) = engine.stream_subscribe(worker_id, &stream_name, group_id.as_deref()) {
+                send_error(tx, e, Some("streamsubscribe".into()));
+            }
+        }
         Message::StreamUnsubscribe {
             stream_name,
             group_id,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::access::Principal;
 use crate::channels::ChannelHub;
 use crate::lambda_host::{LambdaError, LambdaFunction};
 use crate::protocol::{
@@ -131,6 +132,8 @@ struct WorkerInfo {
     connected_at_ms: u64,
     name: Option<String>,
     metadata: Value,
+    /// Who authenticated this connection; in-process workers and Lambdas are admin.
+    principal: Principal,
 }
 
 enum Target {
@@ -408,13 +411,18 @@ impl Engine {
     // ---------------------------------------------------------------- workers
 
     /// A WebSocket connection arrived: give it a worker id.
-    pub fn connect_remote(&self, outbox: Outbox, remote_addr: Option<String>) -> String {
+    pub fn connect_remote(
+        &self,
+        outbox: Outbox,
+        remote_addr: Option<String>,
+        principal: Principal,
+    ) -> String {
         let id = uuid::Uuid::new_v4().to_string();
         self.publish_registry(RegistryOp::Put {
             kind: "connection",
             id: id.clone(),
             owner: id.clone(),
-            body: json!({"remote_addr": remote_addr, "connected_at_ms": now_ms()}),
+            body: json!({"remote_addr": remote_addr, "connected_at_ms": now_ms(), "role": principal.role.as_str(), "name": principal.name}),
         });
         write(&self.workers).insert(
             id.clone(),
@@ -426,6 +434,7 @@ impl Engine {
                 connected_at_ms: now_ms(),
                 name: None,
                 metadata: Value::Null,
+                principal,
             },
         );
         id
@@ -444,6 +453,7 @@ impl Engine {
                 connected_at_ms: now_ms(),
                 name: Some(name.to_string()),
                 metadata: Value::Null,
+                principal: Principal::admin(),
             },
         );
         id
@@ -510,6 +520,26 @@ impl Engine {
         }
     }
 
+    /// Who a connection authenticated as (`None`: not connected).
+    pub fn principal(&self, worker_id: &str) -> Option<Principal> {
+        read(&self.workers)
+            .get(worker_id)
+            .map(|w| w.principal.clone())
+    }
+
+    /// Whether `function_id` is registered with `metadata.public = true`.
+    pub fn is_public(&self, function_id: &str) -> bool {
+        read(&self.functions)
+            .get(function_id)
+            .is_some_and(|f| crate::access::is_public(f.def.metadata.as_ref()))
+    }
+
+    /// The connection's principal, or `forbidden` for an unknown one.
+    fn principal_of(&self, worker_id: &str) -> Result<Principal, ErrorBody> {
+        self.principal(worker_id)
+            .ok_or_else(|| ErrorBody::new(codes::FORBIDDEN, "unknown connection"))
+    }
+
     /// Push a frame to a connection (the `@connections` model). `false` = gone.
     pub fn push(&self, worker_id: &str, msg: &Message) -> bool {
         let outbox = read(&self.workers)
@@ -557,6 +587,8 @@ impl Engine {
     pub fn register_remote(&self, worker_id: &str, def: RegisterFunction) -> Result<(), ErrorBody> {
         Self::validate_function_id(&def.id)?;
         self.check_registrable(worker_id, &def.id)?;
+        self.principal_of(worker_id)?
+            .may_register("function", &def.id)?;
         let outbox = read(&self.workers)
             .get(worker_id)
             .and_then(|w| w.outbox.clone())
@@ -827,6 +859,16 @@ impl Engine {
         let outbox = outbox.clone();
         let parent = TraceContext::from_headers(inv.traceparent.as_deref(), inv.baggage.as_deref());
         let timeout = inv.timeout_ms.map(Duration::from_millis);
+        let allowed = self
+            .principal_of(&caller)
+            .and_then(|p| p.may_call(&inv.function_id, self.is_public(&inv.function_id)));
+        if let Err(e) = allowed {
+            tracing::warn!(function_id = %inv.function_id, caller = %caller, error = %e.message, "call refused");
+            if let Some(invocation_id) = inv.invocation_id {
+                reply(&outbox, invocation_id, inv.function_id, Err(e));
+            }
+            return;
+        }
         match inv.action {
             Some(Action::Enqueue {
                 queue,
@@ -1064,7 +1106,28 @@ impl Engine {
 
     // ---------------------------------------------------------------- triggers
 
+    /// A trigger from a worker: its function's namespace must be granted to the worker, and
+    /// so must that of the trigger it replaces under the same id.
     pub fn register_trigger(&self, owner: &str, reg: RegisterTrigger) -> Result<(), ErrorBody> {
+        let principal = self.principal_of(owner)?;
+        principal.may_register("trigger", &reg.function_id)?;
+        let replaced = read(&self.triggers)
+            .get(&reg.id)
+            .filter(|t| t.owner != owner)
+            .map(|t| t.reg.function_id.clone());
+        if let Some(function_id) = replaced {
+            principal
+                .may_register("trigger", &function_id)
+                .map_err(|e| {
+                    ErrorBody::new(
+                        e.code,
+                        format!(
+                            "trigger `{}` belongs to another worker: {}",
+                            reg.id, e.message
+                        ),
+                    )
+                })?;
+        }
         self.register_trigger_for(owner, reg, None)
     }
 
@@ -1266,11 +1329,18 @@ impl Engine {
 
     // ---------------------------------------------------------------- streams
 
-    pub fn stream_subscribe(&self, worker_id: &str, stream_name: &str, group_id: Option<&str>) {
+    pub fn stream_subscribe(
+        &self,
+        worker_id: &str,
+        stream_name: &str,
+        group_id: Option<&str>,
+    ) -> Result<(), ErrorBody> {
+        self.principal_of(worker_id)?.may_subscribe(stream_name)?;
         write(&self.stream_subs)
             .entry((stream_name.to_string(), group_id.unwrap_or("*").to_string()))
             .or_default()
             .insert(worker_id.to_string());
+        Ok(())
     }
 
     pub fn stream_unsubscribe(&self, worker_id: &str, stream_name: &str, group_id: Option<&str>) {
@@ -1388,6 +1458,7 @@ impl Engine {
                     .and_then(Value::as_str)
                     .map(str::to_owned),
                 metadata: json!({"bootstrap": f.spec.bootstrap.display().to_string()}),
+                principal: Principal::admin(),
             },
         );
         let functions: Vec<RegisterFunction> =

@@ -6,6 +6,7 @@
 //! - [`state`], [`queue`]: the ports; [`embedded`]: the default redb backend.
 //! - [`channels`], [`trace`], [`builtins`].
 
+pub mod access;
 pub mod aws;
 pub mod builtins;
 pub mod channels;

@@ -51,6 +51,9 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         timeout_secs: u64,
     },
+    /// Print the SHA-256 of a token, as the access file (`--access`) stores it. The token is
+    /// read from standard input, so it stays out of the shell history.
+    HashToken,
 }
 
 #[tokio::main]
@@ -89,6 +92,13 @@ async fn main() -> anyhow::Result<()> {
             names,
             timeout_secs,
         } => check_lambdas(&dir, names, timeout_secs).await?,
+        Command::HashToken => {
+            let mut token = String::new();
+            std::io::stdin().read_line(&mut token)?;
+            let token = token.trim_end_matches(['\r', '\n']);
+            anyhow::ensure!(!token.is_empty(), "no token on standard input");
+            println!("{}", engine_gateway::access::hash_token(token));
+        }
         Command::Serve(opts) => {
             let running = server::start(&opts).await?;
             tracing::info!(listen = %running.local_addr, data_dir = %opts.data_dir.display(), token = %running.token_source(), "engine-gateway ready");

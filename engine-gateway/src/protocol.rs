@@ -108,6 +108,17 @@ impl RegisterFunction {
             metadata: None,
         }
     }
+
+    /// Mark the function callable by client credentials (`metadata.public = true`).
+    pub fn public(mut self) -> Self {
+        let mut meta = match self.metadata.take() {
+            Some(Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        meta.insert(crate::access::PUBLIC_FLAG.into(), Value::Bool(true));
+        self.metadata = Some(Value::Object(meta));
+        self
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

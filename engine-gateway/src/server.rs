@@ -55,6 +55,11 @@ pub struct ServeOptions {
     /// 0600) and reused on restart; that is allowed on a loopback `--listen` only.
     #[arg(long, env = "ENGINE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Worker and client credentials besides the admin token (YAML; tokens stored as
+    /// SHA-256 hashes, see `engine-gateway hash-token`). Workers register in the namespaces
+    /// they are granted; clients call only public functions.
+    #[arg(long = "access", env = "ENGINE_ACCESS_FILE")]
+    pub access_file: Option<PathBuf>,
     /// Origins (`scheme://host[:port]`, comma-separated) a browser may connect from besides
     /// the engine's own address; a `$connect` with any other `Origin` header gets 403.
     #[arg(long, env = "ENGINE_ALLOWED_ORIGINS", value_delimiter = ',')]
@@ -132,6 +137,7 @@ impl ServeOptions {
             listen: "127.0.0.1:0".into(),
             data_dir,
             token: None,
+            access_file: None,
             allowed_origins: Vec::new(),
             handshake_timeout_secs: 10,
             max_queued_bytes: 8 * 1024 * 1024,
@@ -162,7 +168,7 @@ impl ServeOptions {
 
     pub fn edge_config(&self) -> EdgeConfig {
         EdgeConfig {
-            token: self.token.clone().filter(|t| !t.is_empty()),
+            access: crate::access::Access::admin_only(self.token.clone()),
             max_message_bytes: self.max_message_bytes,
             max_frame_bytes: self.max_frame_bytes,
             idle_timeout: Duration::from_secs(self.idle_timeout_secs),
@@ -355,13 +361,18 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
             .unwrap_or(token),
         None => token,
     };
+    let mut access = crate::access::Access::admin_only(Some(token.clone()));
+    if let Some(path) = &opts.access_file {
+        access = access.with_file(path)?;
+        tracing::info!(file = %path.display(), credentials = access.credential_count(), "access file loaded");
+    }
     let engine = Engine::start(opts.engine_config(), backends(opts).await?).await;
     let listener = TcpListener::bind(&opts.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
     let local_addr = listener.local_addr()?;
     let mut edge_config = opts.edge_config();
-    edge_config.token = Some(token.clone());
+    edge_config.access = access;
     let edge = tokio::spawn(edge::serve(engine.clone(), listener, edge_config));
     // What a deployed Lambda gets from its configuration: how to reach the bus and where
     // its backend lives.

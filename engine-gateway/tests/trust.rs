@@ -331,3 +331,213 @@ async fn a_subscriber_that_stops_reading_is_cut_off_and_its_backlog_dropped() {
     // Everyone else is served as before.
     pusher.barrier().await;
 }
+
+/// An access file for `tokens`: (name, role, token, namespaces).
+fn access_file(dir: &std::path::Path, creds: &[(&str, &str, &str, &[&str])]) -> std::path::PathBuf {
+    let mut yaml = String::from("credentials:\n");
+    for (name, role, token, namespaces) in creds {
+        yaml += &format!(
+            "  - name: {name}\n    role: {role}\n    token_sha256: {}\n    namespaces: [{}]\n",
+            engine_gateway::access::hash_token(token),
+            namespaces.join(", ")
+        );
+    }
+    let path = dir.join("access.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn url_with(srv: &engine_gateway::server::RunningServer, token: &str) -> String {
+    format!("ws://{}/?token={token}", srv.local_addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_carry_roles_workers_keep_to_their_namespaces_clients_to_public_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(&dir.path().join("data"));
+    opts.access_file = Some(access_file(
+        dir.path(),
+        &[
+            ("tools", "worker", "w-tools", &["mine"]),
+            ("policy-v2", "worker", "w-policy", &["policy"]),
+            ("console", "client", "c-console", &[]),
+        ],
+    ));
+    let srv = start_with(opts).await;
+    // The admin token runs the real layers: a policy, a public function and an agent tool
+    // that even claims to be public.
+    let mut admin = Raw::connect(&srv.url()).await;
+    admin.register("policy::check_permissions").await;
+    for (id, public) in [
+        ("pub::hello", true),
+        ("shell::exec", true),
+        ("priv::x", false),
+    ] {
+        admin
+            .send(json!({"type": "registerfunction", "id": id, "metadata": {"public": public}}))
+            .await;
+    }
+    admin.barrier().await;
+    let policy_owner = |v: &Value| -> Option<String> {
+        v["result"]["functions"]
+            .as_array()?
+            .iter()
+            .find(|f| f["function_id"] == "policy::check_permissions")
+            .and_then(|f| f["worker_id"].as_str().map(str::to_owned))
+    };
+
+    // A token nobody issued.
+    assert_eq!(
+        rejection(
+            tokio_tungstenite::connect_async(url_with(&srv, "guess"))
+                .await
+                .unwrap_err()
+        ),
+        401
+    );
+
+    // A worker outside its namespace: refused, by name; the live policy stays in place.
+    let mut tools = Raw::connect(&url_with(&srv, "w-tools")).await;
+    tools
+        .send(json!({"type": "registerfunction", "id": "policy::check_permissions"}))
+        .await;
+    let err = tools.recv_until(|v| v["type"] == "error").await;
+    assert_eq!(err["error"]["code"], "forbidden", "{err}");
+    let msg = err["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("worker `tools`") && msg.contains("namespace `policy`"),
+        "{msg}"
+    );
+    let list = admin.call("engine::functions::list", json!({})).await;
+    assert_eq!(
+        policy_owner(&list).as_deref(),
+        Some(admin.worker_id.as_str())
+    );
+    // Inside it: fine, and its triggers likewise.
+    tools.register("mine::f").await;
+    tools
+        .send(json!({"type": "registertrigger", "id": "t-mine", "trigger_type": "state", "function_id": "mine::f", "config": {"scope": "s"}}))
+        .await;
+    let r = tools
+        .recv_until(|v| v["type"] == "triggerregistrationresult")
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    tools
+        .send(json!({"type": "registertrigger", "id": "t-policy", "trigger_type": "state", "function_id": "policy::check_permissions", "config": {"scope": "s"}}))
+        .await;
+    let r = tools
+        .recv_until(|v| v["type"] == "triggerregistrationresult")
+        .await;
+    assert_eq!(r["error"]["code"], "forbidden", "{r}");
+
+    // The worker granted `policy` may swap the layer: that stays a feature.
+    let mut policy_v2 = Raw::connect(&url_with(&srv, "w-policy")).await;
+    policy_v2.register("policy::check_permissions").await;
+    let list = admin.call("engine::functions::list", json!({})).await;
+    assert_eq!(
+        policy_owner(&list).as_deref(),
+        Some(policy_v2.worker_id.as_str())
+    );
+    // But it may not take over another worker's trigger id.
+    policy_v2
+        .send(json!({"type": "registertrigger", "id": "t-mine", "trigger_type": "state", "function_id": "policy::check_permissions", "config": {"scope": "s"}}))
+        .await;
+    let r = policy_v2
+        .recv_until(|v| v["type"] == "triggerregistrationresult")
+        .await;
+    assert_eq!(r["error"]["code"], "forbidden", "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("t-mine"),
+        "{r}"
+    );
+
+    // A client: public functions only, never an agent tool, no registrations, agent::events only.
+    let mut console = Raw::connect(&url_with(&srv, "c-console")).await;
+    let call = tokio::spawn(async move {
+        let r = console.call("pub::hello", json!({"hi": 1})).await;
+        (console, r)
+    });
+    let inv = admin.serve_one(|d| json!({"echo": d})).await;
+    assert_eq!(inv["function_id"], "pub::hello");
+    let (mut console, r) = call.await.unwrap();
+    assert_eq!(r["result"]["echo"]["hi"], 1, "{r}");
+    for id in [
+        "shell::exec",
+        "priv::x",
+        "state::get",
+        "engine::functions::list",
+        "auth::get_token",
+    ] {
+        let r = console.call(id, json!({"scope": "s", "key": "k"})).await;
+        assert_eq!(r["error"]["code"], "forbidden", "{id}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains(id) && msg.contains("client `console`"),
+            "{id}: {msg}"
+        );
+    }
+    // Through a queue just the same.
+    let r = console
+        .call_with(
+            "priv::x",
+            json!({}),
+            json!({"action": {"type": "enqueue", "queue": "q"}}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], "forbidden", "{r}");
+    console
+        .send(json!({"type": "registerfunction", "id": "pub::hello"}))
+        .await;
+    let err = console.recv_until(|v| v["type"] == "error").await;
+    assert_eq!(err["error"]["code"], "forbidden", "{err}");
+    console
+        .send(json!({"type": "streamsubscribe", "stream_name": "secrets"}))
+        .await;
+    let err = console.recv_until(|v| v["type"] == "error").await;
+    assert_eq!(err["error"]["code"], "forbidden", "{err}");
+    console
+        .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"}))
+        .await;
+    console.barrier().await;
+    // The subscription works: an event pushed to the group reaches the client.
+    let r = admin
+        .call(
+            "stream::send",
+            json!({"stream_name": "agent::events", "group_id": "s1", "data": {"n": 1}}),
+        )
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    let ev = console.recv_until(|v| v["type"] == "streamevent").await;
+    assert_eq!(ev["event"]["data"]["n"], 1, "{ev}");
+    // Nothing the client tried took effect: the public function is still the admin's.
+    let list = admin.call("engine::functions::list", json!({})).await;
+    let owner = list["result"]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function_id"] == "pub::hello")
+        .unwrap()["worker_id"]
+        .clone();
+    assert_eq!(owner, admin.worker_id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_access_file_stops_the_engine_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(&dir.path().join("data"));
+    let path = dir.path().join("access.yaml");
+    std::fs::write(
+        &path,
+        "credentials:\n  - name: w\n    role: worker\n    token_sha256: 'plain-token'\n    namespaces: [x]\n",
+    )
+    .unwrap();
+    opts.access_file = Some(path);
+    let err = engine_gateway::server::start(&opts)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("credential `w`") && err.to_string().contains("64 hex digits"),
+        "{err}"
+    );
+}

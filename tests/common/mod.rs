@@ -192,3 +192,4 @@ pub async fn record(s: &Stack, sid: &str) -> Value {
     rec["messages"] = tree["messages"].clone();
     rec
 }
+pub mod process;

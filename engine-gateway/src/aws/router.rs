@@ -21,6 +21,7 @@
 
 use super::registry::DynamoRegistry;
 use super::{AwsClients, AwsNames};
+use crate::access::{Access, Principal, Role};
 use crate::engine::STREAM_SCOPE_PREFIX;
 use crate::protocol::{ErrorBody, codes};
 use crate::registry::Registry;
@@ -81,10 +82,37 @@ pub async fn call_function(
     traceparent: Option<String>,
     baggage: Option<String>,
 ) -> Result<Value, ErrorBody> {
+    call_function_as(
+        clients,
+        registry,
+        &Principal::admin(),
+        function_id,
+        data,
+        traceparent,
+        baggage,
+    )
+    .await
+}
+
+/// [`call_function`] on behalf of a connection's principal: a client reaches only functions
+/// registered public, never an agent tool.
+pub async fn call_function_as(
+    clients: &AwsClients,
+    registry: &DynamoRegistry,
+    principal: &Principal,
+    function_id: &str,
+    data: Value,
+    traceparent: Option<String>,
+    baggage: Option<String>,
+) -> Result<Value, ErrorBody> {
     let target = registry
         .get("function", function_id)
         .await
         .map_err(|e| ErrorBody::new("storage_error", format!("registry: {e}")))?;
+    let public = target
+        .as_ref()
+        .is_some_and(|(_, b)| crate::access::is_public(b.get("metadata")));
+    principal.may_call(function_id, public)?;
     let Some(lambda) = target
         .as_ref()
         .and_then(|(_, b)| b["lambda"].as_str().map(str::to_owned))
@@ -179,7 +207,11 @@ pub struct AwsRouter {
     registry: DynamoRegistry,
     connections: aws_sdk_apigatewaymanagement::Client,
     token: ConnectToken,
-    secret_token: tokio::sync::OnceCell<String>,
+    /// The admin token plus the worker and client credentials of the optional secret
+    /// `engine/access` (the access file's YAML), read at the first `$connect`.
+    access: tokio::sync::OnceCell<Access>,
+    /// Principals of connections this instance has seen (others are read from the registry).
+    principals: std::sync::Mutex<std::collections::HashMap<String, Principal>>,
 }
 
 fn status(code: u16) -> Value {
@@ -202,35 +234,60 @@ impl AwsRouter {
             connections: aws_sdk_apigatewaymanagement::Client::from_conf(conf),
             clients,
             token,
-            secret_token: tokio::sync::OnceCell::new(),
+            access: tokio::sync::OnceCell::new(),
+            principals: Default::default(),
         }
     }
 
-    /// The token `$connect` requires, or why there is none (then nobody connects).
-    async fn expected_token(&self) -> Result<&str, String> {
-        match &self.token {
-            ConnectToken::Fixed(t) if !t.is_empty() => Ok(t),
-            ConnectToken::Fixed(_) => Err("the configured engine token is empty".into()),
-            ConnectToken::Secret(store) => self
-                .secret_token
-                .get_or_try_init(|| async {
-                    match store.get("engine/token").await {
-                        Ok(Some(t)) if !t.is_empty() && t != "{}" => Ok(t),
-                        Ok(_) => Err("the secret engine/token is missing or empty".to_string()),
-                        Err(e) => Err(format!("the secret engine/token cannot be read: {e}")),
+    /// The credentials `$connect` accepts, or why there are none (then nobody connects).
+    async fn access(&self) -> Result<&Access, String> {
+        self.access
+            .get_or_try_init(|| async {
+                let (admin, store) = match &self.token {
+                    ConnectToken::Fixed(t) if !t.is_empty() => (t.clone(), None),
+                    ConnectToken::Fixed(_) => {
+                        return Err("the configured engine token is empty".to_string());
                     }
-                })
-                .await
-                .map(String::as_str),
-        }
+                    ConnectToken::Secret(store) => {
+                        let token = match store.get("engine/token").await {
+                            Ok(Some(t)) if !t.is_empty() && t != "{}" => t,
+                            Ok(_) => {
+                                return Err("the secret engine/token is missing or empty".into());
+                            }
+                            Err(e) => {
+                                return Err(format!("the secret engine/token cannot be read: {e}"));
+                            }
+                        };
+                        (token, Some(store))
+                    }
+                };
+                let mut access = Access::admin_only(Some(admin));
+                if let Some(store) = store {
+                    // Optional: absent means the admin token only; unreadable means nobody.
+                    match store.get("engine/access").await {
+                        Ok(Some(yaml)) if !yaml.trim().is_empty() && yaml != "{}" => {
+                            access = access
+                                .with_file_text(&yaml)
+                                .map_err(|e| format!("the secret engine/access: {e}"))?;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            return Err(format!("the secret engine/access cannot be read: {e}"));
+                        }
+                    }
+                }
+                Ok(access)
+            })
+            .await
     }
 
-    async fn authorized(&self, event: &Value) -> bool {
-        let expected = match self.expected_token().await {
-            Ok(t) => t,
+    /// A `$connect` event → who it is, or `None` (refused).
+    async fn authenticate(&self, event: &Value) -> Option<Principal> {
+        let access = match self.access().await {
+            Ok(a) => a,
             Err(why) => {
-                tracing::error!(%why, "$connect refused: no token to check against (fail closed)");
-                return false;
+                tracing::error!(%why, "$connect refused: no credentials to check against (fail closed)");
+                return None;
             }
         };
         let given = event["queryStringParameters"]["token"]
@@ -247,14 +304,51 @@ impl AwsRouter {
                     .and_then(|v| v.strip_prefix("Bearer "))
                     .map(str::to_owned)
             });
-        // Compare without an early exit on the first differing byte.
-        given.is_some_and(|g| {
-            g.len() == expected.len()
-                && g.bytes()
-                    .zip(expected.bytes())
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        })
+        access.authenticate(given.as_deref())
+    }
+
+    /// Who a connection authenticated as: remembered here, else its registry record. An
+    /// unknown connection is a client (the least it can be).
+    async fn principal(&self, connection: &str) -> Principal {
+        if let Some(p) = self
+            .principals
+            .lock()
+            .ok()
+            .and_then(|m| m.get(connection).cloned())
+        {
+            return p;
+        }
+        let record = self
+            .registry
+            .get("connection", connection)
+            .await
+            .ok()
+            .flatten();
+        let body = record.map(|(_, b)| b).unwrap_or(Value::Null);
+        let role = match body["role"].as_str() {
+            Some("admin") => Role::Admin,
+            Some("worker") => Role::Worker,
+            _ => Role::Client,
+        };
+        let principal = Principal {
+            name: body["name"].as_str().unwrap_or("unknown").to_string(),
+            role,
+            namespaces: body["namespaces"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|n| n.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        if let Ok(mut m) = self.principals.lock() {
+            if m.len() > 10_000 {
+                m.clear();
+            }
+            m.insert(connection.to_string(), principal.clone());
+        }
+        principal
     }
 
     /// Post a message to a connection → false when the connection is gone (then forgotten).
@@ -284,18 +378,22 @@ impl AwsRouter {
         };
         match ctx["eventType"].as_str() {
             Some("CONNECT") => {
-                if !self.authorized(event).await {
+                let Some(principal) = self.authenticate(event).await else {
                     tracing::warn!(connection, "connection refused: bad or missing token");
                     return status(401);
+                };
+                let record = json!({
+                    "connected_at_ms": crate::trace::now_ms(),
+                    "role": principal.role.as_str(),
+                    "name": principal.name,
+                    "namespaces": principal.namespaces,
+                });
+                if let Ok(mut m) = self.principals.lock() {
+                    m.insert(connection.to_string(), principal);
                 }
                 match self
                     .registry
-                    .put(
-                        "connection",
-                        connection,
-                        connection,
-                        json!({"connected_at_ms": crate::trace::now_ms()}),
-                    )
+                    .put("connection", connection, connection, record)
                     .await
                 {
                     Ok(()) => status(200),
@@ -327,6 +425,9 @@ impl AwsRouter {
 
     /// A connection and its stream subscriptions, forgotten.
     async fn forget(&self, connection: &str) {
+        if let Ok(mut m) = self.principals.lock() {
+            m.remove(connection);
+        }
         let _ = self
             .registry
             .remove("connection", connection, connection)
@@ -348,6 +449,9 @@ impl AwsRouter {
             );
         };
         let group = msg["group_id"].as_str();
+        if subscribe && let Err(e) = self.principal(connection).await.may_subscribe(stream) {
+            return Some(json!({"type": "error", "error": e, "in_reply_to": msg["type"]}));
+        }
         let id = subscription_id(connection, stream, group);
         let outcome = if subscribe {
             self.registry
@@ -439,9 +543,11 @@ impl AwsRouter {
                     );
                 };
                 let invocation_id = msg["invocation_id"].as_str().map(str::to_owned);
-                let outcome = call_function(
+                let principal = self.principal(connection).await;
+                let outcome = call_function_as(
                     &self.clients,
                     &self.registry,
+                    &principal,
                     function_id,
                     msg.get("data").cloned().unwrap_or(Value::Null),
                     msg["traceparent"].as_str().map(str::to_owned),

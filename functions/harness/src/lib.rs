@@ -182,7 +182,7 @@ pub async fn harness_trigger(ctx: harness_sdk::Ctx, data: Value) -> Result<Value
 
 /// The harness entry function, to add to a harness worker.
 pub fn add_trigger(w: &mut Worker) {
-    let mut d = RegisterFunction::new("harness::trigger");
+    let mut d = RegisterFunction::new("harness::trigger").public();
     d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
     w.register_function(d, harness_trigger);
 }
@@ -304,13 +304,13 @@ async fn ui_on_event(
 /// Add `ui::subscribe`, `ui::unsubscribe` and the `agent::events` push to a harness worker.
 pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::subscribe");
+    let mut d = RegisterFunction::new("ui::subscribe").public();
     d.description = Some("Push a session's agent::events (or every session's, session_id null) to a browser connection: {browser_id, session_id|null}.".into());
     w.register_function(d, move |ctx, data: Value| {
         ui_change(h.clone(), ctx, data, true)
     });
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::unsubscribe");
+    let mut d = RegisterFunction::new("ui::unsubscribe").public();
     d.description = Some("Stop pushes to a browser: {browser_id, session_id|null (all)}.".into());
     w.register_function(d, move |ctx, data: Value| {
         ui_change(h.clone(), ctx, data, false)

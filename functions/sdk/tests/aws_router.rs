@@ -247,6 +247,88 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         .await;
     assert!(registry.get("connection", "c1").await.unwrap().is_none());
 
+    // Roles: the secret engine/access adds worker and client credentials. A client reaches
+    // only public functions and agent::events; the admin token still reaches everything.
+    secrets
+        .put(
+            "engine/access",
+            &format!(
+                "credentials:\n  - name: console\n    role: client\n    token_sha256: {}\n",
+                engine_gateway::access::hash_token("client-token")
+            ),
+        )
+        .await
+        .unwrap();
+    let with_access = AwsRouter::new(
+        clients.clone(),
+        &names,
+        &mgmt,
+        ConnectToken::Secret(secrets.clone()),
+    );
+    for (conn, token) in [("cl", "client-token"), ("ad", "from-the-secret")] {
+        assert_eq!(
+            with_access
+                .websocket(&ws_event("CONNECT", conn, None, Some(token)))
+                .await["statusCode"],
+            200,
+            "{conn}"
+        );
+    }
+    assert_eq!(
+        registry.get("connection", "cl").await.unwrap().unwrap().1["role"],
+        "client"
+    );
+    let before = posts.lock().unwrap().len();
+    let call = |iid: &str, f: &str| json!({"type": "invokefunction", "invocation_id": iid, "function_id": f, "data": {"x": 1}});
+    // Another router instance (another Lambda container) knows the role from the registry.
+    let other_instance = AwsRouter::new(
+        clients.clone(),
+        &names,
+        &mgmt,
+        ConnectToken::Secret(secrets.clone()),
+    );
+    for (router, conn, iid, f) in [
+        (&with_access, "cl", "r1", "demo::chain"),
+        (&other_instance, "cl", "r2", "shell::exec"),
+        (&with_access, "ad", "r3", "demo::chain"),
+    ] {
+        router
+            .websocket(&ws_event("MESSAGE", conn, Some(call(iid, f)), None))
+            .await;
+    }
+    with_access
+        .websocket(&ws_event(
+            "MESSAGE",
+            "cl",
+            Some(json!({"type": "streamsubscribe", "stream_name": "secrets"})),
+            None,
+        ))
+        .await;
+    let seen: Vec<(String, Value)> = posts.lock().unwrap()[before..].to_vec();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen[0].1["error"]["code"], "forbidden", "{seen:?}");
+    assert!(
+        seen[0].1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("client `console`"),
+        "{seen:?}"
+    );
+    assert!(
+        seen[1].1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("agent tool"),
+        "{seen:?}"
+    );
+    assert_eq!(seen[2].1["result"]["via"], "demo::chain", "{seen:?}");
+    assert_eq!(seen[3].1["error"]["code"], "forbidden", "{seen:?}");
+    for conn in ["cl", "ad"] {
+        with_access
+            .websocket(&ws_event("DISCONNECT", conn, None, None))
+            .await;
+    }
+
     // The stream router: a change in `demo-watch` reaches demo::audit's Lambda; an
     // engine-reserved scope reaches nobody.
     let change = |seq: u64, scope: &str, key: &str| ChangeRecord {

@@ -698,7 +698,8 @@ pub fn worker() -> Worker {
         def("session-tree::messages", "The model context of a branch: leaf → root walk, compaction applied (summary + kept tail).")
             .request(json!({"session_id": SID, "leaf_id": "optional (default: current leaf)"}))
             .response(json!({"leaf_id": "string|null", "messages": ["AgentMessage"], "entry_ids": ["string"], "path_length": "number"}))
-            .errors(errors),
+            .errors(errors)
+        .public(),
         messages,
     );
     w.register_function(
@@ -732,14 +733,16 @@ pub fn worker() -> Worker {
         )
         .request(json!({"session_id": SID}))
         .response(json!({"compactions": ["Entry"]}))
-        .errors(errors),
+        .errors(errors)
+        .public(),
         compactions,
     );
     w.register_function(
         def("session-tree::tree", "Every entry with its children and a short label; the current leaf.")
             .request(json!({"session_id": SID}))
             .response(json!({"leaf_id": "string|null", "entries": [{"id": "string", "parent_id": "string|null", "type": "string", "children": ["string"], "label": "string"}]}))
-            .errors(errors),
+            .errors(errors)
+        .public(),
         tree_fn,
     );
     w.register_function(
@@ -748,7 +751,8 @@ pub fn worker() -> Worker {
             "Every session, most recently updated first.",
         )
         .response(json!({"sessions": ["SessionMeta"]}))
-        .errors(&[("storage", "state store failure")]),
+        .errors(&[("storage", "state store failure")])
+        .public(),
         list,
     );
     w.register_function(
@@ -758,7 +762,8 @@ pub fn worker() -> Worker {
         )
         .request(json!({"session_id": SID, "leaf_id": "optional"}))
         .response(json!({"html": "string", "leaf_id": "string|null"}))
-        .errors(errors),
+        .errors(errors)
+        .public(),
         export_html,
     );
     w.register_function(

@@ -1488,14 +1488,15 @@ pub fn worker() -> Worker {
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?}."), run_start);
     w.register_function(
-        def("run::abort", "Stop a run now: {session_id}."),
+        def("run::abort", "Stop a run now: {session_id}.").public(),
         run_abort,
     );
     w.register_function(
         def(
             "turn::get_state",
             "The TurnStateView of a session, or null.",
-        ),
+        )
+        .public(),
         get_state,
     );
     for state in [

@@ -1,0 +1,97 @@
+//! The real `harness` binary as a child process (`--serve-only`, the scripted provider
+//! reading a cassette), for kill -9 and credential tests.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub struct Harness {
+    pub child: Child,
+    /// `ws://host:port`, without a token.
+    pub address: String,
+    /// The admin token the engine generated into its data dir.
+    pub token: String,
+}
+
+impl Harness {
+    /// The admin URL (token in the query; the SDK moves it into a header).
+    pub fn url(&self) -> String {
+        format!("{}/?token={}", self.address, self.token)
+    }
+
+    pub fn url_with(&self, token: &str) -> String {
+        format!("{}/?token={token}", self.address)
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `harness --serve-only` on `dir/data`, with `dir/work`, `dir/perms.yaml` and
+/// `dir/cassette.json`, plus `extra` arguments; returns once it printed its ready line.
+pub fn spawn_harness(dir: &Path, extra: &[&str]) -> Harness {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["--serve-only", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--workdir")
+        .arg(dir.join("work"))
+        .arg("--permissions")
+        .arg(dir.join("perms.yaml"))
+        .arg("--cassette")
+        .arg(dir.join("cassette.json"))
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .env_remove("ENGINE_TOKEN")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("harness");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let address = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("url in the ready line: {line:?}"))
+        .to_string();
+    // No token given: the engine generated one into its data dir (0600) and says where.
+    let token_file = dir.join("data").join("engine.token");
+    assert!(line.contains(&token_file.display().to_string()), "{line}");
+    let token = std::fs::read_to_string(&token_file)
+        .expect("the generated token")
+        .trim()
+        .to_string();
+    assert!(!line.contains(&token), "the banner never shows the token");
+    // Keep reading so the process never writes into a closed pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    Harness {
+        child,
+        address,
+        token,
+    }
+}
+
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
