@@ -139,7 +139,8 @@ impl EmbeddedBackend {
         }
         txn.commit()?;
         // Whatever the log holds beyond redb's durable state is applied before anything is
-        // loaded from it.
+        // loaded from it. Opening the log also fsyncs the data dir, which makes the creation
+        // of engine.redb and engine.wal durable.
         let wal = Wal::open(&db, &data_dir.join("engine.wal"))?;
 
         let mut queues: HashMap<String, MemQueue> = HashMap::new();

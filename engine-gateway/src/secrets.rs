@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
@@ -73,13 +73,24 @@ impl FileSecrets {
             .create(true)
             .truncate(true)
             .mode(0o600)
+            // A symlink planted at the temporary name must not redirect the write.
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(storage)?;
         let body =
             serde_json::to_vec_pretty(all).map_err(|e| SecretError::Storage(e.to_string()))?;
         f.write_all(&body).map_err(storage)?;
         f.sync_all().map_err(storage)?;
-        std::fs::rename(&tmp, &self.path).map_err(storage)
+        std::fs::rename(&tmp, &self.path).map_err(storage)?;
+        // The rename is durable only once the directory is.
+        let dir = self
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(storage)
     }
 }
 

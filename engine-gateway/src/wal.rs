@@ -69,6 +69,26 @@ pub enum WalError {
         path: String,
         source: std::io::Error,
     },
+    /// An earlier append, fdatasync or checkpoint failed. After a failed fdatasync the
+    /// kernel may have dropped the dirty pages and a later one may report success anyway, so
+    /// nothing is written again until a restart replays the log from what is on disk.
+    #[error("the store stopped writing after an I/O error ({0}); restart the engine to recover")]
+    Failed(String),
+}
+
+/// The log file's two operations, so a test can make them fail.
+pub(crate) trait LogFile: Send + Sync {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+    fn sync_data(&self) -> std::io::Result<()>;
+}
+
+impl LogFile for File {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        File::sync_data(self)
+    }
 }
 
 macro_rules! from_redb {
@@ -92,8 +112,10 @@ from_redb!(
 pub(crate) struct Wal {
     /// Held from a transaction's begin to its append, so the log's order is commit order.
     tail: Mutex<Tail>,
-    file: File,
+    file: Box<dyn LogFile>,
     path: String,
+    /// Set by the first I/O error: every later write answers [`WalError::Failed`].
+    failed: Mutex<Option<String>>,
     /// The last record fully appended (it is in the kernel, maybe not on disk).
     appended: AtomicU64,
     /// The last record known to be on disk (by fdatasync or a checkpoint).
@@ -111,6 +133,15 @@ impl Wal {
     /// Open the log beside `db`, apply what redb's durable state does not hold yet, then
     /// checkpoint so the log starts empty.
     pub(crate) fn open(db: &Database, path: &Path) -> Result<Wal, WalError> {
+        Self::open_with(db, path, |f| Box::new(f))
+    }
+
+    /// [`Wal::open`], with the log file wrapped (tests inject I/O errors this way).
+    pub(crate) fn open_with(
+        db: &Database,
+        path: &Path,
+        wrap: impl FnOnce(File) -> Box<dyn LogFile>,
+    ) -> Result<Wal, WalError> {
         let display = path.display().to_string();
         let io = |source| WalError::Io {
             path: display.clone(),
@@ -156,17 +187,20 @@ impl Wal {
         file.set_len(0).map_err(io)?;
         let zeros = vec![0u8; 1 << 20];
         for chunk in 0..PREALLOCATED_BYTES / zeros.len() as u64 {
-            file.write_all_at(&zeros, chunk * zeros.len() as u64)
-                .map_err(io)?;
+            FileExt::write_all_at(&file, &zeros, chunk * zeros.len() as u64).map_err(io)?;
         }
         file.sync_all().map_err(io)?;
+        if let Some(dir) = path.parent() {
+            sync_dir(dir).map_err(io)?;
+        }
         Ok(Wal {
             tail: Mutex::new(Tail {
                 next_lsn: last + 1,
                 bytes: 0,
             }),
-            file,
+            file: wrap(file),
             path: display,
+            failed: Mutex::new(None),
             appended: AtomicU64::new(last),
             synced: AtomicU64::new(last),
             sync_lock: Mutex::new(()),
@@ -185,38 +219,56 @@ impl Wal {
         E: From<WalError>,
     {
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        self.check()?;
         let mut txn = db.begin_write().map_err(WalError::from)?;
         txn.set_durability(Durability::None)
             .map_err(WalError::from)?;
         let mut ops = Vec::new();
         let out = f(&txn, &mut ops)?;
-        txn.commit().map_err(WalError::from)?;
         if ops.is_empty() {
+            txn.commit().map_err(WalError::from)?;
             return Ok((out, 0));
         }
+        // The record goes to the log before the commit: a failed append aborts the
+        // transaction, so nobody ever reads what the log does not hold.
         let lsn = tail.next_lsn;
         let record = encode_record(lsn, &ops);
-        match self.file.write_all_at(&record, tail.bytes) {
-            Ok(()) => {
-                tail.next_lsn += 1;
-                tail.bytes += record.len() as u64;
-                self.appended.store(lsn, Ordering::Release);
-                if tail.bytes > CHECKPOINT_BYTES
-                    && let Err(e) = self.checkpoint_locked(db, &mut tail)
-                {
-                    tracing::warn!(error = %e, "checkpoint failed; the log keeps growing");
-                }
-                Ok((out, lsn))
-            }
-            Err(source) => {
-                // The record may be half written: redb itself must now hold everything.
-                tail.next_lsn += 1;
-                self.appended.store(lsn, Ordering::Release);
-                tracing::warn!(error = %source, path = %self.path, "log append failed; checkpointing");
-                self.checkpoint_locked(db, &mut tail)?;
-                Ok((out, lsn))
-            }
+        if let Err(source) = self.file.write_all_at(&record, tail.bytes) {
+            let _ = txn.abort();
+            return Err(self.fail(format!("append: {source}")).into());
         }
+        if let Err(e) = txn.commit() {
+            // Unsay the record (best effort: zeros end a replay), then stop.
+            let _ = self.file.write_all_at(&[0u8; 16], tail.bytes);
+            return Err(self.fail(format!("commit: {e}")).into());
+        }
+        tail.next_lsn += 1;
+        tail.bytes += record.len() as u64;
+        self.appended.store(lsn, Ordering::Release);
+        if tail.bytes > CHECKPOINT_BYTES
+            && let Err(e) = self.checkpoint_locked(db, &mut tail)
+        {
+            self.fail(format!("checkpoint: {e}"));
+        }
+        Ok((out, lsn))
+    }
+
+    /// `Err(Failed)` once an I/O error stopped the store.
+    fn check(&self) -> Result<(), WalError> {
+        match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(why) => Err(WalError::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Stop writing: the first reason is kept and logged.
+    fn fail(&self, why: String) -> WalError {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_none() {
+            tracing::error!(path = %self.path, error = %why, "write-ahead log failed: the store refuses writes until a restart");
+            *failed = Some(format!("{}: {why}", self.path));
+        }
+        WalError::Failed(failed.clone().unwrap_or_default())
     }
 
     /// True when record `lsn` is already on disk.
@@ -234,11 +286,11 @@ impl Wal {
         if self.is_synced(lsn) {
             return Ok(());
         }
+        self.check()?;
         let target = self.appended.load(Ordering::Acquire);
-        self.file.sync_data().map_err(|source| WalError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
+        if let Err(source) = self.file.sync_data() {
+            return Err(self.fail(format!("fdatasync: {source}")));
+        }
         self.synced.fetch_max(target, Ordering::AcqRel);
         Ok(())
     }
@@ -262,6 +314,16 @@ impl Wal {
         self.synced.fetch_max(last, Ordering::AcqRel);
         Ok(())
     }
+}
+
+/// fsync a directory, so the files created or renamed in it survive a machine crash.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    File::open(dir)?.sync_all()
 }
 
 /// Apply one logged effect (replay).
@@ -586,5 +648,101 @@ mod tests {
         assert_eq!(state_of(&db, "s\0a").as_deref(), Some(&b"22"[..]));
         assert_eq!(state_of(&db, "s\0b").as_deref(), Some(&b"3"[..]));
         assert_eq!(put(&wal, &db, "s\0c", b"4"), 4);
+    }
+
+    /// A log file whose appends or fdatasyncs fail on demand (EIO, as a failing disk).
+    struct Flaky {
+        file: File,
+        fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        fail_syncs: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl LogFile for Flaky {
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            if self.fail_writes.load(Ordering::SeqCst) {
+                // Half the record reaches the file, as a real short write would leave it.
+                let _ = FileExt::write_all_at(&self.file, &buf[..buf.len() / 2], offset);
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            FileExt::write_all_at(&self.file, buf, offset)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            if self.fail_syncs.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.file.sync_data()
+        }
+    }
+
+    fn try_put(wal: &Wal, db: &Database, key: &str, value: &[u8]) -> Result<u64, WalError> {
+        wal.write(db, |txn, log| -> Result<(), WalError> {
+            txn.open_table(STATE)?.insert(key, value)?;
+            log.push(Op::StatePut(key.into(), value.to_vec()));
+            Ok(())
+        })
+        .map(|(_, lsn)| lsn)
+    }
+
+    #[test]
+    fn an_io_error_stops_every_write_until_a_restart_and_loses_nothing_synced() {
+        for failing in ["append", "fdatasync"] {
+            let dir = tempfile::tempdir().unwrap();
+            let db_path = dir.path().join("a.redb");
+            let wal_path = dir.path().join("engine.wal");
+            let fail_writes = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let fail_syncs = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            {
+                let db = Database::create(&db_path).unwrap();
+                let (w, s) = (fail_writes.clone(), fail_syncs.clone());
+                let wal = Wal::open_with(&db, &wal_path, move |file| {
+                    Box::new(Flaky {
+                        file,
+                        fail_writes: w,
+                        fail_syncs: s,
+                    })
+                })
+                .unwrap();
+                let lsn = try_put(&wal, &db, "s\0kept", b"1").unwrap();
+                wal.sync_to(lsn).unwrap();
+                let err = if failing == "append" {
+                    fail_writes.store(true, Ordering::SeqCst);
+                    let e = try_put(&wal, &db, "s\0lost", b"2").unwrap_err();
+                    // The append failed before the commit: nobody reads what is not logged.
+                    assert_eq!(state_of(&db, "s\0lost"), None);
+                    e
+                } else {
+                    let lsn = try_put(&wal, &db, "s\0unsynced", b"2").unwrap();
+                    fail_syncs.store(true, Ordering::SeqCst);
+                    wal.sync_to(lsn).unwrap_err()
+                };
+                assert!(matches!(err, WalError::Failed(_)), "{failing}: {err}");
+                assert!(
+                    err.to_string().contains("EIO") || err.to_string().contains("Input/output"),
+                    "{err}"
+                );
+                // The disk works again; the store still refuses, until a restart.
+                fail_writes.store(false, Ordering::SeqCst);
+                fail_syncs.store(false, Ordering::SeqCst);
+                for _ in 0..3 {
+                    let e = try_put(&wal, &db, "s\0after", b"3").unwrap_err();
+                    assert!(e.to_string().contains("restart"), "{e}");
+                }
+                assert_eq!(state_of(&db, "s\0after"), None);
+                assert!(wal.sync_to(u64::MAX).is_err());
+                // What was synced is untouched.
+                assert_eq!(state_of(&db, "s\0kept").as_deref(), Some(&b"1"[..]));
+            }
+            // Restarted: the synced write is there and writing works again.
+            let db = Database::create(&db_path).unwrap();
+            let wal = Wal::open(&db, &wal_path).unwrap();
+            assert_eq!(
+                state_of(&db, "s\0kept").as_deref(),
+                Some(&b"1"[..]),
+                "{failing}"
+            );
+            assert_eq!(state_of(&db, "s\0lost"), None, "{failing}");
+            let lsn = try_put(&wal, &db, "s\0after", b"3").unwrap();
+            wal.sync_to(lsn).unwrap();
+        }
     }
 }
