@@ -139,9 +139,11 @@ fn ask(question: &str) -> bool {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     server::disable_transparent_huge_pages();
     server::init_logging();
+    // Nothing recovered from the data dir is delivered before every worker below is back.
+    cli.serve.hold_until_ready = true;
     let running = server::start(&cli.serve).await?;
     let engine = running.engine.clone();
     std::fs::create_dir_all(&cli.workdir)?;
@@ -178,6 +180,7 @@ async fn main() -> anyhow::Result<()> {
     ];
     let (provider, model, handles) = provider(&engine, cli.cassette.as_deref()).await?;
     workers.extend(handles);
+    engine.mark_ready();
     println!(
         "engine-gateway on {} ({}) · model {provider}/{model} · workdir {}",
         running.address(),

@@ -212,6 +212,19 @@ pub struct EngineConfig {
     pub span_capacity: usize,
     pub otlp_endpoint: Option<String>,
     pub condition_timeout: Duration,
+    /// Readiness gate: queued steps and state-trigger events wait until the engine is ready,
+    /// so a recovered step never meets a bus whose workers have not registered again. With
+    /// `hold_until_ready`, readiness waits for [`Engine::mark_ready`] (the composite binary
+    /// calls it once every embedded worker is registered).
+    pub hold_until_ready: bool,
+    /// Function ids remote workers are expected to register before the engine is ready.
+    pub expected_functions: Vec<String>,
+    /// The longest the gate waits for the hold and the expected functions; then it opens
+    /// anyway and logs what is missing.
+    pub ready_timeout: Duration,
+    /// How long a failing state-trigger handler is retried (with backoff) before its event
+    /// is given up and logged.
+    pub trigger_retry_window: Duration,
 }
 
 impl Default for EngineConfig {
@@ -222,6 +235,10 @@ impl Default for EngineConfig {
             span_capacity: 50_000,
             otlp_endpoint: None,
             condition_timeout: Duration::from_secs(5),
+            hold_until_ready: false,
+            expected_functions: Vec::new(),
+            ready_timeout: Duration::from_secs(30),
+            trigger_retry_window: Duration::from_secs(300),
         }
     }
 }
@@ -255,6 +272,9 @@ pub struct Engine {
     boot_id: String,
     started: std::time::Instant,
     closing: tokio::sync::watch::Sender<bool>,
+    /// Open once the readiness gate passed (see [`EngineConfig::hold_until_ready`]).
+    ready: tokio::sync::watch::Sender<bool>,
+    held: std::sync::atomic::AtomicBool,
     me: Weak<Engine>,
 }
 
@@ -320,6 +340,8 @@ impl Engine {
             boot_id: crate::trace::random_hex(4),
             started: std::time::Instant::now(),
             closing: tokio::sync::watch::channel(false).0,
+            ready: tokio::sync::watch::channel(false).0,
+            held: std::sync::atomic::AtomicBool::new(config.hold_until_ready),
             me: me.clone(),
         });
         crate::builtins::register(&engine);
@@ -335,6 +357,7 @@ impl Engine {
         }
         let mut tasks = Vec::new();
         let weak = Arc::downgrade(&engine);
+        tasks.push(tokio::spawn(run_readiness_gate(weak.clone())));
         tasks.push(tokio::spawn(run_state_dispatcher(weak.clone())));
         tasks.push(tokio::spawn(async move {
             loop {
@@ -352,6 +375,26 @@ impl Engine {
         }
         lock(&engine.tasks).extend(tasks);
         engine
+    }
+
+    /// Release the readiness hold: every embedded worker is registered.
+    pub fn mark_ready(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+
+    /// Whether queued steps and state-trigger events are being delivered.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Wait until the readiness gate is open (or the engine closes: then `false`).
+    pub async fn wait_ready(&self) -> bool {
+        let mut ready = self.ready.subscribe();
+        let mut closing = self.closing();
+        tokio::select! {
+            r = ready.wait_for(|r| *r) => r.is_ok(),
+            _ = closing.wait_for(|c| *c) => false,
+        }
     }
 
     /// Resolves once `shutdown` has been called (connections close on it).
@@ -1278,12 +1321,17 @@ impl Engine {
 
     /// Fire the state triggers of one committed change. The writer never waits for this;
     /// a failing handler is logged and does not undo the write.
-    fn fire_state_change(&self, rec: ChangeRecord) {
+    /// Run every state trigger matching `rec`. Each handler (and its condition) is retried
+    /// with backoff until it succeeds or the retry window ends; the returned tasks finish
+    /// then, with `false` if the engine closed first (the event must then stay unacked).
+    fn fire_state_change(&self, rec: ChangeRecord) -> Vec<JoinHandle<bool>> {
         let targets = self.state_triggers_for(&rec);
         if targets.is_empty() {
-            return;
+            return Vec::new();
         }
-        let Some(engine) = self.arc() else { return };
+        let Some(engine) = self.arc() else {
+            return Vec::new();
+        };
         let event = json!({
             "type": "state",
             "event_type": rec.kind.as_str(),
@@ -1293,38 +1341,41 @@ impl Engine {
             "new_value": rec.new_value,
         });
         let parent = TraceContext::from_headers(rec.traceparent.as_deref(), rec.baggage.as_deref());
+        let mut handles = Vec::new();
         for (function_id, condition) in targets {
             let engine = engine.clone();
             let event = event.clone();
             let parent = parent.clone();
-            tokio::spawn(async move {
-                if let Some(cond) = condition {
-                    let verdict = engine
-                        .invoke(
-                            &cond,
-                            event.clone(),
-                            &parent,
-                            None,
-                            Some(engine.config.condition_timeout),
-                        )
-                        .await;
-                    let fire = match &verdict {
-                        Ok(Value::Bool(b)) => *b,
-                        Ok(v) => v.get("result").and_then(Value::as_bool).unwrap_or(false),
-                        Err(_) => false,
-                    };
-                    if !fire {
-                        return;
+            let what = format!("state trigger {function_id} ({}/{})", rec.scope, rec.key);
+            handles.push(tokio::spawn(async move {
+                retry_with_backoff(&engine, &what, || async {
+                    if let Some(cond) = &condition {
+                        let verdict = engine
+                            .invoke(
+                                cond,
+                                event.clone(),
+                                &parent,
+                                None,
+                                Some(engine.config.condition_timeout),
+                            )
+                            .await?;
+                        let fire = match &verdict {
+                            Value::Bool(b) => *b,
+                            v => v.get("result").and_then(Value::as_bool).unwrap_or(false),
+                        };
+                        if !fire {
+                            return Ok(());
+                        }
                     }
-                }
-                if let Err(e) = engine
-                    .invoke(&function_id, event, &parent, None, None)
-                    .await
-                {
-                    tracing::warn!(function_id = %function_id, error = %e, "state trigger handler failed");
-                }
-            });
+                    engine
+                        .invoke(&function_id, event.clone(), &parent, None, None)
+                        .await
+                        .map(|_| ())
+                })
+                .await
+            }));
         }
+        handles
     }
 
     // ---------------------------------------------------------------- streams
@@ -1557,7 +1608,7 @@ impl Engine {
     /// State changes for Lambda-mapped state triggers: one DynamoDB stream event per function
     /// per batch; on a partial failure the batch is retried from the first failed sequence
     /// number (up to 3 times), as the DynamoDB mapping does.
-    fn fire_lambda_state_batch(&self, batch: &[ChangeRecord]) {
+    fn fire_lambda_state_batch(&self, batch: &[ChangeRecord]) -> Vec<JoinHandle<bool>> {
         let mut per_function: Vec<(Arc<LambdaFunction>, Vec<ChangeRecord>)> = Vec::new();
         for t in read(&self.triggers).values() {
             let (Some(f), TriggerKind::State { scope, key, .. }) = (&t.lambda, &t.kind) else {
@@ -1585,37 +1636,48 @@ impl Engine {
                 None => per_function.push((f.clone(), records)),
             }
         }
+        let Some(engine) = self.arc() else {
+            return Vec::new();
+        };
+        let mut handles = Vec::new();
         for (f, mut records) in per_function {
             records.sort_by_key(|r| (r.seq, r.position.clone()));
-            tokio::spawn(async move {
-                let mut pending = records;
-                for attempt in 1..=4u32 {
-                    let event = crate::events::dynamodb_event(&pending, "state");
+            let engine = engine.clone();
+            handles.push(tokio::spawn(async move {
+                // The failed record and everything after it go again, as an event-source
+                // mapping retries a stream shard from its first failure.
+                let pending = Mutex::new(records);
+                let what = format!("stream batch to Lambda {}", f.spec.name);
+                retry_with_backoff(&engine, &what, || async {
+                    let current = lock(&pending).clone();
+                    let event = crate::events::dynamodb_event(&current, "state");
                     let failed_from = match f.invoke(&event).await {
                         Ok(resp) => {
                             crate::events::batch_item_failures(&resp)
                                 .first()
                                 .and_then(|seq| {
-                                    pending
+                                    current
                                         .iter()
                                         .position(|r| crate::events::sequence_number(r) == *seq)
                                 })
                         }
-                        Err(e) => {
-                            tracing::warn!(function = %f.spec.name, error = %e, "stream batch invocation failed");
-                            Some(0)
-                        }
+                        Err(e) => return Err(lambda_error(e)),
                     };
-                    let Some(i) = failed_from else { return };
-                    pending.drain(..i);
-                    if attempt == 4 {
-                        tracing::error!(function = %f.spec.name, records = pending.len(), "stream records dropped after 4 attempts");
-                        return;
+                    match failed_from {
+                        None => Ok(()),
+                        Some(i) => {
+                            lock(&pending).drain(..i);
+                            Err(ErrorBody::new(
+                                codes::INVOCATION_ERROR,
+                                "the Lambda reported a batch item failure",
+                            ))
+                        }
                     }
-                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                }
-            });
+                })
+                .await
+            }));
         }
+        handles
     }
 }
 
@@ -1646,19 +1708,69 @@ fn reply(outbox: &Outbox, invocation_id: String, function_id: String, r: Handler
 /// the ack only means those triggers fire again, which at-least-once allows).
 const ACK_INTERVAL: Duration = Duration::from_millis(200);
 
+/// Change-feed records handed to their triggers, waiting for every handler to settle.
+struct Dispatched {
+    records: Vec<ChangeRecord>,
+    handlers: Vec<JoinHandle<bool>>,
+}
+
+/// Most dispatched batches waiting for their handlers before reading stops (backpressure).
+const MAX_UNSETTLED_BATCHES: usize = 64;
+
 async fn run_state_dispatcher(engine: Weak<Engine>) {
     let grace = match engine.upgrade() {
-        Some(e) => e.config.trigger_grace,
+        Some(e) => {
+            if !e.wait_ready().await {
+                return;
+            }
+            e.config.trigger_grace
+        }
         None => return,
     };
     tokio::time::sleep(grace).await;
-    let mut dispatched: Vec<ChangeRecord> = Vec::new();
+    let mut unsettled: std::collections::VecDeque<Dispatched> = Default::default();
+    let mut settled: Vec<ChangeRecord> = Vec::new();
     let mut last_ack = tokio::time::Instant::now();
     loop {
+        // Acknowledge in order, and only what every handler settled: a record whose handler
+        // is still retrying holds back the acknowledgement of everything after it, so a
+        // restart hands it out again.
+        while unsettled
+            .front()
+            .is_some_and(|d| d.handlers.iter().all(JoinHandle::is_finished))
+        {
+            let Some(d) = unsettled.pop_front() else {
+                break;
+            };
+            for h in d.handlers {
+                if !h.await.unwrap_or(false) {
+                    // The engine is closing: leave the rest unacknowledged.
+                    return;
+                }
+            }
+            settled.extend(d.records);
+        }
         let Some(e) = engine.upgrade() else { return };
         let feed = e.changes.clone();
         drop(e);
-        let batch = match feed.next_batch(256, ACK_INTERVAL).await {
+        if !settled.is_empty() && (last_ack.elapsed() >= ACK_INTERVAL || settled.len() >= 1024) {
+            match feed.ack(&settled).await {
+                Ok(()) => settled.clear(),
+                Err(err) => tracing::error!(error = %err, "change feed ack failed"),
+            }
+            last_ack = tokio::time::Instant::now();
+        }
+        if unsettled.len() >= MAX_UNSETTLED_BATCHES {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        // Short waits while handlers run, so their settlement is noticed soon.
+        let wait = if unsettled.is_empty() {
+            ACK_INTERVAL
+        } else {
+            Duration::from_millis(20)
+        };
+        let batch = match feed.next_batch(256, wait).await {
             Ok(b) => b,
             Err(err) => {
                 tracing::error!(error = %err, "change feed read failed; retrying");
@@ -1668,27 +1780,102 @@ async fn run_state_dispatcher(engine: Weak<Engine>) {
         };
         if !batch.is_empty() {
             let Some(e) = engine.upgrade() else { return };
+            let mut handlers = Vec::new();
             for rec in &batch {
-                e.fire_state_change(rec.clone());
+                handlers.extend(e.fire_state_change(rec.clone()));
             }
-            e.fire_lambda_state_batch(&batch);
-            dispatched.extend(batch);
-        }
-        if !dispatched.is_empty()
-            && (last_ack.elapsed() >= ACK_INTERVAL || dispatched.len() >= 1024)
-        {
-            match feed.ack(&dispatched).await {
-                Ok(()) => dispatched.clear(),
-                Err(err) => tracing::error!(error = %err, "change feed ack failed"),
-            }
-            last_ack = tokio::time::Instant::now();
+            handlers.extend(e.fire_lambda_state_batch(&batch));
+            unsettled.push_back(Dispatched {
+                records: batch,
+                handlers,
+            });
         }
     }
 }
 
+/// Open the readiness gate once the hold is released and every expected function is
+/// registered, or when `ready_timeout` has passed (then say what is missing).
+async fn run_readiness_gate(engine: Weak<Engine>) {
+    let Some(timeout) = engine.upgrade().map(|e| e.config.ready_timeout) else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let Some(e) = engine.upgrade() else { return };
+        let held = e.held.load(Ordering::Acquire);
+        let missing: Vec<&str> = e
+            .config
+            .expected_functions
+            .iter()
+            .filter(|f| !e.has_function(f))
+            .map(String::as_str)
+            .collect();
+        if !held && missing.is_empty() {
+            tracing::debug!("ready: delivering queued steps and state-trigger events");
+            e.ready.send_replace(true);
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                held,
+                missing = %missing.join(", "),
+                waited_ms = timeout.as_millis() as u64,
+                "readiness wait is over with workers missing; delivering anyway"
+            );
+            e.ready.send_replace(true);
+            return;
+        }
+        drop(e);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Errors a retry cannot fix: the caller may not, or the event itself is malformed.
+fn retry_cannot_help(e: &ErrorBody) -> bool {
+    e.code == codes::FORBIDDEN || e.code == codes::INVALID_MESSAGE
+}
+
+/// Run `attempt` until it succeeds, with exponential backoff (200 ms doubling up to 10 s),
+/// for at most `trigger_retry_window`. `true`: settled (succeeded, or given up and logged);
+/// `false`: the engine closed first.
+async fn retry_with_backoff<F, Fut>(engine: &Arc<Engine>, what: &str, mut attempt: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), ErrorBody>>,
+{
+    let deadline = tokio::time::Instant::now() + engine.config.trigger_retry_window;
+    let mut delay = Duration::from_millis(200);
+    let mut closing = engine.closing();
+    for n in 1u32.. {
+        if *closing.borrow() {
+            return false;
+        }
+        let err = match attempt().await {
+            Ok(()) => return true,
+            Err(e) => e,
+        };
+        if retry_cannot_help(&err) || tokio::time::Instant::now() + delay > deadline {
+            tracing::error!(what, attempts = n, error = %err, "handler failed for good; event given up");
+            return true;
+        }
+        tracing::warn!(what, attempt = n, error = %err, retry_in_ms = delay.as_millis() as u64, "handler failed; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = closing.wait_for(|c| *c) => return false,
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+    true
+}
+
 async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
     let cfg = match engine.upgrade() {
-        Some(e) => e.queues.config(&queue).await,
+        Some(e) => {
+            if !e.wait_ready().await {
+                return;
+            }
+            e.queues.config(&queue).await
+        }
         None => return,
     };
     let mut cfg = cfg.unwrap_or_else(|| QueueConfig::standard(&queue));

@@ -93,6 +93,21 @@ pub struct ServeOptions {
     /// reconnecting workers can re-register their triggers.
     #[arg(long, env = "ENGINE_TRIGGER_GRACE_MS", default_value_t = 2_000)]
     pub trigger_grace_ms: u64,
+    /// Function ids that remote workers must register before queued steps and recovered
+    /// state-trigger events are delivered (comma-separated).
+    #[arg(long, env = "ENGINE_EXPECT_FUNCTIONS", value_delimiter = ',')]
+    pub expect_functions: Vec<String>,
+    /// The longest the engine waits for the expected functions (and, in the composite
+    /// binary, its embedded workers) before it delivers anyway.
+    #[arg(long, env = "ENGINE_READY_TIMEOUT_SECS", default_value_t = 30)]
+    pub ready_timeout_secs: u64,
+    /// How long a failing state-trigger handler is retried, with backoff, before its event is
+    /// given up (logged as an error).
+    #[arg(long, env = "ENGINE_TRIGGER_RETRY_SECS", default_value_t = 300)]
+    pub trigger_retry_secs: u64,
+    /// Hold deliveries until `Engine::mark_ready` (set by programs that embed workers).
+    #[arg(skip)]
+    pub hold_until_ready: bool,
     /// Spans kept in memory for `engine::traces::*`.
     #[arg(long, env = "ENGINE_SPAN_CAPACITY", default_value_t = 50_000)]
     pub span_capacity: usize,
@@ -148,6 +163,10 @@ impl ServeOptions {
             max_lifetime_secs: 7200,
             call_timeout_ms: 30_000,
             trigger_grace_ms: 0,
+            expect_functions: Vec::new(),
+            ready_timeout_secs: 30,
+            trigger_retry_secs: 300,
+            hold_until_ready: false,
             span_capacity: 50_000,
             otlp_endpoint: None,
             lambdas: Vec::new(),
@@ -162,6 +181,15 @@ impl ServeOptions {
             trigger_grace: Duration::from_millis(self.trigger_grace_ms),
             span_capacity: self.span_capacity,
             otlp_endpoint: self.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+            hold_until_ready: self.hold_until_ready,
+            expected_functions: self
+                .expect_functions
+                .iter()
+                .map(|f| f.trim().to_string())
+                .filter(|f| !f.is_empty())
+                .collect(),
+            ready_timeout: Duration::from_secs(self.ready_timeout_secs),
+            trigger_retry_window: Duration::from_secs(self.trigger_retry_secs),
             ..EngineConfig::default()
         }
     }

@@ -439,6 +439,114 @@ async fn state_triggers_fire_with_old_and_new_values_and_honour_conditions() {
     wh.stop();
 }
 
+/// A handler that fails is retried with backoff until it succeeds, and only then is the
+/// change acknowledged: it fires once more after a restart only if it never succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_trigger_handler_is_retried_and_the_change_acked_only_after_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = common::options(dir.path());
+    let srv = common::start_with(opts.clone()).await;
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flaky = |calls: Arc<std::sync::atomic::AtomicUsize>, fail_first: usize| {
+        Worker::new("flaky")
+            .function("t::flaky", "", move |_c, ev: Value| {
+                let calls = calls.clone();
+                async move {
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if n < fail_first {
+                        return Err(engine_gateway::protocol::ErrorBody::new(
+                            "invocation_error",
+                            format!("failure {} of {fail_first}", n + 1),
+                        ));
+                    }
+                    Ok(json!({"saw": ev["new_value"]}))
+                }
+            })
+            .trigger("state", "t::flaky", json!({"scope": "wake"}))
+    };
+    let mut wh = remote(&srv, flaky(calls.clone(), 2));
+    wh.wait_connected(Duration::from_secs(5)).await.unwrap();
+    wh.ctx()
+        .state_set("wake", "s1", json!({"go": 1}))
+        .await
+        .unwrap();
+    wait_for("the third attempt", || async {
+        calls.load(std::sync::atomic::Ordering::SeqCst) >= 3
+    })
+    .await;
+    // Settled: no fourth call, and the acknowledgement (every 200 ms) has gone out.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    wh.stop();
+    srv.shutdown().await;
+
+    // Restarted on the same store: the acknowledged change is not handed out again.
+    let srv = common::start_with(opts).await;
+    let again = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut wh = remote(&srv, flaky(again.clone(), 0));
+    wh.wait_connected(Duration::from_secs(5)).await.unwrap();
+    wh.ctx()
+        .state_set("wake", "s2", json!({"go": 2}))
+        .await
+        .unwrap();
+    wait_for("the new change", || async {
+        again.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        again.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "s1 fired once, before the restart"
+    );
+    wh.stop();
+}
+
+/// The readiness gate: nothing queued is delivered until the expected workers are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_steps_wait_for_the_expected_workers_before_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.expect_functions = vec!["late::provider".into()];
+    opts.ready_timeout_secs = 60;
+    let srv = common::start_with(opts).await;
+    assert!(!srv.engine.is_ready());
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = ran.clone();
+    let step = Worker::new("steps").function("t::step", "", move |_c, _v: Value| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(json!({}))
+        }
+    });
+    let mut steps = remote(&srv, step);
+    steps.wait_connected(Duration::from_secs(5)).await.unwrap();
+    steps
+        .ctx()
+        .enqueue("turns", "t::step", json!({"n": 1}))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "held until late::provider registers"
+    );
+    let provider = Worker::new("late").function("late::provider", "", |_c, _v: Value| async move {
+        Ok(json!({}))
+    });
+    let mut late = remote(&srv, provider);
+    late.wait_connected(Duration::from_secs(5)).await.unwrap();
+    wait_for("the step after readiness", || async {
+        ran.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(srv.engine.is_ready());
+    steps.stop();
+    late.stop();
+}
+
 /// A write to a scope no trigger watches leaves no change record (the dispatcher would drop
 /// it); a trigger registered later sees the writes from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
