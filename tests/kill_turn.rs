@@ -85,3 +85,106 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
         "at most the call in flight at the kill ran twice: {ran:?}"
     );
 }
+
+/// The soak of issue 11: a scripted session of 8 `shell::exec` calls survives 5 `kill -9`s
+/// of the real binary at random moments (provisioning, streaming, between and during calls),
+/// each followed by a restart on the same data dir. It ends `stopped` with no error and every
+/// effect present once; only calls in flight at a kill ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("work")).unwrap();
+    std::fs::write(
+        dir.path().join("perms.yaml"),
+        "version: 1\nrules:\n  - \"shell::exec\"\n",
+    )
+    .unwrap();
+    let ids: Vec<String> = (1..=8).map(|i| format!("s{i}")).collect();
+    let calls: Vec<_> = ids
+        .iter()
+        .map(|id| json!({"id": id, "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {
+            "command": format!("echo {id} >> ran.log; grep -qx {id} effects.log 2>/dev/null || echo {id} >> effects.log; sleep 0.25")
+        }}}))
+        .collect();
+    let cassette = json!({"turns": [
+        {"when": "results<1", "text": "Eight steps.", "tool_calls": calls},
+        {"when": "results>=1", "text": "All eight ran."}
+    ]});
+    std::fs::write(dir.path().join("cassette.json"), cassette.to_string()).unwrap();
+    // A schedule that differs per run and can be replayed: HARNESS_SOAK_SEED=<seed>.
+    let seed: u64 = std::env::var("HARNESS_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill schedule seed {seed}");
+    let mut state = seed;
+    let mut next_ms = move |lo: u64, hi: u64| {
+        // xorshift64: enough to spread kills over the run.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        lo + state % (hi - lo)
+    };
+
+    let mut harness = spawn_harness(dir.path(), &[]);
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
+    let r = client
+        .ctx()
+        .trigger("harness::trigger", json!({"session_id": "soak", "payload": {"provider": "scripted", "model": "scripted-demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
+        .await
+        .unwrap();
+    assert_eq!(r["status_code"], 200, "{r}");
+    drop(client);
+    let mut kills = Vec::new();
+    for _ in 0..5 {
+        let after = Duration::from_millis(next_ms(50, 900));
+        tokio::time::sleep(after).await;
+        kills.push((
+            after.as_millis(),
+            lines(&dir.path().join("work/effects.log")).len(),
+        ));
+        harness.kill9();
+        harness = spawn_harness(dir.path(), &[]);
+    }
+    eprintln!("kills (ms after start, effects so far): {kills:?}");
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let state = loop {
+        let v = client
+            .ctx()
+            .trigger("turn::get_state", json!({"session_id": "soak"}))
+            .await
+            .unwrap();
+        if v["state"] == "stopped" || v["state"] == "failed" {
+            break v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session never finished (seed {seed}): {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(state["state"], "stopped", "seed {seed}: {state}");
+    assert_eq!(
+        state["error"],
+        serde_json::Value::Null,
+        "seed {seed}: {state}"
+    );
+    let mut effects = lines(&dir.path().join("work/effects.log"));
+    effects.sort();
+    assert_eq!(effects, ids, "every effect exactly once (seed {seed})");
+    let ran = lines(&dir.path().join("work/ran.log"));
+    assert!(
+        ran.len() <= ids.len() + kills.len(),
+        "only calls in flight at a kill ran again (seed {seed}): {ran:?}"
+    );
+    // Every run of a call carried its own id: the ids seen by the tool are the calls' ids.
+    assert!(ran.iter().all(|id| ids.contains(id)), "{ran:?}");
+    harness.kill9();
+}

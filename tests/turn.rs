@@ -731,3 +731,68 @@ async fn an_approval_applies_only_to_the_call_it_was_given_for() {
         "{blocks:?}"
     );
 }
+
+/// A provider that is not on the bus (yet) is a transient failure of the step: it is retried
+/// with backoff, the UI sees `turn_step_retry`, and the run goes on once the provider is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_provider_is_retried_not_the_end_of_the_run() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+    let mut pushes = s.client.pushes().expect("pushes");
+    s.client
+        .send_raw(&engine_gateway::protocol::Message::StreamSubscribe {
+            stream_name: "agent::events".into(),
+            group_id: Some("late1".into()),
+        })
+        .unwrap();
+    let r = ctx
+        .trigger(
+            "harness::trigger",
+            json!({"session_id": "late1", "payload": {"provider": "late", "model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1}]}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["status_code"], 200, "{r}");
+    // Two attempts (at 0 s and 1 s) fail and say so; the run is still streaming, not stopped.
+    let mut retries = Vec::new();
+    while retries.len() < 2 {
+        let msg = tokio::time::timeout(Duration::from_secs(20), pushes.recv())
+            .await
+            .expect("retry events within 20 s")
+            .expect("pushes open");
+        if let engine_gateway::protocol::Message::StreamEvent { event, .. } = msg
+            && event.data["type"] == "turn_step_retry"
+        {
+            retries.push(event.data);
+        }
+    }
+    assert!(
+        retries[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("provider::late::stream: function_not_found"),
+        "{retries:?}"
+    );
+    let view = ctx
+        .trigger("turn::get_state", json!({"session_id": "late1"}))
+        .await
+        .unwrap();
+    assert_eq!(view["state"], "assistant_streaming", "{view}");
+    // The provider arrives; the next retry reaches it and the run ends normally.
+    let model = scripted_model::ScriptedModel::new(scripted_model::Cassette {
+        turns: vec![text("here now")],
+        ..Default::default()
+    });
+    let base = model.serve().await.unwrap();
+    let _late = harness_sdk::run_embedded(
+        provider_core::worker(std::sync::Arc::new(provider_openai::OpenAiDialect {
+            name: "late".into(),
+            base_url: format!("{base}/v1"),
+            key_optional: true,
+        })),
+        &s.srv.engine,
+    )
+    .unwrap();
+    let view = wait_state(&ctx, "late1", "stopped").await;
+    assert_eq!(view["error"], Value::Null, "{view}");
+}

@@ -1084,7 +1084,9 @@ impl Engine {
         let ok = result.is_ok();
         match result {
             Ok(_) => self.settle(cfg, &d, Settle::Ack).await,
-            Err(e) if e.code == codes::FUNCTION_NOT_FOUND => {
+            // The step's own function went away meanwhile: not an attempt. (A handler that
+            // answers function_not_found about a function *it* called did fail, and counts.)
+            Err(e) if e.code == codes::FUNCTION_NOT_FOUND && !self.has_function(&function_id) => {
                 let _ = self.queues.release(&d, Duration::from_millis(500)).await;
             }
             Err(e) => {

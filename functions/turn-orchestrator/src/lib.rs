@@ -513,6 +513,14 @@ async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResu
     Ok(Next::To(TurnState::AssistantStreaming))
 }
 
+/// Errors that mean the call never reached a handler that decided anything.
+fn is_unreachable(e: &BusError) -> bool {
+    matches!(
+        e,
+        BusError::FunctionNotFound(_) | BusError::InvocationStopped(_) | BusError::Disconnected(_)
+    )
+}
+
 fn error_message(req: &RunRequest, kind: ErrorKind, message: String) -> AgentMessage {
     AgentMessage::Assistant {
         content: Vec::new(),
@@ -629,6 +637,24 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
     }
     if call_result.is_none() && !timed_out {
         call_result = Some(call.await.map_err(|e| StepError::Fatal(e.to_string()))?);
+    }
+    // The bus could not reach the provider at all (not registered yet after a restart, its
+    // worker gone, the call lost): nothing was decided, so the step is retried with the
+    // queue's backoff, and dead-lettered with this reason if it never gets through. A
+    // provider that answered (even with an error) decided the turn; that is recorded below.
+    if final_message.is_none()
+        && let Some(Err(e)) = &call_result
+        && is_unreachable(e)
+    {
+        let why = format!("provider::{}::stream: {e}", req.provider);
+        emit_transient(
+            ctx,
+            rec,
+            "turn_step_retry",
+            json!({"state": "assistant_streaming", "error": why}),
+        )
+        .await;
+        return Err(StepError::Transient(ErrorBody::new(e.code(), why)));
     }
     let message = match (final_message, timed_out, call_result) {
         (Some(m), _, _) => m,
@@ -1482,6 +1508,29 @@ fn def(id: &str, description: &str) -> RegisterFunction {
     d
 }
 
+/// First retry delay of a failed step; each next one doubles (SPEC's exponential backoff).
+pub const STEP_BACKOFF_MS: u64 = 1000;
+
+/// How long a step that keeps failing transiently is retried before it is dead-lettered:
+/// `HARNESS_STEP_RETRY_SECS`, default 60 s.
+pub fn step_retry_window() -> Duration {
+    std::env::var("HARNESS_STEP_RETRY_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(Duration::from_secs(60), Duration::from_secs)
+}
+
+/// The fewest retries whose backoff delays (1 s, 2 s, 4 s…) add up to `window`.
+pub fn step_retries(window: Duration) -> u32 {
+    let mut total = 0u64;
+    let mut n = 0u32;
+    while total < window.as_millis() as u64 && n < 16 {
+        total += STEP_BACKOFF_MS << n;
+        n += 1;
+    }
+    n.max(1)
+}
+
 pub fn worker() -> Worker {
     let hooks = Arc::new(Hooks::default());
     let cache = Arc::new(InstanceCache::default());
@@ -1529,8 +1578,23 @@ pub fn worker() -> Worker {
     w.register_trigger(
         "queue",
         "turn::provisioning",
-        json!({"queue": QUEUE, "type": "fifo", "message_group_field": "session_id", "max_retries": 3, "backoff_ms": 1000, "visibility_timeout_ms": 360000, "concurrency": 16}),
+        json!({"queue": QUEUE, "type": "fifo", "message_group_field": "session_id", "max_retries": step_retries(step_retry_window()), "backoff_ms": STEP_BACKOFF_MS, "visibility_timeout_ms": 360000, "concurrency": 16}),
     );
     w.register_trigger("state", "turn::on_approval", json!({"scope": APPROVALS}));
     w
+}
+
+#[cfg(test)]
+mod retry_window_tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_count_covers_the_window() {
+        // 1 + 2 + 4 + 8 + 16 + 32 = 63 s ≥ 60 s.
+        assert_eq!(step_retries(Duration::from_secs(60)), 6);
+        assert_eq!(step_retries(Duration::from_secs(1)), 1);
+        assert_eq!(step_retries(Duration::from_secs(0)), 1);
+        assert_eq!(step_retries(Duration::from_secs(3)), 2);
+        assert_eq!(step_retries(Duration::from_secs(u64::MAX / 2000)), 16);
+    }
 }
