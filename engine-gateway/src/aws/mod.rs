@@ -96,12 +96,7 @@ impl AwsClients {
     /// From the standard environment, with an optional endpoint that overrides
     /// `AWS_ENDPOINT_URL`.
     pub async fn new(endpoint_url: Option<&str>) -> Self {
-        crate::ensure_crypto_provider();
-        let http = Builder::new()
-            .tls_provider(tls::Provider::Rustls(
-                tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .build_https();
+        let http = https_client();
         let retry = aws_config::retry::RetryConfig::standard()
             .with_max_attempts(5)
             .with_initial_backoff(Duration::from_millis(50));
@@ -116,25 +111,46 @@ impl AwsClients {
         if let Some(url) = endpoint_url {
             loader = loader.endpoint_url(url);
         }
-        let cfg = loader.load().await;
+        Self::from_config(loader.load().await)
+    }
+
+    /// Clients for a configuration built elsewhere (tests give static credentials).
+    pub fn from_config(cfg: aws_config::SdkConfig) -> Self {
         Self {
             dynamodb: aws_sdk_dynamodb::Client::new(&cfg),
             streams: aws_sdk_dynamodbstreams::Client::new(&cfg),
             sqs: aws_sdk_sqs::Client::new(&cfg),
             secrets: aws_sdk_secretsmanager::Client::new(&cfg),
-            lambda: aws_sdk_lambda::Client::new(&cfg),
+            lambda: lambda_client(&cfg, None),
             config: cfg,
         }
     }
 
     /// The same clients with Lambda `Invoke` sent to `endpoint` (the local Invoke API).
     pub fn with_lambda_endpoint(mut self, endpoint: &str) -> Self {
-        let conf = aws_sdk_lambda::config::Builder::from(&self.config)
-            .endpoint_url(endpoint)
-            .build();
-        self.lambda = aws_sdk_lambda::Client::from_conf(conf);
+        self.lambda = lambda_client(&self.config, Some(endpoint));
         self
     }
+}
+
+/// The Lambda client: no SDK retries and no SDK attempt timeout. An `Invoke` whose answer
+/// was lost may have run, so only [`router::invoke`] decides what is retried (what is known
+/// not to have started), and each call's deadline comes from its caller.
+pub fn lambda_client(
+    cfg: &aws_config::SdkConfig,
+    endpoint: Option<&str>,
+) -> aws_sdk_lambda::Client {
+    let mut conf = aws_sdk_lambda::config::Builder::from(cfg)
+        .retry_config(aws_config::retry::RetryConfig::disabled())
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .build(),
+        );
+    if let Some(url) = endpoint {
+        conf = conf.endpoint_url(url);
+    }
+    aws_sdk_lambda::Client::from_conf(conf.build())
 }
 
 /// A readable message for an SDK error: the service's error code and message when there is
@@ -167,6 +183,16 @@ where
 {
     use aws_sdk_dynamodb::error::ProvideErrorMetadata;
     e.code().map(str::to_owned)
+}
+
+/// HTTPS client with rustls/ring, as every AWS client here uses.
+pub fn https_client() -> aws_sdk_lambda::config::SharedHttpClient {
+    crate::ensure_crypto_provider();
+    Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
 }
 
 #[cfg(test)]

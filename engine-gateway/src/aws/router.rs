@@ -39,24 +39,43 @@ fn subscription_id(connection: &str, stream: &str, group: Option<&str>) -> Strin
 }
 
 /// Invoke a Lambda with a JSON event → its JSON answer.
+///
+/// Retried only when Lambda says the invocation did not start (throttled, or the function
+/// not ready yet), at most 3 times with backoff. Anything else (a lost answer, a service
+/// error, a timeout) may have run the handler and is returned as is: the caller decides,
+/// and a step is idempotent per `function_call_id` when it retries.
 pub async fn invoke(
     clients: &AwsClients,
     function_name: &str,
     event: &Value,
 ) -> Result<Value, ErrorBody> {
-    let out = clients
-        .lambda
-        .invoke()
-        .function_name(function_name)
-        .payload(Blob::new(serde_json::to_vec(event).unwrap_or_default()))
-        .send()
-        .await
-        .map_err(|e| {
-            ErrorBody::new(
-                codes::INVOCATION_ERROR,
-                format!("invoke {function_name}: {}", super::err_text(&e)),
-            )
-        })?;
+    let payload = serde_json::to_vec(event).unwrap_or_default();
+    let mut pause = std::time::Duration::from_millis(100);
+    let mut attempt = 1u32;
+    let out = loop {
+        match clients
+            .lambda
+            .invoke()
+            .function_name(function_name)
+            .payload(Blob::new(payload.clone()))
+            .send()
+            .await
+        {
+            Ok(out) => break out,
+            Err(e) if attempt < 3 && not_started(&e) => {
+                tracing::debug!(function_name, attempt, error = %super::err_text(&e), "invoke did not start; retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+                attempt += 1;
+            }
+            Err(e) => {
+                return Err(ErrorBody::new(
+                    codes::INVOCATION_ERROR,
+                    format!("invoke {function_name}: {}", super::err_text(&e)),
+                ));
+            }
+        }
+    };
     let body: Value = out
         .payload()
         .map(|p| serde_json::from_slice(p.as_ref()).unwrap_or(Value::Null))
@@ -71,6 +90,17 @@ pub async fn invoke(
         ));
     }
     Ok(body)
+}
+
+/// Lambda refused the invocation before running anything.
+fn not_started<R>(
+    e: &aws_sdk_lambda::error::SdkError<aws_sdk_lambda::operation::invoke::InvokeError, R>,
+) -> bool {
+    e.as_service_error().is_some_and(|s| {
+        s.is_too_many_requests_exception()
+            || s.is_resource_not_ready_exception()
+            || s.is_ec2_throttled_exception()
+    })
 }
 
 /// Call a function that a Lambda serves: registry lookup, then `Invoke` with the envelope.
@@ -636,5 +666,82 @@ impl AwsRouter {
             }
             None => json!({"batchItemFailures": []}),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// A Lambda Invoke API that throttles `throttled` once, fails `broken` with a service
+    /// error (the handler may have run), and counts every request.
+    async fn invoke_api() -> (String, Arc<Mutex<HashMap<String, u32>>>) {
+        use axum::extract::{Path, State};
+        use axum::http::{HeaderMap, StatusCode};
+        let hits: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        async fn handle(
+            State(hits): State<Arc<Mutex<HashMap<String, u32>>>>,
+            Path(name): Path<String>,
+        ) -> (StatusCode, HeaderMap, String) {
+            let n = {
+                let mut h = hits.lock().unwrap();
+                let n = h.entry(name.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            let mut headers = HeaderMap::new();
+            let error = |status: u16, kind: &str, headers: &mut HeaderMap| {
+                headers.insert("x-amzn-errortype", kind.parse().unwrap());
+                (
+                    StatusCode::from_u16(status).unwrap(),
+                    json!({"Type": "Service", "message": kind}).to_string(),
+                )
+            };
+            let (status, body) = match (name.as_str(), n) {
+                ("throttled", 1) => error(429, "TooManyRequestsException", &mut headers),
+                ("broken", _) => error(500, "ServiceException", &mut headers),
+                _ => (StatusCode::OK, json!({"ran": n}).to_string()),
+            };
+            (status, headers, body)
+        }
+        let app = axum::Router::new()
+            .route(
+                "/2015-03-31/functions/{name}/invocations",
+                axum::routing::post(handle),
+            )
+            .with_state(hits.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, hits)
+    }
+
+    #[tokio::test]
+    async fn an_invoke_is_retried_only_when_lambda_says_it_did_not_start() {
+        let (url, hits) = invoke_api().await;
+        let cfg = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_lambda::config::SharedCredentialsProvider::new(
+                aws_sdk_lambda::config::Credentials::new("test", "test", None, None, "static"),
+            ))
+            .http_client(super::super::https_client())
+            .build();
+        let clients = AwsClients::from_config(cfg).with_lambda_endpoint(&url);
+        // Throttled: it did not run, so it is sent again and runs once.
+        let r = invoke(&clients, "throttled", &json!({})).await.unwrap();
+        assert_eq!(r, json!({"ran": 2}));
+        // A service error may come after the handler ran: never sent twice.
+        let e = invoke(&clients, "broken", &json!({})).await.unwrap_err();
+        assert!(e.message.contains("ServiceException"), "{}", e.message);
+        let hits = hits.lock().unwrap().clone();
+        assert_eq!(hits.get("throttled"), Some(&2));
+        assert_eq!(
+            hits.get("broken"),
+            Some(&1),
+            "a call that may have run is not repeated"
+        );
     }
 }

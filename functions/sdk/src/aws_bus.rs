@@ -41,20 +41,21 @@ impl AwsBus {
     }
 }
 
+/// The deadline of a call that names none (the engine's `--call-timeout-ms` default).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 fn needs_bus(what: &str) -> BusError {
     BusError::Disconnected(format!(
         "{what} needs the bus: this Lambda reaches only DynamoDB (state::*) and SQS (enqueue) directly; set ENGINE_URL"
     ))
 }
 
-#[async_trait]
-impl Bus for AwsBus {
-    async fn call(
+impl AwsBus {
+    async fn call_now(
         &self,
         function_id: &str,
         data: Value,
         trace: &TraceContext,
-        _timeout: Option<Duration>,
     ) -> Result<Value, BusError> {
         let meta = WriteMeta {
             traceparent: trace.traceparent(),
@@ -83,6 +84,28 @@ impl Bus for AwsBus {
         .await
         .map_err(BusError::from)
     }
+}
+
+#[async_trait]
+impl Bus for AwsBus {
+    async fn call(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
+        // Every call has a deadline, as on the engine: the caller's (the policy's 5 s, which
+        // then fails closed), else the engine's default.
+        let deadline = timeout.unwrap_or(DEFAULT_CALL_TIMEOUT);
+        match tokio::time::timeout(deadline, self.call_now(function_id, data, trace)).await {
+            Ok(r) => r,
+            Err(_) => Err(BusError::Timeout(format!(
+                "`{function_id}` did not answer within {} ms",
+                deadline.as_millis()
+            ))),
+        }
+    }
 
     async fn call_void(
         &self,
@@ -92,7 +115,6 @@ impl Bus for AwsBus {
     ) -> Result<(), BusError> {
         self.call(function_id, data, trace, None).await.map(|_| ())
     }
-
     async fn enqueue(
         &self,
         queue: &str,

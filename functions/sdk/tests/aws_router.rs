@@ -247,6 +247,39 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         .await;
     assert!(registry.get("connection", "c1").await.unwrap().is_none());
 
+    // A Lambda's own calls (AwsBus) have deadlines: a slow callee answers `timeout` at the
+    // caller's deadline (the policy's 5 s fails closed this way), not whenever it returns.
+    {
+        use harness_sdk::Bus;
+        let bus = harness_sdk::aws_bus::AwsBus::new(clients.clone(), names.clone());
+        let started = std::time::Instant::now();
+        let e = bus
+            .call(
+                "demo::sleep",
+                json!({"ms": 4000}),
+                &engine_gateway::trace::TraceContext::new_root(),
+                Some(std::time::Duration::from_millis(300)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "timeout", "{e}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        let r = bus
+            .call(
+                "demo::sleep",
+                json!({"ms": 10}),
+                &engine_gateway::trace::TraceContext::new_root(),
+                Some(std::time::Duration::from_secs(20)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r["slept_ms"], 10);
+    }
+
     // Roles: the secret engine/access adds worker and client credentials. A client reaches
     // only public functions and agent::events; the admin token still reaches everything.
     secrets
