@@ -404,21 +404,39 @@ impl StateStore for EmbeddedBackend {
             .await
     }
 
-    async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {
+    async fn list_page(
+        &self,
+        scope: &str,
+        prefix: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool), StateError> {
         if scope.is_empty() {
             return Err(StateError::Invalid("`scope` must not be empty".into()));
         }
         let start = state_key(scope, prefix.unwrap_or(""));
+        let after = after.map(|a| state_key(scope, a));
         let scope_len = scope.len() + 1;
         self.blocking(move |db| {
+            use std::ops::Bound;
             let read = db.begin_read().map_err(storage)?;
             let table = read.open_table(STATE).map_err(storage)?;
+            let from = match after.as_deref() {
+                Some(a) if a >= start.as_str() => Bound::Excluded(a),
+                _ => Bound::Included(start.as_str()),
+            };
             let mut out = Vec::new();
-            for row in table.range(start.as_str()..).map_err(storage)? {
+            for row in table
+                .range::<&str>((from, Bound::Unbounded))
+                .map_err(storage)?
+            {
                 let (k, v) = row.map_err(storage)?;
                 let k = k.value();
                 if !k.starts_with(start.as_str()) {
                     break;
+                }
+                if out.len() == limit {
+                    return Ok((out, true));
                 }
                 let rec = decode(v.value())?;
                 out.push(Entry {
@@ -427,7 +445,7 @@ impl StateStore for EmbeddedBackend {
                     version: rec.version,
                 });
             }
-            Ok(out)
+            Ok((out, false))
         })
         .await
     }

@@ -208,8 +208,35 @@ pub trait StateStore: Send + Sync {
         expected_version: Option<u64>,
         meta: &WriteMeta,
     ) -> Result<WriteOutcome, StateError>;
-    async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError>;
+    /// One page of a scope's records in key order: at most `limit`, keys after `after` (the
+    /// last key of the previous page). The flag says whether more records follow.
+    async fn list_page(
+        &self,
+        scope: &str,
+        prefix: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool), StateError>;
+
+    /// Every record of a scope (page by page). For internal readers whose lists are bounded
+    /// by retention; clients page through `state::list` themselves.
+    async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {
+        let mut out: Vec<Entry> = Vec::new();
+        loop {
+            let after = out.last().map(|e| e.key.clone());
+            let (page, more) = self
+                .list_page(scope, prefix, after.as_deref(), LIST_PAGE_MAX)
+                .await?;
+            out.extend(page);
+            if !more {
+                return Ok(out);
+            }
+        }
+    }
 }
+
+/// The most records one `state::list` page holds (also its default `limit`).
+pub const LIST_PAGE_MAX: usize = 1000;
 
 /// The change feed behind state triggers: at-least-once, in commit order. Records handed out
 /// are not handed out again by this process; records not yet acknowledged when the process

@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 
 use crate::builtins::{opt_str, opt_u64, req_str};
 use crate::protocol::ErrorBody;
-use crate::state::{StateStore, UpdateOp, WriteMeta, WriteOutcome};
+use crate::state::{LIST_PAGE_MAX, StateStore, UpdateOp, WriteMeta, WriteOutcome};
 
 pub const FUNCTIONS: &[&str] = &[
     "state::get",
@@ -103,9 +103,22 @@ async fn delete(
     Ok(json!({"old_value": out.old_value, "deleted": out.old_value.is_some()}))
 }
 
+/// One page: `limit` (default and most [`LIST_PAGE_MAX`]) records after `cursor`;
+/// `next_cursor` is set when more follow.
 async fn list(store: &dyn StateStore, data: &Value) -> Result<Value, ErrorBody> {
     let scope = req_str(data, "scope")?;
     let prefix = opt_str(data, "prefix")?;
-    let entries = store.list(&scope, prefix.as_deref()).await?;
-    Ok(json!({"items": entries}))
+    let cursor = opt_str(data, "cursor")?;
+    let limit = match opt_u64(data, "limit")? {
+        None => LIST_PAGE_MAX,
+        Some(0) => return Err(ErrorBody::invalid("`limit` must be at least 1")),
+        Some(n) => (n as usize).min(LIST_PAGE_MAX),
+    };
+    let (entries, more) = store
+        .list_page(&scope, prefix.as_deref(), cursor.as_deref(), limit)
+        .await?;
+    let next_cursor = more
+        .then(|| entries.last().map(|e| e.key.clone()))
+        .flatten();
+    Ok(json!({"items": entries, "next_cursor": next_cursor}))
 }

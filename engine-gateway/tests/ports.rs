@@ -221,3 +221,57 @@ async fn concurrent_updates_from_separate_backends_are_atomic() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_lists_come_in_pages_that_resume_after_the_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = common::options(dir.path());
+    let b = server::backends(&opts).await.unwrap();
+    let meta = WriteMeta::default();
+    for i in 0..25 {
+        b.state
+            .set("paged", &format!("k/{i:02}"), json!(i), None, &meta)
+            .await
+            .unwrap();
+    }
+    b.state
+        .set("paged", "other", json!("x"), None, &meta)
+        .await
+        .unwrap();
+    b.state
+        .set("paged2", "k/00", json!("y"), None, &meta)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let (page, more) = b
+            .state
+            .list_page("paged", Some("k/"), after.as_deref(), 10)
+            .await
+            .unwrap();
+        pages += 1;
+        assert!(page.len() <= 10);
+        seen.extend(page.iter().map(|e| e.value.as_i64().unwrap()));
+        after = page.last().map(|e| e.key.clone());
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(
+        seen,
+        (0..25).collect::<Vec<_>>(),
+        "every record once, in key order"
+    );
+    // An exact multiple ends with `more = false` on the last full page.
+    let (page, more) = b
+        .state
+        .list_page("paged", Some("k/2"), None, 5)
+        .await
+        .unwrap();
+    assert_eq!((page.len(), more), (5, false));
+    // The whole-scope reader still sees everything.
+    assert_eq!(b.state.list("paged", None).await.unwrap().len(), 26);
+}

@@ -541,3 +541,50 @@ async fn a_bad_access_file_stops_the_engine_with_the_reason() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_list_is_paged_for_every_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    // Pipelined writes in windows of 50 (the emulator takes only so many at once).
+    for window in (0..1_005).collect::<Vec<u32>>().chunks(50) {
+        for i in window {
+            raw.send(json!({"type": "invokefunction", "invocation_id": format!("w{i}"), "function_id": "state::set", "data": {"scope": "big", "key": format!("{i:05}"), "value": i}}))
+                .await;
+        }
+        for _ in window {
+            let r = raw.recv_until(|v| v["type"] == "invocationresult").await;
+            assert!(r["error"].is_null(), "{r}");
+        }
+    }
+    // No limit: one page of at most 1 000, and a cursor to the rest.
+    let r = raw.call("state::list", json!({"scope": "big"})).await;
+    let items = r["result"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1_000, "{}", r["result"]["next_cursor"]);
+    let cursor = r["result"]["next_cursor"].as_str().unwrap().to_string();
+    assert_eq!(cursor, "00999");
+    let r = raw
+        .call(
+            "state::list",
+            json!({"scope": "big", "cursor": cursor, "limit": 4}),
+        )
+        .await;
+    let keys: Vec<&str> = r["result"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["01000", "01001", "01002", "01003"]);
+    let r = raw
+        .call("state::list", json!({"scope": "big", "cursor": "01003"}))
+        .await;
+    assert_eq!(r["result"]["items"].as_array().unwrap().len(), 1);
+    assert!(r["result"]["next_cursor"].is_null(), "{r}");
+    let r = raw
+        .call("state::list", json!({"scope": "big", "limit": 0}))
+        .await;
+    assert_eq!(r["error"]["code"], "invalid_message", "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("limit"));
+}

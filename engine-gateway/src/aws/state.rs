@@ -314,19 +314,29 @@ impl StateStore for DynamoState {
         }
     }
 
-    async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {
+    async fn list_page(
+        &self,
+        scope: &str,
+        prefix: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool), StateError> {
         if scope.is_empty() {
             return Err(StateError::Invalid("`scope` must not be empty".into()));
         }
         let mut out = Vec::new();
-        let mut start: Option<Item> = None;
+        let mut start: Option<Item> =
+            after.map(|a| Item::from([("scope".to_string(), s(scope)), ("key".to_string(), s(a))]));
         loop {
+            // One record more than asked tells whether another page follows.
+            let want = (limit + 1 - out.len()).min(1000) as i32;
             let mut req = self
                 .clients
                 .dynamodb
                 .query()
                 .table_name(&self.table)
                 .consistent_read(true)
+                .limit(want)
                 .expression_attribute_names("#s", "scope")
                 .expression_attribute_values(":s", s(scope));
             req = match prefix.filter(|p| !p.is_empty()) {
@@ -346,6 +356,9 @@ impl StateStore for DynamoState {
                     _ => continue,
                 };
                 if let Some(v) = decode_item(item)? {
+                    if out.len() == limit {
+                        return Ok((out, true));
+                    }
                     out.push(Entry {
                         key,
                         value: v.value,
@@ -358,6 +371,6 @@ impl StateStore for DynamoState {
                 _ => break,
             }
         }
-        Ok(out)
+        Ok((out, false))
     }
 }

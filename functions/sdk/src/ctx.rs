@@ -169,9 +169,37 @@ impl Ctx {
             .await
     }
 
+    /// Every record of a scope, `{items}`, following `state::list`'s pages.
     pub async fn state_list(&self, scope: &str, prefix: Option<&str>) -> Result<Value, BusError> {
-        self.trigger("state::list", json!({"scope": scope, "prefix": prefix}))
-            .await
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut page = self
+                .state_list_page(scope, prefix, cursor.as_deref(), None)
+                .await?;
+            if let Some(Value::Array(more)) = page.get_mut("items").map(Value::take) {
+                items.extend(more);
+            }
+            match page["next_cursor"].as_str() {
+                Some(next) if cursor.as_deref() != Some(next) => cursor = Some(next.to_string()),
+                _ => return Ok(json!({ "items": items })),
+            }
+        }
+    }
+
+    /// One page of `state::list`: `{items, next_cursor}` (null on the last page).
+    pub async fn state_list_page(
+        &self,
+        scope: &str,
+        prefix: Option<&str>,
+        cursor: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<Value, BusError> {
+        self.trigger(
+            "state::list",
+            json!({"scope": scope, "prefix": prefix, "cursor": cursor, "limit": limit}),
+        )
+        .await
     }
 
     // ---- streams
