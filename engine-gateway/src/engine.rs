@@ -225,6 +225,9 @@ pub struct EngineConfig {
     /// How long a failing state-trigger handler is retried (with backoff) before its event
     /// is given up and logged.
     pub trigger_retry_window: Duration,
+    /// Scopes whose old records are deleted, checked every `retention_interval`.
+    pub retention: Vec<crate::retention::RetentionRule>,
+    pub retention_interval: Duration,
 }
 
 impl Default for EngineConfig {
@@ -239,6 +242,12 @@ impl Default for EngineConfig {
             expected_functions: Vec::new(),
             ready_timeout: Duration::from_secs(30),
             trigger_retry_window: Duration::from_secs(300),
+            retention: crate::retention::default_rules(
+                7 * crate::retention::DAY,
+                7 * crate::retention::DAY,
+                Duration::from_secs(600),
+            ),
+            retention_interval: Duration::from_secs(60),
         }
     }
 }
@@ -359,6 +368,7 @@ impl Engine {
         let weak = Arc::downgrade(&engine);
         tasks.push(tokio::spawn(run_readiness_gate(weak.clone())));
         tasks.push(tokio::spawn(run_state_dispatcher(weak.clone())));
+        tasks.push(tokio::spawn(run_retention(weak.clone())));
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
@@ -1791,6 +1801,24 @@ async fn run_state_dispatcher(engine: Weak<Engine>) {
                 records: batch,
                 handlers,
             });
+        }
+    }
+}
+
+/// Delete what outlived its scope's retention, every `retention_interval`.
+async fn run_retention(engine: Weak<Engine>) {
+    loop {
+        let Some(interval) = engine.upgrade().map(|e| e.config.retention_interval) else {
+            return;
+        };
+        tokio::time::sleep(interval).await;
+        let Some(e) = engine.upgrade() else { return };
+        let (store, rules) = (e.state.clone(), e.config.retention.clone());
+        drop(e);
+        match crate::retention::sweep(&*store, &rules, now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "retention: old records deleted"),
+            Err(err) => tracing::warn!(error = %err, "retention sweep failed; trying again later"),
         }
     }
 }

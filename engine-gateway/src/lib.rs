@@ -18,6 +18,7 @@ pub mod lambda_host;
 pub mod protocol;
 pub mod queue;
 pub mod registry;
+pub mod retention;
 pub mod secrets;
 pub mod server;
 pub mod state;

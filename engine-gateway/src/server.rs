@@ -105,6 +105,22 @@ pub struct ServeOptions {
     /// given up (logged as an error).
     #[arg(long, env = "ENGINE_TRIGGER_RETRY_SECS", default_value_t = 300)]
     pub trigger_retry_secs: u64,
+    /// How long `agent::events` items are kept.
+    #[arg(long, env = "ENGINE_EVENTS_RETENTION_HOURS", default_value_t = 168)]
+    pub events_retention_hours: u64,
+    /// How long approval decisions are kept.
+    #[arg(long, env = "ENGINE_APPROVALS_RETENTION_HOURS", default_value_t = 168)]
+    pub approvals_retention_hours: u64,
+    /// How long Slack request signatures are kept to refuse replays.
+    #[arg(
+        long,
+        env = "ENGINE_SLACK_REPLAY_RETENTION_SECS",
+        default_value_t = 600
+    )]
+    pub slack_replay_retention_secs: u64,
+    /// How often the retention sweep runs.
+    #[arg(long, env = "ENGINE_RETENTION_INTERVAL_SECS", default_value_t = 60)]
+    pub retention_interval_secs: u64,
     /// Hold deliveries until `Engine::mark_ready` (set by programs that embed workers).
     #[arg(skip)]
     pub hold_until_ready: bool,
@@ -167,6 +183,10 @@ impl ServeOptions {
             ready_timeout_secs: 30,
             trigger_retry_secs: 300,
             hold_until_ready: false,
+            events_retention_hours: 168,
+            approvals_retention_hours: 168,
+            slack_replay_retention_secs: 600,
+            retention_interval_secs: 60,
             span_capacity: 50_000,
             otlp_endpoint: None,
             lambdas: Vec::new(),
@@ -190,6 +210,12 @@ impl ServeOptions {
                 .collect(),
             ready_timeout: Duration::from_secs(self.ready_timeout_secs),
             trigger_retry_window: Duration::from_secs(self.trigger_retry_secs),
+            retention: crate::retention::default_rules(
+                Duration::from_secs(self.events_retention_hours * 3600),
+                Duration::from_secs(self.approvals_retention_hours * 3600),
+                Duration::from_secs(self.slack_replay_retention_secs),
+            ),
+            retention_interval: Duration::from_secs(self.retention_interval_secs.max(1)),
             ..EngineConfig::default()
         }
     }

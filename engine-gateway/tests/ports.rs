@@ -275,3 +275,42 @@ async fn state_lists_come_in_pages_that_resume_after_the_cursor() {
     // The whole-scope reader still sees everything.
     assert_eq!(b.state.list("paged", None).await.unwrap().len(), 26);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_only_what_outlived_its_scope() {
+    use engine_gateway::retention::{RetentionRule, created_at_ms, sweep};
+    let dir = tempfile::tempdir().unwrap();
+    let opts = common::options(dir.path());
+    let b = server::backends(&opts).await.unwrap();
+    let meta = WriteMeta::default();
+    let scope = format!("ret-{}", engine_gateway::trace::random_hex(3));
+    let mut created = 0;
+    for i in 0..7 {
+        let out = b
+            .state
+            .set(&scope, &format!("old{i}"), json!(i), None, &meta)
+            .await
+            .unwrap();
+        created = created_at_ms(out.version);
+    }
+    b.state
+        .set("kept-scope", "x", json!(1), None, &meta)
+        .await
+        .unwrap();
+    let now = engine_gateway::trace::now_ms();
+    assert!(
+        created <= now && now - created < 60_000,
+        "versions carry creation time"
+    );
+    let rules = vec![RetentionRule::new(&scope, Duration::from_secs(3600))];
+    // Young: nothing goes.
+    assert_eq!(sweep(&*b.state, &rules, now).await.unwrap(), 0);
+    // Two hours on, with a one-hour limit: all of them go.
+    let later = now + 2 * 3600 * 1000;
+    assert_eq!(sweep(&*b.state, &rules, later).await.unwrap(), 7);
+    assert!(b.state.list(&scope, None).await.unwrap().is_empty());
+    assert!(
+        b.state.get("kept-scope", "x").await.unwrap().is_some(),
+        "other scopes untouched"
+    );
+}

@@ -588,3 +588,52 @@ async fn state_list_is_paged_for_every_caller() {
     assert_eq!(r["error"]["code"], "invalid_message", "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("limit"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_events_approvals_and_replay_keys_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.slack_replay_retention_secs = 0;
+    opts.retention_interval_secs = 1;
+    let srv = start_with(opts).await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    for (scope, key) in [("slack-replay", "sig1"), ("approvals", "s1/c1")] {
+        let r = raw
+            .call(
+                "state::set",
+                json!({"scope": scope, "key": key, "value": {"t": 1}}),
+            )
+            .await;
+        assert!(r["error"].is_null(), "{r}");
+    }
+    let r = raw
+        .call("stream::set", json!({"stream_name": "agent::events", "group_id": "s1", "item_id": "e1", "data": {"type": "x"}}))
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    // The replay key (kept 0 s here) goes at the next sweep; a 7-day approval and event stay.
+    common::wait_for("the sweep", || {
+        let url = srv.url();
+        async move {
+            let mut raw = Raw::connect(&url).await;
+            let r = raw
+                .call(
+                    "state::get",
+                    json!({"scope": "slack-replay", "key": "sig1"}),
+                )
+                .await;
+            r["result"].is_null() && r["error"].is_null()
+        }
+    })
+    .await;
+    let r = raw
+        .call("state::get", json!({"scope": "approvals", "key": "s1/c1"}))
+        .await;
+    assert_eq!(r["result"]["t"], 1, "{r}");
+    let r = raw
+        .call(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "s1"}),
+        )
+        .await;
+    assert_eq!(r["result"]["items"].as_array().unwrap().len(), 1, "{r}");
+}
