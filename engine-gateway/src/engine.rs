@@ -210,6 +210,8 @@ pub struct EngineConfig {
     /// reconnecting workers can re-register their triggers first.
     pub trigger_grace: Duration,
     pub span_capacity: usize,
+    /// Byte budget of the span ring (and, apart, of spans waiting for export).
+    pub span_max_bytes: usize,
     pub otlp_endpoint: Option<String>,
     pub condition_timeout: Duration,
     /// Readiness gate: queued steps and state-trigger events wait until the engine is ready,
@@ -228,6 +230,8 @@ pub struct EngineConfig {
     /// Scopes whose old records are deleted, checked every `retention_interval`.
     pub retention: Vec<crate::retention::RetentionRule>,
     pub retention_interval: Duration,
+    /// A queue consumer with no trigger whose queue stayed empty this long stops.
+    pub idle_consumer: Duration,
 }
 
 impl Default for EngineConfig {
@@ -236,6 +240,7 @@ impl Default for EngineConfig {
             default_timeout: Duration::from_secs(30),
             trigger_grace: Duration::from_millis(0),
             span_capacity: 50_000,
+            span_max_bytes: crate::trace::SPAN_MAX_BYTES,
             otlp_endpoint: None,
             condition_timeout: Duration::from_secs(5),
             hold_until_ready: false,
@@ -248,6 +253,7 @@ impl Default for EngineConfig {
                 Duration::from_secs(600),
             ),
             retention_interval: Duration::from_secs(60),
+            idle_consumer: IDLE_CONSUMER,
         }
     }
 }
@@ -274,7 +280,8 @@ pub struct Engine {
     pending: Mutex<HashMap<String, PendingCall>>,
     /// (stream_name, group_id or "*") → subscribed worker ids.
     stream_subs: RwLock<HashMap<(String, String), HashSet<String>>>,
-    consumers: Mutex<HashMap<String, JoinHandle<()>>>,
+    /// queue → (generation, consumer task).
+    consumers: Mutex<HashMap<String, (u64, JoinHandle<()>)>>,
     lambdas: Mutex<Vec<Arc<LambdaFunction>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     call_seq: AtomicU64,
@@ -325,8 +332,9 @@ impl Engine {
     /// Build the engine and start its background work: the state-trigger dispatcher, queue
     /// consumers for every known queue, the channel sweeper and (optionally) OTLP export.
     pub async fn start(config: EngineConfig, backends: Backends) -> Arc<Engine> {
-        let spans = Arc::new(SpanStore::new(
+        let spans = Arc::new(SpanStore::with_max_bytes(
             config.span_capacity,
+            config.span_max_bytes,
             config.otlp_endpoint.is_some(),
         ));
         let engine = Arc::new_cyclic(|me| Engine {
@@ -418,7 +426,7 @@ impl Engine {
         for t in lock(&self.tasks).drain(..) {
             t.abort();
         }
-        for (_, t) in lock(&self.consumers).drain() {
+        for (_, (_, t)) in lock(&self.consumers).drain() {
             t.abort();
         }
         for f in lock(&self.lambdas).drain(..) {
@@ -538,9 +546,10 @@ impl Engine {
         }
         write(&self.functions).retain(|_, f| f.owner != worker_id);
         write(&self.triggers).retain(|_, t| t.owner != worker_id);
-        for subs in write(&self.stream_subs).values_mut() {
+        write(&self.stream_subs).retain(|_, subs| {
             subs.remove(worker_id);
-        }
+            !subs.is_empty()
+        });
         let stopped: Vec<PendingCall> = {
             let mut pending = lock(&self.pending);
             let ids: Vec<String> = pending
@@ -1022,15 +1031,55 @@ impl Engine {
 
     fn ensure_consumer(&self, queue: &str) {
         let mut consumers = lock(&self.consumers);
-        if consumers.get(queue).is_some_and(|h| !h.is_finished()) {
+        if consumers.get(queue).is_some_and(|(_, h)| !h.is_finished()) {
             return;
         }
         let weak = self.me.clone();
         let name = queue.to_string();
+        let generation = self.call_seq.fetch_add(1, Ordering::Relaxed);
         consumers.insert(
             queue.to_string(),
-            tokio::spawn(run_queue_consumer(weak, name)),
+            (
+                generation,
+                tokio::spawn(run_queue_consumer(weak, name, generation)),
+            ),
         );
+    }
+
+    /// Number of (stream, group) pairs with a subscriber.
+    pub fn subscription_count(&self) -> usize {
+        read(&self.stream_subs).len()
+    }
+
+    /// Number of queue consumers running.
+    pub fn consumer_count(&self) -> usize {
+        lock(&self.consumers)
+            .values()
+            .filter(|(_, h)| !h.is_finished())
+            .count()
+    }
+
+    /// An idle consumer's way out: nothing consumes its queue by trigger, and the queue holds
+    /// nothing. It leaves the map first and looks once more, so a message sent meanwhile
+    /// either sees no consumer (and starts one) or is seen here (and starts one).
+    async fn retire_consumer(&self, queue: &str, generation: u64) -> bool {
+        let empty = |s: &crate::queue::QueueStats| s.pending + s.in_flight == 0;
+        if !self.queues.exact_stats()
+            || self.queue_trigger_function(queue).is_some()
+            || !self.queues.stats(queue).await.is_ok_and(|s| empty(&s))
+        {
+            return false;
+        }
+        {
+            let mut consumers = lock(&self.consumers);
+            if consumers.get(queue).is_some_and(|(g, _)| *g == generation) {
+                consumers.remove(queue);
+            }
+        }
+        if !self.queues.stats(queue).await.is_ok_and(|s| empty(&s)) {
+            self.ensure_consumer(queue);
+        }
+        true
     }
 
     fn queue_lambda(&self, queue: &str) -> Option<Arc<LambdaFunction>> {
@@ -1407,10 +1456,13 @@ impl Engine {
     }
 
     pub fn stream_unsubscribe(&self, worker_id: &str, stream_name: &str, group_id: Option<&str>) {
-        if let Some(s) = write(&self.stream_subs)
-            .get_mut(&(stream_name.to_string(), group_id.unwrap_or("*").to_string()))
-        {
+        let key = (stream_name.to_string(), group_id.unwrap_or("*").to_string());
+        let mut subs = write(&self.stream_subs);
+        if let Some(s) = subs.get_mut(&key) {
             s.remove(worker_id);
+            if s.is_empty() {
+                subs.remove(&key);
+            }
         }
     }
 
@@ -1898,7 +1950,11 @@ where
     true
 }
 
-async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
+/// A consumer whose queue stayed empty this long, with no trigger on it, stops (the next
+/// message sent to the queue starts one again).
+const IDLE_CONSUMER: Duration = Duration::from_secs(300);
+
+async fn run_queue_consumer(engine: Weak<Engine>, queue: String, generation: u64) {
     let cfg = match engine.upgrade() {
         Some(e) => {
             if !e.wait_ready().await {
@@ -1910,6 +1966,10 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
     };
     let mut cfg = cfg.unwrap_or_else(|| QueueConfig::standard(&queue));
     let permits = Arc::new(Semaphore::new(cfg.concurrency));
+    let idle_after = engine
+        .upgrade()
+        .map_or(IDLE_CONSUMER, |e| e.config.idle_consumer);
+    let mut idle_since = tokio::time::Instant::now();
     loop {
         // Settings may be re-declared while we run (concurrency is fixed at start).
         if let Some(e) = engine.upgrade()
@@ -1934,6 +1994,16 @@ async fn run_queue_consumer(engine: Weak<Engine>, queue: String) {
                 continue;
             }
         };
+        if !batch.is_empty() {
+            idle_since = tokio::time::Instant::now();
+        } else if idle_since.elapsed() >= idle_after {
+            let Some(e) = engine.upgrade() else { return };
+            if e.retire_consumer(&queue, generation).await {
+                tracing::debug!(queue = %queue, "idle queue consumer stopped");
+                return;
+            }
+            idle_since = tokio::time::Instant::now();
+        }
         if let Some(f) = lambda {
             if batch.is_empty() {
                 continue;

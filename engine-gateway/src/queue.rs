@@ -228,6 +228,11 @@ pub trait QueueBackend: Send + Sync {
     fn needs_heartbeat(&self) -> bool {
         false
     }
+    /// Whether `stats` is exact at once. An idle consumer stops only when it can tell its
+    /// queue is empty; SQS counts are approximate (they lag), so its consumers keep running.
+    fn exact_stats(&self) -> bool {
+        true
+    }
     async fn extend(&self, _d: &Delivery, _by: Duration) -> Result<(), QueueError> {
         Ok(())
     }

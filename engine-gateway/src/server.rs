@@ -121,12 +121,19 @@ pub struct ServeOptions {
     /// How often the retention sweep runs.
     #[arg(long, env = "ENGINE_RETENTION_INTERVAL_SECS", default_value_t = 60)]
     pub retention_interval_secs: u64,
+    /// A queue consumer with no trigger whose queue stayed empty this long stops (the next
+    /// message sent to that queue starts one again).
+    #[arg(long, env = "ENGINE_IDLE_CONSUMER_SECS", default_value_t = 300)]
+    pub idle_consumer_secs: u64,
     /// Hold deliveries until `Engine::mark_ready` (set by programs that embed workers).
     #[arg(skip)]
     pub hold_until_ready: bool,
     /// Spans kept in memory for `engine::traces::*`.
     #[arg(long, env = "ENGINE_SPAN_CAPACITY", default_value_t = 50_000)]
     pub span_capacity: usize,
+    /// Byte budget of the in-memory span ring (spans carry caller-given attributes).
+    #[arg(long, env = "ENGINE_SPAN_MAX_BYTES", default_value_t = crate::trace::SPAN_MAX_BYTES)]
+    pub span_max_bytes: usize,
     /// OTLP/HTTP endpoint (JSON encoding); spans are POSTed to `<endpoint>/v1/traces`.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -187,7 +194,9 @@ impl ServeOptions {
             approvals_retention_hours: 168,
             slack_replay_retention_secs: 600,
             retention_interval_secs: 60,
+            idle_consumer_secs: 300,
             span_capacity: 50_000,
+            span_max_bytes: crate::trace::SPAN_MAX_BYTES,
             otlp_endpoint: None,
             lambdas: Vec::new(),
             lambda_max_processes: 4,
@@ -200,6 +209,7 @@ impl ServeOptions {
             default_timeout: Duration::from_millis(self.call_timeout_ms),
             trigger_grace: Duration::from_millis(self.trigger_grace_ms),
             span_capacity: self.span_capacity,
+            span_max_bytes: self.span_max_bytes,
             otlp_endpoint: self.otlp_endpoint.clone().filter(|e| !e.is_empty()),
             hold_until_ready: self.hold_until_ready,
             expected_functions: self
@@ -216,6 +226,7 @@ impl ServeOptions {
                 Duration::from_secs(self.slack_replay_retention_secs),
             ),
             retention_interval: Duration::from_secs(self.retention_interval_secs.max(1)),
+            idle_consumer: Duration::from_secs(self.idle_consumer_secs),
             ..EngineConfig::default()
         }
     }

@@ -250,22 +250,54 @@ impl Span {
 pub struct SpanStore {
     inner: Mutex<SpanStoreInner>,
     capacity: usize,
+    /// Most bytes the kept spans (and, apart, those waiting for export) may take: a span's
+    /// attributes come from callers (baggage, ids), so a count alone bounds nothing.
+    max_bytes: usize,
     export_enabled: bool,
 }
 
 struct SpanStoreInner {
     recent: VecDeque<Span>,
+    recent_bytes: usize,
     to_export: Vec<Span>,
+    to_export_bytes: usize,
+}
+
+/// Default byte budget of the span ring.
+pub const SPAN_MAX_BYTES: usize = 64 << 20;
+
+impl Span {
+    /// Roughly what the span takes in memory.
+    pub fn approx_bytes(&self) -> usize {
+        std::mem::size_of::<Span>()
+            + self.trace_id.len()
+            + self.span_id.len()
+            + self.parent_span_id.as_ref().map_or(0, String::len)
+            + self.name.len()
+            + self.service.len()
+            + self
+                .attributes
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 48)
+                .sum::<usize>()
+    }
 }
 
 impl SpanStore {
     pub fn new(capacity: usize, export_enabled: bool) -> Self {
+        Self::with_max_bytes(capacity, SPAN_MAX_BYTES, export_enabled)
+    }
+
+    pub fn with_max_bytes(capacity: usize, max_bytes: usize, export_enabled: bool) -> Self {
         Self {
             inner: Mutex::new(SpanStoreInner {
                 recent: VecDeque::with_capacity(capacity.min(4096)),
+                recent_bytes: 0,
                 to_export: Vec::new(),
+                to_export_bytes: 0,
             }),
             capacity,
+            max_bytes,
             export_enabled,
         }
     }
@@ -274,19 +306,41 @@ impl SpanStore {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if self.export_enabled && inner.to_export.len() < 100_000 {
+        let bytes = span.approx_bytes();
+        if bytes > self.max_bytes {
+            return;
+        }
+        // An exporter that cannot keep up loses the newest spans, never memory.
+        if self.export_enabled
+            && inner.to_export.len() < 100_000
+            && inner.to_export_bytes + bytes <= self.max_bytes
+        {
+            inner.to_export_bytes += bytes;
             inner.to_export.push(span.clone());
         }
-        if inner.recent.len() >= self.capacity {
-            inner.recent.pop_front();
+        while !inner.recent.is_empty()
+            && (inner.recent.len() >= self.capacity || inner.recent_bytes + bytes > self.max_bytes)
+        {
+            if let Some(old) = inner.recent.pop_front() {
+                inner.recent_bytes -= old.approx_bytes();
+            }
         }
+        inner.recent_bytes += bytes;
         inner.recent.push_back(span);
+    }
+
+    /// Bytes the kept spans take (by [`Span::approx_bytes`]).
+    pub fn kept_bytes(&self) -> usize {
+        self.inner.lock().map(|i| i.recent_bytes).unwrap_or(0)
     }
 
     pub fn take_export_batch(&self) -> Vec<Span> {
         self.inner
             .lock()
-            .map(|mut i| std::mem::take(&mut i.to_export))
+            .map(|mut i| {
+                i.to_export_bytes = 0;
+                std::mem::take(&mut i.to_export)
+            })
             .unwrap_or_default()
     }
 
@@ -444,6 +498,37 @@ mod tests {
             None,
         );
         assert_ne!(zero.trace_id, "00000000000000000000000000000000");
+    }
+
+    #[test]
+    fn the_span_ring_is_bounded_in_bytes_not_only_in_count() {
+        let store = SpanStore::with_max_bytes(1_000_000, 256 * 1024, true);
+        let root = TraceContext::new_root();
+        // Hostile attributes: 10 KB each, far more spans than the budget holds.
+        for i in 0..1_000 {
+            let mut s = Span::start(&format!("s{i}"), "engine", &root);
+            s.attributes.insert("blob".into(), "x".repeat(10_000));
+            s.finish(false);
+            store.record(s);
+        }
+        assert!(store.kept_bytes() <= 256 * 1024, "{}", store.kept_bytes());
+        let kept = store.snapshot();
+        assert!(kept.len() < 30, "{}", kept.len());
+        assert_eq!(kept.last().unwrap().name, "s999", "the newest are kept");
+        assert!(
+            store
+                .take_export_batch()
+                .iter()
+                .map(Span::approx_bytes)
+                .sum::<usize>()
+                <= 256 * 1024
+        );
+        // One span bigger than the whole budget is not kept at all.
+        let mut huge = Span::start("huge", "engine", &root);
+        huge.attributes
+            .insert("blob".into(), "x".repeat(300 * 1024));
+        store.record(huge);
+        assert_eq!(store.snapshot().last().unwrap().name, "s999");
     }
 
     #[test]

@@ -637,3 +637,72 @@ async fn old_events_approvals_and_replay_keys_are_swept() {
         .await;
     assert_eq!(r["result"]["items"].as_array().unwrap().len(), 1, "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_queue_consumers_and_left_subscriptions_are_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.idle_consumer_secs = 1;
+    let srv = start_with(opts).await;
+    let baseline = srv.engine.consumer_count();
+    // Subscriptions to many groups are gone with their connection, not left empty.
+    let before = srv.engine.subscription_count();
+    let mut sub = Raw::connect(&srv.url()).await;
+    for g in 0..50 {
+        sub.send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": format!("g{g}")}))
+            .await;
+    }
+    sub.send(
+        json!({"type": "streamunsubscribe", "stream_name": "agent::events", "group_id": "g0"}),
+    )
+    .await;
+    sub.barrier().await;
+    assert_eq!(srv.engine.subscription_count(), before + 49);
+    drop(sub);
+    common::wait_for("subscriptions to go", || {
+        let engine = srv.engine.clone();
+        async move { engine.subscription_count() == before }
+    })
+    .await;
+    let mut sink = Raw::connect(&srv.url()).await;
+    sink.register("sink::take").await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    // Messages to 20 queues nobody declared: a consumer each, while there is work.
+    for i in 0..20 {
+        let r = raw
+            .call_with(
+                "sink::take",
+                json!({"i": i}),
+                json!({"action": {"type": "enqueue", "queue": format!("burst-{i}")}}),
+            )
+            .await;
+        assert!(r["error"].is_null(), "{r}");
+    }
+    // Each consumer is busy with its message until the sink answers.
+    assert!(srv.engine.consumer_count() >= baseline + 20);
+    for _ in 0..20 {
+        sink.serve_one(|_| json!({})).await;
+    }
+    // Idle for a second (plus a receive wait): they stop. (SQS counts messages only
+    // approximately, so on SQS a consumer cannot know its queue is empty and keeps running.)
+    if common::aws_backend() {
+        return;
+    }
+    let engine = srv.engine.clone();
+    common::wait_for("idle consumers to stop", || {
+        let engine = engine.clone();
+        async move { engine.consumer_count() <= baseline }
+    })
+    .await;
+    // A queue whose consumer stopped works again at the next message.
+    let r = raw
+        .call_with(
+            "sink::take",
+            json!({"again": true}),
+            json!({"action": {"type": "enqueue", "queue": "burst-3"}}),
+        )
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    let inv = sink.serve_one(|_| json!({})).await;
+    assert_eq!(inv["data"]["again"], true);
+}

@@ -443,6 +443,10 @@ impl QueueBackend for SqsQueues {
         true
     }
 
+    fn exact_stats(&self) -> bool {
+        false
+    }
+
     async fn extend(&self, d: &Delivery, by: Duration) -> Result<(), QueueError> {
         self.release(d, by).await
     }
