@@ -22,6 +22,7 @@ use crate::protocol::{self, ErrorBody, Message};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:49134";
 pub const CLOSE_TOO_BIG: u16 = 1009;
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+pub const CLOSE_POLICY: u16 = 1008;
 
 #[derive(Debug, Clone)]
 pub struct EdgeConfig {
@@ -40,9 +41,8 @@ pub struct EdgeConfig {
     pub handshake_timeout: Duration,
     /// Most connections open at once; more are closed right after `accept`.
     pub max_connections: usize,
-    /// Most bytes queued for one connection; a peer that falls this far behind is
-    /// disconnected and its queue dropped (no close frame can reach a peer that is not
-    /// reading).
+    /// Most bytes queued for one connection; a peer that falls this far behind has its
+    /// queue dropped and is closed with 1008 (cut off if its socket takes nothing more).
     pub max_queued_bytes: usize,
 }
 
@@ -266,6 +266,9 @@ async fn run_worker_connection(
     let counter = tx.clone();
     let mut writer = tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
+            if counter.is_over() {
+                break;
+            }
             let (msg, last, bytes) = match out {
                 Outbound::Text(t) => {
                     let n = t.len();
@@ -284,6 +287,14 @@ async fn run_worker_connection(
             if rx.is_empty() && sink.flush().await.is_err() {
                 break;
             }
+        }
+        if counter.is_over() {
+            // Too far behind: the backlog goes, and a 1008 close follows if the socket still
+            // takes it (a peer that reads nothing at all never gets it; it is cut off).
+            rx.close();
+            while rx.try_recv().is_ok() {}
+            let close = close_msg(CLOSE_POLICY, "too far behind: the outbound queue is full");
+            let _ = tokio::time::timeout(Duration::from_millis(500), sink.send(close)).await;
         }
         let _ = sink.close().await;
     });
@@ -343,7 +354,7 @@ async fn run_worker_connection(
         tracing::warn!(%addr, limit = cfg.max_queued_bytes, "connection dropped: too far behind");
         engine.disconnect(&worker_id);
         drop(tx);
-        if tokio::time::timeout(Duration::from_millis(500), &mut writer)
+        if tokio::time::timeout(Duration::from_millis(1000), &mut writer)
             .await
             .is_err()
         {

@@ -90,6 +90,8 @@ impl Outbox {
             if queued > self.limit {
                 self.over.store(true, Ordering::Relaxed);
                 self.overflow.notify_one();
+                // Wakes the writer, which sees the flag, drops the backlog and closes.
+                let _ = self.tx.send(Outbound::Close(1008, "too far behind".into()));
                 return Err(mpsc::error::SendError(out));
             }
         }
@@ -99,6 +101,11 @@ impl Outbox {
     /// The writer put `bytes` of text on the wire.
     pub fn written(&self, bytes: usize) {
         self.queued.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether a send found the queue over its limit.
+    pub fn is_over(&self) -> bool {
+        self.over.load(Ordering::Relaxed)
     }
 
     /// Resolves once a send found the queue over its limit.

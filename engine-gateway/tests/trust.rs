@@ -706,3 +706,37 @@ async fn idle_queue_consumers_and_left_subscriptions_are_cleaned_up() {
     let inv = sink.serve_one(|_| json!({})).await;
     assert_eq!(inv["data"]["again"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_its_queue_limit_is_closed_with_1008_when_the_socket_takes_it() {
+    use futures_util::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.max_queued_bytes = 1024;
+    let srv = start_with(opts).await;
+    let mut sub = Raw::connect(&srv.url()).await;
+    sub.send(json!({"type": "streamsubscribe", "stream_name": "big", "group_id": "g"}))
+        .await;
+    sub.barrier().await;
+    let mut pusher = Raw::connect(&srv.url()).await;
+    let r = pusher
+        .call(
+            "stream::send",
+            json!({"stream_name": "big", "group_id": "g", "data": "x".repeat(4096)}),
+        )
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    let close = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(Ok(m)) = sub.ws.next().await {
+            if let tokio_tungstenite::tungstenite::Message::Close(frame) = m {
+                return frame;
+            }
+        }
+        None
+    })
+    .await
+    .expect("closed");
+    let frame = close.expect("a close frame");
+    assert_eq!(u16::from(frame.code), 1008, "{frame:?}");
+    assert!(frame.reason.contains("too far behind"), "{frame:?}");
+}
