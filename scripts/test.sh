@@ -54,6 +54,17 @@ venv="$CARGO_TARGET_DIR/ci-venv"
 ) > "$logs/venv.log" 2>&1 &
 venv_pid=$!; bg_pids+=("$venv_pid")
 
+# bubblewrap gives shell::exec its filesystem, network and pid layers (tests/sandbox.rs).
+# Installed where this machine can (Debian, as root); without it those layers' tests say
+# they are skipped.
+(
+  if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }
+  fi
+) > "$logs/bwrap.log" 2>&1 &
+bwrap_pid=$!; bg_pids+=("$bwrap_pid")
+
 stage "test runner (cargo-nextest)"
 if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest@0.9.143
@@ -66,6 +77,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 stage_done
 
 stage "tests (workspace, embedded backend)"
+wait "$bwrap_pid" || { echo "bubblewrap not installed (see below); the sandbox's namespace layers are skipped"; tail -5 "$logs/bwrap.log"; }
+command -v bwrap >/dev/null && bwrap --version
 nextest
 stage_done
 

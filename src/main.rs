@@ -39,12 +39,9 @@ struct Cli {
         default_value = "List the files in the working directory, write a short SUMMARY.md about them, and tell me what you did."
     )]
     task: String,
-    /// The directory the agent works in (its tools are confined to it).
-    #[arg(
-        long,
-        env = "HARNESS_WORKDIR",
-        default_value = "./.harness-data/workdir"
-    )]
+    /// The directory the agent works in (its tools are confined to it). It may not hold the
+    /// data dir or the permissions file, nor lie inside the data dir.
+    #[arg(long, env = "HARNESS_WORKDIR", default_value = "./workspace")]
     workdir: std::path::PathBuf,
     /// The permissions file.
     #[arg(
@@ -127,6 +124,37 @@ async fn provider(
     Ok(("scripted".into(), "scripted-demo".into(), handles))
 }
 
+/// The agent's working directory must not reach the harness's own files: not the data dir
+/// (secrets, the token, the database), not the permissions file, in either direction.
+fn check_workdir(
+    workdir: &std::path::Path,
+    data_dir: &std::path::Path,
+    permissions: &std::path::Path,
+) -> anyhow::Result<()> {
+    // Canonical where the path exists; its absolute form otherwise.
+    let real = |p: &std::path::Path| {
+        p.canonicalize()
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    let (work, data, perms) = (real(workdir), real(data_dir), real(permissions));
+    if data.starts_with(&work) || work.starts_with(&data) {
+        anyhow::bail!(
+            "the working directory {} and the data dir {} overlap: the agent could read the secrets and the token. Choose a --workdir outside --data-dir",
+            work.display(),
+            data.display()
+        );
+    }
+    if perms.starts_with(&work) {
+        anyhow::bail!(
+            "the permissions file {} is inside the working directory {}: the agent could rewrite its own rules. Move it, or choose another --workdir",
+            perms.display(),
+            work.display()
+        );
+    }
+    Ok(())
+}
+
 fn ask(question: &str) -> bool {
     print!("{question} [y/N] ");
     let _ = std::io::stdout().flush();
@@ -147,6 +175,7 @@ async fn main() -> anyhow::Result<()> {
     let running = server::start(&cli.serve).await?;
     let engine = running.engine.clone();
     std::fs::create_dir_all(&cli.workdir)?;
+    check_workdir(&cli.workdir, &cli.serve.data_dir, &cli.permissions)?;
     let holder = harness_worker::PolicyHolder::new(cli.permissions.clone());
     let _watch = holder.watch(Duration::from_millis(500));
     let mut harness = harness_worker::policy_worker(holder);

@@ -67,3 +67,35 @@ fn the_main_command_runs_a_scripted_session_with_approvals() {
     );
     assert!(!dir.path().join("work/SUMMARY.md").exists());
 }
+
+#[test]
+fn a_working_directory_that_reaches_the_data_dir_or_the_rules_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let perms = dir.path().join("work").join("iii-permissions.yaml");
+    std::fs::create_dir_all(perms.parent().unwrap()).unwrap();
+    std::fs::write(&perms, "version: 1\nrules: []\n").unwrap();
+    for (workdir, data, permissions, why) in [
+        ("data/work", "data", "iii-permissions.yaml", "overlap"),
+        ("w", "w/data", "iii-permissions.yaml", "overlap"),
+        (
+            "work",
+            "data",
+            "work/iii-permissions.yaml",
+            "rewrite its own rules",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_harness"))
+            .args(["--listen", "127.0.0.1:0", "--serve-only", "--workdir"])
+            .arg(dir.path().join(workdir))
+            .arg("--data-dir")
+            .arg(dir.path().join(data))
+            .arg("--permissions")
+            .arg(dir.path().join(permissions))
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("harness binary runs");
+        assert!(!out.status.success(), "{workdir} / {data}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{workdir} / {data}: {err}");
+    }
+}

@@ -84,11 +84,20 @@ impl PolicyHolder {
     }
 
     pub fn decide(&self, function_id: &str, args: &Value) -> policy::Decision {
+        self.decide_in(function_id, args, None)
+    }
+
+    pub fn decide_in(
+        &self,
+        function_id: &str,
+        args: &Value,
+        session: Option<&str>,
+    ) -> policy::Decision {
         self.state
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .policy
-            .decide(function_id, args)
+            .decide_in(function_id, args, session)
     }
 
     pub fn status(&self) -> Value {
@@ -122,7 +131,7 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
             .into(),
     );
     def.request_format = Some(
-        json!({"type": "object", "required": ["function_id"], "properties": {"function_id": {"type": "string"}, "args": {}}}),
+        json!({"type": "object", "required": ["function_id"], "properties": {"function_id": {"type": "string"}, "args": {}, "session_id": {"type": "string"}}}),
     );
     def.response_format = Some(
         json!({"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["allow", "deny", "needs_approval"]}, "rule_id": {"type": "string"}, "matched_constraint": {}}}),
@@ -134,7 +143,8 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
         async move {
             let function_id = engine_gateway::builtins::req_str(&data, "function_id")?;
             let args = data.get("args").cloned().unwrap_or(Value::Null);
-            serde_json::to_value(h.decide(&function_id, &args))
+            let session = data.get("session_id").and_then(Value::as_str);
+            serde_json::to_value(h.decide_in(&function_id, &args, session))
                 .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
         }
     });

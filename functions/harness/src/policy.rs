@@ -66,6 +66,8 @@ pub const DEFAULT_DENY: &[&str] = &[
     "run::start",
     "auth::set_token",
     "auth::delete_token",
+    // Provider keys are the harness's, never the agent's.
+    "auth::get_token",
     "engine::durable::publish",
     "iii::durable::publish",
     "hook-fanout::publish_collect",
@@ -79,6 +81,22 @@ pub const DEFAULT_ALLOW: &[&str] = &[
     "directory::skills::*",
     "auth::status",
 ];
+
+/// Whether a `state::get` / `state::list` stays in the session's keys.
+fn in_session(args: &Value, session: Option<&str>) -> bool {
+    let Some(sid) = session.filter(|s| !s.is_empty() && !s.contains('/')) else {
+        return false;
+    };
+    let own = format!("session/{sid}/");
+    let key = args
+        .get("key")
+        .or_else(|| args.get("prefix"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    args.get("scope").and_then(Value::as_str) == Some("agent")
+        && key.starts_with(&own)
+        && !key.contains("..")
+}
 
 /// `*` is the only wildcard, anchored at both ends.
 pub fn pattern_matches(pattern: &str, function_id: &str) -> bool {
@@ -134,6 +152,13 @@ pub struct Policy {
 
 impl Policy {
     pub fn decide(&self, function_id: &str, args: &Value) -> Decision {
+        self.decide_in(function_id, args, None)
+    }
+
+    /// [`Policy::decide`] for a call made in `session`: by default `state::get` and
+    /// `state::list` reach only that session's keys (scope `agent`, keys under
+    /// `session/<sid>/`); a file rule may allow more.
+    pub fn decide_in(&self, function_id: &str, args: &Value, session: Option<&str>) -> Decision {
         for (i, p) in DEFAULT_DENY.iter().enumerate() {
             if pattern_matches(p, function_id) {
                 return Decision::Deny {
@@ -167,6 +192,14 @@ impl Policy {
                     },
                 };
             }
+        }
+        if matches!(function_id, "state::get" | "state::list") && !in_session(args, session) {
+            return Decision::Deny {
+                rule_id: "default-deny:state-outside-the-session".into(),
+                matched_constraint: Some(
+                    json!({"scope": {"equals": "agent"}, "key": {"matches": format!("^session/{}/", session.unwrap_or("<session>"))}}),
+                ),
+            };
         }
         for (i, p) in DEFAULT_ALLOW.iter().enumerate() {
             if pattern_matches(p, function_id) {
@@ -480,13 +513,46 @@ rules:
             Decision::Allow { .. }
         ));
         let empty = Policy::default();
-        for id in [
-            "state::get",
-            "state::list",
-            "models::list",
-            "directory::skills::get",
-            "auth::status",
+        // The agent's state reads stay inside its own session.
+        let own = json!({"scope": "agent", "key": "session/s1/notes"});
+        assert!(matches!(
+            empty.decide_in("state::get", &own, Some("s1")),
+            Decision::Allow { .. }
+        ));
+        assert!(matches!(
+            empty.decide_in(
+                "state::list",
+                &json!({"scope": "agent", "prefix": "session/s1/"}),
+                Some("s1")
+            ),
+            Decision::Allow { .. }
+        ));
+        for (args, session) in [
+            (own.clone(), Some("s2")),
+            (own.clone(), None),
+            (
+                json!({"scope": "approvals", "key": "session/s1/x"}),
+                Some("s1"),
+            ),
+            (
+                json!({"scope": "agent", "key": "session/s10/x"}),
+                Some("s1"),
+            ),
+            (json!({"scope": "agent", "prefix": ""}), Some("s1")),
         ] {
+            assert!(
+                matches!(
+                    empty.decide_in("state::get", &args, session),
+                    Decision::Deny { .. }
+                ),
+                "{args} in {session:?}"
+            );
+        }
+        assert!(matches!(
+            decide(&p, "auth::get_token", json!({"provider": "anthropic"})),
+            Decision::Deny { .. }
+        ));
+        for id in ["models::list", "directory::skills::get", "auth::status"] {
             assert!(
                 matches!(decide(&empty, id, json!({})), Decision::Allow { .. }),
                 "{id}"

@@ -5,6 +5,8 @@
 //! exec wait for approval.
 
 pub mod confine;
+pub mod sandbox;
+pub mod seccomp;
 
 use engine_gateway::builtins::{opt_str, opt_u64, req_str};
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const MAX_READ_BYTES: u64 = 256 * 1024;
+pub const MAX_WRITE_BYTES: usize = 8 << 20;
 pub const MAX_LIST_ENTRIES: usize = 1000;
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 30_000;
@@ -21,6 +24,7 @@ pub const MAX_EXEC_TIMEOUT_MS: u64 = 300_000;
 
 pub struct Tools {
     root: PathBuf,
+    sandbox: sandbox::Sandbox,
 }
 
 fn io(path: &str, e: impl std::fmt::Display) -> ErrorBody {
@@ -28,13 +32,44 @@ fn io(path: &str, e: impl std::fmt::Display) -> ErrorBody {
 }
 
 impl Tools {
-    /// `root` is created if missing and canonicalized.
+    /// `root` is created if missing and canonicalized; the sandbox comes from the
+    /// environment (`HARNESS_SANDBOX`, …, see [`sandbox::SandboxConfig::from_env`]).
     pub fn new(root: impl Into<PathBuf>) -> std::io::Result<Arc<Self>> {
+        let cfg = sandbox::SandboxConfig::from_env()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        Self::with_sandbox(root, cfg)
+    }
+
+    pub fn with_sandbox(
+        root: impl Into<PathBuf>,
+        cfg: sandbox::SandboxConfig,
+    ) -> std::io::Result<Arc<Self>> {
         let root = root.into();
         std::fs::create_dir_all(&root)?;
-        Ok(Arc::new(Self {
-            root: root.canonicalize()?,
-        }))
+        let root = root.canonicalize()?;
+        let sandbox = sandbox::Sandbox::probe(cfg, &root);
+        sandbox.own(&root)?;
+        let layers = sandbox.layers();
+        tracing::info!(
+            workdir = %root.display(),
+            mode = ?sandbox.mode(),
+            active = ?layers,
+            missing = %sandbox.layers().missing().join(", "),
+            notes = %sandbox.notes().join("; "),
+            "shell::exec sandbox"
+        );
+        Ok(Arc::new(Self { root, sandbox }))
+    }
+
+    /// The sandbox's layers, as `shell::sandbox` reports them.
+    pub fn sandbox_report(&self) -> Value {
+        json!({
+            "mode": match self.sandbox.mode() { sandbox::Mode::Required => "required", sandbox::Mode::BestEffort => "best_effort" },
+            "layers": self.sandbox.layers(),
+            "missing": self.sandbox.layers().missing(),
+            "notes": self.sandbox.notes(),
+            "usable": self.sandbox.check().is_ok(),
+        })
     }
 
     pub fn root(&self) -> &std::path::Path {
@@ -43,6 +78,12 @@ impl Tools {
 
     fn resolve(&self, p: &str) -> Result<PathBuf, ErrorBody> {
         confine::resolve(&self.root, p).map_err(|e| ErrorBody::new("forbidden", e.to_string()))
+    }
+
+    /// Who files written for the agent belong to (the sandbox user when root).
+    fn sandbox_owner(&self) -> Option<u32> {
+        // SAFETY: geteuid has no preconditions.
+        (unsafe { libc::geteuid() } == 0).then_some(sandbox::SANDBOX_UID)
     }
 
     fn rel(&self, p: &std::path::Path) -> String {
@@ -58,11 +99,11 @@ impl Tools {
         let limit = opt_u64(data, "limit")?
             .unwrap_or(MAX_READ_BYTES)
             .min(MAX_READ_BYTES);
-        let bytes = tokio::fs::read(&full).await.map_err(|e| io(&path, e))?;
-        let size = bytes.len() as u64;
-        let start = offset.min(size) as usize;
-        let end = (offset.saturating_add(limit)).min(size) as usize;
-        let slice = &bytes[start..end];
+        let (bytes, size, start) = read_window(&full, offset, limit)
+            .await
+            .map_err(|e| io(&path, e))?;
+        let end = start + bytes.len();
+        let slice = &bytes[..];
         let content = match std::str::from_utf8(slice) {
             Ok(s) => s.to_string(),
             // A cut may split a character at the end; anything else is binary.
@@ -116,6 +157,12 @@ impl Tools {
         let path = req_str(data, "path")?;
         let content = req_str(data, "content")?;
         let full = self.resolve(&path)?;
+        if content.len() > MAX_WRITE_BYTES {
+            return Err(ErrorBody::invalid(format!(
+                "`content` is {} bytes; at most {MAX_WRITE_BYTES} are written per call",
+                content.len()
+            )));
+        }
         if full == self.root {
             return Err(ErrorBody::invalid(
                 "`path` names the working directory itself",
@@ -126,21 +173,30 @@ impl Tools {
                 .await
                 .map_err(|e| io(&path, e))?;
         }
-        // Atomic: a reader sees the old file or the new one, never half of it.
+        // Atomic: a reader sees the old file or the new one, never half of it. The temporary
+        // file is created new (O_EXCL) and never through a symlink (O_NOFOLLOW), so a link
+        // planted at its name cannot redirect the write.
         let tmp = full.with_file_name(format!(
-            ".{}.tmp-{}",
+            ".{}.tmp-{}-{}",
             full.file_name()
                 .map(|n| n.to_string_lossy())
                 .unwrap_or_default(),
-            std::process::id()
+            std::process::id(),
+            engine_gateway::trace::random_hex(4)
         ));
-        tokio::fs::write(&tmp, content.as_bytes())
-            .await
-            .map_err(|e| io(&path, e))?;
-        tokio::fs::rename(&tmp, &full)
-            .await
-            .map_err(|e| io(&path, e))?;
-        Ok(json!({"path": self.rel(&full), "bytes_written": content.len()}))
+        let bytes = content.into_bytes();
+        let (tmp2, full2) = (tmp.clone(), full.clone());
+        let owner = self.sandbox_owner();
+        let written =
+            tokio::task::spawn_blocking(move || write_atomically(&tmp2, &full2, &bytes, owner))
+                .await
+                .map_err(|e| io(&path, e))?;
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&path, e));
+        }
+        let content_len = std::fs::metadata(&full).map(|m| m.len()).unwrap_or(0);
+        Ok(json!({"path": self.rel(&full), "bytes_written": content_len}))
     }
 
     pub async fn exec(&self, data: &Value) -> Result<Value, ErrorBody> {
@@ -153,18 +209,25 @@ impl Tools {
                 .unwrap_or(DEFAULT_EXEC_TIMEOUT_MS)
                 .min(MAX_EXEC_TIMEOUT_MS),
         );
+        self.sandbox
+            .check()
+            .map_err(|why| ErrorBody::new("sandbox_unavailable", why))?;
         let started = Instant::now();
-        let mut child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(&command)
-            .current_dir(&self.root)
+        let (mut cmd, seccomp_fd) = self
+            .sandbox
+            .command(&command)
+            .map_err(|e| ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}")))?;
+        let mut child = cmd
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| ErrorBody::new("io_error", format!("cannot start the shell: {e}")))?;
+        drop(seccomp_fd);
+        // Killed with its whole group if this call is dropped (the caller gave up) before it
+        // ends; the guard disarms once the command is reaped.
+        let mut group = GroupGuard(child.id());
         let pgid = child.id();
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
@@ -182,13 +245,16 @@ impl Tools {
                 (false, (out, out_total), (err, err_total), code)
             }
             Err(_) => {
-                // Kill the whole process group: the shell and whatever it started.
+                // Kill the whole process group: the shell and whatever it started (with the
+                // pid layer, everything in its namespace dies with it).
                 if let Some(pid) = pgid {
                     kill_group(pid);
                 }
+                let _ = child.wait().await;
                 (true, (Vec::new(), 0), (Vec::new(), 0), None)
             }
         };
+        group.0 = None;
         let truncated = out.1 > MAX_OUTPUT_BYTES || err.1 > MAX_OUTPUT_BYTES;
         Ok(json!({
             "exit_code": code,
@@ -199,6 +265,79 @@ impl Tools {
             "duration_ms": started.elapsed().as_millis() as u64,
         }))
     }
+}
+
+/// Kills the process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            kill_group(pid);
+        }
+    }
+}
+
+/// Read at most `limit` bytes at `offset` of a regular file → (bytes, file size, start).
+/// FIFOs, devices and sockets are refused: reading one could block forever or never end.
+async fn read_window(
+    path: &std::path::Path,
+    offset: u64,
+    limit: u64,
+) -> std::io::Result<(Vec<u8>, u64, usize)> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        // O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it.
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)?;
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (directories, FIFOs, devices and sockets are not read)",
+            ));
+        }
+        let size = meta.len();
+        let start = offset.min(size);
+        f.seek(SeekFrom::Start(start))?;
+        let mut buf = Vec::with_capacity(limit.min(size - start) as usize);
+        f.take(limit).read_to_end(&mut buf)?;
+        Ok((buf, size, start as usize))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// Write `bytes` to a new temporary file (never through a symlink), fsync it, rename it over
+/// `to`, and fsync the directory.
+fn write_atomically(
+    tmp: &std::path::Path,
+    to: &std::path::Path,
+    bytes: &[u8],
+    owner: Option<u32>,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o644)
+        .open(tmp)?;
+    f.write_all(bytes)?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::fchown(&f, Some(uid), Some(uid))?;
+    }
+    f.sync_all()?;
+    std::fs::rename(tmp, to)?;
+    if let Some(dir) = to.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// SIGKILL the process group the shell leads (it was started with `process_group(0)`, so
@@ -271,6 +410,16 @@ pub fn worker(tools: Arc<Tools>) -> Worker {
         move |_c, d: Value| {
             let t = t.clone();
             async move { t.write(&d).await }
+        },
+    );
+    w.register_function(
+        def("shell::sandbox", "The isolation layers shell::exec runs in on this machine: {mode, layers, missing, notes, usable}.", &[], json!({})),
+        {
+            let t = tools.clone();
+            move |_c, _d: Value| {
+                let t = t.clone();
+                async move { Ok(t.sandbox_report()) }
+            }
         },
     );
     w.register_function(

@@ -959,7 +959,7 @@ async fn function_execute(
         let decision = ctx
             .trigger_timeout(
                 "policy::check_permissions",
-                json!({"function_id": call.function_id, "args": call.args}),
+                json!({"function_id": call.function_id, "args": call.args, "session_id": rec.session_id}),
                 POLICY_TIMEOUT,
             )
             .await;

@@ -1,0 +1,348 @@
+//! `shell::exec` in its sandbox, as the agent would call it: nothing past the working
+//! directory, no secrets in the environment, no network, bounded resources, and no process
+//! outliving its call. Every attempt fails with a clear outcome, and the tools keep working.
+//! A layer's test is skipped only when this kernel lacks the layer (it says so).
+
+use serde_json::{Value, json};
+use std::path::Path;
+use std::sync::Arc;
+use tools_worker::Tools;
+use tools_worker::sandbox::{Mode, SandboxConfig};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    work: std::path::PathBuf,
+    data: std::path::PathBuf,
+    tools: Arc<Tools>,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("secrets.json"),
+        r#"{"anthropic": "sk-secret-value"}"#,
+    )
+    .unwrap();
+    std::fs::write(root.join("iii-permissions.yaml"), "version: 1\nrules: []\n").unwrap();
+    let work = root.join("workspace");
+    let tools = Tools::with_sandbox(&work, SandboxConfig::default()).unwrap();
+    let work = work.canonicalize().unwrap();
+    Setup {
+        _dir: dir,
+        root: root.canonicalize().unwrap(),
+        work,
+        data: data.canonicalize().unwrap(),
+        tools,
+    }
+}
+
+async fn exec(t: &Tools, command: &str) -> Value {
+    t.exec(&json!({"command": command, "timeout_ms": 10_000}))
+        .await
+        .unwrap_or_else(|e| panic!("{command}: {e:?}"))
+}
+
+fn layer(t: &Tools, name: &str) -> bool {
+    let report = t.sandbox_report();
+    let on = report["layers"][name] == true;
+    if !on {
+        eprintln!(
+            "SKIPPED: layer `{name}` is not active here: {}",
+            report["notes"]
+        );
+    }
+    on
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_reports_its_layers() {
+    let s = setup();
+    let r = s.tools.sandbox_report();
+    eprintln!("sandbox: {r}");
+    for always in [
+        "clean_env",
+        "session",
+        "rlimits",
+        "no_new_privs",
+        "seccomp",
+        "separate_uid",
+    ] {
+        assert_eq!(r["layers"][always], true, "{always}: {r}");
+    }
+    assert_eq!(r["usable"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_past_the_working_directory_can_be_read() {
+    let s = setup();
+    if !layer(&s.tools, "filesystem") {
+        return;
+    }
+    for target in [
+        "../data/secrets.json".to_string(),
+        s.data.join("secrets.json").display().to_string(),
+        s.root.join("iii-permissions.yaml").display().to_string(),
+        "/root/.aws/credentials".to_string(),
+    ] {
+        let r = exec(&s.tools, &format!("cat {target}")).await;
+        assert_ne!(r["exit_code"], 0, "{target}: {r}");
+        assert!(!r["stdout"].as_str().unwrap().contains("sk-secret"), "{r}");
+        assert!(
+            r["stderr"].as_str().unwrap().contains("No such file"),
+            "{target}: {r}"
+        );
+    }
+    // /proc shows only the sandbox's own processes: pid 1 is the sandbox, not the host.
+    let r = exec(
+        &s.tools,
+        "cat /proc/1/environ | tr '\\0' '\\n'; ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
+    assert!(!r["stdout"].as_str().unwrap().contains("API_KEY"), "{r}");
+    let procs: u32 = r["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(procs < 10, "only the sandbox's processes are visible: {r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_outside_can_be_written_directly_or_through_a_symlink() {
+    let s = setup();
+    if !layer(&s.tools, "filesystem") {
+        return;
+    }
+    let outside = s.data.join("planted");
+    let r = exec(&s.tools, &format!("echo x > {}", outside.display())).await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+    let r = exec(
+        &s.tools,
+        &format!(
+            "ln -s {} link && echo x > link/planted; echo x > /usr/planted; echo x > /etc/planted",
+            s.data.display()
+        ),
+    )
+    .await;
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Read-only file system"),
+        "{r}"
+    );
+    assert!(!outside.exists());
+    assert!(!Path::new("/usr/planted").exists() && !Path::new("/etc/planted").exists());
+    // fs::write refuses the link (it resolves outside) and never follows one planted at its
+    // temporary name.
+    let e = s
+        .tools
+        .write(&json!({"path": "link/planted", "content": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "forbidden", "{e:?}");
+    assert!(!outside.exists());
+    // Inside, all is well, and the command's files are the agent's to change.
+    let r = exec(&s.tools, "echo ok > mine.txt && cat mine.txt && id -u").await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().starts_with("ok"));
+    s.tools
+        .write(&json!({"path": "theirs.txt", "content": "from fs::write"}))
+        .await
+        .unwrap();
+    let r = exec(&s.tools, "echo more >> theirs.txt && cat theirs.txt").await;
+    assert_eq!(
+        r["exit_code"], 0,
+        "fs::write's files stay writable to commands: {r}"
+    );
+    assert!(s.work.join("mine.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_holds_no_keys() {
+    // SAFETY: this test's process has no other thread reading the environment yet.
+    unsafe {
+        std::env::set_var("ANTHROPIC_API_KEY", "sk-ant-leak");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "aws-leak");
+    }
+    let s = setup();
+    let r = exec(&s.tools, "env").await;
+    let env = r["stdout"].as_str().unwrap();
+    assert!(!env.contains("API_KEY") && !env.contains("AWS_"), "{env}");
+    assert!(env.contains(&format!("HOME={}", s.work.display())), "{env}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_network_by_default() {
+    let s = setup();
+    if !layer(&s.tools, "network") {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let r = exec(
+        &s.tools,
+        &format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'"),
+    )
+    .await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert!(listener.accept().is_err(), "nothing reached the host port");
+    let r = exec(&s.tools, "bash -c 'echo hi > /dev/tcp/1.1.1.1/53'").await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+}
+
+fn processes_of(uid: u32, marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            use std::os::unix::fs::MetadataExt;
+            let owned = e.metadata().map(|m| m.uid() == uid).unwrap_or(false);
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            owned && String::from_utf8_lossy(&cmd).contains(marker)
+        })
+        .count()
+}
+
+fn sandbox_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        tools_worker::sandbox::SANDBOX_UID
+    } else {
+        unsafe { libc::geteuid() }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_are_bounded_and_nothing_outlives_its_call() {
+    let s = setup();
+    // A fork bomb: bounded by the process limit, ended by the timeout, nothing left behind.
+    let r = s
+        .tools
+        .exec(&json!({"command": "b(){ b | b & }; b; sleep 1", "timeout_ms": 3_000}))
+        .await
+        .unwrap();
+    assert!(r["duration_ms"].as_u64().unwrap() < 10_000, "{r}");
+    // A 4 GB allocation fails.
+    let r = exec(
+        &s.tools,
+        "perl -e '$x = \"a\" x (4 * 1024 ** 3); print length $x'",
+    )
+    .await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("Out of memory"),
+        "{r}"
+    );
+    // A command that outlives its timeout, with a child that tries to escape its group.
+    let marker = format!("9{}.5", std::process::id());
+    let r = s
+        .tools
+        .exec(&json!({"command": format!("setsid sleep {marker} & sleep {marker}"), "timeout_ms": 500}))
+        .await
+        .unwrap();
+    assert_eq!(r["timed_out"], true, "{r}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let left = processes_of(sandbox_uid(), &marker);
+    if layer(&s.tools, "pid") {
+        assert_eq!(left, 0, "no process of the command is left");
+    } else {
+        eprintln!("{left} escaped process(es) without the pid layer; killed now");
+        let _ = std::process::Command::new("pkill")
+            .args(["-9", "-f", &marker])
+            .status();
+    }
+    // And the tools still work.
+    assert_eq!(exec(&s.tools, "echo alive").await["stdout"], "alive\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_kills_its_command() {
+    let s = setup();
+    let t = s.tools.clone();
+    let call = tokio::spawn(async move {
+        t.exec(&json!({"command": "sleep 876.5", "timeout_ms": 60_000}))
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(processes_of(sandbox_uid(), "876.5") >= 1, "running");
+    call.abort();
+    let _ = call.await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        processes_of(sandbox_uid(), "876.5"),
+        0,
+        "the command died with its call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seccomp_refuses_what_commands_have_no_business_doing() {
+    let s = setup();
+    let r = exec(&s.tools, "unshare --user true; echo rc=$?").await;
+    let out = format!("{}{}", r["stdout"], r["stderr"]);
+    assert!(
+        out.contains("rc=1") && out.contains("Operation not permitted"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_mode_refuses_when_a_layer_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SandboxConfig {
+        mode: Mode::Required,
+        bwrap: Some("/nonexistent/bwrap".into()),
+        ..SandboxConfig::default()
+    };
+    let tools = Tools::with_sandbox(dir.path(), cfg).unwrap();
+    let e = tools
+        .exec(&json!({"command": "echo should-not-run > ran"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "sandbox_unavailable");
+    assert!(
+        e.message.contains("filesystem") && e.message.contains("network"),
+        "{}",
+        e.message
+    );
+    assert!(!dir.path().join("ran").exists(), "it never runs unconfined");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fs_read_refuses_special_files_and_caps_what_it_reads() {
+    let s = setup();
+    let fifo = s.work.join("pipe");
+    let c = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let e = s.tools.read(&json!({"path": "pipe"})).await.unwrap_err();
+    assert!(e.message.contains("not a regular file"), "{e:?}");
+    std::fs::write(s.work.join("big.txt"), "y".repeat(1 << 20)).unwrap();
+    let r = s.tools.read(&json!({"path": "big.txt"})).await.unwrap();
+    assert_eq!(r["truncated"], true);
+    assert_eq!(
+        r["content"].as_str().unwrap().len(),
+        tools_worker::MAX_READ_BYTES as usize
+    );
+    assert_eq!(r["size"], 1 << 20);
+    let r = s
+        .tools
+        .read(&json!({"path": "big.txt", "offset": (1 << 20) - 10}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r["content"].as_str().unwrap().len(), &r["truncated"]),
+        (10, &json!(false))
+    );
+}
