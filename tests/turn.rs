@@ -796,3 +796,59 @@ async fn a_missing_provider_is_retried_not_the_end_of_the_run() {
     let view = wait_state(&ctx, "late1", "stopped").await;
     assert_eq!(view["error"], Value::Null, "{view}");
 }
+
+/// `run::abort` during a long command kills the command (the sandbox's whole process tree),
+/// not only the run's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_abort_kills_the_command_in_flight() {
+    let s = stack("version: 1\nrules:\n  - \"shell::exec\"\n").await;
+    let ctx = s.client.ctx();
+    let marker = format!("7{}.25", std::process::id());
+    s.model.load(Cassette {
+        turns: vec![
+            call(
+                "c1",
+                "shell::exec",
+                json!({"command": format!("sleep {marker}"), "timeout_ms": 120_000}),
+            ),
+            text("never reached"),
+        ],
+        ..Default::default()
+    });
+    start(&ctx, "abort-cmd", None).await;
+    let alive = |marker: &str| {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                String::from_utf8_lossy(&cmd).starts_with("sleep")
+                    && String::from_utf8_lossy(&cmd).contains(marker)
+            })
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while alive(&marker) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = ctx
+        .trigger("run::abort", json!({"session_id": "abort-cmd"}))
+        .await
+        .unwrap();
+    assert_eq!(r["aborted"], true, "{r}");
+    assert_eq!(r["commands_killed"], 1, "{r}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while alive(&marker) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command outlived run::abort"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let view = wait_state(&ctx, "abort-cmd", "stopped").await;
+    assert_eq!(view["error"]["kind"], "aborted", "{view}");
+}

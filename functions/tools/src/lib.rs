@@ -25,6 +25,9 @@ pub const MAX_EXEC_TIMEOUT_MS: u64 = 300_000;
 pub struct Tools {
     root: PathBuf,
     sandbox: sandbox::Sandbox,
+    /// Commands running now, by session: (command number, process group).
+    running: std::sync::Mutex<std::collections::HashMap<String, Vec<(u64, u32)>>>,
+    next_command: std::sync::atomic::AtomicU64,
 }
 
 fn io(path: &str, e: impl std::fmt::Display) -> ErrorBody {
@@ -58,7 +61,12 @@ impl Tools {
             notes = %sandbox.notes().join("; "),
             "shell::exec sandbox"
         );
-        Ok(Arc::new(Self { root, sandbox }))
+        Ok(Arc::new(Self {
+            root,
+            sandbox,
+            running: Default::default(),
+            next_command: Default::default(),
+        }))
     }
 
     /// The sandbox's layers, as `shell::sandbox` reports them.
@@ -200,6 +208,26 @@ impl Tools {
     }
 
     pub async fn exec(&self, data: &Value) -> Result<Value, ErrorBody> {
+        self.exec_in(data, None).await
+    }
+
+    /// Kill every command running for `session` (`run::abort`) → how many.
+    pub fn cancel(&self, session: &str) -> usize {
+        let groups = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session)
+            .unwrap_or_default();
+        for (_, pgid) in &groups {
+            kill_group(*pgid);
+        }
+        groups.len()
+    }
+
+    /// `shell::exec` on behalf of `session` (from the call's baggage), so `shell::cancel`
+    /// can find it.
+    pub async fn exec_in(&self, data: &Value, session: Option<&str>) -> Result<Value, ErrorBody> {
         let command = req_str(data, "command")?;
         if command.trim().is_empty() {
             return Err(ErrorBody::invalid("`command` is empty"));
@@ -228,6 +256,25 @@ impl Tools {
         // Killed with its whole group if this call is dropped (the caller gave up) before it
         // ends; the guard disarms once the command is reaped.
         let mut group = GroupGuard(child.id());
+        let _registered = match (session, child.id()) {
+            (Some(sid), Some(pgid)) => {
+                let n = self
+                    .next_command
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(sid.to_string())
+                    .or_default()
+                    .push((n, pgid));
+                Some(Registered {
+                    tools: self,
+                    session: sid.to_string(),
+                    n,
+                })
+            }
+            _ => None,
+        };
         let pgid = child.id();
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
@@ -264,6 +311,25 @@ impl Tools {
             "timed_out": timed_out,
             "duration_ms": started.elapsed().as_millis() as u64,
         }))
+    }
+}
+
+/// Removes a running command from its session's list when the call ends.
+struct Registered<'a> {
+    tools: &'a Tools,
+    session: String,
+    n: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let mut running = self.tools.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = running.get_mut(&self.session) {
+            list.retain(|(n, _)| *n != self.n);
+            if list.is_empty() {
+                running.remove(&self.session);
+            }
+        }
     }
 }
 
@@ -424,9 +490,22 @@ pub fn worker(tools: Arc<Tools>) -> Worker {
     );
     w.register_function(
         def("shell::exec", "Run `sh -c command` in the working directory (timeout_ms default 30 000, at most 300 000; stdout and stderr capped at 64 KiB each).", &["command"], json!({"command": {"type": "string"}, "timeout_ms": {"type": "integer"}})),
+        {
+            let t = tools.clone();
+            move |c: harness_sdk::Ctx, d: Value| {
+                let t = t.clone();
+                async move { t.exec_in(&d, c.session_id()).await }
+            }
+        },
+    );
+    w.register_function(
+        def("shell::cancel", "Kill every command running for a session (run::abort calls it): {session_id} → {killed}.", &["session_id"], json!({"session_id": {"type": "string"}})),
         move |_c, d: Value| {
             let t = tools.clone();
-            async move { t.exec(&d).await }
+            async move {
+                let sid = req_str(&d, "session_id")?;
+                Ok(json!({"killed": t.cancel(&sid)}))
+            }
         },
     );
     w

@@ -875,6 +875,7 @@ const NEVER_FOR_THE_AGENT: &[&str] = &[
     "run::start",
     "auth::set_token",
     "auth::delete_token",
+    "shell::cancel",
     "state::set",
     "state::update",
     "state::delete",
@@ -1446,7 +1447,15 @@ async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
                 )
                 .await;
                 let _ = save(&ctx, &mut rec, &mut version).await;
-                return Ok(json!({"session_id": sid, "aborted": true, "state": "stopped"}));
+                // A command the run started dies with it (best effort: a tools worker that
+                // does not offer this lets the command run out its timeout).
+                let killed = best_effort(&ctx, "shell::cancel", json!({"session_id": sid}))
+                    .await
+                    .and_then(|v| v["killed"].as_u64())
+                    .unwrap_or(0);
+                return Ok(
+                    json!({"session_id": sid, "aborted": true, "state": "stopped", "commands_killed": killed}),
+                );
             }
             Err(StepError::Stale) => continue,
             Err(StepError::Transient(e)) => return Err(e),
