@@ -852,3 +852,64 @@ async fn run_abort_kills_the_command_in_flight() {
     let view = wait_state(&ctx, "abort-cmd", "stopped").await;
     assert_eq!(view["error"]["kind"], "aborted", "{view}");
 }
+
+/// The network is closed to commands unless the policy rule that allowed the call opens it;
+/// the model cannot open it by asking in its arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_policy_rule_opens_the_network_to_a_command() {
+    let s = stack(
+        "version: 1\nrules:\n  - function: \"shell::exec\"\n    action: allow\n    network: true\n    args:\n      command: {matches: \"^bash -c 'echo granted\"}\n  - \"shell::exec\"\n",
+    )
+    .await;
+    let ctx = s.client.ctx();
+    let report = ctx.trigger("shell::sandbox", json!({})).await.unwrap();
+    if report["layers"]["network"] != true {
+        eprintln!("SKIPPED: the network layer is not active here: {report}");
+        return;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let got = seen.clone();
+    let acceptor = tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            use tokio::io::AsyncReadExt;
+            let mut line = String::new();
+            let _ = sock.read_to_string(&mut line).await;
+            got.lock().unwrap().push(line.trim().to_string());
+        }
+    });
+    let send = |word: &str| format!("bash -c 'echo {word} > /dev/tcp/127.0.0.1/{port}'");
+    s.model.load(Cassette {
+        turns: vec![
+            call("n1", "shell::exec", json!({"command": send("granted")})),
+            call(
+                "n2",
+                "shell::exec",
+                json!({"command": send("smuggled"), "sandbox": {"network": true}}),
+            ),
+            text("done"),
+        ],
+        ..Default::default()
+    });
+    start(&ctx, "net1", None).await;
+    wait_state(&ctx, "net1", "stopped").await;
+    let evs = events(&ctx, "net1").await;
+    let results: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "function_execution_end")
+        .collect();
+    assert_eq!(results.len(), 2, "{evs:?}");
+    for _ in 0..40 {
+        if !seen.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    acceptor.abort();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["granted"],
+        "only the granted call connected"
+    );
+}

@@ -100,6 +100,14 @@ impl PolicyHolder {
             .decide_in(function_id, args, session)
     }
 
+    pub fn network_granted(&self, function_id: &str, args: &Value) -> bool {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .network_granted(function_id, args)
+    }
+
     pub fn status(&self) -> Value {
         let s = self.state.read().unwrap_or_else(|p| p.into_inner());
         json!({
@@ -144,8 +152,15 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
             let function_id = engine_gateway::builtins::req_str(&data, "function_id")?;
             let args = data.get("args").cloned().unwrap_or(Value::Null);
             let session = data.get("session_id").and_then(Value::as_str);
-            serde_json::to_value(h.decide_in(&function_id, &args, session))
-                .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
+            let decision = h.decide_in(&function_id, &args, session);
+            let network = matches!(decision, policy::Decision::Allow { .. })
+                && h.network_granted(&function_id, &args);
+            let mut out = serde_json::to_value(decision)
+                .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))?;
+            if network {
+                out["network"] = json!(true);
+            }
+            Ok(out)
         }
     });
     let mut status = RegisterFunction::new("policy::status");

@@ -46,6 +46,9 @@ pub struct Rule {
     pub function: String,
     pub action: Action,
     pub args: Vec<(String, Constraint)>,
+    /// An allow rule may open the network to the command it allows (`network: true`):
+    /// `shell::exec` runs without network otherwise.
+    pub network: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -110,6 +113,7 @@ impl Rule {
             function: function.to_string(),
             action,
             args: Vec::new(),
+            network: false,
         }
     }
 
@@ -211,6 +215,14 @@ impl Policy {
         Decision::NeedsApproval
     }
 
+    /// Whether the file rule that allows this call grants it the network.
+    pub fn network_granted(&self, function_id: &str, args: &Value) -> bool {
+        self.file_rules
+            .iter()
+            .find(|r| r.matches(function_id, args))
+            .is_some_and(|r| r.action == Action::Allow && r.network)
+    }
+
     /// Parse `iii-permissions.yaml`. Every error names the line it is about.
     pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
         let err = |line: usize, message: String| PolicyError {
@@ -272,10 +284,12 @@ impl Policy {
                 serde_norway::Value::Mapping(m) => {
                     for k in m.keys() {
                         let k = k.as_str().unwrap_or("?");
-                        if !["rule_id", "function", "action", "args"].contains(&k) {
+                        if !["rule_id", "function", "action", "args", "network"].contains(&k) {
                             return Err(err(
                                 line,
-                                format!("unknown field `{k}` (rule_id, function, action, args)"),
+                                format!(
+                                    "unknown field `{k}` (rule_id, function, action, args, network)"
+                                ),
                             ));
                         }
                     }
@@ -351,11 +365,21 @@ impl Policy {
                             args.push((field, constraint));
                         }
                     }
+                    let network = match m.get("network") {
+                        None => false,
+                        Some(v) => v
+                            .as_bool()
+                            .ok_or_else(|| err(line, "`network` must be true or false".into()))?,
+                    };
+                    if network && action != Action::Allow {
+                        return Err(err(line, "`network: true` belongs on an allow rule".into()));
+                    }
                     Rule {
                         rule_id,
                         function: function.to_string(),
                         action,
                         args,
+                        network,
                     }
                 }
                 other => {
@@ -562,6 +586,23 @@ rules:
             decide(&empty, "fs::write", json!({})),
             Decision::NeedsApproval
         );
+    }
+
+    #[test]
+    fn an_allow_rule_may_grant_the_network() {
+        let p = Policy::parse(
+            "p.yaml",
+            "version: 1\nrules:\n  - function: \"shell::exec\"\n    action: allow\n    network: true\n    args:\n      command: {matches: \"^curl \"}\n  - \"shell::exec\"\n",
+        )
+        .unwrap();
+        assert!(p.network_granted("shell::exec", &json!({"command": "curl example.com"})));
+        assert!(!p.network_granted("shell::exec", &json!({"command": "ls"})));
+        let e = Policy::parse(
+            "p.yaml",
+            "version: 1\nrules:\n  - function: x\n    action: deny\n    network: true\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("allow rule"), "{e}");
     }
 
     #[test]

@@ -241,9 +241,12 @@ impl Tools {
             .check()
             .map_err(|why| ErrorBody::new("sandbox_unavailable", why))?;
         let started = Instant::now();
+        // Set by the orchestrator when a policy rule granted it (callers of shell::exec are
+        // workers; clients may not call it at all).
+        let network = data["sandbox"]["network"] == true;
         let (mut cmd, seccomp_fd) = self
             .sandbox
-            .command(&command)
+            .command(&command, network)
             .map_err(|e| ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}")))?;
         let mut child = cmd
             .stdin(std::process::Stdio::null())

@@ -226,7 +226,7 @@ impl Sandbox {
 
     /// Run `true` in a full sandbox once.
     fn try_bwrap(&self, bwrap: &Path) -> Result<(), String> {
-        let mut cmd = self.bwrap_command(bwrap, "true", None);
+        let mut cmd = self.bwrap_command(bwrap, "true", None, false);
         self.apply_process_layers(&mut cmd, None, true);
         let out = cmd
             .stdin(std::process::Stdio::null())
@@ -285,11 +285,16 @@ impl Sandbox {
         bwrap: &Path,
         command: &str,
         seccomp_fd: Option<i32>,
+        network: bool,
     ) -> std::process::Command {
         let mut cmd = std::process::Command::new(bwrap);
         let work = self.workdir.display().to_string();
+        cmd.arg("--unshare-all");
+        if network {
+            // Granted by a policy rule for this call: the host's network, nothing more.
+            cmd.arg("--share-net");
+        }
         cmd.args([
-            "--unshare-all",
             "--die-with-parent",
             "--new-session",
             "--cap-drop",
@@ -326,12 +331,13 @@ impl Sandbox {
     pub fn command(
         &self,
         command: &str,
+        network: bool,
     ) -> std::io::Result<(tokio::process::Command, Option<OwnedFd>)> {
         let (std_cmd, fd) = match &self.bwrap {
             Some(bwrap) => {
                 let fd = seccomp_memfd()?;
                 let raw = fd.as_raw_fd();
-                let mut c = self.bwrap_command(bwrap, command, Some(raw));
+                let mut c = self.bwrap_command(bwrap, command, Some(raw), network);
                 self.apply_process_layers(&mut c, Some(raw), true);
                 (c, Some(fd))
             }

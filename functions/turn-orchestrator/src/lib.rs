@@ -780,6 +780,19 @@ async fn dispatch(
     call: &Call,
     announce: bool,
 ) -> Executed {
+    dispatch_with(ctx, hooks, rec, call, announce, false).await
+}
+
+/// `network`: the policy's allow rule opened the network to this call's sandbox. The model
+/// cannot ask for it: a `sandbox` field in its arguments is dropped.
+async fn dispatch_with(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    call: &Call,
+    announce: bool,
+    network: bool,
+) -> Executed {
     if announce {
         emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
     }
@@ -789,6 +802,10 @@ async fn dispatch(
     let started = Instant::now();
     let mut payload = call.args.clone();
     if let Some(o) = payload.as_object_mut() {
+        o.remove("sandbox");
+        if network {
+            o.insert("sandbox".into(), json!({"network": true}));
+        }
         o.insert("session_id".into(), json!(rec.session_id));
         o.insert("function_call_id".into(), json!(call.function_call_id));
         o.insert("function_id".into(), json!(call.function_id));
@@ -968,7 +985,10 @@ async fn function_execute(
             .as_ref()
             .map(|d| d["decision"].as_str().unwrap_or(""))
         {
-            Ok("allow") => dispatch(ctx, hooks, rec, &call, true).await,
+            Ok("allow") => {
+                let network = decision.as_ref().is_ok_and(|d| d["network"] == true);
+                dispatch_with(ctx, hooks, rec, &call, true, network).await
+            }
             Ok("needs_approval") => {
                 // Parked (and saved) before it is announced, so an approver who reacts to the
                 // event finds it pending.
