@@ -176,6 +176,7 @@ async fn the_environment_holds_no_keys() {
     let s = setup();
     let r = exec(&s.tools, "env").await;
     let env = r["stdout"].as_str().unwrap();
+    assert_eq!(r["exit_code"], 0, "{r}");
     assert!(!env.contains("API_KEY") && !env.contains("AWS_"), "{env}");
     assert!(env.contains(&format!("HOME={}", s.work.display())), "{env}");
 }
@@ -214,18 +215,28 @@ fn processes_of(uid: u32, marker: &str) -> usize {
         .count()
 }
 
-fn sandbox_uid() -> u32 {
+fn sandbox_uid(t: &Tools) -> u32 {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        tools_worker::sandbox::SANDBOX_UID
-    } else {
-        unsafe { libc::geteuid() }
-    }
+    t.sandbox_owner_uid().unwrap_or(unsafe { libc::geteuid() })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resources_are_bounded_and_nothing_outlives_its_call() {
-    let s = setup();
+    // A uid of its own: the process limit counts per user, and the other tests' commands
+    // (run at the same time) must not share this one's fork bomb.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SandboxConfig {
+        uid: 64321,
+        ..SandboxConfig::default()
+    };
+    let tools = Tools::with_sandbox(dir.path().join("workspace"), cfg).unwrap();
+    let s = Setup {
+        root: dir.path().to_path_buf(),
+        work: dir.path().join("workspace"),
+        data: dir.path().join("data"),
+        _dir: dir,
+        tools,
+    };
     // A fork bomb: bounded by the process limit, ended by the timeout, nothing left behind.
     let r = s
         .tools
@@ -253,7 +264,7 @@ async fn resources_are_bounded_and_nothing_outlives_its_call() {
         .unwrap();
     assert_eq!(r["timed_out"], true, "{r}");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let left = processes_of(sandbox_uid(), &marker);
+    let left = processes_of(sandbox_uid(&s.tools), &marker);
     if layer(&s.tools, "pid") {
         assert_eq!(left, 0, "no process of the command is left");
     } else {
@@ -270,17 +281,19 @@ async fn resources_are_bounded_and_nothing_outlives_its_call() {
 async fn a_call_given_up_kills_its_command() {
     let s = setup();
     let t = s.tools.clone();
+    let marker = format!("8{}.5", std::process::id());
+    let command = format!("sleep {marker}");
     let call = tokio::spawn(async move {
-        t.exec(&json!({"command": "sleep 876.5", "timeout_ms": 60_000}))
+        t.exec(&json!({"command": command, "timeout_ms": 60_000}))
             .await
     });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(processes_of(sandbox_uid(), "876.5") >= 1, "running");
+    assert!(processes_of(sandbox_uid(&s.tools), &marker) >= 1, "running");
     call.abort();
     let _ = call.await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(
-        processes_of(sandbox_uid(), "876.5"),
+        processes_of(sandbox_uid(&s.tools), &marker),
         0,
         "the command died with its call"
     );

@@ -69,6 +69,11 @@ impl Tools {
         }))
     }
 
+    /// The uid commands run as, when it is not the harness's own.
+    pub fn sandbox_owner_uid(&self) -> Option<u32> {
+        self.sandbox.owner()
+    }
+
     /// The sandbox's layers, as `shell::sandbox` reports them.
     pub fn sandbox_report(&self) -> Value {
         json!({
@@ -90,8 +95,7 @@ impl Tools {
 
     /// Who files written for the agent belong to (the sandbox user when root).
     fn sandbox_owner(&self) -> Option<u32> {
-        // SAFETY: geteuid has no preconditions.
-        (unsafe { libc::geteuid() } == 0).then_some(sandbox::SANDBOX_UID)
+        self.sandbox.owner()
     }
 
     fn rel(&self, p: &std::path::Path) -> String {
