@@ -260,7 +260,7 @@ async fn deny_abort_max_turns_busy_and_stale_steps() {
         .unwrap();
     assert_eq!(
         r,
-        json!({"session_id": "busy", "aborted": true, "state": "stopped"})
+        json!({"session_id": "busy", "aborted": true, "state": "stopped", "commands_killed": 0})
     );
     let late = ctx
         .trigger(
