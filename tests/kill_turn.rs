@@ -188,3 +188,72 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
     assert!(ran.iter().all(|id| ids.contains(id)), "{ran:?}");
     harness.kill9();
 }
+
+/// A command does not outlive the harness: `kill -9` of the binary takes the command's whole
+/// process tree with it (the sandbox's parent-death signal and, with bubblewrap, its PID
+/// namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_dies_with_the_harness() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("work")).unwrap();
+    std::fs::write(dir.path().join("perms.yaml"), "version: 1\nrules: []\n").unwrap();
+    std::fs::write(
+        dir.path().join("cassette.json"),
+        json!({"turns": []}).to_string(),
+    )
+    .unwrap();
+    let harness = spawn_harness(dir.path(), &[]);
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
+    let report = client
+        .ctx()
+        .trigger("shell::sandbox", json!({}))
+        .await
+        .unwrap();
+    if report["layers"]["pid"] != true {
+        eprintln!(
+            "SKIPPED: without the pid layer a background child can outlive the harness: {report}"
+        );
+        return;
+    }
+    let marker = format!("6{}.75", std::process::id());
+    let ctx = client.ctx();
+    let command = format!("sleep {marker} & sleep {marker}");
+    // The admin token may call the tool directly; the call never returns (the harness dies).
+    let _call = tokio::spawn(async move {
+        let _ = ctx
+            .trigger(
+                "shell::exec",
+                json!({"command": command, "timeout_ms": 120_000}),
+            )
+            .await;
+    });
+    let count = |marker: &str| {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd);
+                cmd.starts_with("sleep") && cmd.contains(marker)
+            })
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while count(&marker) < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    harness.kill9();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count(&marker) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} process(es) outlived the harness",
+            count(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -28,6 +28,8 @@ pub struct Tools {
     /// Commands running now, by session: (command number, process group).
     running: std::sync::Mutex<std::collections::HashMap<String, Vec<(u64, u32)>>>,
     next_command: std::sync::atomic::AtomicU64,
+    /// Most bytes one `fs::read` returns (`HARNESS_FS_READ_MAX_BYTES`, default 256 KiB).
+    read_cap: u64,
 }
 
 fn io(path: &str, e: impl std::fmt::Display) -> ErrorBody {
@@ -66,6 +68,11 @@ impl Tools {
             sandbox,
             running: Default::default(),
             next_command: Default::default(),
+            read_cap: std::env::var("HARNESS_FS_READ_MAX_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(MAX_READ_BYTES),
         }))
     }
 
@@ -109,8 +116,8 @@ impl Tools {
         let full = self.resolve(&path)?;
         let offset = opt_u64(data, "offset")?.unwrap_or(0);
         let limit = opt_u64(data, "limit")?
-            .unwrap_or(MAX_READ_BYTES)
-            .min(MAX_READ_BYTES);
+            .unwrap_or(self.read_cap)
+            .min(self.read_cap);
         let (bytes, size, start) = read_window(&full, offset, limit)
             .await
             .map_err(|e| io(&path, e))?;
