@@ -913,3 +913,93 @@ async fn only_a_policy_rule_opens_the_network_to_a_command() {
         "only the granted call connected"
     );
 }
+
+/// A lost wake-up is retried: the approval's state trigger fails twice, succeeds the third
+/// time, and the parked session resumes exactly once (the engine acknowledges the change
+/// only after its handler succeeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_wake_up_that_fails_twice_still_resumes_the_session_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = stack(PERMISSIONS).await;
+    s.model.load(Cassette {
+        turns: vec![
+            call(
+                "w1",
+                "fs::write",
+                json!({"path": "woke.txt", "content": "once"}),
+            ),
+            text("Done."),
+        ],
+        ..Default::default()
+    });
+    // Stands in for the orchestrator's wake-up handler (the trigger calls it by id): it fails
+    // twice, then queues the same step the real one would.
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let flaky = harness_sdk::Worker::new("flaky-wake").function(
+        "turn::on_approval",
+        "fails twice, then wakes the session",
+        move |ctx, ev: Value| {
+            let c = c.clone();
+            async move {
+                if ev["event_type"] == "state:deleted" {
+                    return Ok(json!({"ignored": true}));
+                }
+                let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+                if n <= 2 {
+                    return Err(engine_gateway::protocol::ErrorBody::new(
+                        "invocation_error",
+                        format!("wake-up failure {n}"),
+                    ));
+                }
+                let sid = ev["key"]
+                    .as_str()
+                    .unwrap()
+                    .split('/')
+                    .next()
+                    .unwrap()
+                    .to_string();
+                ctx.enqueue_with(
+                    "turn-steps",
+                    "turn::function_awaiting_approval",
+                    json!({"session_id": sid}),
+                    harness_sdk::EnqueueOptions {
+                        message_group_id: Some(sid.clone()),
+                        deduplication_id: Some(format!("{sid}-flaky-wake")),
+                    },
+                )
+                .await?;
+                Ok(json!({"woke": sid}))
+            }
+        },
+    );
+    let _flaky = harness_sdk::run_embedded(flaky, &s.srv.engine).unwrap();
+    let ctx = s.client.ctx();
+    start(&ctx, "wake", None).await;
+    wait_state(&ctx, "wake", "function_awaiting_approval").await;
+    let ok = ctx
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "wake", "function_call_id": "w1", "decision": "allow"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok, json!({"ok": true}));
+    let view = wait_state(&ctx, "wake", "stopped").await;
+    assert_eq!(view["error"], Value::Null, "{view}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "two failures, one success, no more"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.work.join("woke.txt")).unwrap(),
+        "once"
+    );
+    let ends = events(&ctx, "wake")
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "function_execution_end")
+        .count();
+    assert_eq!(ends, 1, "the call ran once");
+}
