@@ -105,7 +105,8 @@ fn schema(required: &[&str], props: Value) -> Value {
     json!({"type": "object", "required": required, "properties": props})
 }
 
-fn stream_addr(data: &Value) -> Result<(String, String), ErrorBody> {
+/// `(state scope, group)` of a stream call; the item key is `<group>\u{1}<item>`.
+pub fn stream_addr(data: &Value) -> Result<(String, String), ErrorBody> {
     let name = req_str(data, "stream_name")?;
     let group = req_str(data, "group_id")?;
     if name.is_empty() || group.is_empty() || group.contains('\u{1}') || name.contains('\0') {

@@ -132,11 +132,18 @@ async fn backend_outage_5xx_and_throttling_are_ridden_out() {
     let handled: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let watched: Arc<Mutex<Vec<String>>> = Arc::default();
     let (h, wt) = (handled.clone(), watched.clone());
+    // Jobs wait for this until every message is queued, so the backlog is still being worked
+    // when the faults begin however slowly the emulator took the messages.
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g = go.clone();
     let worker = Worker::new("faulty")
         .function("fault::job", "", move |_c, d: Value| {
             let h = h.clone();
+            let g = g.clone();
             async move {
-                // Slow enough that the backlog is still being worked when the faults begin.
+                while !g.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 tokio::time::sleep(Duration::from_millis(150)).await;
                 h.lock().unwrap().push((d["g"].as_str().unwrap_or("").to_string(), d["n"].as_u64().unwrap_or(0)));
                 Ok(json!({}))
@@ -175,6 +182,8 @@ async fn backend_outage_5xx_and_throttling_are_ridden_out() {
     }
 
     // Backend gone (connections refused), back, 5xx, throttling, back.
+    go.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
     server.abort();
     let done_before_faults = handled.lock().unwrap().len();
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -2,6 +2,7 @@
 //! secrets in Secrets Manager, registries in DynamoDB. Configured by the standard AWS
 //! environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, credentials) plus a name prefix.
 
+pub mod catalogue;
 pub mod changes;
 pub mod queues;
 pub mod registry;

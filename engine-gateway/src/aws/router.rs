@@ -135,6 +135,12 @@ pub async fn call_function_as(
     traceparent: Option<String>,
     baggage: Option<String>,
 ) -> Result<Value, ErrorBody> {
+    if super::catalogue::FUNCTIONS.contains(&function_id) {
+        principal.may_call(function_id, false)?;
+        if let Some(answer) = super::catalogue::answer(registry, function_id).await {
+            return answer;
+        }
+    }
     let target = registry
         .get("function", function_id)
         .await

@@ -72,6 +72,9 @@ impl AwsBus {
                 ))),
             };
         }
+        if let Some(answer) = self.stream_call(function_id, &data, &meta).await {
+            return answer;
+        }
         // Another function: the Lambda the registry names, invoked directly.
         engine_gateway::aws::router::call_function(
             &self.clients,
@@ -83,6 +86,75 @@ impl AwsBus {
         )
         .await
         .map_err(BusError::from)
+    }
+}
+
+impl AwsBus {
+    /// `stream::*` on the state table, with the engine's keys (`$stream:<name>`,
+    /// `<group>\u{1}<item>`): the table's stream carries each stored item to the stream
+    /// router, which pushes it to the subscribed connections. `stream::send` stores nothing,
+    /// so nothing can carry it here.
+    async fn stream_call(
+        &self,
+        function_id: &str,
+        data: &Value,
+        meta: &WriteMeta,
+    ) -> Option<Result<Value, BusError>> {
+        use engine_gateway::builtins::{req_str, stream_addr};
+        use engine_gateway::state::StateStore;
+        if !function_id.starts_with("stream::") {
+            return None;
+        }
+        let run = async {
+            let (scope, group) = stream_addr(data)?;
+            match function_id {
+                "stream::set" => {
+                    let item = req_str(data, "item_id")?;
+                    let value = data.get("data").cloned().unwrap_or(Value::Null);
+                    engine_gateway::state::check_value_depth("`data`", &value)?;
+                    let out = self
+                        .state
+                        .set(&scope, &format!("{group}\u{1}{item}"), value, None, meta)
+                        .await?;
+                    Ok(serde_json::json!({"old_value": out.old_value, "new_value": out.new_value}))
+                }
+                "stream::get" => {
+                    let item = req_str(data, "item_id")?;
+                    Ok(self
+                        .state
+                        .get(&scope, &format!("{group}\u{1}{item}"))
+                        .await?
+                        .map(|v| v.value)
+                        .unwrap_or(Value::Null))
+                }
+                "stream::delete" => {
+                    let item = req_str(data, "item_id")?;
+                    let out = self
+                        .state
+                        .delete(&scope, &format!("{group}\u{1}{item}"), None, meta)
+                        .await?;
+                    Ok(serde_json::json!({"deleted": out.old_value.is_some()}))
+                }
+                "stream::list" => {
+                    let prefix = format!("{group}\u{1}");
+                    let items: Vec<Value> = self
+                        .state
+                        .list(&scope, Some(&prefix))
+                        .await?
+                        .into_iter()
+                        .map(|e| serde_json::json!({"item_id": e.key[prefix.len()..], "data": e.value}))
+                        .collect();
+                    Ok(serde_json::json!({"items": items}))
+                }
+                other => Err(engine_gateway::protocol::ErrorBody::new(
+                    "function_not_found",
+                    format!(
+                        "`{other}` needs the engine's connections; on AWS, stream::set items reach subscribers through the stream router"
+                    ),
+                )),
+            }
+        };
+        Some(run.await.map_err(BusError::from))
     }
 }
 
@@ -151,6 +223,43 @@ impl Bus for AwsBus {
             .send(msg)
             .await
             .map_err(|e| BusError::EnqueueError(e.to_string()))
+    }
+
+    async fn retry_later(
+        &self,
+        event_source_arn: &str,
+        receipt_handle: &str,
+        delay: Duration,
+    ) -> Result<(), BusError> {
+        // arn:aws:sqs:<region>:<account>:<queue name>
+        let name = event_source_arn
+            .rsplit(':')
+            .next()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                BusError::InvalidMessage(format!("not a queue ARN: `{event_source_arn}`"))
+            })?;
+        let url = self
+            .clients
+            .sqs
+            .get_queue_url()
+            .queue_name(name)
+            .send()
+            .await
+            .map_err(|e| BusError::EnqueueError(engine_gateway::aws::err_text(&e)))?
+            .queue_url()
+            .map(str::to_owned)
+            .ok_or_else(|| BusError::EnqueueError(format!("no URL for queue {name}")))?;
+        self.clients
+            .sqs
+            .change_message_visibility()
+            .queue_url(url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(delay.as_secs().min(43_200) as i32)
+            .send()
+            .await
+            .map_err(|e| BusError::EnqueueError(engine_gateway::aws::err_text(&e)))?;
+        Ok(())
     }
 
     async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {

@@ -46,6 +46,17 @@ pub trait Bus: Send + Sync {
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError>;
     /// Hand a finished span to the engine's trace store.
     fn report_span(&self, span: Span);
+    /// A message of an SQS batch failed: make it visible again after `delay` (SPEC's
+    /// backoff) instead of after the queue's whole visibility timeout. Only a bus that talks
+    /// to SQS itself does anything; under the engine, its own consumer sets the backoff.
+    async fn retry_later(
+        &self,
+        _event_source_arn: &str,
+        _receipt_handle: &str,
+        _delay: std::time::Duration,
+    ) -> Result<(), BusError> {
+        Ok(())
+    }
 }
 
 /// A bus for a Lambda with no engine to reach: every outbound call fails clearly.

@@ -89,7 +89,9 @@ async fn handle_sqs(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Value
         let id = record.message_id.clone().unwrap_or_default();
         let group = record.attributes.get("MessageGroupId").cloned();
         if group.as_ref().is_some_and(|g| failed_groups.contains(g)) {
-            // FIFO: nothing after a failure in its group may run before it.
+            // FIFO: nothing after a failure in its group may run before it. It comes back
+            // with the failed one, not after the visibility timeout.
+            retry_soon(&*bus, &record, &id).await;
             failed.push(id);
             continue;
         }
@@ -119,11 +121,34 @@ async fn handle_sqs(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Value
             if let Some(g) = group {
                 failed_groups.insert(g);
             }
+            retry_soon(&*bus, &record, &id).await;
             failed.push(id);
         }
     }
     failures(failed)
 }
+
+/// Back off from a failure (1 s, 2 s, 4 s… by receive count, as SPEC's queues do) rather
+/// than waiting out the visibility timeout. Best effort: if this fails, the timeout still
+/// brings the message back.
+async fn retry_soon(bus: &dyn Bus, record: &aws_lambda_events::sqs::SqsMessage, id: &str) {
+    let receives: u32 = record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    if let (Some(arn), Some(handle)) = (&record.event_source_arn, &record.receipt_handle) {
+        let delay = std::time::Duration::from_millis(
+            STEP_BACKOFF_MS.saturating_mul(1 << receives.saturating_sub(1).min(10)),
+        );
+        if let Err(e) = bus.retry_later(arn, handle, delay).await {
+            tracing::warn!(message_id = %id, error = %e, "could not shorten the retry delay");
+        }
+    }
+}
+
+/// First retry delay of a failed SQS message; it doubles with each receive.
+pub const STEP_BACKOFF_MS: u64 = 1000;
 
 fn attr_s<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
     v.pointer(path).and_then(Value::as_str)

@@ -118,3 +118,141 @@ async fn a_lambda_without_the_bus_reaches_dynamodb_and_sqs_directly() {
     assert_eq!(err.code(), "function_not_found");
     assert!(err.to_string().contains("register-lambda"), "{err}");
 }
+
+/// A message that fails in a partial batch comes back after SPEC's backoff (1 s for the
+/// first receive), set with `ChangeMessageVisibility`, not after the queue's visibility
+/// timeout (360 s for turn steps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sqs_record_is_retried_after_the_backoff_not_the_visibility_timeout() {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(&format!(
+        "rb{}-",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let bus: Arc<dyn Bus> = Arc::new(AwsBus::new(clients.clone(), names.clone()));
+    let queues = engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names.clone());
+    let mut cfg = engine_gateway::queue::QueueConfig::standard("retry-steps");
+    cfg.visibility_timeout_ms = 300_000;
+    queues.declare(&cfg).await.unwrap();
+    bus.enqueue(
+        "retry-steps",
+        "demo::record_step",
+        json!({"group": "R", "n": 1, "fail": true}),
+        &engine_gateway::trace::TraceContext::new_root(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let got = queues
+        .receive("retry-steps", 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    // The event as the mapping delivers it, with the queue's real ARN.
+    let mut event = engine_gateway::events::sqs_event(&got, "retry-steps");
+    event["Records"][0]["eventSourceARN"] = json!(format!(
+        "arn:aws:sqs:us-east-1:000000000000:{}",
+        names.queue_name("retry-steps", false, false)
+    ));
+    let worker = harness_sdk::examples::steps_worker();
+    let resp = handle_event(&worker, bus.clone(), event, None).await;
+    assert_eq!(
+        resp["batchItemFailures"][0]["itemIdentifier"],
+        json!(got[0].message.id),
+        "{resp}"
+    );
+    // Back within a few seconds (the queue itself would hide it for 300 s).
+    let started = std::time::Instant::now();
+    let mut again = Vec::new();
+    while again.is_empty() && started.elapsed() < Duration::from_secs(15) {
+        again = queues
+            .receive("retry-steps", 1, Duration::from_secs(2))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        again.len(),
+        1,
+        "the failed message came back after its backoff"
+    );
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(again[0].message.id, got[0].message.id);
+}
+
+/// UI events from a Lambda: `stream::set/get/list/delete` store items under the engine's
+/// keys (which the stream router pushes to subscribers); `stream::send` says why it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_items_from_a_lambda_land_in_the_state_table() {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(&format!(
+        "sb{}-",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let bus = AwsBus::new(clients.clone(), names.clone());
+    let root = engine_gateway::trace::TraceContext::new_root();
+    let ev = |item: &str, n: i64| json!({"stream_name": "agent::events", "group_id": "s1", "item_id": item, "data": {"type": "x", "n": n}});
+    bus.call("stream::set", ev("e1", 1), &root, None)
+        .await
+        .unwrap();
+    bus.call("stream::set", ev("e2", 2), &root, None)
+        .await
+        .unwrap();
+    let list = bus
+        .call(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "s1"}),
+            &root,
+            None,
+        )
+        .await
+        .unwrap();
+    let ids: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["item_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["e1", "e2"], "{list}");
+    // Where the engine keeps them, so the stream router finds them on the table's stream.
+    let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
+    let stored = state
+        .get("$stream:agent::events", "s1\u{1}e2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.value["n"], 2);
+    let r = bus
+        .call(
+            "stream::delete",
+            json!({"stream_name": "agent::events", "group_id": "s1", "item_id": "e1"}),
+            &root,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["deleted"], true);
+    let e = bus
+        .call(
+            "stream::send",
+            json!({"stream_name": "agent::events", "group_id": "s1", "data": {}}),
+            &root,
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("stream router"), "{e}");
+}

@@ -278,6 +278,47 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
             .await
             .unwrap();
         assert_eq!(r["slept_ms"], 10);
+
+        // The engine's catalogue, from the registry table: what a deployed orchestrator,
+        // hook or skill worker sees, in the local engine's shapes.
+        let root = engine_gateway::trace::TraceContext::new_root();
+        let fns = bus
+            .call("engine::functions::list", json!({}), &root, None)
+            .await
+            .unwrap();
+        let chain = fns["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["function_id"] == "demo::chain")
+            .unwrap_or_else(|| panic!("{fns}"));
+        assert_eq!(chain["worker_id"], format!("lambda:{prefix}echo"));
+        assert!(chain["description"].is_string(), "{chain}");
+        let triggers = bus
+            .call("engine::triggers::list", json!({}), &root, None)
+            .await
+            .unwrap();
+        let t = &triggers["triggers"].as_array().unwrap()[0];
+        assert_eq!(
+            (t["trigger_type"].as_str(), t["function_id"].as_str()),
+            (Some("state"), Some("demo::audit")),
+            "{triggers}"
+        );
+        let workers = bus
+            .call("engine::workers::list", json!({}), &root, None)
+            .await
+            .unwrap();
+        let names: Vec<&str> = workers["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [format!("{prefix}echo"), format!("{prefix}steps")],
+            "{workers}"
+        );
     }
 
     // Roles: the secret engine/access adds worker and client credentials. A client reaches
