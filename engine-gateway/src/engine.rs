@@ -291,6 +291,8 @@ pub struct Engine {
     consumers: Mutex<HashMap<String, (u64, JoinHandle<()>)>>,
     lambdas: Mutex<Vec<Arc<LambdaFunction>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Tasks aborted by `shutdown`, for `wait_stopped`.
+    stopping: Mutex<Vec<JoinHandle<()>>>,
     call_seq: AtomicU64,
     boot_id: String,
     started: std::time::Instant,
@@ -360,6 +362,7 @@ impl Engine {
             consumers: Mutex::new(HashMap::new()),
             lambdas: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
+            stopping: Mutex::new(Vec::new()),
             call_seq: AtomicU64::new(0),
             boot_id: crate::trace::random_hex(4),
             started: std::time::Instant::now(),
@@ -430,12 +433,16 @@ impl Engine {
     /// Stop background work, close every connection and fail every call in flight.
     pub fn shutdown(&self) {
         self.closing.send_replace(true);
+        let mut stopping = lock(&self.stopping);
         for t in lock(&self.tasks).drain(..) {
             t.abort();
+            stopping.push(t);
         }
         for (_, (_, t)) in lock(&self.consumers).drain() {
             t.abort();
+            stopping.push(t);
         }
+        drop(stopping);
         for f in lock(&self.lambdas).drain(..) {
             f.shutdown();
         }
@@ -446,6 +453,18 @@ impl Engine {
                 "the engine is shutting down",
             )));
         }
+    }
+
+    /// Wait (at most 5 s) until the background tasks stopped by [`Engine::shutdown`] are gone:
+    /// they hold the backends (an embedded database can then be opened again).
+    pub async fn wait_stopped(&self) {
+        let tasks: Vec<JoinHandle<()>> = lock(&self.stopping).drain(..).collect();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            for t in tasks {
+                let _ = t.await;
+            }
+        })
+        .await;
     }
 
     fn arc(&self) -> Option<Arc<Engine>> {

@@ -291,6 +291,7 @@ impl RunningServer {
     /// data dir can be opened again in this process.
     pub async fn shutdown(self) {
         self.stop();
+        self.engine.wait_stopped().await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while Arc::strong_count(&self.engine) > 1 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
