@@ -55,8 +55,11 @@ pub struct QueueConfig {
 fn default_max_retries() -> u32 {
     3
 }
+/// SPEC's default first retry delay of a queue (it doubles with each attempt).
+pub const DEFAULT_BACKOFF_MS: u64 = 1000;
+
 fn default_backoff_ms() -> u64 {
-    1000
+    DEFAULT_BACKOFF_MS
 }
 fn default_visibility_ms() -> u64 {
     30_000

@@ -59,6 +59,55 @@ impl SqsQueues {
         }
     }
 
+    /// The URL of an SQS queue by its SQS name (not a bus queue name).
+    async fn url_of_name(&self, name: &str) -> Result<String, QueueError> {
+        self.clients
+            .sqs
+            .get_queue_url()
+            .queue_name(name)
+            .send()
+            .await
+            .map_err(|e| qerr(err_text(&e)))?
+            .queue_url()
+            .map(str::to_owned)
+            .ok_or_else(|| qerr(format!("GetQueueUrl returned no URL for {name}")))
+    }
+
+    async fn change_visibility(
+        &self,
+        url: &str,
+        receipt_handle: &str,
+        delay: Duration,
+    ) -> Result<(), QueueError> {
+        self.clients
+            .sqs
+            .change_message_visibility()
+            .queue_url(url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(secs(delay))
+            .send()
+            .await
+            .map_err(|e| qerr(err_text(&e)))?;
+        Ok(())
+    }
+
+    /// Make a message an event-source mapping delivered (its `eventSourceARN` names the
+    /// queue: `arn:aws:sqs:<region>:<account>:<name>`) visible again after `delay`.
+    pub async fn release_delivered(
+        &self,
+        event_source_arn: &str,
+        receipt_handle: &str,
+        delay: Duration,
+    ) -> Result<(), QueueError> {
+        let name = event_source_arn
+            .rsplit(':')
+            .next()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| QueueError::Invalid(format!("not a queue ARN: `{event_source_arn}`")))?;
+        let url = self.url_of_name(name).await?;
+        self.change_visibility(&url, receipt_handle, delay).await
+    }
+
     async fn create_queue(
         &self,
         name: &str,
@@ -82,17 +131,7 @@ impl SqsQueues {
                     || err_code(&e).as_deref() == Some("QueueNameExists") =>
             {
                 // Exists with other settings: adopt it and apply ours.
-                let url = self
-                    .clients
-                    .sqs
-                    .get_queue_url()
-                    .queue_name(name)
-                    .send()
-                    .await
-                    .map_err(|e| qerr(err_text(&e)))?
-                    .queue_url()
-                    .map(str::to_owned)
-                    .ok_or_else(|| qerr("GetQueueUrl returned no URL"))?;
+                let url = self.url_of_name(name).await?;
                 let mut settable = attrs;
                 settable.remove(&QueueAttributeName::FifoQueue);
                 self.clients
@@ -427,16 +466,7 @@ impl QueueBackend for SqsQueues {
 
     async fn release(&self, d: &Delivery, delay: Duration) -> Result<(), QueueError> {
         let urls = self.urls(&d.message.queue).await?;
-        self.clients
-            .sqs
-            .change_message_visibility()
-            .queue_url(&urls.main)
-            .receipt_handle(&d.receipt)
-            .visibility_timeout(secs(delay))
-            .send()
-            .await
-            .map_err(|e| qerr(err_text(&e)))?;
-        Ok(())
+        self.change_visibility(&urls.main, &d.receipt, delay).await
     }
 
     fn needs_heartbeat(&self) -> bool {

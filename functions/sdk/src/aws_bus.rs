@@ -231,35 +231,10 @@ impl Bus for AwsBus {
         receipt_handle: &str,
         delay: Duration,
     ) -> Result<(), BusError> {
-        // arn:aws:sqs:<region>:<account>:<queue name>
-        let name = event_source_arn
-            .rsplit(':')
-            .next()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| {
-                BusError::InvalidMessage(format!("not a queue ARN: `{event_source_arn}`"))
-            })?;
-        let url = self
-            .clients
-            .sqs
-            .get_queue_url()
-            .queue_name(name)
-            .send()
+        self.queues
+            .release_delivered(event_source_arn, receipt_handle, delay)
             .await
-            .map_err(|e| BusError::EnqueueError(engine_gateway::aws::err_text(&e)))?
-            .queue_url()
-            .map(str::to_owned)
-            .ok_or_else(|| BusError::EnqueueError(format!("no URL for queue {name}")))?;
-        self.clients
-            .sqs
-            .change_message_visibility()
-            .queue_url(url)
-            .receipt_handle(receipt_handle)
-            .visibility_timeout(delay.as_secs().min(43_200) as i32)
-            .send()
-            .await
-            .map_err(|e| BusError::EnqueueError(engine_gateway::aws::err_text(&e)))?;
-        Ok(())
+            .map_err(|e| BusError::EnqueueError(e.to_string()))
     }
 
     async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {

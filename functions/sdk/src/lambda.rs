@@ -138,17 +138,13 @@ async fn retry_soon(bus: &dyn Bus, record: &aws_lambda_events::sqs::SqsMessage, 
         .and_then(|n| n.parse().ok())
         .unwrap_or(1);
     if let (Some(arn), Some(handle)) = (&record.event_source_arn, &record.receipt_handle) {
-        let delay = std::time::Duration::from_millis(
-            STEP_BACKOFF_MS.saturating_mul(1 << receives.saturating_sub(1).min(10)),
-        );
+        // The queue's own backoff rule, with SPEC's default first delay.
+        let delay = engine_gateway::queue::QueueConfig::standard("sqs").backoff(receives);
         if let Err(e) = bus.retry_later(arn, handle, delay).await {
             tracing::warn!(message_id = %id, error = %e, "could not shorten the retry delay");
         }
     }
 }
-
-/// First retry delay of a failed SQS message; it doubles with each receive.
-pub const STEP_BACKOFF_MS: u64 = 1000;
 
 fn attr_s<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
     v.pointer(path).and_then(Value::as_str)

@@ -1538,7 +1538,7 @@ fn def(id: &str, description: &str) -> RegisterFunction {
 }
 
 /// First retry delay of a failed step; each next one doubles (SPEC's exponential backoff).
-pub const STEP_BACKOFF_MS: u64 = 1000;
+pub const STEP_BACKOFF_MS: u64 = engine_gateway::queue::DEFAULT_BACKOFF_MS;
 
 /// How long a step that keeps failing transiently is retried before it is dead-lettered:
 /// `HARNESS_STEP_RETRY_SECS`, default 60 s.
