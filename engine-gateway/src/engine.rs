@@ -622,6 +622,23 @@ impl Engine {
             .is_some_and(|f| crate::access::is_public(f.def.metadata.as_ref()))
     }
 
+    /// May connection `caller` call `function_id`? On every call: only a client's credential
+    /// is copied and the function's registration looked up.
+    fn check_call(&self, caller: &str, function_id: &str) -> Result<(), ErrorBody> {
+        let client = {
+            let workers = read(&self.workers);
+            let principal = &workers
+                .get(caller)
+                .ok_or_else(|| ErrorBody::new(codes::FORBIDDEN, "unknown connection"))?
+                .principal;
+            if principal.role != crate::access::Role::Client {
+                return Ok(());
+            }
+            principal.clone()
+        };
+        client.may_call(function_id, self.is_public(function_id))
+    }
+
     /// The connection's principal, or `forbidden` for an unknown one.
     fn principal_of(&self, worker_id: &str) -> Result<Principal, ErrorBody> {
         self.principal(worker_id)
@@ -947,10 +964,7 @@ impl Engine {
         let outbox = outbox.clone();
         let parent = TraceContext::from_headers(inv.traceparent.as_deref(), inv.baggage.as_deref());
         let timeout = inv.timeout_ms.map(Duration::from_millis);
-        let allowed = self
-            .principal_of(&caller)
-            .and_then(|p| p.may_call(&inv.function_id, self.is_public(&inv.function_id)));
-        if let Err(e) = allowed {
+        if let Err(e) = self.check_call(&caller, &inv.function_id) {
             tracing::warn!(function_id = %inv.function_id, caller = %caller, error = %e.message, "call refused");
             if let Some(invocation_id) = inv.invocation_id {
                 reply(&outbox, invocation_id, inv.function_id, Err(e));
