@@ -5,10 +5,38 @@
 
 mod common;
 
-use common::process::{lines, spawn_harness};
+use common::process::{lines, processes, spawn_harness, wait_finished};
 use harness_sdk::{RemoteOptions, connect_client};
 use serde_json::json;
 use std::time::Duration;
+
+/// A cassette whose first turn calls `shell::exec` once per id: each command logs that it
+/// ran (`ran.log`), records its effect once per call id (`effects.log`), then sleeps.
+fn effect_once_cassette<S: AsRef<str>>(dir: &std::path::Path, ids: &[S], sleep: &str, count: &str) {
+    let calls: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let id = id.as_ref();
+            json!({"id": id, "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {
+                "command": format!("echo {id} >> ran.log; grep -qx {id} effects.log 2>/dev/null || echo {id} >> effects.log; sleep {sleep}")
+            }}})
+        })
+        .collect();
+    let cassette = json!({"turns": [
+        {"when": "results<1", "text": format!("Running {count} steps."), "tool_calls": calls},
+        {"when": "results>=1", "text": format!("All {count} steps ran.")}
+    ]});
+    std::fs::write(dir.join("cassette.json"), cassette.to_string()).unwrap();
+}
+
+/// Start a session on the scripted provider.
+async fn start_scripted(ctx: &harness_sdk::Ctx, sid: &str) {
+    let r = ctx
+        .trigger("harness::trigger", json!({"session_id": sid, "payload": {"provider": "scripted", "model": "scripted-demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
+        .await
+        .unwrap();
+    assert_eq!(r["status_code"], 200, "{r}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
@@ -20,27 +48,11 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
     )
     .unwrap();
     let ids = ["c1", "c2", "c3", "c4", "c5"];
-    // Each call logs that it ran, and records its effect once per call id, then takes a while.
-    let calls: Vec<_> = ids
-        .iter()
-        .map(|id| json!({"id": id, "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {
-            "command": format!("echo {id} >> ran.log; grep -qx {id} effects.log 2>/dev/null || echo {id} >> effects.log; sleep 0.4")
-        }}}))
-        .collect();
-    let cassette = json!({"turns": [
-        {"when": "results<1", "text": "Running five steps.", "tool_calls": calls},
-        {"when": "results>=1", "text": "All five steps ran."}
-    ]});
-    std::fs::write(dir.path().join("cassette.json"), cassette.to_string()).unwrap();
+    effect_once_cassette(dir.path(), &ids, "0.4", "five");
 
     let harness = spawn_harness(dir.path(), &[]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
-    let r = client
-        .ctx()
-        .trigger("harness::trigger", json!({"session_id": "k1", "payload": {"provider": "scripted", "model": "scripted-demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
-        .await
-        .unwrap();
-    assert_eq!(r["status_code"], 200, "{r}");
+    start_scripted(&client.ctx(), "k1").await;
     let effects = dir.path().join("work/effects.log");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while lines(&effects).len() < 2 {
@@ -57,22 +69,13 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
 
     let harness = spawn_harness(dir.path(), &[]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let state = loop {
-        let v = client
-            .ctx()
-            .trigger("turn::get_state", json!({"session_id": "k1"}))
-            .await
-            .unwrap();
-        if v["state"] == "stopped" || v["state"] == "failed" {
-            break v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the session never finished after the restart: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let state = wait_finished(
+        &client.ctx(),
+        "k1",
+        Duration::from_secs(60),
+        "the session never finished after the restart",
+    )
+    .await;
     harness.kill9();
     assert_eq!(state["state"], "stopped", "{state}");
     assert_eq!(state["error"], serde_json::Value::Null, "{state}");
@@ -100,17 +103,7 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
     )
     .unwrap();
     let ids: Vec<String> = (1..=8).map(|i| format!("s{i}")).collect();
-    let calls: Vec<_> = ids
-        .iter()
-        .map(|id| json!({"id": id, "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {
-            "command": format!("echo {id} >> ran.log; grep -qx {id} effects.log 2>/dev/null || echo {id} >> effects.log; sleep 0.25")
-        }}}))
-        .collect();
-    let cassette = json!({"turns": [
-        {"when": "results<1", "text": "Eight steps.", "tool_calls": calls},
-        {"when": "results>=1", "text": "All eight ran."}
-    ]});
-    std::fs::write(dir.path().join("cassette.json"), cassette.to_string()).unwrap();
+    effect_once_cassette(dir.path(), &ids, "0.25", "eight");
     // A schedule that differs per run and can be replayed: HARNESS_SOAK_SEED=<seed>.
     let seed: u64 = std::env::var("HARNESS_SOAK_SEED")
         .ok()
@@ -134,12 +127,7 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
 
     let mut harness = spawn_harness(dir.path(), &[]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
-    let r = client
-        .ctx()
-        .trigger("harness::trigger", json!({"session_id": "soak", "payload": {"provider": "scripted", "model": "scripted-demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
-        .await
-        .unwrap();
-    assert_eq!(r["status_code"], 200, "{r}");
+    start_scripted(&client.ctx(), "soak").await;
     drop(client);
     let mut kills = Vec::new();
     for _ in 0..5 {
@@ -154,22 +142,13 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
     }
     eprintln!("kills (ms after start, effects so far): {kills:?}");
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    let state = loop {
-        let v = client
-            .ctx()
-            .trigger("turn::get_state", json!({"session_id": "soak"}))
-            .await
-            .unwrap();
-        if v["state"] == "stopped" || v["state"] == "failed" {
-            break v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the session never finished (seed {seed}): {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let state = wait_finished(
+        &client.ctx(),
+        "soak",
+        Duration::from_secs(90),
+        &format!("the session never finished (seed {seed})"),
+    )
+    .await;
     assert_eq!(state["state"], "stopped", "seed {seed}: {state}");
     assert_eq!(
         state["error"],
@@ -227,17 +206,7 @@ async fn a_command_dies_with_the_harness() {
             )
             .await;
     });
-    let count = |marker: &str| {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter(|e| {
-                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-                let cmd = String::from_utf8_lossy(&cmd);
-                cmd.starts_with("sleep") && cmd.contains(marker)
-            })
-            .count()
-    };
+    let count = |marker: &str| processes(marker, Some("sleep"), None);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while count(&marker) < 2 {
         assert!(

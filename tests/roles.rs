@@ -47,21 +47,14 @@ async fn a_client_reaches_the_public_functions_only_and_a_worker_its_namespaces(
         .await
         .unwrap();
     ctx.trigger("session-tree::list", json!({})).await.unwrap();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let s = ctx
-            .trigger("turn::get_state", json!({"session_id": "r1"}))
-            .await
-            .unwrap();
-        if s["state"] == "stopped" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the run never stopped: {s}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let s = common::process::wait_finished(
+        &ctx,
+        "r1",
+        std::time::Duration::from_secs(20),
+        "the run never stopped",
+    )
+    .await;
+    assert_eq!(s["state"], "stopped", "{s}");
     // Everything else answers forbidden, naming the function and the role: the agent's tools,
     // keys, the run start that skips the harness, state, the engine, session writes.
     for (id, data) in [

@@ -3,6 +3,8 @@
 //! outliving its call. Every attempt fails with a clear outcome, and the tools keep working.
 //! A layer's test is skipped only when this kernel lacks the layer (it says so).
 
+mod common;
+
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -202,17 +204,7 @@ async fn no_network_by_default() {
 }
 
 fn processes_of(uid: u32, marker: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            use std::os::unix::fs::MetadataExt;
-            let owned = e.metadata().map(|m| m.uid() == uid).unwrap_or(false);
-            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            owned && String::from_utf8_lossy(&cmd).contains(marker)
-        })
-        .count()
+    common::process::processes(marker, None, Some(uid))
 }
 
 fn sandbox_uid(t: &Tools) -> u32 {

@@ -816,17 +816,7 @@ async fn run_abort_kills_the_command_in_flight() {
         ..Default::default()
     });
     start(&ctx, "abort-cmd", None).await;
-    let alive = |marker: &str| {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter(|e| {
-                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-                String::from_utf8_lossy(&cmd).starts_with("sleep")
-                    && String::from_utf8_lossy(&cmd).contains(marker)
-            })
-            .count()
-    };
+    let alive = |marker: &str| common::process::processes(marker, Some("sleep"), None);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while alive(&marker) == 0 {
         assert!(

@@ -95,3 +95,42 @@ pub fn lines(path: &Path) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// Live processes whose command line holds `marker`, optionally only those whose command
+/// line starts with `program` and those of one `uid`.
+pub fn processes(marker: &str, program: Option<&str>, uid: Option<u32>) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| uid.is_none_or(|u| e.metadata().is_ok_and(|m| m.uid() == u)))
+        .filter(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.contains(marker) && program.is_none_or(|p| cmd.starts_with(p))
+        })
+        .count()
+}
+
+/// Poll `turn::get_state` until the session is `stopped` or `failed` → its view; panics with
+/// `what` and the last view after `within`.
+pub async fn wait_finished(
+    ctx: &harness_sdk::Ctx,
+    sid: &str,
+    within: std::time::Duration,
+    what: &str,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let v = ctx
+            .trigger("turn::get_state", serde_json::json!({"session_id": sid}))
+            .await
+            .unwrap();
+        if v["state"] == "stopped" || v["state"] == "failed" {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
