@@ -351,3 +351,39 @@ async fn fs_read_refuses_special_files_and_caps_what_it_reads() {
         (10, &json!(false))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_arguments_get_named_errors() {
+    let s = setup();
+    for (data, field) in [
+        (json!({}), "command"),
+        (json!({"command": 5}), "command"),
+        (json!({"command": "   "}), "empty"),
+        (
+            json!({"command": "true", "timeout_ms": "soon"}),
+            "timeout_ms",
+        ),
+    ] {
+        let e = s.tools.exec(&data).await.unwrap_err();
+        assert!(e.message.contains(field), "{data}: {e:?}");
+    }
+    // A `sandbox` field of any shape only ever opens the network when it is `true`.
+    let r = exec(&s.tools, "true").await;
+    assert_eq!(r["exit_code"], 0);
+    let r = s
+        .tools
+        .exec(&json!({"command": "true", "sandbox": {"network": "yes", "deep": [[[[1]]]]}}))
+        .await
+        .unwrap();
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(s.tools.cancel("no-such-session"), 0);
+    for bad in [json!({"path": 7}), json!({"path": "x", "offset": "far"})] {
+        assert!(s.tools.read(&bad).await.is_err(), "{bad}");
+    }
+    let e = s
+        .tools
+        .write(&json!({"path": "big", "content": "x".repeat(tools_worker::MAX_WRITE_BYTES + 1)}))
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("at most"), "{e:?}");
+}

@@ -740,3 +740,62 @@ async fn a_connection_over_its_queue_limit_is_closed_with_1008_when_the_socket_t
     assert_eq!(u16::from(frame.code), 1008, "{frame:?}");
     assert!(frame.reason.contains("too far behind"), "{frame:?}");
 }
+
+#[test]
+fn hash_token_reads_stdin_and_refuses_an_empty_token() {
+    use std::io::Write;
+    let run = |input: &[u8]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_engine-gateway"))
+            .arg("hash-token")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run(b"s3cret\n");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        engine_gateway::access::hash_token("s3cret")
+    );
+    for empty in [&b""[..], b"\n", b"\r\n"] {
+        let out = run(empty);
+        assert!(!out.status.success(), "{empty:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no token"),
+            "{out:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_list_paging_fields_of_the_wrong_type_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    for (data, field) in [
+        (json!({"scope": "s", "limit": "ten"}), "limit"),
+        (json!({"scope": "s", "limit": -1}), "limit"),
+        (json!({"scope": "s", "cursor": 5}), "cursor"),
+        (json!({"scope": "s", "cursor": {"deep": [[[1]]]}}), "cursor"),
+    ] {
+        let r = raw.call("state::list", data.clone()).await;
+        assert_eq!(r["error"]["code"], "invalid_message", "{data}: {r}");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains(field),
+            "{data}: {r}"
+        );
+    }
+    // A cursor past every key is simply an empty last page.
+    let r = raw
+        .call(
+            "state::list",
+            json!({"scope": "s", "cursor": "\u{10ffff}".repeat(1000), "limit": 1_000_000}),
+        )
+        .await;
+    assert_eq!(r["result"]["items"], json!([]), "{r}");
+    assert!(r["result"]["next_cursor"].is_null());
+}

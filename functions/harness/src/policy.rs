@@ -603,6 +603,15 @@ rules:
         )
         .unwrap_err();
         assert!(e.to_string().contains("allow rule"), "{e}");
+        let e = Policy::parse(
+            "p.yaml",
+            "version: 1\nrules:\n  - function: x\n    action: allow\n    network: \"yes\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("`network` must be true or false"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -467,3 +467,23 @@ fn seccomp_memfd() -> std::io::Result<OwnedFd> {
     file.rewind()?;
     Ok(OwnedFd::from(file))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_and_limits_from_configuration_are_checked() {
+        assert_eq!(Mode::parse("required"), Some(Mode::Required));
+        assert_eq!(Mode::parse("best-effort"), Some(Mode::BestEffort));
+        assert_eq!(Mode::parse("off"), None);
+        assert_eq!(Mode::parse("REQUIRED"), None);
+        let layers = Layers {
+            clean_env: true,
+            ..Layers::default()
+        };
+        assert!(
+            layers.missing().contains(&"filesystem") && !layers.missing().contains(&"clean_env")
+        );
+    }
+}
