@@ -1,7 +1,9 @@
 //! `shell::exec` in its sandbox, as the agent would call it: nothing past the working
 //! directory, no secrets in the environment, no network, bounded resources, and no process
 //! outliving its call. Every attempt fails with a clear outcome, and the tools keep working.
-//! A layer's test is skipped only when this kernel lacks the layer (it says so).
+//! A layer's test is skipped only when this kernel lacks the layer (it says so). The layer
+//! tests run once for each isolation this machine has: the reused namespaces (bubblewrap)
+//! and Landlock (what a machine without user namespaces gets).
 
 mod common;
 
@@ -9,7 +11,7 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
 use tools_worker::Tools;
-use tools_worker::sandbox::{Mode, SandboxConfig};
+use tools_worker::sandbox::{Isolation, Mode, SandboxConfig};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -20,6 +22,13 @@ struct Setup {
 }
 
 fn setup() -> Setup {
+    setup_with(Isolation::Auto)
+}
+
+/// The isolations to test layers under.
+const ISOLATIONS: [Isolation; 2] = [Isolation::Namespaces, Isolation::Landlock];
+
+fn setup_with(isolation: Isolation) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let data = root.join("data");
@@ -31,7 +40,14 @@ fn setup() -> Setup {
     .unwrap();
     std::fs::write(root.join("iii-permissions.yaml"), "version: 1\nrules: []\n").unwrap();
     let work = root.join("workspace");
-    let tools = Tools::with_sandbox(&work, SandboxConfig::default()).unwrap();
+    let tools = Tools::with_sandbox(
+        &work,
+        SandboxConfig {
+            isolation,
+            ..SandboxConfig::default()
+        },
+    )
+    .unwrap();
     let work = work.canonicalize().unwrap();
     Setup {
         _dir: dir,
@@ -53,11 +69,54 @@ fn layer(t: &Tools, name: &str) -> bool {
     let on = report["layers"][name] == true;
     if !on {
         eprintln!(
-            "SKIPPED: layer `{name}` is not active here: {}",
-            report["notes"]
+            "SKIPPED: layer `{name}` is not active here ({} isolation): {}",
+            report["isolation"], report["notes"]
         );
     }
     on
+}
+
+/// Whether this machine has what `isolation` needs: then it must come up, and its tests may
+/// not skip.
+fn available(isolation: Isolation) -> bool {
+    match isolation {
+        Isolation::Namespaces => {
+            let on_path = std::env::var_os("PATH").is_some_and(|p| {
+                std::env::split_paths(&p).any(|d| d.join("bwrap").is_file())
+            });
+            let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+                .is_ok_and(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 0));
+            on_path && userns
+        }
+        Isolation::Landlock => tools_worker::landlock::abi().is_some(),
+        _ => true,
+    }
+}
+
+/// The isolation that gives the filesystem layer here, or `None` (the test then skips).
+fn isolated(s: &Setup, wanted: Isolation) -> Option<&'static str> {
+    if !layer(&s.tools, "filesystem") {
+        assert!(
+            !available(wanted),
+            "{wanted:?} is available on this machine but did not come up: {}",
+            s.tools.sandbox_report()
+        );
+        return None;
+    }
+    let got = s.tools.sandbox_report()["isolation"].clone();
+    assert_eq!(
+        got,
+        match wanted {
+            Isolation::Namespaces => "namespaces",
+            _ => "landlock",
+        },
+        "the isolation asked for"
+    );
+    Some(if wanted == Isolation::Namespaces {
+        "namespaces"
+    } else {
+        "landlock"
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,10 +139,24 @@ async fn the_sandbox_reports_its_layers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_past_the_working_directory_can_be_read() {
-    let s = setup();
-    if !layer(&s.tools, "filesystem") {
-        return;
+    // SAFETY: set before any sandbox starts; nothing else reads the environment yet.
+    unsafe { std::env::set_var("HARNESS_TEST_API_KEY", "sk-must-not-leak") };
+    for iso in ISOLATIONS {
+        let s = setup_with(iso);
+        let Some(kind) = isolated(&s, iso) else {
+            continue;
+        };
+        cannot_read_outside(&s, kind).await;
     }
+}
+
+async fn cannot_read_outside(s: &Setup, kind: &str) {
+    // Namespaces: the path is not in the sandbox's root. Landlock: it may not be opened.
+    let refusal = if kind == "namespaces" {
+        "No such file"
+    } else {
+        "Permission denied"
+    };
     for target in [
         "../data/secrets.json".to_string(),
         s.data.join("secrets.json").display().to_string(),
@@ -94,11 +167,23 @@ async fn nothing_past_the_working_directory_can_be_read() {
         assert_ne!(r["exit_code"], 0, "{target}: {r}");
         assert!(!r["stdout"].as_str().unwrap().contains("sk-secret"), "{r}");
         assert!(
-            r["stderr"].as_str().unwrap().contains("No such file"),
-            "{target}: {r}"
+            r["stderr"].as_str().unwrap().contains(refusal),
+            "{kind}, {target}: {r}"
         );
     }
-    // /proc shows only the sandbox's own processes: pid 1 is the sandbox, not the host.
+    if kind == "landlock" {
+        // No /proc at all.
+        let r = exec(&s.tools, "cat /proc/1/environ; ls /proc").await;
+        assert_ne!(r["exit_code"], 0, "{r}");
+        assert!(r["stdout"].as_str().unwrap().is_empty(), "{r}");
+        assert!(
+            r["stderr"].as_str().unwrap().contains("Permission denied"),
+            "{r}"
+        );
+        return;
+    }
+    // /proc shows only the sandbox's own processes: pid 1 is the sandbox, not the host, and
+    // it holds none of the harness's environment.
     let r = exec(
         &s.tools,
         "cat /proc/1/environ | tr '\\0' '\\n'; ls /proc | grep -c '^[0-9]'",
@@ -119,10 +204,21 @@ async fn nothing_past_the_working_directory_can_be_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_outside_can_be_written_directly_or_through_a_symlink() {
-    let s = setup();
-    if !layer(&s.tools, "filesystem") {
-        return;
+    for iso in ISOLATIONS {
+        let s = setup_with(iso);
+        let Some(kind) = isolated(&s, iso) else {
+            continue;
+        };
+        cannot_write_outside(&s, kind).await;
     }
+}
+
+async fn cannot_write_outside(s: &Setup, kind: &str) {
+    let refusal = if kind == "namespaces" {
+        "Read-only file system"
+    } else {
+        "Permission denied"
+    };
     let outside = s.data.join("planted");
     let r = exec(&s.tools, &format!("echo x > {}", outside.display())).await;
     assert_ne!(r["exit_code"], 0, "{r}");
@@ -134,13 +230,7 @@ async fn nothing_outside_can_be_written_directly_or_through_a_symlink() {
         ),
     )
     .await;
-    assert!(
-        r["stderr"]
-            .as_str()
-            .unwrap()
-            .contains("Read-only file system"),
-        "{r}"
-    );
+    assert!(r["stderr"].as_str().unwrap().contains(refusal), "{kind}: {r}");
     assert!(!outside.exists());
     assert!(!Path::new("/usr/planted").exists() && !Path::new("/etc/planted").exists());
     // fs::write refuses the link (it resolves outside) and never follows one planted at its
@@ -185,10 +275,20 @@ async fn the_environment_holds_no_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_by_default() {
-    let s = setup();
-    if !layer(&s.tools, "network") {
-        return;
+    for iso in ISOLATIONS {
+        let s = setup_with(iso);
+        if isolated(&s, iso).is_none() {
+            continue;
+        }
+        no_network(&s).await;
     }
+    // seccomp's socket rule holds with no isolation at all.
+    let s = setup_with(Isolation::Process);
+    assert_eq!(s.tools.sandbox_report()["isolation"], "process");
+    no_network(&s).await;
+}
+
+async fn no_network(s: &Setup) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -201,6 +301,22 @@ async fn no_network_by_default() {
     assert!(listener.accept().is_err(), "nothing reached the host port");
     let r = exec(&s.tools, "bash -c 'echo hi > /dev/tcp/1.1.1.1/53'").await;
     assert_ne!(r["exit_code"], 0, "{r}");
+    // Nor through UDP, or a raw or netlink socket; a Unix socket pair still works.
+    let r = exec(
+        &s.tools,
+        r#"python3 -c 'import socket
+for f, t in [(socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_NETLINK, socket.SOCK_RAW)]:
+  try:
+    socket.socket(f, t); print("opened", f)
+  except OSError as e: print("refused", e.errno)
+socket.socketpair(); print("pair")'"#,
+    )
+    .await;
+    let out = r["stdout"].as_str().unwrap();
+    assert!(
+        !out.contains("opened") && out.matches("refused").count() == 3 && out.contains("pair"),
+        "{r}"
+    );
 }
 
 fn processes_of(uid: u32, marker: &str) -> usize {
@@ -214,11 +330,22 @@ fn sandbox_uid(t: &Tools) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resources_are_bounded_and_nothing_outlives_its_call() {
+    for (iso, uid) in [
+        (Isolation::Namespaces, 64321),
+        (Isolation::Landlock, 64322),
+        (Isolation::Process, 64323),
+    ] {
+        bounded(iso, uid).await;
+    }
+}
+
+async fn bounded(isolation: Isolation, uid: u32) {
     // A uid of its own: the process limit counts per user, and the other tests' commands
     // (run at the same time) must not share this one's fork bomb.
     let dir = tempfile::tempdir().unwrap();
     let cfg = SandboxConfig {
-        uid: 64321,
+        uid,
+        isolation,
         ..SandboxConfig::default()
     };
     let tools = Tools::with_sandbox(dir.path().join("workspace"), cfg).unwrap();
@@ -236,6 +363,19 @@ async fn resources_are_bounded_and_nothing_outlives_its_call() {
         .await
         .unwrap();
     assert!(r["duration_ms"].as_u64().unwrap() < 10_000, "{r}");
+    // A background process goes with its command, even when the command ends by itself.
+    let marker = format!("5{}.5", std::process::id());
+    let r = exec(&s.tools, &format!("sleep {marker} & echo started")).await;
+    assert_eq!(
+        (&r["exit_code"], &r["stdout"]),
+        (&json!(0), &json!("started\n")),
+        "{r}"
+    );
+    assert_eq!(
+        processes_of(uid, &marker),
+        0,
+        "{isolation:?}: nothing outlives its call"
+    );
     // A 4 GB allocation fails.
     let r = exec(
         &s.tools,
@@ -256,15 +396,19 @@ async fn resources_are_bounded_and_nothing_outlives_its_call() {
         .unwrap();
     assert_eq!(r["timed_out"], true, "{r}");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // In every isolation: seccomp refuses setsid, so the group kill reaches everything.
     let left = processes_of(sandbox_uid(&s.tools), &marker);
-    if layer(&s.tools, "pid") {
-        assert_eq!(left, 0, "no process of the command is left");
-    } else {
-        eprintln!("{left} escaped process(es) without the pid layer; killed now");
-        let _ = std::process::Command::new("pkill")
-            .args(["-9", "-f", &marker])
-            .status();
-    }
+    assert_eq!(left, 0, "no process of the command is left ({isolation:?})");
+    // (Only the refusal is checked: the fork bomb's processes may still be being reaped, and
+    // they count against the uid's process limit.)
+    let r = exec(&s.tools, "setsid true").await;
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("setsid failed: Operation not permitted"),
+        "{isolation:?}: {r}"
+    );
     // And the tools still work.
     assert_eq!(exec(&s.tools, "echo alive").await["stdout"], "alive\n");
 }
@@ -291,6 +435,80 @@ async fn a_call_given_up_kills_its_command() {
     );
 }
 
+/// Commands of one working directory share its namespaces (and its uid) but not each other:
+/// `kill -9 -1` in one reaches neither another running command nor the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cannot_signal_another_or_the_sandbox() {
+    for (iso, uid) in [(Isolation::Namespaces, 64324), (Isolation::Landlock, 64325)] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SandboxConfig {
+            uid,
+            isolation: iso,
+            ..SandboxConfig::default()
+        };
+        let tools = Tools::with_sandbox(dir.path().join("workspace"), cfg).unwrap();
+        if !layer(&tools, "pid") {
+            continue;
+        }
+        let marker = format!("7{}.25", std::process::id());
+        let t = tools.clone();
+        let command = format!("sleep {marker}");
+        let victim = tokio::spawn(async move {
+            t.exec(&json!({"command": command, "timeout_ms": 30_000}))
+                .await
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while processes_of(uid, &marker) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the victim started");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // (kill -1 answers 0 even when every target refused: EPERM is not reported for it.)
+        let r = exec(&tools, "kill -9 -1; echo done").await;
+        assert_eq!(r["stdout"], "done\n", "{iso:?}: {r}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(
+            processes_of(uid, &marker) >= 1,
+            "{iso:?}: the other command lives"
+        );
+        assert_eq!(exec(&tools, "echo alive").await["stdout"], "alive\n");
+        victim.abort();
+    }
+}
+
+/// The namespaces' holder ending (killed from outside here) costs one restart, not the
+/// tools: the next command gets a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_sandbox_holder_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = 64326;
+    let cfg = SandboxConfig {
+        uid,
+        isolation: Isolation::Namespaces,
+        ..SandboxConfig::default()
+    };
+    let tools = Tools::with_sandbox(dir.path().join("workspace"), cfg).unwrap();
+    if !layer(&tools, "filesystem") {
+        return;
+    }
+    assert_eq!(exec(&tools, "echo one").await["stdout"], "one\n");
+    if tools.sandbox_owner_uid().is_none() {
+        eprintln!("SKIPPED: not root, so the holder runs as this user and pkill would reach other tests' holders");
+        return;
+    }
+    let holder = tools_worker::namespaces::HOLDER_SCRIPT;
+    assert!(
+        common::process::processes(holder, None, Some(uid)) >= 1,
+        "the holder runs as the sandbox's uid"
+    );
+    let _ = std::process::Command::new("pkill")
+        .args(["-9", "-U", &uid.to_string(), "-f", holder])
+        .status();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let r = exec(&tools, "echo two; ls /proc | grep -c '^[0-9]'").await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().starts_with("two\n"), "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seccomp_refuses_what_commands_have_no_business_doing() {
     let s = setup();
@@ -307,7 +525,7 @@ async fn required_mode_refuses_when_a_layer_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = SandboxConfig {
         mode: Mode::Required,
-        bwrap: Some("/nonexistent/bwrap".into()),
+        isolation: Isolation::Process,
         ..SandboxConfig::default()
     };
     let tools = Tools::with_sandbox(dir.path(), cfg).unwrap();
@@ -317,7 +535,7 @@ async fn required_mode_refuses_when_a_layer_is_missing() {
         .unwrap_err();
     assert_eq!(e.code, "sandbox_unavailable");
     assert!(
-        e.message.contains("filesystem") && e.message.contains("network"),
+        e.message.contains("filesystem") && e.message.contains("pid"),
         "{}",
         e.message
     );

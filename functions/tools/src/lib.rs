@@ -5,8 +5,11 @@
 //! exec wait for approval.
 
 pub mod confine;
+pub mod landlock;
+pub mod namespaces;
 pub mod sandbox;
 pub mod seccomp;
+pub mod waiter;
 
 use engine_gateway::builtins::{opt_str, opt_u64, req_str};
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
@@ -85,6 +88,7 @@ impl Tools {
     pub fn sandbox_report(&self) -> Value {
         json!({
             "mode": match self.sandbox.mode() { sandbox::Mode::Required => "required", sandbox::Mode::BestEffort => "best_effort" },
+            "isolation": self.sandbox.isolation(),
             "layers": self.sandbox.layers(),
             "missing": self.sandbox.layers().missing(),
             "notes": self.sandbox.notes(),
@@ -255,7 +259,7 @@ impl Tools {
         // Set by the orchestrator when a policy rule granted it (callers of shell::exec are
         // workers; clients may not call it at all).
         let network = data["sandbox"]["network"] == true;
-        let (mut cmd, seccomp_fd) = self
+        let mut cmd = self
             .sandbox
             .command(&command, network)
             .map_err(|e| ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}")))?;
@@ -266,7 +270,6 @@ impl Tools {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| ErrorBody::new("io_error", format!("cannot start the shell: {e}")))?;
-        drop(seccomp_fd);
         // Killed with its whole group if this call is dropped (the caller gave up) before it
         // ends; the guard disarms once the command is reaped.
         let mut group = GroupGuard(child.id());
@@ -293,12 +296,20 @@ impl Tools {
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
         let run = async {
-            let (out, err, status) = tokio::join!(
+            // When the shell ends, so does everything it left running in its group (no
+            // process outlives its call), which also closes the pipes they held.
+            let waited = async {
+                let status = child.wait().await;
+                if let Some(pid) = pgid {
+                    kill_group(pid);
+                }
+                status
+            };
+            tokio::join!(
                 read_capped(stdout.take()),
                 read_capped(stderr.take()),
-                child.wait()
-            );
-            (out, err, status)
+                waited
+            )
         };
         let (timed_out, out, err, code) = match tokio::time::timeout(timeout, run).await {
             Ok(((out, out_total), (err, err_total), status)) => {
@@ -315,6 +326,9 @@ impl Tools {
                 (true, (Vec::new(), 0), (Vec::new(), 0), None)
             }
         };
+        if let Some(pid) = pgid {
+            group_gone(pid, Duration::from_secs(5)).await;
+        }
         group.0 = None;
         let truncated = out.1 > MAX_OUTPUT_BYTES || err.1 > MAX_OUTPUT_BYTES;
         Ok(json!({
@@ -431,6 +445,21 @@ fn kill_group(pgid: u32) {
         unsafe {
             libc::killpg(pgid, libc::SIGKILL);
         }
+    }
+}
+
+/// Wait (at most `within`) until no process of the group is left, reaped ones included: a
+/// killed fork bomb's thousands of processes take a moment to be reaped, and until then they
+/// hold the sandbox uid's process limit.
+async fn group_gone(pgid: u32, within: Duration) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    let deadline = Instant::now() + within;
+    // SAFETY: signal 0 only checks that the group has members.
+    while pgid > 1 && unsafe { libc::killpg(pgid, 0) } == 0 && Instant::now() < deadline {
+        kill_group(pgid as u32);
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -4,23 +4,30 @@
 //! | layer | how |
 //! | --- | --- |
 //! | `clean_env` | the environment is cleared: `PATH`, `HOME` (= the working directory), `LANG` |
-//! | `session` | a new session and process group; the whole group is killed on timeout, on cancel, and with the harness (`PR_SET_PDEATHSIG`) |
+//! | `session` | a new session and process group that no process of it may leave (seccomp refuses `setsid`/`setpgid`); the whole group is killed on timeout, on cancel, and with the harness (`PR_SET_PDEATHSIG`) |
 //! | `rlimits` | CPU time, address space, processes, file size, open files |
 //! | `no_new_privs` | no set-uid gains |
-//! | `seccomp` | ptrace, mount, namespaces, keyrings, BPF, kexec, modules… answer `EPERM` |
+//! | `seccomp` | ptrace, mount, namespaces, keyrings, BPF, kexec, modules, io_uring… answer `EPERM` |
 //! | `separate_uid` | when the harness runs as root, commands run as `nobody` (65534) |
-//! | `filesystem` | bubblewrap: a new root holding the working directory (read-write) and the system directories (read-only), nothing else |
-//! | `network` | bubblewrap: a new network namespace, no interfaces |
-//! | `pid` | bubblewrap: a new PID namespace; when its first process dies, everything in it dies |
+//! | `filesystem` | namespaces: a root holding the working directory (read-write) and the system directories (read-only), nothing else; or Landlock: only those paths (and a private temporary directory) may be opened |
+//! | `network` | namespaces: a network namespace with no interfaces; and seccomp: `socket` refuses every family but `AF_UNIX` |
+//! | `pid` | namespaces: a PID namespace, and Landlock scopes each command's signals and `/proc` reads to itself (ABI 6); or Landlock alone: `/proc` is unreachable and signals are scoped |
 //!
-//! The last three need `bwrap` (bubblewrap) and user namespaces; Lambda has neither. With
+//! Which isolation provides the last three is chosen at start-up ([`Isolation`]): the
+//! namespaces of one bubblewrap *holder* per working directory, made once and entered by each
+//! command (see [`crate::namespaces`]; a fresh bubblewrap per command cost 3–5 ms), else
+//! Landlock, else none (Lambda has no user namespaces; its kernel may lack Landlock). With
 //! `sandbox: required` a missing layer makes `shell::exec` refuse, naming the layer; with
 //! `best_effort` (the default) the command runs in the layers there are.
 
+use crate::landlock::{Access, Ruleset};
+use crate::namespaces::{self, Entry, Holder};
 use serde::Serialize;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How strict the sandbox is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +71,36 @@ impl Default for Limits {
     }
 }
 
+/// Which isolation gives the filesystem, network and pid layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// The best this machine offers: namespaces, else Landlock, else none.
+    Auto,
+    /// Namespaces through bubblewrap only.
+    Namespaces,
+    /// Landlock only (what a machine without user namespaces gets).
+    Landlock,
+    /// Neither: the process layers alone.
+    Process,
+}
+
+impl Isolation {
+    /// `auto`, `namespaces`, `landlock`, `process`.
+    pub fn parse(s: &str) -> Option<Isolation> {
+        match s.trim() {
+            "auto" | "" => Some(Isolation::Auto),
+            "namespaces" => Some(Isolation::Namespaces),
+            "landlock" => Some(Isolation::Landlock),
+            "process" => Some(Isolation::Process),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
     pub mode: Mode,
+    pub isolation: Isolation,
     pub limits: Limits,
     /// `bwrap` to use; default: found on `PATH`.
     pub bwrap: Option<PathBuf>,
@@ -81,6 +115,7 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
             mode: Mode::BestEffort,
+            isolation: Isolation::Auto,
             limits: Limits::default(),
             bwrap: None,
             env: Vec::new(),
@@ -90,7 +125,8 @@ impl Default for SandboxConfig {
 }
 
 impl SandboxConfig {
-    /// From `HARNESS_SANDBOX` (`required` | `best_effort`), `HARNESS_BWRAP`, and
+    /// From `HARNESS_SANDBOX` (`required` | `best_effort`), `HARNESS_SANDBOX_ISOLATION`
+    /// (`auto` | `namespaces` | `landlock` | `process`), `HARNESS_BWRAP`, and
     /// `HARNESS_SANDBOX_{CPU_SECS,MEMORY_BYTES,PROCESSES,FILE_SIZE_BYTES,OPEN_FILES}`.
     pub fn from_env() -> Result<Self, String> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -98,6 +134,11 @@ impl SandboxConfig {
         if let Some(m) = var("HARNESS_SANDBOX") {
             cfg.mode = Mode::parse(&m)
                 .ok_or_else(|| format!("HARNESS_SANDBOX=`{m}`: use required or best_effort"))?;
+        }
+        if let Some(i) = var("HARNESS_SANDBOX_ISOLATION") {
+            cfg.isolation = Isolation::parse(&i).ok_or_else(|| {
+                format!("HARNESS_SANDBOX_ISOLATION=`{i}`: use auto, namespaces, landlock or process")
+            })?;
         }
         cfg.bwrap = var("HARNESS_BWRAP").map(PathBuf::from);
         let num = |k: &str, into: &mut u64| -> Result<(), String> {
@@ -164,14 +205,44 @@ impl Layers {
 /// The default unprivileged user commands run as when the harness is root (`nobody`).
 pub const SANDBOX_UID: u32 = 65534;
 
+/// What gives the filesystem, network and pid layers, once chosen.
+enum Isolated {
+    /// A bubblewrap holder's namespaces, entered by every command.
+    Namespaces {
+        bwrap: PathBuf,
+        holder: Mutex<Option<Holder>>,
+        /// Each command's own Landlock domain, so that commands sharing the holder's PID
+        /// namespace cannot signal or read each other, nor the holder (ABI 6; else `None`).
+        scope: Option<Arc<Ruleset>>,
+    },
+    Landlock {
+        rules: Arc<Ruleset>,
+        tmp: PrivateTmp,
+    },
+    Process,
+}
+
+/// A temporary directory of the sandbox's own (Landlock has no private `/tmp` to mount).
+struct PrivateTmp(PathBuf);
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub struct Sandbox {
     cfg: SandboxConfig,
     workdir: PathBuf,
-    bwrap: Option<PathBuf>,
+    /// The working directory for `chdir` after entering the mount namespace.
+    workdir_c: Arc<CString>,
+    isolated: Isolated,
     layers: Layers,
     /// Why the layers that are missing are missing.
     notes: Vec<String>,
-    seccomp: Arc<Vec<crate::seccomp::SockFilter>>,
+    /// The seccomp programs for a call with the network and for one without.
+    seccomp_open: Arc<Vec<crate::seccomp::SockFilter>>,
+    seccomp_closed: Arc<Vec<crate::seccomp::SockFilter>>,
     as_root: bool,
 }
 
@@ -183,14 +254,22 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The system directories a command reads and executes from.
+const SYSTEM_DIRS: [&str; 7] = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc"];
+/// The only device nodes a command gets.
+const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
+
 impl Sandbox {
-    /// Work out which layers hold here: bubblewrap is tried once for real.
+    /// Work out which layers hold here: the isolation is tried once for real.
     pub fn probe(cfg: SandboxConfig, workdir: &Path) -> Sandbox {
         // SAFETY: geteuid has no preconditions.
         let as_root = unsafe { libc::geteuid() } == 0;
         let mut sb = Sandbox {
-            bwrap: None,
             workdir: workdir.to_path_buf(),
+            workdir_c: Arc::new(
+                CString::new(workdir.as_os_str().as_bytes()).unwrap_or_default(),
+            ),
+            isolated: Isolated::Process,
             layers: Layers {
                 clean_env: true,
                 session: true,
@@ -198,10 +277,14 @@ impl Sandbox {
                 no_new_privs: true,
                 seccomp: true,
                 separate_uid: as_root,
+                // seccomp's socket rule holds everywhere; the namespaces add an empty
+                // network namespace on top.
+                network: true,
                 ..Layers::default()
             },
             notes: Vec::new(),
-            seccomp: Arc::new(crate::seccomp::filter()),
+            seccomp_open: Arc::new(crate::seccomp::filter(true)),
+            seccomp_closed: Arc::new(crate::seccomp::filter(false)),
             as_root,
             cfg,
         };
@@ -213,31 +296,113 @@ impl Sandbox {
             // Not a weakness: the layer exists to keep root's powers from commands.
             sb.layers.separate_uid = true;
         }
-        let candidate = sb.cfg.bwrap.clone().or_else(|| find_on_path("bwrap"));
-        match candidate {
-            None => sb.notes.push(
-                "filesystem, network, pid: bubblewrap (`bwrap`) is not installed".into(),
-            ),
-            Some(path) => match sb.try_bwrap(&path) {
-                Ok(()) => {
-                    sb.bwrap = Some(path);
-                    sb.layers.filesystem = true;
-                    sb.layers.network = true;
-                    sb.layers.pid = true;
-                }
-                Err(why) => sb.notes.push(format!(
-                    "filesystem, network, pid: {} cannot make a sandbox here ({why}); user namespaces may be off, as on Lambda",
-                    path.display()
-                )),
-            },
+        let want = sb.cfg.isolation;
+        if matches!(want, Isolation::Auto | Isolation::Namespaces) {
+            let candidate = sb.cfg.bwrap.clone().or_else(|| find_on_path("bwrap"));
+            match candidate {
+                None => sb
+                    .notes
+                    .push("namespaces: bubblewrap (`bwrap`) is not installed".into()),
+                Some(path) => match sb.try_namespaces(&path) {
+                    Ok(()) => {}
+                    Err(why) => sb.notes.push(format!(
+                        "namespaces: {} cannot make a sandbox here ({why}); user namespaces may be off, as on Lambda",
+                        path.display()
+                    )),
+                },
+            }
+        }
+        if matches!(sb.isolated, Isolated::Process)
+            && matches!(want, Isolation::Auto | Isolation::Landlock)
+        {
+            if let Err(why) = sb.try_landlock() {
+                sb.notes.push(format!("landlock: {why}"));
+            }
+        }
+        if matches!(sb.isolated, Isolated::Process) {
+            sb.notes.push(
+                "filesystem, pid: no isolation is available (neither namespaces nor Landlock)"
+                    .into(),
+            );
         }
         sb
     }
 
-    /// Run `true` in a full sandbox once.
-    fn try_bwrap(&self, bwrap: &Path) -> Result<(), String> {
-        let mut cmd = self.bwrap_command(bwrap, "true", None, false);
-        self.apply_process_layers(&mut cmd, None, true);
+    /// Start the holder and run `true` through it; on success the namespaces are in use.
+    fn try_namespaces(&mut self, bwrap: &Path) -> Result<(), String> {
+        let holder = self.spawn_holder(bwrap)?;
+        let scope = match Ruleset::scope_only() {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                self.notes.push(format!(
+                    "pid: commands share the holder's PID namespace and Landlock cannot scope them to themselves ({e})"
+                ));
+                None
+            }
+        };
+        self.isolated = Isolated::Namespaces {
+            bwrap: bwrap.to_path_buf(),
+            holder: Mutex::new(Some(holder)),
+            scope,
+        };
+        if let Err(why) = self.try_true() {
+            self.isolated = Isolated::Process;
+            return Err(why);
+        }
+        self.layers.filesystem = true;
+        self.layers.pid = true;
+        Ok(())
+    }
+
+    fn try_landlock(&mut self) -> Result<(), String> {
+        let tmp = std::env::temp_dir().join(format!(
+            "harness-sandbox-{}-{}",
+            std::process::id(),
+            NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let tmp = PrivateTmp(tmp);
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| e.to_string())?;
+        }
+        self.own(&tmp.0).map_err(|e| e.to_string())?;
+        let mut paths: Vec<(&Path, Access)> = SYSTEM_DIRS
+            .iter()
+            .map(|d| (Path::new(*d), Access::ReadExecute))
+            .collect();
+        paths.extend(DEVICES.iter().map(|d| (Path::new(*d), Access::ReadWriteFile)));
+        paths.push((&self.workdir, Access::ReadWrite));
+        paths.push((&tmp.0, Access::ReadWrite));
+        let rules = Ruleset::new(&paths).map_err(|e| e.to_string())?;
+        let scoped = rules.scoped;
+        let abi = rules.abi;
+        self.isolated = Isolated::Landlock {
+            rules: Arc::new(rules),
+            tmp,
+        };
+        if let Err(why) = self.try_true() {
+            self.isolated = Isolated::Process;
+            return Err(why);
+        }
+        self.layers.filesystem = true;
+        self.layers.pid = scoped;
+        self.notes.push(format!(
+            "isolation: Landlock ABI {abi} (no namespaces): /proc is unreachable, and Unix sockets on the host's paths are not covered"
+        ));
+        if !scoped {
+            self.notes.push(format!(
+                "pid: Landlock ABI {abi} cannot scope signals (6 is needed)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Run `true` through the chosen isolation.
+    fn try_true(&self) -> Result<(), String> {
+        let cmd = self.std_command("true", false).map_err(|e| e.to_string())?;
+        let mut cmd = cmd;
         let out = cmd
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -247,7 +412,11 @@ impl Sandbox {
         if out.status.success() {
             Ok(())
         } else {
-            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            Err(format!(
+                "`true` failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
         }
     }
 
@@ -257,6 +426,15 @@ impl Sandbox {
 
     pub fn notes(&self) -> &[String] {
         &self.notes
+    }
+
+    /// What provides the filesystem, network and pid layers.
+    pub fn isolation(&self) -> &'static str {
+        match self.isolated {
+            Isolated::Namespaces { .. } => "namespaces",
+            Isolated::Landlock { .. } => "landlock",
+            Isolated::Process => "process",
+        }
     }
 
     /// Who commands and the files written for them belong to (`None`: not root, so the
@@ -292,24 +470,24 @@ impl Sandbox {
             ("HOME".to_string(), self.workdir.display().to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
         ];
+        if let Isolated::Landlock { tmp, .. } = &self.isolated {
+            env.push(("TMPDIR".to_string(), tmp.0.display().to_string()));
+        }
         env.extend(self.cfg.env.iter().cloned());
         env
     }
 
-    fn bwrap_command(
-        &self,
-        bwrap: &Path,
-        command: &str,
-        seccomp_fd: Option<i32>,
-        network: bool,
-    ) -> std::process::Command {
+    /// The holder's bubblewrap command line: the sandbox's root, and `sh` waiting on stdin.
+    fn holder_command(&self, bwrap: &Path, info_fd: i32) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
         let mut cmd = std::process::Command::new(bwrap);
+        // bubblewrap's own processes (pid 1 inside) keep the environment they were started
+        // with, readable at /proc/1/environ: they get none of the harness's.
+        cmd.env_clear();
         let work = self.workdir.display().to_string();
-        cmd.arg("--unshare-all");
-        if network {
-            // Granted by a policy rule for this call: the host's network, nothing more.
-            cmd.arg("--share-net");
-        }
+        // Every namespace. Nested ones are refused to commands by seccomp (unshare, clone's
+        // namespace flags, clone3).
+        cmd.args(["--unshare-all", "--unshare-user"]);
         cmd.args([
             "--die-with-parent",
             "--new-session",
@@ -317,11 +495,9 @@ impl Sandbox {
             "ALL",
             "--clearenv",
         ]);
-        for (k, v) in self.env() {
-            cmd.args(["--setenv", &k, &v]);
-        }
+        cmd.args(["--info-fd", &info_fd.to_string()]);
         // The system, read-only; merged-/usr layouts get their symlinks.
-        for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc"] {
+        for dir in SYSTEM_DIRS {
             let p = Path::new(dir);
             match std::fs::read_link(p) {
                 Ok(target) => {
@@ -333,8 +509,7 @@ impl Sandbox {
                 Err(_) => {}
             }
         }
-        // Only the device nodes commands use (a whole `--dev` costs half a millisecond more).
-        for dev in ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"] {
+        for dev in DEVICES {
             cmd.args(["--dev-bind", dev, dev]);
         }
         for (link, to) in [
@@ -347,54 +522,94 @@ impl Sandbox {
         }
         cmd.args(["--proc", "/proc", "--tmpfs", "/tmp"]);
         cmd.args(["--bind", &work, &work, "--chdir", &work]);
-        if let Some(fd) = seccomp_fd {
-            cmd.args(["--seccomp", &fd.to_string()]);
+        cmd.args(["--", "/bin/sh", "-c", namespaces::HOLDER_SCRIPT]);
+        if self.as_root {
+            cmd.uid(self.cfg.uid).gid(self.cfg.uid);
         }
-        cmd.args(["--", "/bin/sh", "-c", command]);
+        // SAFETY: system calls only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Handed to bubblewrap: not closed at exec.
+                let flags = libc::fcntl(info_fd, libc::F_GETFD);
+                if flags < 0
+                    || libc::fcntl(info_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         cmd
     }
 
-    /// The command for `sh -c command`, every active layer applied. The returned fd (the
-    /// seccomp program for bubblewrap) must live until the command has started.
-    pub fn command(
-        &self,
-        command: &str,
-        network: bool,
-    ) -> std::io::Result<(tokio::process::Command, Option<OwnedFd>)> {
-        let (std_cmd, fd) = match &self.bwrap {
-            Some(bwrap) => {
-                let fd = seccomp_memfd()?;
-                let raw = fd.as_raw_fd();
-                let mut c = self.bwrap_command(bwrap, command, Some(raw), network);
-                self.apply_process_layers(&mut c, Some(raw), true);
-                (c, Some(fd))
-            }
-            None => {
-                let mut c = std::process::Command::new("/bin/sh");
-                c.arg("-c").arg(command).env_clear().envs(self.env());
-                c.current_dir(&self.workdir);
-                self.apply_process_layers(&mut c, None, false);
-                (c, None)
-            }
-        };
-        Ok((tokio::process::Command::from(std_cmd), fd))
+    fn spawn_holder(&self, bwrap: &Path) -> Result<Holder, String> {
+        let (read, write) = namespaces::info_pipe().map_err(|e| e.to_string())?;
+        let cmd = self.holder_command(bwrap, write.as_raw_fd());
+        Holder::start(cmd, read, write)
     }
 
-    /// Limits, a new session, death with the harness, no_new_privs, the unprivileged uid and
-    /// (without bubblewrap, which loads it itself) the seccomp filter.
+    /// The live holder's namespaces, starting a new holder if the last one ended.
+    fn entry(&self) -> std::io::Result<Option<Arc<Entry>>> {
+        let Isolated::Namespaces { bwrap, holder, .. } = &self.isolated else {
+            return Ok(None);
+        };
+        let mut holder = holder.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = holder.as_ref().filter(|h| h.alive()) {
+            return Ok(Some(h.entry.clone()));
+        }
+        let h = self
+            .spawn_holder(bwrap)
+            .map_err(|why| std::io::Error::other(format!("cannot restart the sandbox: {why}")))?;
+        let entry = h.entry.clone();
+        *holder = Some(h);
+        Ok(Some(entry))
+    }
+
+    /// The command for `sh -c command`, every active layer applied.
+    pub fn command(&self, command: &str, network: bool) -> std::io::Result<tokio::process::Command> {
+        Ok(tokio::process::Command::from(self.std_command(command, network)?))
+    }
+
+    fn std_command(&self, command: &str, network: bool) -> std::io::Result<std::process::Command> {
+        let mut c = std::process::Command::new("/bin/sh");
+        c.arg("-c").arg(command).env_clear().envs(self.env());
+        c.current_dir(&self.workdir);
+        let (landlock, entry) = match &self.isolated {
+            Isolated::Namespaces { scope, .. } => (scope.clone(), self.entry()?),
+            Isolated::Landlock { rules, .. } => (Some(rules.clone()), None),
+            Isolated::Process => (None, None),
+        };
+        self.apply_process_layers(&mut c, network, landlock, entry);
+        Ok(c)
+    }
+
+    /// Limits, a new session, death with the harness, the namespaces (entered, then the
+    /// working directory again), no_new_privs, Landlock, seccomp, the unprivileged uid, and
+    /// the waiter ([`crate::waiter`]).
     fn apply_process_layers(
         &self,
         cmd: &mut std::process::Command,
-        keep_fd: Option<i32>,
-        via_bwrap: bool,
+        network: bool,
+        landlock: Option<Arc<Ruleset>>,
+        entry: Option<Arc<Entry>>,
     ) {
         use std::os::unix::process::CommandExt;
         if self.as_root {
-            // std also drops the supplementary groups when it changes uid as root.
+            // std also drops the supplementary groups when it changes uid as root; it does
+            // so before the closure below, so the namespaces are entered as that user.
             cmd.uid(self.cfg.uid).gid(self.cfg.uid);
         }
         let limits = self.cfg.limits;
-        let filter = (!via_bwrap).then(|| self.seccomp.clone());
+        let filter = if network {
+            self.seccomp_open.clone()
+        } else {
+            self.seccomp_closed.clone()
+        };
+        let workdir = self.workdir_c.clone();
+        let harness = std::process::id() as libc::pid_t;
         // SAFETY: the closure runs between fork and exec and makes only system calls on
         // memory prepared before the fork (no allocation, no locks).
         unsafe {
@@ -421,22 +636,21 @@ impl Sandbox {
                 set(libc::RLIMIT_FSIZE, limits.file_size_bytes)?;
                 set(libc::RLIMIT_NOFILE, limits.open_files)?;
                 set(libc::RLIMIT_CORE, 0)?;
-                if let Some(fd) = keep_fd {
-                    // Handed to bubblewrap: not closed at exec.
-                    let flags = libc::fcntl(fd, libc::F_GETFD);
-                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                if let Some(entry) = &entry {
+                    namespaces::enter(entry, network)?;
+                    // Entering the mount namespace moved us to its root.
+                    if libc::chdir(workdir.as_ptr()) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                match &filter {
-                    Some(prog) => crate::seccomp::install(prog),
-                    None => {
-                        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        Ok(())
-                    }
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
+                if let Some(rules) = &landlock {
+                    rules.restrict_self()?;
+                }
+                crate::seccomp::install(&filter)?;
+                crate::waiter::fork_waiter(harness)
             });
         }
     }
@@ -451,22 +665,7 @@ impl Sandbox {
     }
 }
 
-/// The seccomp program in an anonymous file, read by `bwrap --seccomp FD`.
-fn seccomp_memfd() -> std::io::Result<OwnedFd> {
-    use std::io::{Seek, Write};
-    use std::os::fd::FromRawFd;
-    // SAFETY: memfd_create with a static NUL-terminated name; the fd is owned below.
-    let fd = unsafe { libc::memfd_create(c"seccomp".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut file = std::fs::File::from(owned);
-    file.write_all(&crate::seccomp::filter_bytes())?;
-    file.rewind()?;
-    Ok(OwnedFd::from(file))
-}
+static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(test)]
 mod tests {
@@ -478,6 +677,9 @@ mod tests {
         assert_eq!(Mode::parse("best-effort"), Some(Mode::BestEffort));
         assert_eq!(Mode::parse("off"), None);
         assert_eq!(Mode::parse("REQUIRED"), None);
+        assert_eq!(Isolation::parse("landlock"), Some(Isolation::Landlock));
+        assert_eq!(Isolation::parse(""), Some(Isolation::Auto));
+        assert_eq!(Isolation::parse("chroot"), None);
         let layers = Layers {
             clean_env: true,
             ..Layers::default()

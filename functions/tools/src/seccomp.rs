@@ -1,7 +1,14 @@
 //! A seccomp filter, written as classic BPF by hand (no C library needed): every system call
 //! a command has no business making (tracing other processes, mounting, kernel keyrings, BPF,
-//! loading kernels or modules, new namespaces, …) answers `EPERM`; everything else is
-//! allowed. A call from a foreign architecture ABI kills the process.
+//! loading kernels or modules, new namespaces, leaving its process group, io_uring, …)
+//! answers `EPERM`; without the network, `socket` answers `EACCES` for every family but
+//! `AF_UNIX`; everything else is allowed. A call from a foreign architecture ABI kills the
+//! process.
+//!
+//! `setsid` and `setpgid` are refused so that every process a command starts stays in its
+//! group: killing the group on a timeout or a cancel then kills all of it, with or without a
+//! PID namespace. io_uring is refused because its operations (sockets among them) bypass
+//! this filter.
 
 /// One classic BPF instruction (`struct sock_filter`).
 #[repr(C)]
@@ -16,6 +23,7 @@ pub struct SockFilter {
 const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JEQ_K: u16 = 0x15;
 const BPF_JGE_K: u16 = 0x35;
+const BPF_JSET_K: u16 = 0x45;
 const BPF_RET_K: u16 = 0x06;
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
@@ -23,11 +31,22 @@ const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 /// `offsetof(struct seccomp_data, nr)` and `arch`.
 const OFFSET_NR: u32 = 0;
 const OFFSET_ARCH: u32 = 4;
+/// `offsetof(struct seccomp_data, args[0])`, its low 32 bits (little-endian targets).
+const OFFSET_ARG0: u32 = 16;
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xc000_003e;
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH: u32 = 0xc000_00b7;
+
+/// Every `CLONE_NEW*` flag `clone` takes.
+const CLONE_NAMESPACES: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u32;
 
 /// What a sandboxed command may never do.
 pub fn denied_syscalls() -> Vec<(&'static str, libc::c_long)> {
@@ -70,6 +89,11 @@ pub fn denied_syscalls() -> Vec<(&'static str, libc::c_long)> {
         ("clock_adjtime", libc::SYS_clock_adjtime),
         ("adjtimex", libc::SYS_adjtimex),
         ("chroot", libc::SYS_chroot),
+        ("setsid", libc::SYS_setsid),
+        ("setpgid", libc::SYS_setpgid),
+        ("io_uring_setup", libc::SYS_io_uring_setup),
+        ("io_uring_enter", libc::SYS_io_uring_enter),
+        ("io_uring_register", libc::SYS_io_uring_register),
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([
@@ -80,8 +104,8 @@ pub fn denied_syscalls() -> Vec<(&'static str, libc::c_long)> {
     v
 }
 
-/// The filter program.
-pub fn filter() -> Vec<SockFilter> {
+/// The filter program; `network: false` also refuses every socket but `AF_UNIX`.
+pub fn filter(network: bool) -> Vec<SockFilter> {
     let stmt = |code, k| SockFilter {
         code,
         jt: 0,
@@ -102,6 +126,28 @@ pub fn filter() -> Vec<SockFilter> {
         jump(BPF_JGE_K, 0x4000_0000, 0, 1),
         stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
     ]);
+    if !network {
+        // socket(domain, …): AF_UNIX passes, any other family is refused. On a miss the
+        // accumulator still holds the call number for the checks below.
+        p.extend([
+            jump(BPF_JEQ_K, libc::SYS_socket as u32, 0, 4),
+            stmt(BPF_LD_W_ABS, OFFSET_ARG0),
+            jump(BPF_JEQ_K, libc::AF_UNIX as u32, 0, 1),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+            stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EACCES as u32),
+        ]);
+    }
+    // clone with a namespace flag is refused (unshare's twin); clone3 passes its flags in
+    // memory a filter cannot read, so it answers ENOSYS and the C library falls back to clone.
+    p.extend([
+        jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 4),
+        stmt(BPF_LD_W_ABS, OFFSET_ARG0),
+        jump(BPF_JSET_K, CLONE_NAMESPACES, 0, 1),
+        stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+        jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1),
+        stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    ]);
     for (_, nr) in &denied {
         // Equal: fall into the EPERM return right after; else skip it.
         p.push(jump(BPF_JEQ_K, *nr as u32, 0, 1));
@@ -109,21 +155,6 @@ pub fn filter() -> Vec<SockFilter> {
     }
     p.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
     p
-}
-
-/// The program as the bytes `bwrap --seccomp FD` reads.
-pub fn filter_bytes() -> Vec<u8> {
-    filter()
-        .iter()
-        .flat_map(|i| {
-            let mut b = Vec::with_capacity(8);
-            b.extend(i.code.to_ne_bytes());
-            b.push(i.jt);
-            b.push(i.jf);
-            b.extend(i.k.to_ne_bytes());
-            b
-        })
-        .collect()
 }
 
 /// Install `prog` on the calling thread (no_new_privs first, as the kernel requires of an
@@ -166,7 +197,7 @@ mod tests {
 
     #[test]
     fn the_program_denies_the_listed_calls_and_allows_the_rest() {
-        let p = filter();
+        let p = filter(true);
         assert!(p.len() < 200, "a short program: {}", p.len());
         assert_eq!(p.last().unwrap().k, SECCOMP_RET_ALLOW);
         // Every denied call has its comparison, followed by the EPERM return.
@@ -177,6 +208,10 @@ mod tests {
                 .unwrap_or_else(|| panic!("{name} is checked"));
             assert_eq!(p[i + 1].k, SECCOMP_RET_ERRNO | libc::EPERM as u32);
         }
-        assert_eq!(filter_bytes().len(), p.len() * 8);
+        // Without the network, the socket rule comes first and keeps the rest intact.
+        let closed = filter(false);
+        assert_eq!(closed.len(), p.len() + 5);
+        assert!(p.iter().any(|i| i.code == BPF_JSET_K && i.k == CLONE_NAMESPACES));
+        assert!(closed.iter().any(|i| i.k == SECCOMP_RET_ERRNO | libc::EACCES as u32));
     }
 }
