@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::process::{lines, processes, spawn_harness, wait_finished};
+use common::process::{lines, processes, spawn_harness, spawn_harness_env, wait_finished};
 use harness_sdk::{RemoteOptions, connect_client};
 use serde_json::json;
 use std::time::Duration;
@@ -169,10 +169,16 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
 }
 
 /// A command does not outlive the harness: `kill -9` of the binary takes the command's whole
-/// process tree with it (the sandbox's parent-death signal and, with bubblewrap, its PID
-/// namespace).
+/// process tree with it (each command's waiter kills its group when the harness dies; with
+/// namespaces the PID namespace goes too), under each isolation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_dies_with_the_harness() {
+    for isolation in ["namespaces", "landlock"] {
+        command_dies_with_the_harness(isolation).await;
+    }
+}
+
+async fn command_dies_with_the_harness(isolation: &str) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("work")).unwrap();
     std::fs::write(dir.path().join("perms.yaml"), "version: 1\nrules: []\n").unwrap();
@@ -181,7 +187,7 @@ async fn a_command_dies_with_the_harness() {
         json!({"turns": []}).to_string(),
     )
     .unwrap();
-    let harness = spawn_harness(dir.path(), &[]);
+    let harness = spawn_harness_env(dir.path(), &[], &[("HARNESS_SANDBOX_ISOLATION", isolation)]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     let report = client
         .ctx()
@@ -189,12 +195,11 @@ async fn a_command_dies_with_the_harness() {
         .await
         .unwrap();
     if report["layers"]["pid"] != true {
-        eprintln!(
-            "SKIPPED: without the pid layer a background child can outlive the harness: {report}"
-        );
+        eprintln!("SKIPPED ({isolation}): the pid layer is not active here: {report}");
         return;
     }
-    let marker = format!("6{}.75", std::process::id());
+    assert_eq!(report["isolation"], isolation, "{report}");
+    let marker = format!("6{}.7{}", std::process::id(), isolation.len());
     let ctx = client.ctx();
     let command = format!("sleep {marker} & sleep {marker}");
     // The admin token may call the tool directly; the call never returns (the harness dies).

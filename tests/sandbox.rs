@@ -81,9 +81,8 @@ fn layer(t: &Tools, name: &str) -> bool {
 fn available(isolation: Isolation) -> bool {
     match isolation {
         Isolation::Namespaces => {
-            let on_path = std::env::var_os("PATH").is_some_and(|p| {
-                std::env::split_paths(&p).any(|d| d.join("bwrap").is_file())
-            });
+            let on_path = std::env::var_os("PATH")
+                .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("bwrap").is_file()));
             let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
                 .is_ok_and(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 0));
             on_path && userns
@@ -230,7 +229,10 @@ async fn cannot_write_outside(s: &Setup, kind: &str) {
         ),
     )
     .await;
-    assert!(r["stderr"].as_str().unwrap().contains(refusal), "{kind}: {r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains(refusal),
+        "{kind}: {r}"
+    );
     assert!(!outside.exists());
     assert!(!Path::new("/usr/planted").exists() && !Path::new("/etc/planted").exists());
     // fs::write refuses the link (it resolves outside) and never follows one planted at its
@@ -492,7 +494,9 @@ async fn a_dead_sandbox_holder_is_replaced() {
     }
     assert_eq!(exec(&tools, "echo one").await["stdout"], "one\n");
     if tools.sandbox_owner_uid().is_none() {
-        eprintln!("SKIPPED: not root, so the holder runs as this user and pkill would reach other tests' holders");
+        eprintln!(
+            "SKIPPED: not root, so the holder runs as this user and pkill would reach other tests' holders"
+        );
         return;
     }
     let holder = tools_worker::namespaces::HOLDER_SCRIPT;

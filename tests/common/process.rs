@@ -40,6 +40,11 @@ impl Drop for Harness {
 /// Start `harness --serve-only` on `dir/data`, with `dir/work`, `dir/perms.yaml` and
 /// `dir/cassette.json`, plus `extra` arguments; returns once it printed its ready line.
 pub fn spawn_harness(dir: &Path, extra: &[&str]) -> Harness {
+    spawn_harness_env(dir, extra, &[])
+}
+
+/// [`spawn_harness`] with extra environment variables.
+pub fn spawn_harness_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Harness {
     let mut child = Command::new(env!("CARGO_BIN_EXE_harness"))
         .args(["--serve-only", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.join("data"))
@@ -50,6 +55,7 @@ pub fn spawn_harness(dir: &Path, extra: &[&str]) -> Harness {
         .arg("--cassette")
         .arg(dir.join("cassette.json"))
         .args(extra)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .env_remove("ENGINE_TOKEN")
         .env_remove("ANTHROPIC_API_KEY")

@@ -4,9 +4,9 @@
 //! `cargo bench -p tools-worker --bench sandbox`
 
 use serde_json::json;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tools_worker::Tools;
-use std::sync::Arc;
 use tools_worker::sandbox::{Isolation, SandboxConfig};
 
 fn pct(mut v: Vec<Duration>, p: f64) -> f64 {
@@ -55,7 +55,13 @@ async fn bwrap_per_call(dir: &std::path::Path, n: usize) -> Vec<Duration> {
         args.extend(["--dev-bind", dev, dev].map(String::from));
     }
     args.extend(["--proc", "/proc", "--tmpfs", "/tmp"].map(String::from));
-    args.extend(["--bind".into(), work.clone(), work.clone(), "--chdir".into(), work]);
+    args.extend([
+        "--bind".into(),
+        work.clone(),
+        work.clone(),
+        "--chdir".into(),
+        work,
+    ]);
     args.extend(["--", "/bin/sh", "-c", "true"].map(String::from));
     let mut out = Vec::new();
     for _ in 0..n {
@@ -94,7 +100,10 @@ fn tools(dir: &std::path::Path, name: &str, isolation: Isolation) -> Arc<Tools> 
     )
     .unwrap();
     let r = t.sandbox_report();
-    println!("{name}: isolation {}, missing {}", r["isolation"], r["missing"]);
+    println!(
+        "{name}: isolation {}, missing {}",
+        r["isolation"], r["missing"]
+    );
     t
 }
 

@@ -248,7 +248,15 @@ mod tests {
     fn rights_grow_with_the_abi() {
         assert_eq!(fs_rights(1), FS_ABI1_ALL);
         assert!(fs_rights(3) & FS_TRUNCATE != 0 && fs_rights(2) & FS_TRUNCATE == 0);
-        assert_eq!(file_rights(1) & FS_READ_DIR, 0, "no directory rights on a file");
-        assert_eq!(std::mem::size_of::<PathBeneathAttr>(), 12, "packed as the kernel's");
+        assert_eq!(
+            file_rights(1) & FS_READ_DIR,
+            0,
+            "no directory rights on a file"
+        );
+        assert_eq!(
+            std::mem::size_of::<PathBeneathAttr>(),
+            12,
+            "packed as the kernel's"
+        );
     }
 }

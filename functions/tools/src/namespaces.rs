@@ -137,7 +137,10 @@ fn read_child_pid(info: OwnedFd) -> Result<i32, String> {
             Err(e) => return Err(format!("reading bubblewrap's info: {e}")),
         }
     }
-    let end = buf.iter().position(|b| *b == b'}').map_or(buf.len(), |i| i + 1);
+    let end = buf
+        .iter()
+        .position(|b| *b == b'}')
+        .map_or(buf.len(), |i| i + 1);
     let v: serde_json::Value = serde_json::from_slice(&buf[..end])
         .map_err(|e| format!("bubblewrap's info is not JSON ({e})"))?;
     v["child-pid"]

@@ -137,7 +137,9 @@ impl SandboxConfig {
         }
         if let Some(i) = var("HARNESS_SANDBOX_ISOLATION") {
             cfg.isolation = Isolation::parse(&i).ok_or_else(|| {
-                format!("HARNESS_SANDBOX_ISOLATION=`{i}`: use auto, namespaces, landlock or process")
+                format!(
+                    "HARNESS_SANDBOX_ISOLATION=`{i}`: use auto, namespaces, landlock or process"
+                )
             })?;
         }
         cfg.bwrap = var("HARNESS_BWRAP").map(PathBuf::from);
@@ -266,9 +268,7 @@ impl Sandbox {
         let as_root = unsafe { libc::geteuid() } == 0;
         let mut sb = Sandbox {
             workdir: workdir.to_path_buf(),
-            workdir_c: Arc::new(
-                CString::new(workdir.as_os_str().as_bytes()).unwrap_or_default(),
-            ),
+            workdir_c: Arc::new(CString::new(workdir.as_os_str().as_bytes()).unwrap_or_default()),
             isolated: Isolated::Process,
             layers: Layers {
                 clean_env: true,
@@ -314,10 +314,9 @@ impl Sandbox {
         }
         if matches!(sb.isolated, Isolated::Process)
             && matches!(want, Isolation::Auto | Isolation::Landlock)
+            && let Err(why) = sb.try_landlock()
         {
-            if let Err(why) = sb.try_landlock() {
-                sb.notes.push(format!("landlock: {why}"));
-            }
+            sb.notes.push(format!("landlock: {why}"));
         }
         if matches!(sb.isolated, Isolated::Process) {
             sb.notes.push(
@@ -372,7 +371,11 @@ impl Sandbox {
             .iter()
             .map(|d| (Path::new(*d), Access::ReadExecute))
             .collect();
-        paths.extend(DEVICES.iter().map(|d| (Path::new(*d), Access::ReadWriteFile)));
+        paths.extend(
+            DEVICES
+                .iter()
+                .map(|d| (Path::new(*d), Access::ReadWriteFile)),
+        );
         paths.push((&self.workdir, Access::ReadWrite));
         paths.push((&tmp.0, Access::ReadWrite));
         let rules = Ruleset::new(&paths).map_err(|e| e.to_string())?;
@@ -534,9 +537,7 @@ impl Sandbox {
                 }
                 // Handed to bubblewrap: not closed at exec.
                 let flags = libc::fcntl(info_fd, libc::F_GETFD);
-                if flags < 0
-                    || libc::fcntl(info_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
-                {
+                if flags < 0 || libc::fcntl(info_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -569,8 +570,14 @@ impl Sandbox {
     }
 
     /// The command for `sh -c command`, every active layer applied.
-    pub fn command(&self, command: &str, network: bool) -> std::io::Result<tokio::process::Command> {
-        Ok(tokio::process::Command::from(self.std_command(command, network)?))
+    pub fn command(
+        &self,
+        command: &str,
+        network: bool,
+    ) -> std::io::Result<tokio::process::Command> {
+        Ok(tokio::process::Command::from(
+            self.std_command(command, network)?,
+        ))
     }
 
     fn std_command(&self, command: &str, network: bool) -> std::io::Result<std::process::Command> {

@@ -211,7 +211,14 @@ mod tests {
         // Without the network, the socket rule comes first and keeps the rest intact.
         let closed = filter(false);
         assert_eq!(closed.len(), p.len() + 5);
-        assert!(p.iter().any(|i| i.code == BPF_JSET_K && i.k == CLONE_NAMESPACES));
-        assert!(closed.iter().any(|i| i.k == SECCOMP_RET_ERRNO | libc::EACCES as u32));
+        assert!(
+            p.iter()
+                .any(|i| i.code == BPF_JSET_K && i.k == CLONE_NAMESPACES)
+        );
+        assert!(
+            closed
+                .iter()
+                .any(|i| i.k == SECCOMP_RET_ERRNO | libc::EACCES as u32)
+        );
     }
 }
