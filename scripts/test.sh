@@ -127,8 +127,8 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   nextest -E 'package(engine-gateway)'
   stage_done
 
-  stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport)"
-  nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router))'
+  stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport; channels as response streams)"
+  nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router) | binary(lambda_streaming))'
   stage_done
 
   stage "tests (whole agent turns on the AWS backend)"

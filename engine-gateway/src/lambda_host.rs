@@ -65,12 +65,22 @@ pub enum LambdaError {
     Spawn(String),
 }
 
+/// What an invocation answered: a JSON response, or (a `bootstrap` in streaming response
+/// mode) the response stream, piece by piece as it is written.
+pub enum Answer {
+    Json(Value),
+    Stream(tokio::sync::mpsc::Receiver<crate::lambda_stream::StreamPiece>),
+}
+
+/// Most a buffered response may hold (Lambda's limit for a synchronous invocation).
+const MAX_RESPONSE_BYTES: usize = 6 << 20;
+
 struct Job {
     request_id: String,
     payload: Vec<u8>,
     trace_id: String,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Value, LambdaError>>,
+    reply: oneshot::Sender<Result<Answer, LambdaError>>,
 }
 
 struct Process {
@@ -113,8 +123,33 @@ impl LambdaFunction {
         })
     }
 
-    /// Invoke with a JSON event; the answer is the function's JSON response.
+    /// Invoke with a JSON event; the answer is the function's JSON response. A streamed
+    /// response is buffered whole, as Lambda's `Invoke` does for a streaming function.
     pub async fn invoke(&self, event: &Value) -> Result<Value, LambdaError> {
+        match self.invoke_answer(event).await? {
+            Answer::Json(v) => Ok(v),
+            Answer::Stream(mut rx) => {
+                let mut strip = crate::lambda_stream::PreludeStripper::default();
+                let mut body = Vec::new();
+                while let Some(piece) = rx.recv().await {
+                    body.extend(strip.feed(&piece?));
+                    if body.len() > MAX_RESPONSE_BYTES {
+                        return Err(LambdaError::Function {
+                            error_type: "Runtime.ResponseSizeTooLarge".into(),
+                            message: format!("the response is over {MAX_RESPONSE_BYTES} bytes"),
+                        });
+                    }
+                }
+                body.extend(strip.finish());
+                Ok(serde_json::from_slice(&body)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned())))
+            }
+        }
+    }
+
+    /// Invoke and take the answer as the function gives it: JSON, or a response stream
+    /// (what `InvokeWithResponseStream` serves).
+    pub async fn invoke_answer(&self, event: &Value) -> Result<Answer, LambdaError> {
         let (tx, rx) = oneshot::channel();
         let request_id = uuid::Uuid::new_v4().to_string();
         let job = Job {
@@ -375,16 +410,38 @@ fn take_current(p: &Process, id: &str) -> Option<Job> {
 }
 
 async fn response(
-    State((_, p)): ApiState,
+    State((f, p)): ApiState,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    headers: HeaderMap,
+    body: axum::body::Body,
 ) -> StatusCode {
     let Some(job) = take_current(&p, &id) else {
         return StatusCode::BAD_REQUEST;
     };
+    if crate::lambda_stream::is_streaming(&headers) {
+        // The chunks reach the invoker as the function writes them, until the body ends or
+        // the function's time is up.
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        if job.reply.send(Ok(Answer::Stream(rx))).is_ok() {
+            crate::lambda_stream::pump(body, tx, job.deadline, f.spec.timeout.as_millis()).await;
+        }
+        return StatusCode::ACCEPTED;
+    }
+    let body = match axum::body::to_bytes(body, MAX_RESPONSE_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = job.reply.send(Err(LambdaError::Function {
+                error_type: "Runtime.ResponseSizeTooLarge".into(),
+                message: format!(
+                    "the response could not be read (at most {MAX_RESPONSE_BYTES} bytes): {e}"
+                ),
+            }));
+            return StatusCode::PAYLOAD_TOO_LARGE;
+        }
+    };
     let value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    let _ = job.reply.send(Ok(value));
+    let _ = job.reply.send(Ok(Answer::Json(value)));
     StatusCode::ACCEPTED
 }
 
@@ -428,46 +485,57 @@ pub fn describe_event() -> Value {
 
 type InvokeFunctions = Arc<Vec<Arc<LambdaFunction>>>;
 
-async fn invoke_api(
-    State(functions): State<InvokeFunctions>,
-    Path(name): Path<String>,
-    body: axum::body::Bytes,
-) -> Response {
+/// The function a request names and its JSON event, or the error response Lambda gives.
+#[allow(clippy::result_large_err)]
+fn invocation_of(
+    functions: &InvokeFunctions,
+    name: String,
+    body: &[u8],
+) -> Result<(Arc<LambdaFunction>, Value), Response> {
     // A name, a partial ARN or a full ARN (`…:function:NAME[:QUALIFIER]`).
     let name = match name.split_once(":function:") {
         Some((_, rest)) => rest.split(':').next().unwrap_or(rest).to_string(),
         None => name,
     };
-    let Some(f) = functions.iter().find(|f| f.spec.name == name) else {
+    let refuse = |status: StatusCode, kind: &'static str, message: String| {
         let mut r = (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"Type": "User", "message": format!("Function not found: {name}")})),
+            status,
+            axum::Json(json!({"Type": "User", "message": message})),
         )
             .into_response();
-        r.headers_mut().insert(
-            "x-amzn-errortype",
-            HeaderValue::from_static("ResourceNotFoundException"),
-        );
-        return r;
+        r.headers_mut()
+            .insert("x-amzn-errortype", HeaderValue::from_static(kind));
+        r
     };
-    let event: Value = if body.is_empty() {
+    let Some(f) = functions.iter().find(|f| f.spec.name == name) else {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            "ResourceNotFoundException",
+            format!("Function not found: {name}"),
+        ));
+    };
+    let event = if body.is_empty() {
         json!({})
     } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                let mut r = (
-                    StatusCode::BAD_REQUEST,
-                    axum::Json(json!({"Type": "User", "message": format!("Could not parse request body into json: {e}")})),
-                )
-                    .into_response();
-                r.headers_mut().insert(
-                    "x-amzn-errortype",
-                    HeaderValue::from_static("InvalidRequestContentException"),
-                );
-                return r;
-            }
-        }
+        serde_json::from_slice(body).map_err(|e| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                "InvalidRequestContentException",
+                format!("Could not parse request body into json: {e}"),
+            )
+        })?
+    };
+    Ok((f.clone(), event))
+}
+
+async fn invoke_api(
+    State(functions): State<InvokeFunctions>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let (f, event) = match invocation_of(&functions, name, &body) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     match f.invoke(&event).await {
         Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
@@ -492,7 +560,65 @@ async fn invoke_api(
     }
 }
 
-/// The Lambda `Invoke` API (`POST /2015-03-31/functions/{name}/invocations`) over local
+/// `InvokeWithResponseStream`: the answer as an event stream of `PayloadChunk`s ending in
+/// `InvokeComplete` (which carries the error of a failed invocation).
+async fn invoke_stream_api(
+    State(functions): State<InvokeFunctions>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    use crate::lambda_stream::{invoke_complete, payload_chunk};
+    let (f, event) = match invocation_of(&functions, name, &body) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::convert::Infallible>>(64);
+    tokio::spawn(async move {
+        match f.invoke_answer(&event).await {
+            Err(e) => {
+                let _ = tx.send(Ok(invoke_complete(Some(&e)))).await;
+            }
+            Ok(Answer::Json(v)) => {
+                let _ = tx
+                    .send(Ok(payload_chunk(bytes::Bytes::from(v.to_string()))))
+                    .await;
+                let _ = tx.send(Ok(invoke_complete(None))).await;
+            }
+            Ok(Answer::Stream(mut pieces)) => {
+                while let Some(piece) = pieces.recv().await {
+                    match piece {
+                        Ok(b) => {
+                            if tx.send(Ok(payload_chunk(b))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Ok(invoke_complete(Some(&e)))).await;
+                            return;
+                        }
+                    }
+                }
+                let _ = tx.send(Ok(invoke_complete(None))).await;
+            }
+        }
+    });
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|piece| (piece, rx))
+    });
+    let mut r = Response::new(axum::body::Body::from_stream(events));
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/vnd.amazon.eventstream"),
+    );
+    r.headers_mut().insert(
+        "x-amz-executed-version",
+        HeaderValue::from_static("$LATEST"),
+    );
+    r
+}
+
+/// The Lambda `Invoke` API (`POST /2015-03-31/functions/{name}/invocations`) and
+/// `InvokeWithResponseStream` (`POST /2021-11-15/functions/{name}/response-streaming-invocations`) over local
 /// functions, so the AWS SDK's Lambda client (`AWS_ENDPOINT_URL_LAMBDA`) reaches them as it
 /// would reach deployed ones → the base URL.
 pub async fn serve_invoke_api(
@@ -510,6 +636,10 @@ pub fn serve_invoke_api_on(
 ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     let app = Router::new()
         .route("/2015-03-31/functions/{name}/invocations", post(invoke_api))
+        .route(
+            "/2021-11-15/functions/{name}/response-streaming-invocations",
+            post(invoke_stream_api),
+        )
         .with_state(Arc::new(functions));
     let url = format!("http://{}", listener.local_addr()?);
     let task = tokio::spawn(async move {

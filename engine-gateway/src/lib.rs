@@ -15,6 +15,7 @@ pub mod embedded;
 pub mod engine;
 pub mod events;
 pub mod lambda_host;
+pub mod lambda_stream;
 pub mod protocol;
 pub mod queue;
 pub mod registry;

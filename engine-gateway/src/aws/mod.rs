@@ -7,6 +7,7 @@ pub mod changes;
 pub mod queues;
 pub mod registry;
 pub mod resources;
+pub mod response_stream;
 pub mod router;
 pub mod secrets;
 pub mod state;

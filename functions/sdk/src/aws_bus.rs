@@ -7,11 +7,18 @@
 use async_trait::async_trait;
 use engine_gateway::aws::{AwsClients, AwsNames};
 use engine_gateway::channels::ChannelRef;
+use engine_gateway::channels::{
+    ChannelFrame, DEFAULT_BUFFER, Direction, MAX_BUFFER, UNATTACHED_TTL,
+};
+use engine_gateway::protocol::ErrorBody;
 use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
 use engine_gateway::state::WriteMeta;
 use engine_gateway::trace::{Span, TraceContext, now_ms};
-use serde_json::Value;
-use std::time::Duration;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 
 use crate::bus::{Bus, EnqueueOptions};
 use crate::channel::{ChannelReader, ChannelWriter};
@@ -22,7 +29,22 @@ pub struct AwsBus {
     queues: engine_gateway::aws::queues::SqsQueues,
     clients: AwsClients,
     registry: engine_gateway::aws::registry::DynamoRegistry,
+    channels: Mutex<HashMap<String, LocalChannel>>,
 }
+
+/// A channel this Lambda created (there is no engine to hold one): its reader is read here,
+/// and its writer is the response stream of the function the writer ref is handed to
+/// (`InvokeWithResponseStream`; see `engine_gateway::aws::response_stream`).
+struct LocalChannel {
+    writer_key: String,
+    reader_key: String,
+    tx: Option<mpsc::Sender<ChannelFrame>>,
+    rx: Option<mpsc::Receiver<ChannelFrame>>,
+    created: Instant,
+}
+
+/// Most channels one Lambda instance holds unattached at once.
+const MAX_LOCAL_CHANNELS: usize = 1024;
 
 impl AwsBus {
     pub fn new(clients: AwsClients, names: AwsNames) -> Self {
@@ -31,6 +53,7 @@ impl AwsBus {
             registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
             queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names),
             clients,
+            channels: Mutex::new(HashMap::new()),
         }
     }
 
@@ -75,6 +98,23 @@ impl AwsBus {
         if let Some(answer) = self.stream_call(function_id, &data, &meta).await {
             return answer;
         }
+        if function_id == "engine::channels::create" {
+            return self.create_channel(&data).map_err(BusError::from);
+        }
+        if let Some(frames) = self.writer_of(&data) {
+            // The callee writes to a channel whose reader is here: its response stream.
+            return engine_gateway::aws::response_stream::call_function_streaming(
+                &self.clients,
+                &self.registry,
+                function_id,
+                data,
+                meta.traceparent,
+                meta.baggage,
+                frames,
+            )
+            .await
+            .map_err(BusError::from);
+        }
         // Another function: the Lambda the registry names, invoked directly.
         engine_gateway::aws::router::call_function(
             &self.clients,
@@ -90,6 +130,65 @@ impl AwsBus {
 }
 
 impl AwsBus {
+    fn local_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalChannel>> {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `engine::channels::create`, answered here in the engine's shape.
+    fn create_channel(&self, data: &Value) -> Result<Value, ErrorBody> {
+        let buffer = match data.get("buffer_size") {
+            None | Some(Value::Null) => DEFAULT_BUFFER,
+            Some(v) => v
+                .as_u64()
+                .filter(|n| *n >= 1)
+                .map(|n| (n as usize).min(MAX_BUFFER))
+                .ok_or_else(|| ErrorBody::invalid("`buffer_size` must be a positive integer"))?,
+        };
+        let mut channels = self.local_channels();
+        // Channels never attached expire, as on the engine.
+        channels.retain(|_, c| c.created.elapsed() < UNATTACHED_TTL);
+        if channels.len() >= MAX_LOCAL_CHANNELS {
+            return Err(ErrorBody::new(
+                "resource_exhausted",
+                format!("{MAX_LOCAL_CHANNELS} channels are open in this Lambda"),
+            ));
+        }
+        let key = || uuid::Uuid::new_v4().simple().to_string();
+        let id = format!("lambda-{}", key());
+        let (tx, rx) = mpsc::channel(buffer);
+        let (writer_key, reader_key) = (key(), key());
+        let refs = json!({
+            "writer": ChannelRef { channel_id: id.clone(), access_key: writer_key.clone(), direction: Direction::Write },
+            "reader": ChannelRef { channel_id: id.clone(), access_key: reader_key.clone(), direction: Direction::Read },
+        });
+        channels.insert(
+            id,
+            LocalChannel {
+                writer_key,
+                reader_key,
+                tx: Some(tx),
+                rx: Some(rx),
+                created: Instant::now(),
+            },
+        );
+        Ok(refs)
+    }
+
+    /// The writer end of a local channel whose ref `data.writer_ref` carries (once).
+    fn writer_of(&self, data: &Value) -> Option<mpsc::Sender<ChannelFrame>> {
+        let r: ChannelRef = serde_json::from_value(data.get("writer_ref")?.clone()).ok()?;
+        let mut channels = self.local_channels();
+        let c = channels.get_mut(&r.channel_id)?;
+        if c.writer_key != r.access_key {
+            return None;
+        }
+        let tx = c.tx.take();
+        if c.rx.is_none() {
+            channels.remove(&r.channel_id);
+        }
+        tx
+    }
+
     /// `stream::*` on the state table, with the engine's keys (`$stream:<name>`,
     /// `<group>\u{1}<item>`): the table's stream carries each stored item to the stream
     /// router, which pushes it to the subscribed connections. `stream::send` stores nothing,
@@ -238,11 +337,30 @@ impl Bus for AwsBus {
     }
 
     async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {
-        Err(needs_bus("a channel"))
+        // A writer ref reaches this Lambda only as its own response stream, which `Ctx`
+        // opens before asking the bus.
+        Err(needs_bus(
+            "a channel writer that is not this invocation's response stream",
+        ))
     }
 
-    async fn open_reader(&self, _: &ChannelRef) -> Result<ChannelReader, BusError> {
-        Err(needs_bus("a channel"))
+    async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
+        let mut channels = self.local_channels();
+        let refused = || {
+            BusError::InvalidMessage(format!(
+                "channel `{}` is not one this Lambda created, its key is wrong, or its reader is attached already",
+                channel.channel_id
+            ))
+        };
+        let c = channels.get_mut(&channel.channel_id).ok_or_else(refused)?;
+        if c.reader_key != channel.access_key {
+            return Err(refused());
+        }
+        let rx = c.rx.take().ok_or_else(refused)?;
+        if c.tx.is_none() {
+            channels.remove(&channel.channel_id);
+        }
+        Ok(ChannelReader::Local(rx))
     }
 
     fn report_span(&self, _span: Span) {

@@ -263,6 +263,10 @@ impl Ctx {
     }
 
     pub async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
+        // This invocation's own response stream (a Lambda answering in streaming mode).
+        if let Some(w) = crate::channel::take_response_stream(channel) {
+            return Ok(w);
+        }
         self.bus.open_writer(channel).await
     }
 

@@ -4,8 +4,8 @@
 use crate::{ErrorBody, Worker};
 use serde_json::{Value, json};
 
-/// `demo::echo`, `demo::greet`, `demo::chain` (which calls `demo::echo` through the bus) and
-/// `demo::sleep`.
+/// `demo::echo`, `demo::greet`, `demo::chain` (which calls `demo::echo` through the bus),
+/// `demo::sleep` and `demo::stream` (frames on a channel, as a provider streams tokens).
 pub fn echo_worker() -> Worker {
     Worker::new("echo")
         .function(
@@ -43,6 +43,35 @@ pub fn echo_worker() -> Worker {
                     .min(60_000);
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                 Ok(json!({ "slept_ms": ms }))
+            },
+        )
+        .function(
+            "demo::stream",
+            "Write `count` text frames (at most 1000) `tok-0`, `tok-1`… to `writer_ref`, `gap_ms` apart, close it, and answer {sent}. Under a Lambda runtime, `crash_after: n` exits the process after n frames.",
+            |ctx, data: Value| async move {
+                let writer: crate::ChannelRef =
+                    serde_json::from_value(data.get("writer_ref").cloned().unwrap_or(Value::Null))
+                        .map_err(|e| ErrorBody::invalid(format!("`writer_ref`: {e}")))?;
+                let count = data.get("count").and_then(Value::as_u64).unwrap_or(3).min(1000);
+                let gap = std::time::Duration::from_millis(
+                    data.get("gap_ms").and_then(Value::as_u64).unwrap_or(0).min(1000),
+                );
+                let crash_after = data.get("crash_after").and_then(Value::as_u64);
+                if crash_after.is_some() && !crate::lambda::under_lambda_runtime() {
+                    return Err(ErrorBody::invalid(
+                        "`crash_after` is for Lambda processes only",
+                    ));
+                }
+                let mut w = ctx.open_writer(&writer).await?;
+                for i in 0..count {
+                    if crash_after == Some(i) {
+                        std::process::exit(3);
+                    }
+                    w.send_text(format!("tok-{i}")).await?;
+                    tokio::time::sleep(gap).await;
+                }
+                w.close().await?;
+                Ok(json!({ "sent": count }))
             },
         )
 }

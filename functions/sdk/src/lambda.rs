@@ -11,10 +11,12 @@
 //! `ENGINE_BACKEND=aws`, state and queues are reached directly (see `aws_bus`).
 
 use aws_lambda_events::event::sqs::SqsEvent;
+use engine_gateway::aws::response_stream::{RESPONSE_STREAM_FIELD, answer_line, frame_line};
 use engine_gateway::protocol::ErrorBody;
 use engine_gateway::queue::QueueMessage;
 use engine_gateway::trace::TraceContext;
-use lambda_runtime::{LambdaEvent, service_fn};
+use lambda_runtime::streaming::Body;
+use lambda_runtime::{FunctionResponse, LambdaEvent, service_fn};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -50,13 +52,7 @@ pub async fn handle_event(
         Ok(e) => e,
         Err(e) => return json!({ "error": e }),
     };
-    let mut trace =
-        TraceContext::from_headers(envelope.traceparent.as_deref(), envelope.baggage.as_deref());
-    if envelope.traceparent.is_none()
-        && let Some(xray) = xray_trace_id
-    {
-        trace = trace.with_baggage("aws.xray.trace_id", xray);
-    }
+    let trace = trace_of(&envelope, xray_trace_id);
     match worker
         .dispatch(bus, &envelope.function_id, envelope.data, &trace)
         .await
@@ -249,6 +245,18 @@ struct Envelope {
     baggage: Option<String>,
 }
 
+/// The envelope's trace, or X-Ray's when the caller sent none.
+fn trace_of(envelope: &Envelope, xray_trace_id: Option<&str>) -> TraceContext {
+    let trace =
+        TraceContext::from_headers(envelope.traceparent.as_deref(), envelope.baggage.as_deref());
+    match xray_trace_id {
+        Some(xray) if envelope.traceparent.is_none() => {
+            trace.with_baggage("aws.xray.trace_id", xray)
+        }
+        _ => trace,
+    }
+}
+
 fn parse_envelope(v: &Value) -> Result<Envelope, ErrorBody> {
     let function_id = engine_gateway::builtins::req_str(v, "function_id")?;
     Ok(Envelope {
@@ -294,22 +302,102 @@ pub async fn run_lambda_with(
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let (worker, bus, http) = (worker.clone(), bus.clone(), http.clone());
         async move {
+            type Answer = FunctionResponse<Value, Body>;
             if let Some(h) = http
                 && event.payload.pointer("/requestContext/http").is_some()
             {
-                return Ok::<Value, lambda_runtime::Error>(
+                return Ok::<Answer, lambda_runtime::Error>(FunctionResponse::BufferedResponse(
                     h(crate::Ctx::root(bus), event.payload).await,
-                );
+                ));
             }
             let xray = event.context.xray_trace_id.clone();
-            Ok::<Value, lambda_runtime::Error>(
+            if wants_stream(&event.payload) {
+                return Ok(FunctionResponse::StreamingResponse(
+                    stream_envelope(worker, bus, event.payload, xray).into(),
+                ));
+            }
+            Ok(FunctionResponse::BufferedResponse(
                 handle_event(&worker, bus, event.payload, xray.as_deref()).await,
-            )
+            ))
         }
     }))
     .await?;
     drop(client);
     Ok(())
+}
+
+/// An invocation envelope that asks for a streaming answer (`InvokeWithResponseStream` from
+/// a caller that holds a channel's reader).
+pub fn wants_stream(payload: &Value) -> bool {
+    payload.get(RESPONSE_STREAM_FIELD).and_then(Value::as_bool) == Some(true)
+        && payload.get("function_id").is_some()
+}
+
+/// How long the answer waits, after the function returned, for a writer it left open.
+const LEFT_OPEN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Run one envelope and answer in streaming mode: the frames its function writes to the
+/// channel named by `data.writer_ref` as lines, as they are written, then the answer
+/// (`engine_gateway::aws::response_stream` has the format).
+pub fn stream_envelope(
+    worker: Arc<Worker>,
+    bus: Arc<dyn Bus>,
+    payload: Value,
+    xray_trace_id: Option<String>,
+) -> Body {
+    let (mut out, body) = Body::channel();
+    tokio::spawn(async move {
+        let answer = stream_into(&mut out, &worker, bus, payload, xray_trace_id).await;
+        let _ = out.send_data(answer_line(&answer).into()).await;
+    });
+    body
+}
+
+async fn stream_into(
+    out: &mut lambda_runtime::streaming::Sender,
+    worker: &Worker,
+    bus: Arc<dyn Bus>,
+    payload: Value,
+    xray_trace_id: Option<String>,
+) -> Result<Value, ErrorBody> {
+    let envelope = parse_envelope(&payload)?;
+    let trace = trace_of(&envelope, xray_trace_id.as_deref());
+    let writer_ref: Option<engine_gateway::channels::ChannelRef> = envelope
+        .data
+        .get("writer_ref")
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    let (tx, mut frames) = tokio::sync::mpsc::channel(64);
+    match &writer_ref {
+        Some(r) => crate::channel::register_response_stream(r, tx),
+        None => drop(tx),
+    }
+    let dispatch = worker.dispatch(bus, &envelope.function_id, envelope.data, &trace);
+    tokio::pin!(dispatch);
+    let mut answer = None;
+    let mut frames_done = false;
+    let grace = tokio::time::sleep(LEFT_OPEN_GRACE);
+    tokio::pin!(grace);
+    while !(frames_done && answer.is_some()) {
+        tokio::select! {
+            frame = frames.recv(), if !frames_done => match frame {
+                // A caller that went away no longer reads; the function still runs to its end.
+                Some(f) => { let _ = out.send_data(frame_line(&f).into()).await; }
+                None => frames_done = true,
+            },
+            a = &mut dispatch, if answer.is_none() => {
+                answer = Some(a);
+                if let Some(r) = &writer_ref {
+                    crate::channel::forget_response_stream(&r.channel_id);
+                }
+                grace.as_mut().reset(tokio::time::Instant::now() + LEFT_OPEN_GRACE);
+            },
+            _ = &mut grace, if answer.is_some() && !frames_done => {
+                tracing::warn!(function_id = %envelope.function_id, "the function left its channel open; answering without waiting for it");
+                frames_done = true;
+            },
+        }
+    }
+    answer.unwrap_or_else(|| Err(ErrorBody::new("invocation_error", "no answer")))
 }
 
 /// `true` when this process was started by a Lambda Runtime API (AWS or the local host).
