@@ -255,6 +255,26 @@ fn every_worker_is_deployed_with_its_crate_settings() {
         visibility >= orchestrator["Timeout"].as_u64().unwrap(),
         "SQS requires visibility ≥ the function timeout"
     );
+    // Whatever pushes to WebSocket connections (results, stored stream items, stream::send's
+    // token deltas) has the management endpoint and the right to post to connections.
+    for id in [
+        "EngineRouterFunction",
+        "StreamRouterFunction",
+        "TurnOrchestratorFunction",
+    ] {
+        let p = &t["Resources"][id]["Properties"];
+        assert!(
+            p["Environment"]["Variables"]["WS_MANAGEMENT_ENDPOINT"]["Fn::Sub"]
+                .as_str()
+                .is_some_and(|u| u.contains("${WebSocketApi}") && u.contains("${Stage}")),
+            "{id}: WS_MANAGEMENT_ENDPOINT"
+        );
+        let grants = p["Policies"].to_string();
+        assert!(
+            grants.contains("execute-api:ManageConnections") && grants.contains("@connections"),
+            "{id}: may post to connections"
+        );
+    }
     let stream = &t["Resources"]["StreamRouterFunction"]["Properties"]["Events"]["StateChanges"]["Properties"];
     assert_eq!(stream["BisectBatchOnFunctionError"], true);
     assert_eq!(

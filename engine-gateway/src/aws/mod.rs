@@ -4,6 +4,7 @@
 
 pub mod catalogue;
 pub mod changes;
+pub mod connections;
 pub mod queues;
 pub mod registry;
 pub mod resources;

@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use super::{AwsClients, AwsNames, err_code, err_text};
 use crate::registry::Registry;
 
+#[derive(Clone)]
 pub struct DynamoRegistry {
     clients: AwsClients,
     table: String,

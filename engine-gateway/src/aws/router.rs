@@ -14,7 +14,7 @@
 //!   Stored stream items (`stream::set`/`delete`, e.g. `agent::events`) in the batch are
 //!   posted as `streamevent` messages to the connections subscribed to their group (best
 //!   effort, as in the local engine; a gone connection is forgotten). `stream::send`, which
-//!   stores nothing, reaches nobody through this path.
+//!   stores nothing, is posted by the Lambda that sends it (`connections`, through `AwsBus`).
 //! - **Registration** ([`register_lambda`]): a deployed worker Lambda is asked to describe
 //!   itself (`{"describe": true}`) and its functions and state triggers are written to the
 //!   registry, which is how the router and the other Lambdas find it.
@@ -26,17 +26,11 @@ use crate::engine::STREAM_SCOPE_PREFIX;
 use crate::protocol::{ErrorBody, codes};
 use crate::registry::Registry;
 use crate::secrets::SecretStore;
-use aws_sdk_apigatewaymanagement::primitives::Blob as MgmtBlob;
 use aws_sdk_lambda::primitives::Blob;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-/// Registry kind of a connection's stream subscription (owner: the connection).
-const SUBSCRIPTION: &str = "subscription";
-
-fn subscription_id(connection: &str, stream: &str, group: Option<&str>) -> String {
-    format!("{connection}\u{1}{stream}\u{1}{}", group.unwrap_or("*"))
-}
+use super::connections::{Connections, SUBSCRIPTION, subscription_id};
 
 /// Invoke a Lambda with a JSON event → its JSON answer.
 ///
@@ -241,7 +235,7 @@ impl ConnectToken {
 pub struct AwsRouter {
     clients: AwsClients,
     registry: DynamoRegistry,
-    connections: aws_sdk_apigatewaymanagement::Client,
+    connections: Connections,
     token: ConnectToken,
     /// The admin token plus the worker and client credentials of the optional secret
     /// `engine/access` (the access file's YAML), read at the first `$connect`.
@@ -262,12 +256,13 @@ impl AwsRouter {
         management_endpoint: &str,
         token: ConnectToken,
     ) -> Self {
-        let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&clients.config)
-            .endpoint_url(management_endpoint)
-            .build();
         Self {
             registry: DynamoRegistry::new(clients.clone(), names),
-            connections: aws_sdk_apigatewaymanagement::Client::from_conf(conf),
+            connections: Connections::new(
+                &clients,
+                DynamoRegistry::new(clients.clone(), names),
+                management_endpoint,
+            ),
             clients,
             token,
             access: tokio::sync::OnceCell::new(),
@@ -389,21 +384,11 @@ impl AwsRouter {
 
     /// Post a message to a connection → false when the connection is gone (then forgotten).
     pub async fn post(&self, connection_id: &str, message: &Value) -> Result<bool, String> {
-        match self
-            .connections
-            .post_to_connection()
-            .connection_id(connection_id)
-            .data(MgmtBlob::new(message.to_string().into_bytes()))
-            .send()
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_gone_exception()) => {
-                self.forget(connection_id).await;
-                Ok(false)
-            }
-            Err(e) => Err(super::err_text(&e)),
+        let posted = self.connections.post(connection_id, message).await?;
+        if !posted && let Ok(mut m) = self.principals.lock() {
+            m.remove(connection_id);
         }
+        Ok(posted)
     }
 
     /// An API Gateway WebSocket event → the integration response.
@@ -464,17 +449,7 @@ impl AwsRouter {
         if let Ok(mut m) = self.principals.lock() {
             m.remove(connection);
         }
-        let _ = self
-            .registry
-            .remove("connection", connection, connection)
-            .await;
-        if let Ok(subs) = self.registry.list(SUBSCRIPTION).await {
-            for (id, owner, _) in subs {
-                if owner == connection {
-                    let _ = self.registry.remove(SUBSCRIPTION, &id, &owner).await;
-                }
-            }
-        }
+        self.connections.forget(connection).await;
     }
 
     /// `streamsubscribe` / `streamunsubscribe` from a connection → an error to send back, if any.
@@ -537,7 +512,7 @@ impl AwsRouter {
         if items.is_empty() {
             return;
         }
-        let subs = match self.registry.list(SUBSCRIPTION).await {
+        let subs = match self.connections.subscriptions().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "stream subscriptions unreadable; items not pushed");
@@ -545,12 +520,8 @@ impl AwsRouter {
             }
         };
         for (stream, group, item, message) in &items {
-            for (_, _, sub) in &subs {
-                let wanted = sub["stream_name"].as_str() == Some(stream.as_str())
-                    && sub["group_id"].as_str().is_none_or(|g| g == group.as_str());
-                let Some(connection) = sub["connection_id"].as_str().filter(|_| wanted) else {
-                    continue;
-                };
+            for connection in super::connections::subscribed(&subs, stream, group) {
+                let connection = connection.as_str();
                 if let Err(e) = self.post(connection, message).await {
                     tracing::warn!(error = %e, connection, stream, item, "stream event not pushed");
                 }

@@ -30,6 +30,9 @@ pub struct AwsBus {
     clients: AwsClients,
     registry: engine_gateway::aws::registry::DynamoRegistry,
     channels: Mutex<HashMap<String, LocalChannel>>,
+    /// `stream::send` pushes through the WebSocket API's management endpoint
+    /// (`WS_MANAGEMENT_ENDPOINT`); without one it answers with an error saying so.
+    connections: Option<engine_gateway::aws::connections::Connections>,
 }
 
 /// A channel this Lambda created (there is no engine to hold one): its reader is read here,
@@ -52,15 +55,31 @@ impl AwsBus {
             state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
             registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
             queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names),
-            clients,
             channels: Mutex::new(HashMap::new()),
+            connections: None,
+            clients,
         }
     }
 
-    /// From `HARNESS_AWS_PREFIX` and the standard AWS environment.
+    /// Push `stream::send` events through the WebSocket API's management endpoint
+    /// (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`).
+    pub fn with_management_endpoint(mut self, endpoint: &str) -> Self {
+        self.connections = Some(engine_gateway::aws::connections::Connections::new(
+            &self.clients,
+            self.registry.clone(),
+            endpoint,
+        ));
+        self
+    }
+
+    /// From `HARNESS_AWS_PREFIX`, `WS_MANAGEMENT_ENDPOINT` and the standard AWS environment.
     pub async fn from_env() -> Self {
         let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
-        Self::new(AwsClients::from_env().await, AwsNames::new(&prefix))
+        let bus = Self::new(AwsClients::from_env().await, AwsNames::new(&prefix));
+        match std::env::var("WS_MANAGEMENT_ENDPOINT") {
+            Ok(url) if !url.is_empty() => bus.with_management_endpoint(&url),
+            _ => bus,
+        }
     }
 }
 
@@ -191,15 +210,15 @@ impl AwsBus {
 
     /// `stream::*` on the state table, with the engine's keys (`$stream:<name>`,
     /// `<group>\u{1}<item>`): the table's stream carries each stored item to the stream
-    /// router, which pushes it to the subscribed connections. `stream::send` stores nothing,
-    /// so nothing can carry it here.
+    /// router, which pushes it to the subscribed connections. `stream::send` stores nothing:
+    /// it is posted to the subscribed connections from here, through the management API.
     async fn stream_call(
         &self,
         function_id: &str,
         data: &Value,
         meta: &WriteMeta,
     ) -> Option<Result<Value, BusError>> {
-        use engine_gateway::builtins::{req_str, stream_addr};
+        use engine_gateway::builtins::{opt_str, req_str, stream_addr};
         use engine_gateway::state::StateStore;
         if !function_id.starts_with("stream::") {
             return None;
@@ -245,11 +264,29 @@ impl AwsBus {
                         .collect();
                     Ok(serde_json::json!({"items": items}))
                 }
-                other => Err(engine_gateway::protocol::ErrorBody::new(
+                "stream::send" => {
+                    let Some(connections) = &self.connections else {
+                        return Err(ErrorBody::new(
+                            "function_not_found",
+                            "stream::send needs the WebSocket API's management endpoint: set WS_MANAGEMENT_ENDPOINT",
+                        ));
+                    };
+                    let name = req_str(data, "stream_name")?;
+                    let event_type = opt_str(data, "type")?.unwrap_or_else(|| "send".into());
+                    let item = opt_str(data, "item_id")?.unwrap_or_default();
+                    let value = data.get("data").cloned().unwrap_or(Value::Null);
+                    engine_gateway::state::check_value_depth("`data`", &value)?;
+                    let reached = connections
+                        .send_stream_event(&name, &group, &item, &event_type, &value)
+                        .await
+                        .map_err(|e| {
+                            ErrorBody::new("storage_error", format!("stream subscriptions: {e}"))
+                        })?;
+                    Ok(serde_json::json!({"ok": true, "reached": reached}))
+                }
+                other => Err(ErrorBody::new(
                     "function_not_found",
-                    format!(
-                        "`{other}` needs the engine's connections; on AWS, stream::set items reach subscribers through the stream router"
-                    ),
+                    format!("`{other}` is not a stream function"),
                 )),
             }
         };

@@ -555,3 +555,91 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
     router.stream(&batch).await;
     assert_eq!(posts.lock().unwrap().len(), before);
 }
+
+/// `stream::send` from a Lambda (token deltas: `message_update`) reaches the connections the
+/// router recorded as subscribed, through the management API, without storing anything; a
+/// gone connection is forgotten; a Lambda without the management endpoint says what is
+/// missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lambdas_stream_send_reaches_the_subscribed_connections() {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let prefix = format!("ss{}-", engine_gateway::trace::random_hex(4));
+    let names = AwsNames::new(&prefix);
+    let clients = AwsClients::from_env().await;
+    resources::ensure_all(&clients, &names).await.unwrap();
+    let (mgmt, posts) = mock_management_api().await;
+    let router = AwsRouter::new(
+        clients.clone(),
+        &names,
+        &mgmt,
+        ConnectToken::Fixed("tok".into()),
+    );
+    for c in ["c1", "c2", "c3", "gone-conn"] {
+        router
+            .websocket(&ws_event("CONNECT", c, None, Some("tok")))
+            .await;
+    }
+    let subscribe = |c: &str, body: Value| ws_event("MESSAGE", c, Some(body), None);
+    for (c, group) in [
+        ("c1", Some("s1")),
+        ("c2", None),
+        ("c3", Some("s2")),
+        ("gone-conn", Some("s1")),
+    ] {
+        let mut body = json!({"type": "streamsubscribe", "stream_name": "agent::events"});
+        if let Some(g) = group {
+            body["group_id"] = json!(g);
+        }
+        router.websocket(&subscribe(c, body)).await;
+    }
+    let before = posts.lock().unwrap().len();
+    let bus = harness_sdk::aws_bus::AwsBus::new(clients.clone(), names.clone())
+        .with_management_endpoint(&mgmt);
+    let ctx = harness_sdk::Ctx::root(Arc::new(bus));
+    ctx.stream_send(
+        "agent::events",
+        "s1",
+        "message_update",
+        json!({"delta": "tok-0"}),
+    )
+    .await
+    .unwrap();
+    let pushed: Vec<(String, Value)> = posts.lock().unwrap()[before..].to_vec();
+    let mut to: Vec<&str> = pushed.iter().map(|(c, _)| c.as_str()).collect();
+    to.sort_unstable();
+    assert_eq!(to, ["c1", "c2"], "{pushed:?}");
+    assert_eq!(
+        pushed[0].1,
+        json!({"type": "streamevent", "stream_name": "agent::events", "group_id": "s1", "item_id": "", "event": {"type": "message_update", "data": {"delta": "tok-0"}}})
+    );
+    // Nothing was stored, and the gone connection is forgotten with its subscription.
+    let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
+    assert!(
+        state
+            .list("$stream:agent::events", None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let registry = engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names);
+    let subs = registry.list("subscription").await.unwrap();
+    assert!(
+        subs.iter().all(|(_, owner, _)| owner != "gone-conn"),
+        "{subs:?}"
+    );
+    // Hostile arguments are named; a Lambda without the endpoint says what it needs.
+    let e = ctx
+        .trigger("stream::send", json!({"group_id": "s1", "data": {}}))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("stream_name"), "{e}");
+    let bare = harness_sdk::Ctx::root(Arc::new(harness_sdk::aws_bus::AwsBus::new(clients, names)));
+    let e = bare
+        .stream_send("agent::events", "s1", "message_update", json!({}))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("WS_MANAGEMENT_ENDPOINT"), "{e}");
+}
