@@ -275,6 +275,21 @@ fn every_worker_is_deployed_with_its_crate_settings() {
             "{id}: may post to connections"
         );
     }
+    // The harness Lambda decides by the permissions secret the template creates, and may
+    // read it (without it: the rules shipped with the build).
+    let harness = &t["Resources"]["HarnessFunction"]["Properties"];
+    let secret = harness["Environment"]["Variables"]["HARNESS_PERMISSIONS_SECRET"]
+        .as_str()
+        .expect("HarnessFunction: HARNESS_PERMISSIONS_SECRET");
+    assert_eq!(
+        t["Resources"]["HarnessPermissionsSecret"]["Properties"]["Name"]["Fn::Sub"],
+        format!("${{Prefix}}secrets/{secret}")
+    );
+    let grants = harness["Policies"].to_string();
+    assert!(
+        grants.contains("secretsmanager:GetSecretValue") && grants.contains("secrets/harness/"),
+        "HarnessFunction may read its permissions: {grants}"
+    );
     let stream = &t["Resources"]["StreamRouterFunction"]["Properties"]["Events"]["StateChanges"]["Properties"];
     assert_eq!(stream["BisectBatchOnFunctionError"], true);
     assert_eq!(

@@ -42,7 +42,13 @@ pub struct Manifest {
 pub const TURN_STEPS_QUEUE: &str = "turn-steps";
 pub const PROVIDERS: &[&str] = &["anthropic", "openai", "kimi", "lmstudio"];
 /// Secrets besides the providers': the Slack app's, and the token clients present at `$connect`.
-pub const EXTRA_SECRETS: &[&str] = &["slack/signing_secret", "slack/bot_token", "engine/token"];
+pub const EXTRA_SECRETS: &[&str] = &[
+    "slack/signing_secret",
+    "slack/bot_token",
+    "engine/token",
+    // The deployed harness's iii-permissions.yaml; `{}` means the shipped rules.
+    "harness/permissions",
+];
 pub const TURN_STEP_VISIBILITY_MS: u64 = 360_000;
 
 pub fn manifest(names: &AwsNames) -> Manifest {

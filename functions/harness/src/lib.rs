@@ -3,17 +3,48 @@
 
 pub mod policy;
 
+use engine_gateway::secrets::SecretStore;
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
 use policy::{Policy, PolicyError};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-/// The rules in force, reloaded when the file changes. An invalid file leaves the last good
-/// rules in force and is reported (with its line) by `policy::status` and the log.
+/// The rules shipped with the build: the repository's `iii-permissions.yaml`, compiled in, so
+/// a deployed harness (a Lambda has no such file) decides by them unless configured otherwise.
+pub const SHIPPED_PERMISSIONS: &str = include_str!("../../../iii-permissions.yaml");
+
+/// How often a deployed harness reads its permissions secret again, at most
+/// (`HARNESS_PERMISSIONS_REFRESH_SECS`).
+pub const DEFAULT_SECRET_REFRESH: Duration = Duration::from_secs(30);
+
+fn shipped_instead_of(secret: &str) -> String {
+    format!("iii-permissions.yaml (shipped; the secret {secret} is missing or empty)")
+}
+
+/// Where the rules come from.
+enum Source {
+    /// A file, reloaded when its modification time changes (embedded and remote workers).
+    File(PathBuf),
+    /// [`SHIPPED_PERMISSIONS`] only.
+    Shipped,
+    /// A secret holding the YAML (the deployed Lambda: `HARNESS_PERMISSIONS_SECRET`), read
+    /// again at most every `refresh` when a decision is asked for; missing, empty or `{}`
+    /// means the shipped rules.
+    Secret {
+        store: Arc<dyn SecretStore>,
+        name: String,
+        refresh: Duration,
+        /// When it was last read, and what it said.
+        seen: tokio::sync::Mutex<(Option<Instant>, Option<String>)>,
+    },
+}
+
+/// The rules in force, reloaded when their source changes. An invalid source leaves the last
+/// good rules in force and is reported (with its line) by `policy::status` and the log.
 pub struct PolicyHolder {
-    path: PathBuf,
+    source: Source,
     state: RwLock<Loaded>,
 }
 
@@ -22,28 +53,123 @@ struct Loaded {
     error: Option<PolicyError>,
     modified: Option<SystemTime>,
     loaded_from_file: bool,
+    /// What the rules in force came from, when it is not the source itself (a secret source
+    /// whose secret is missing or empty: the shipped rules).
+    using: Option<String>,
+}
+
+fn shipped_policy() -> Policy {
+    // Checked by a test: the shipped file always parses.
+    Policy::parse("iii-permissions.yaml (shipped)", SHIPPED_PERMISSIONS).unwrap_or_default()
 }
 
 impl PolicyHolder {
-    pub fn new(path: PathBuf) -> Arc<Self> {
-        let holder = Arc::new(Self {
-            path,
+    fn with_source(source: Source, policy: Policy) -> Arc<Self> {
+        Arc::new(Self {
+            source,
             state: RwLock::new(Loaded {
-                policy: Policy::default(),
+                policy,
                 error: None,
                 modified: None,
                 loaded_from_file: false,
+                using: None,
             }),
-        });
+        })
+    }
+
+    /// Rules from a file (missing: the built-in defaults only).
+    pub fn new(path: PathBuf) -> Arc<Self> {
+        let holder = Self::with_source(Source::File(path), Policy::default());
         holder.reload_if_changed();
         holder
     }
 
+    /// The shipped rules.
+    pub fn shipped() -> Arc<Self> {
+        tracing::info!("permissions: the shipped iii-permissions.yaml (built in)");
+        Self::with_source(Source::Shipped, shipped_policy())
+    }
+
+    /// Rules from the secret `name`, read at the first decision and again at most every
+    /// `refresh`; the shipped rules until then, and while the secret is missing or empty.
+    pub fn from_secret(store: Arc<dyn SecretStore>, name: &str, refresh: Duration) -> Arc<Self> {
+        let holder = Self::with_source(
+            Source::Secret {
+                store,
+                name: name.to_string(),
+                refresh,
+                seen: tokio::sync::Mutex::new((None, None)),
+            },
+            shipped_policy(),
+        );
+        holder.write().using = Some(shipped_instead_of(name));
+        holder
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Loaded> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// For a secret source: read the secret again if `refresh` has passed, and load it if it
+    /// changed. A secret that cannot be read leaves the rules in force (and is logged).
+    pub async fn refresh(&self) {
+        let Source::Secret {
+            store,
+            name,
+            refresh,
+            seen,
+        } = &self.source
+        else {
+            return;
+        };
+        let mut seen = seen.lock().await;
+        if seen.0.is_some_and(|at| at.elapsed() < *refresh) {
+            return;
+        }
+        seen.0 = Some(Instant::now());
+        let text = match store.get(name).await {
+            Ok(t) => t
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty() && t != "{}"),
+            Err(e) => {
+                tracing::warn!(secret = %name, error = %e, "permissions secret unreadable; the rules in force stay");
+                return;
+            }
+        };
+        // Unchanged since the last read (at the first, no secret = the shipped rules, already
+        // in force).
+        if seen.1 == text {
+            return;
+        }
+        seen.1 = text.clone();
+        let mut s = self.write();
+        match text {
+            None => {
+                s.policy = shipped_policy();
+                s.error = None;
+                s.using = Some(shipped_instead_of(name));
+            }
+            Some(text) => match Policy::parse(&format!("secret {name}"), &text) {
+                Ok(p) => {
+                    tracing::info!(secret = %name, rules = p.file_rules.len(), "permissions loaded");
+                    s.policy = p;
+                    s.error = None;
+                    s.using = None;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "invalid permissions secret; the last good rules stay in force");
+                    s.error = Some(e);
+                }
+            },
+        }
+    }
+
     /// Re-read the file if its modification time changed. Returns whether it reloaded.
     pub fn reload_if_changed(&self) -> bool {
-        let modified = std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .ok();
+        let Source::File(path) = &self.source else {
+            return false;
+        };
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         {
             let s = self.state.read().unwrap_or_else(|p| p.into_inner());
             if s.modified == modified && (s.loaded_from_file || modified.is_none()) {
@@ -59,8 +185,8 @@ impl PolicyHolder {
             s.loaded_from_file = false;
             return true;
         };
-        let name = self.path.display().to_string();
-        match std::fs::read_to_string(&self.path)
+        let name = path.display().to_string();
+        match std::fs::read_to_string(path)
             .map_err(|e| PolicyError {
                 file: name.clone(),
                 line: 0,
@@ -81,6 +207,15 @@ impl PolicyHolder {
             }
         }
         true
+    }
+
+    /// Where the rules come from, for `policy::status`.
+    fn source_label(&self) -> String {
+        match &self.source {
+            Source::File(p) => p.display().to_string(),
+            Source::Shipped => "iii-permissions.yaml (shipped)".into(),
+            Source::Secret { name, .. } => format!("secret {name}"),
+        }
     }
 
     pub fn decide(&self, function_id: &str, args: &Value) -> policy::Decision {
@@ -111,7 +246,7 @@ impl PolicyHolder {
     pub fn status(&self) -> Value {
         let s = self.state.read().unwrap_or_else(|p| p.into_inner());
         json!({
-            "file": self.path.display().to_string(),
+            "file": s.using.clone().unwrap_or_else(|| self.source_label()),
             "file_rules": s.policy.file_rules.len(),
             "error": s.error.as_ref().map(|e| e.to_string()),
             "error_line": s.error.as_ref().map(|e| e.line),
@@ -152,6 +287,7 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
             let function_id = engine_gateway::builtins::req_str(&data, "function_id")?;
             let args = data.get("args").cloned().unwrap_or(Value::Null);
             let session = data.get("session_id").and_then(Value::as_str);
+            h.refresh().await;
             let decision = h.decide_in(&function_id, &args, session);
             let network = matches!(decision, policy::Decision::Allow { .. })
                 && h.network_granted(&function_id, &args);
@@ -167,7 +303,10 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
     status.description = Some("The permissions file in force: path, rule count, and the current error (with its line) if the file is invalid.".into());
     w.register_function(status, move |_ctx, _d| {
         let h = holder.clone();
-        async move { Ok(h.status()) }
+        async move {
+            h.refresh().await;
+            Ok(h.status())
+        }
     });
     w
 }

@@ -1,18 +1,56 @@
-//! The harness worker: `policy::check_permissions` from `HARNESS_PERMISSIONS`
-//! (default `./iii-permissions.yaml`), reloaded when the file changes. Lambda `bootstrap`
-//! under a Runtime API, otherwise a remote worker on `ENGINE_URL`.
+//! The harness worker: `policy::check_permissions`, `harness::trigger` and the UI plane.
+//! Lambda `bootstrap` under a Runtime API, otherwise a remote worker on `ENGINE_URL`.
+//!
+//! The rules come from, in order:
+//! - `HARNESS_PERMISSIONS_SECRET` (as deployed: the template names `harness/permissions`): the
+//!   YAML in that secret, read again at most every `HARNESS_PERMISSIONS_REFRESH_SECS` (30);
+//!   while it is missing or empty (`{}`), the shipped rules;
+//! - `HARNESS_PERMISSIONS`, or `./iii-permissions.yaml` when it exists: that file, reloaded
+//!   when it changes;
+//! - otherwise the shipped `iii-permissions.yaml`, compiled in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+fn var(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let path =
-        std::env::var("HARNESS_PERMISSIONS").unwrap_or_else(|_| "iii-permissions.yaml".into());
-    let holder = harness_worker::PolicyHolder::new(path.into());
-    let _watch = holder.watch(std::time::Duration::from_millis(500));
+    let mut watch = None;
+    let holder = if let Some(secret) = var("HARNESS_PERMISSIONS_SECRET") {
+        let refresh = match var("HARNESS_PERMISSIONS_REFRESH_SECS") {
+            None => harness_worker::DEFAULT_SECRET_REFRESH,
+            Some(v) => Duration::from_secs(v.parse().map_err(|_| {
+                format!("HARNESS_PERMISSIONS_REFRESH_SECS=`{v}` is not a number of seconds")
+            })?),
+        };
+        let prefix = var("HARNESS_AWS_PREFIX").unwrap_or_else(|| "harness-".into());
+        let store = engine_gateway::aws::secrets::AwsSecrets::new(
+            engine_gateway::aws::AwsClients::from_env().await,
+            engine_gateway::aws::AwsNames::new(&prefix),
+        );
+        harness_worker::PolicyHolder::from_secret(Arc::new(store), &secret, refresh)
+    } else {
+        let path = var("HARNESS_PERMISSIONS").or_else(|| {
+            std::path::Path::new("iii-permissions.yaml")
+                .exists()
+                .then(|| "iii-permissions.yaml".into())
+        });
+        match path {
+            Some(path) => {
+                let h = harness_worker::PolicyHolder::new(path.into());
+                watch = Some(h.watch(Duration::from_millis(500)));
+                h
+            }
+            None => harness_worker::PolicyHolder::shipped(),
+        }
+    };
     let mut worker = harness_worker::policy_worker(holder);
     harness_worker::add_trigger(&mut worker);
-    harness_worker::add_ui(
-        &mut worker,
-        std::sync::Arc::new(harness_worker::UiHub::default()),
-    );
-    harness_sdk::serve_main(worker).await
+    harness_worker::add_ui(&mut worker, Arc::new(harness_worker::UiHub::default()));
+    let served = harness_sdk::serve_main(worker).await;
+    drop(watch);
+    served
 }

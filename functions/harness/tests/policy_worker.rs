@@ -96,3 +96,94 @@ async fn decisions_reload_and_invalid_files() {
         "last good rules in force"
     );
 }
+
+/// As deployed: no file, so the shipped rules (compiled in) decide; with a permissions secret
+/// configured, its YAML decides from the next decision after the refresh interval, an invalid
+/// secret leaves the last good rules in force (reported with its line), and an emptied secret
+/// (`{}`) brings back the shipped rules. Through a real engine and the file-backed secret
+/// store (the same port the AWS adapter implements).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_rules_and_a_permissions_secret_reloaded_on_change() {
+    use engine_gateway::secrets::{FileSecrets, SecretStore};
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().join("data")))
+        .await
+        .unwrap();
+    let store = std::sync::Arc::new(FileSecrets::new(dir.path().join("secrets.json")));
+    let holder = PolicyHolder::from_secret(
+        store.clone(),
+        "harness/permissions",
+        Duration::from_millis(100),
+    );
+    let _w = run_embedded(policy_worker(holder), &srv.engine).unwrap();
+    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    let ctx = client.ctx();
+    let decide = |f: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.trigger(
+                "policy::check_permissions",
+                json!({"function_id": f, "args": {"path": "a", "command": "ls"}}),
+            )
+            .await
+            .unwrap()["decision"]
+                .clone()
+        }
+    };
+    // No secret yet: the shipped file allows fs::read; shell::exec needs approval.
+    assert_eq!(decide("fs::read").await, "allow");
+    assert_eq!(decide("shell::exec").await, "needs_approval");
+    let status = ctx.trigger("policy::status", json!({})).await.unwrap();
+    assert!(
+        status["file"]
+            .as_str()
+            .is_some_and(|f| f.contains("shipped") && f.contains("harness/permissions")),
+        "{status}"
+    );
+
+    store
+        .put(
+            "harness/permissions",
+            "version: 1\nrules:\n  - \"shell::exec\"\n  - \"!fs::read\"\n",
+        )
+        .await
+        .unwrap();
+    // Read again only after the refresh interval.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(decide("shell::exec").await, "allow");
+    assert_eq!(decide("fs::read").await, "deny");
+    let status = ctx.trigger("policy::status", json!({})).await.unwrap();
+    assert_eq!(status["file"], "secret harness/permissions", "{status}");
+
+    store
+        .put(
+            "harness/permissions",
+            "version: 1\nrules:\n  - function: 7\n",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        decide("shell::exec").await,
+        "allow",
+        "the last good rules stay"
+    );
+    let status = ctx.trigger("policy::status", json!({})).await.unwrap();
+    assert_eq!(status["error_line"], 3, "{status}");
+
+    store.put("harness/permissions", "{}").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(decide("shell::exec").await, "needs_approval");
+    assert_eq!(decide("fs::read").await, "allow");
+    let status = ctx.trigger("policy::status", json!({})).await.unwrap();
+    assert!(
+        status["file"].as_str().unwrap().contains("shipped"),
+        "{status}"
+    );
+}
+
+#[test]
+fn the_shipped_permissions_parse() {
+    harness_worker::policy::Policy::parse("shipped", harness_worker::SHIPPED_PERMISSIONS)
+        .expect("the repository's iii-permissions.yaml is valid");
+}
