@@ -7,6 +7,7 @@
 //! - [`channels`], [`trace`], [`builtins`].
 
 pub mod access;
+pub mod apigw_ws;
 pub mod aws;
 pub mod builtins;
 pub mod channels;
