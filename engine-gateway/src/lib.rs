@@ -17,6 +17,7 @@ pub mod engine;
 pub mod events;
 pub mod lambda_host;
 pub mod lambda_stream;
+pub mod mappings;
 pub mod protocol;
 pub mod queue;
 pub mod registry;

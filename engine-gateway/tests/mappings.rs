@@ -1,0 +1,279 @@
+//! The deployed shape's event-source mappings on the selected backend (embedded, or SQS +
+//! DynamoDB Streams on LocalStack with `HARNESS_TEST_BACKEND=aws`): a queue mapping deletes
+//! what succeeded, brings back what a partial batch failure names (FIFO order kept per
+//! group) and the whole batch when the function fails; a stream mapping retries from the
+//! first failed record, bisects a batch whose invocation fails, and skips a record that keeps
+//! failing after its retries so the rest still arrive.
+
+mod common;
+
+use engine_gateway::apigw_ws::RouteTarget;
+use engine_gateway::mappings::{
+    QueueMapping, StreamMapping, deliver_queue_batch, deliver_stream_batch,
+};
+use engine_gateway::queue::{QueueConfig, QueueMessage};
+use engine_gateway::state::WriteMeta;
+use serde_json::{Value, json};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Records each invocation's record ids; `answer` decides each one.
+struct Function<F: Fn(&[String], usize) -> Result<Value, String> + Send + Sync> {
+    seen: Mutex<Vec<Vec<String>>>,
+    answer: F,
+}
+
+#[async_trait::async_trait]
+impl<F: Fn(&[String], usize) -> Result<Value, String> + Send + Sync> RouteTarget for Function<F> {
+    async fn invoke(&self, event: &Value) -> Result<Value, String> {
+        let ids: Vec<String> = event["Records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r["messageId"]
+                    .as_str()
+                    .map(|id| {
+                        // A queue record: its bus message's own id (the body) names it.
+                        let body: Value =
+                            serde_json::from_str(r["body"].as_str().unwrap()).unwrap();
+                        format!("{id}={}", body["data"]["n"])
+                    })
+                    .unwrap_or_else(|| {
+                        r["dynamodb"]["Keys"]["key"]["S"]
+                            .as_str()
+                            .unwrap()
+                            .to_string()
+                    })
+            })
+            .collect();
+        let n = {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(ids.clone());
+            seen.len()
+        };
+        (self.answer)(&ids, n)
+    }
+}
+
+fn message(queue: &str, group: &str, n: u32) -> QueueMessage {
+    QueueMessage {
+        id: format!("{group}-{n}"),
+        queue: queue.into(),
+        group: Some(group.into()),
+        function_id: Some("turn::step".into()),
+        data: json!({"session_id": group, "n": n}),
+        traceparent: None,
+        baggage: None,
+        deduplication_id: None,
+        attempts: 0,
+        enqueued_at_ms: 0,
+        last_error: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_mapping_honours_partial_failures_and_fifo_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = engine_gateway::server::backends(&common::options(dir.path()))
+        .await
+        .unwrap();
+    let queue = "mapped-steps".to_string();
+    let mut cfg = QueueConfig::fifo(&queue, "session_id");
+    cfg.backoff_ms = 10;
+    cfg.visibility_timeout_ms = 1000;
+    b.queues.declare(&cfg).await.unwrap();
+    for n in 1..=3 {
+        b.queues.send(message(&queue, "A", n)).await.unwrap();
+    }
+    b.queues.send(message(&queue, "B", 1)).await.unwrap();
+    // A-2 fails the first time it is seen; the third invocation fails as a whole.
+    let f = Function {
+        seen: Mutex::default(),
+        answer: |ids: &[String], n| {
+            if n == 3 {
+                return Err("the function crashed".into());
+            }
+            let failed: Vec<Value> = ids
+                .iter()
+                .filter(|id| id.ends_with("=2") && id.contains("A-2") && n <= 2)
+                .map(|id| json!({"itemIdentifier": id.split('=').next().unwrap()}))
+                .collect();
+            Ok(json!({"batchItemFailures": failed}))
+        },
+    };
+    let m = QueueMapping {
+        queue: queue.clone(),
+        batch_size: 10,
+        wait: Duration::from_millis(200),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let done = |seen: &[Vec<String>]| {
+        let all: Vec<&String> = seen.iter().flatten().collect();
+        all.iter().filter(|i| i.ends_with("A-3=3")).count() >= 1
+            && all.iter().filter(|i| i.starts_with("B-1")).count() >= 1
+            && seen.len() >= 4
+    };
+    while !done(&f.seen.lock().unwrap()) {
+        assert!(Instant::now() < deadline, "{:?}", f.seen.lock().unwrap());
+        deliver_queue_batch(b.queues.as_ref(), &f, &m)
+            .await
+            .unwrap();
+    }
+    let seen = f.seen.lock().unwrap().clone();
+    eprintln!("queue batches: {seen:?}");
+    let order_a: Vec<&String> = seen
+        .iter()
+        .flatten()
+        .filter(|i| i.starts_with("A-"))
+        .collect();
+    // A-1 once, A-2 failed (partially) and then in the crashed batch, then in
+    // order: never A-3 before A-2 succeeded.
+    let first_a3 = order_a.iter().position(|i| i.starts_with("A-3")).unwrap();
+    let a2_seen = order_a[..first_a3]
+        .iter()
+        .filter(|i| i.starts_with("A-2"))
+        .count();
+    assert!(a2_seen >= 2, "A-2 came back after failing: {seen:?}");
+    assert_eq!(
+        order_a.iter().filter(|i| i.starts_with("A-1")).count(),
+        1,
+        "A-1 succeeded once and was deleted: {seen:?}"
+    );
+    // Nothing is left.
+    let left = b
+        .queues
+        .receive(&queue, 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_mapping_retries_bisects_and_skips() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = engine_gateway::server::backends(&common::options(dir.path()))
+        .await
+        .unwrap();
+    let meta = WriteMeta::default();
+    for k in ["k1", "k2", "k3", "k4", "k5"] {
+        b.state
+            .set("mapped", k, json!({"k": k}), None, &meta)
+            .await
+            .unwrap();
+    }
+    // k2 reports a partial failure once; any batch holding k4 fails as a whole, always.
+    let f = Function {
+        seen: Mutex::default(),
+        answer: |ids: &[String], _n| {
+            if ids.iter().any(|k| k == "k4") {
+                return Err("crashed on k4".into());
+            }
+            Ok(json!({"batchItemFailures": []}))
+        },
+    };
+    let m = StreamMapping {
+        table: "state".into(),
+        batch_size: 100,
+        wait: Duration::from_millis(500),
+        max_retries: 2,
+        retry_pause: Duration::from_millis(5),
+    };
+    let mut delivered = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delivered < 5 {
+        assert!(Instant::now() < deadline, "{:?}", f.seen.lock().unwrap());
+        delivered += deliver_stream_batch(b.changes.as_ref(), &f, &m)
+            .await
+            .unwrap();
+    }
+    let seen = f.seen.lock().unwrap().clone();
+    eprintln!("stream batches: {seen:?}");
+    let ours = |k: &str| seen.iter().filter(|b| b.iter().any(|x| x == k)).count();
+    // k4 alone: tried once more than its retries, then skipped.
+    let alone = seen.iter().filter(|b| b.as_slice() == ["k4"]).count();
+    assert_eq!(alone, 3, "{seen:?}");
+    // The others arrived in a successful batch, in order.
+    let ok: Vec<&String> = seen
+        .iter()
+        .filter(|b| !b.iter().any(|k| k == "k4"))
+        .flatten()
+        .collect();
+    assert_eq!(
+        ok,
+        ["k1", "k2", "k3", "k5"].iter().collect::<Vec<_>>(),
+        "{seen:?}"
+    );
+    assert!(ours("k5") >= 1);
+    // All acknowledged: nothing more comes.
+    assert_eq!(
+        deliver_stream_batch(b.changes.as_ref(), &f, &m)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // A partial failure is retried from the failed record on.
+    b.state
+        .set("mapped", "p1", json!(1), None, &meta)
+        .await
+        .unwrap();
+    b.state
+        .set("mapped", "p2", json!(2), None, &meta)
+        .await
+        .unwrap();
+    let f = Function {
+        seen: Mutex::default(),
+        answer: |_ids: &[String], _n| Ok(json!({"batchItemFailures": []})),
+    };
+    let partial = PartialOnce {
+        inner: f,
+        failed_once: Mutex::new(false),
+    };
+    let mut delivered = 0;
+    while delivered < 2 {
+        assert!(Instant::now() < deadline);
+        delivered += deliver_stream_batch(b.changes.as_ref(), &partial, &m)
+            .await
+            .unwrap();
+    }
+    let seen = partial.inner.seen.lock().unwrap().clone();
+    eprintln!("partial batches: {seen:?}");
+    assert_eq!(seen.last().unwrap(), &["p2".to_string()], "{seen:?}");
+    assert_eq!(
+        seen.iter()
+            .filter(|b| b.contains(&"p1".to_string()))
+            .count(),
+        1,
+        "p1 succeeded and is not sent again: {seen:?}"
+    );
+}
+
+/// Answers the first batch holding `p2` with a partial failure naming p2's record.
+struct PartialOnce<F: Fn(&[String], usize) -> Result<Value, String> + Send + Sync> {
+    inner: Function<F>,
+    failed_once: Mutex<bool>,
+}
+
+#[async_trait::async_trait]
+impl<F: Fn(&[String], usize) -> Result<Value, String> + Send + Sync> RouteTarget
+    for PartialOnce<F>
+{
+    async fn invoke(&self, event: &Value) -> Result<Value, String> {
+        let answer = self.inner.invoke(event).await?;
+        let records = event["Records"].as_array().unwrap();
+        let p2 = records
+            .iter()
+            .find(|r| r["dynamodb"]["Keys"]["key"]["S"] == "p2");
+        let mut once = self.failed_once.lock().unwrap();
+        match p2 {
+            Some(r) if !*once => {
+                *once = true;
+                Ok(
+                    json!({"batchItemFailures": [{"itemIdentifier": r["dynamodb"]["SequenceNumber"]}]}),
+                )
+            }
+            _ => Ok(answer),
+        }
+    }
+}
