@@ -15,6 +15,7 @@ pub mod edge;
 pub mod embedded;
 pub mod engine;
 pub mod events;
+pub mod function_url;
 pub mod lambda_host;
 pub mod lambda_stream;
 pub mod mappings;
