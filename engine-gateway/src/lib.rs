@@ -11,6 +11,7 @@ pub mod apigw_ws;
 pub mod aws;
 pub mod builtins;
 pub mod channels;
+pub mod deployed;
 pub mod edge;
 pub mod embedded;
 pub mod engine;

@@ -38,6 +38,24 @@ enum Command {
         #[arg(required = true)]
         function_names: Vec<String>,
     },
+    /// Run the deployed shape on this machine: every function of the template as its own
+    /// `bootstrap` under the local Runtime API (from `--lambda-dir`), the engine router behind
+    /// an emulated API Gateway WebSocket API, the template's event-source mappings and the
+    /// Slack webhook's Function URL, on the AWS endpoint of the environment (LocalStack:
+    /// `source localstack/env.sh`). Prints the WebSocket URL and the `$connect` token, then
+    /// runs until interrupted. `localstack/deployed.sh up` does all of it.
+    Deployed {
+        #[arg(long, default_value = "infra/template.yaml")]
+        template: std::path::PathBuf,
+        /// The `cargo lambda build` output directory.
+        #[arg(long, default_value = "target/lambda")]
+        lambda_dir: std::path::PathBuf,
+        #[arg(long, env = "HARNESS_AWS_PREFIX", default_value = "harness-")]
+        aws_prefix: String,
+        /// Processes per function.
+        #[arg(long, default_value_t = 4)]
+        max_processes: usize,
+    },
     /// Start every `bootstrap` under `DIR` (`DIR/<function>/bootstrap`, as `cargo lambda build`
     /// lays them out) under a local Runtime API, invoke each once with `{"describe": true}`,
     /// and print its cold start. Fails when any bootstrap does not start and answer.
@@ -92,6 +110,38 @@ async fn main() -> anyhow::Result<()> {
             names,
             timeout_secs,
         } => check_lambdas(&dir, names, timeout_secs).await?,
+        Command::Deployed {
+            template,
+            lambda_dir,
+            aws_prefix,
+            max_processes,
+        } => {
+            let mut opts =
+                engine_gateway::deployed::DeployedOptions::new(template, lambda_dir, &aws_prefix);
+            opts.max_processes = max_processes;
+            let d = engine_gateway::deployed::up(&opts).await?;
+            println!("websocket: {}", d.url);
+            println!("token: {}", d.token);
+            if let Some(u) = &d.slack_url {
+                println!("slack webhook: {u}");
+            }
+            println!("management api: {}", d.management_url);
+            println!(
+                "functions: {}",
+                d.functions
+                    .iter()
+                    .map(|(f, _)| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = signal(SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            d.shutdown();
+        }
         Command::HashToken => {
             let mut token = String::new();
             std::io::stdin().read_line(&mut token)?;

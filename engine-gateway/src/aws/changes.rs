@@ -37,6 +37,11 @@ pub struct StreamsFeed {
     table: String,
     checkpoints: String,
     inner: tokio::sync::Mutex<Inner>,
+    /// Also hand out stored stream items (`$stream:` scopes), as the stream router's mapping
+    /// filter does; the engine's own feed (state triggers) leaves every `$` scope out.
+    stream_items: bool,
+    /// Whose checkpoints these are, when not the engine's.
+    consumer: Option<String>,
 }
 
 fn storage(e: impl std::fmt::Display) -> StateError {
@@ -62,11 +67,26 @@ impl StreamsFeed {
             table: names.state_table(),
             checkpoints: names.checkpoint_table(),
             inner: tokio::sync::Mutex::new(Inner::default()),
+            stream_items: false,
+            consumer: None,
+        }
+    }
+
+    /// The feed an event-source mapping to the stream router reads: every state change and
+    /// the stored stream items, checkpointed under `consumer`.
+    pub fn for_stream_router(clients: AwsClients, names: &AwsNames, consumer: &str) -> Self {
+        Self {
+            stream_items: true,
+            consumer: Some(consumer.to_string()),
+            ..Self::new(clients, names)
         }
     }
 
     fn checkpoint_id(&self, shard: &str) -> String {
-        format!("stream/{}/{shard}", self.table)
+        match &self.consumer {
+            None => format!("stream/{}/{shard}", self.table),
+            Some(c) => format!("stream/{}/{c}/{shard}", self.table),
+        }
     }
 
     async fn refresh(&self, inner: &mut Inner) -> Result<(), StateError> {
@@ -227,7 +247,8 @@ impl StreamsFeed {
             let (Some(scope), Some(key)) = (text(&keys, "scope"), text(&keys, "key")) else {
                 continue;
             };
-            if is_reserved_scope(&scope) {
+            let stream_item = scope.starts_with(crate::engine::STREAM_SCOPE_PREFIX);
+            if is_reserved_scope(&scope) && !(self.stream_items && stream_item) {
                 continue;
             }
             let kind = match r.event_name() {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The deployed shape on this machine: LocalStack (DynamoDB + Streams, SQS FIFO, Secrets
+# Manager), every function of infra/template.yaml as its own bootstrap under the local Runtime
+# API, the engine router behind an emulated API Gateway WebSocket API, the template's
+# event-source mappings and the Slack webhook's Function URL (engine-gateway deployed).
+#   usage: localstack/deployed.sh up|down|status
+#   LAMBDA_PROFILE  the bootstraps' cargo profile (default release, as deployed; ci-lambda
+#                   builds several times faster)     HARNESS_AWS_PREFIX  (default harness-)
+#   ANTHROPIC_BASE_URL, OPENAI_BASE_URL and the providers' API keys are passed to the
+#   functions from this environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+export EMU_HOME=${EMU_HOME:-$CARGO_TARGET_DIR/aws-emu}
+export HARNESS_AWS_PREFIX=${HARNESS_AWS_PREFIX:-harness-}
+run="$CARGO_TARGET_DIR/deployed"
+mkdir -p "$run"
+pidfile="$run/deployed.pid"
+log="$run/deployed.log"
+
+case "${1:-up}" in
+  up)
+    if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      echo "already up (pid $(cat "$pidfile")):"; grep -E '^(websocket|token|slack webhook):' "$log"; exit 0
+    fi
+    LAMBDA_PROFILE=${LAMBDA_PROFILE:-release} bash scripts/lambda-builds.sh
+    cargo build --locked -q -p engine-gateway --bin engine-gateway
+    bash localstack/emu.sh start
+    source localstack/env.sh
+    bash localstack/provision.sh "$HARNESS_AWS_PREFIX" >/dev/null
+    nohup "$CARGO_TARGET_DIR/debug/engine-gateway" deployed --lambda-dir "$CARGO_TARGET_DIR/lambda" \
+      --aws-prefix "$HARNESS_AWS_PREFIX" > "$log" 2>&1 &
+    echo $! > "$pidfile"
+    for _ in $(seq 1 240); do
+      if grep -q '^token:' "$log"; then
+        grep -E '^(websocket|token|slack webhook):' "$log"
+        echo "connect: ENGINE_URL=<websocket>/?token=<token>; logs: $log; stop: bash localstack/deployed.sh down"
+        exit 0
+      fi
+      if ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then echo "!! it stopped:"; tail -20 "$log"; exit 1; fi
+      sleep 0.5
+    done
+    echo "!! not up after 120 s:"; tail -20 "$log"; exit 1
+    ;;
+  down)
+    if [ -f "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; fi
+    bash localstack/emu.sh stop
+    ;;
+  status)
+    if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      echo "up (pid $(cat "$pidfile"))"; grep -E '^(websocket|token|slack webhook):' "$log"
+    else
+      echo "down"
+    fi
+    ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
