@@ -131,8 +131,8 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router) | binary(lambda_streaming))'
   stage_done
 
-  stage "tests (whole agent turns on the AWS backend)"
-  nextest -E 'package(agent-harness) & binary(turn)'
+  stage "tests (whole agent turns on the AWS backend; one through the deployed shape)"
+  nextest -E 'package(agent-harness) & (binary(turn) | binary(deployed))'
   stage_done
 
   stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills, Slack on the AWS backend)"

@@ -115,6 +115,7 @@ pub fn template_functions(
     template: &Value,
     prefix: &str,
     stage: &str,
+    parameters: &[(String, String)],
     local: &[(String, String)],
 ) -> Result<Vec<TemplateFunction>, String> {
     let mut vars: HashMap<String, String> = template["Parameters"]
@@ -133,6 +134,9 @@ pub fn template_functions(
                 .collect()
         })
         .unwrap_or_default();
+    for (k, v) in parameters {
+        vars.insert(k.clone(), v.clone());
+    }
     vars.insert("Prefix".into(), prefix.into());
     vars.insert("Stage".into(), stage.into());
     vars.insert("AWS::Region".into(), crate::events::REGION.into());
@@ -226,6 +230,9 @@ pub struct DeployedOptions {
     pub stage: String,
     /// Processes per function.
     pub max_processes: usize,
+    /// Template parameters besides `Prefix` and `Stage` (`SlackApprovers`, …); the others
+    /// keep their defaults.
+    pub parameters: Vec<(String, String)>,
     /// Variables passed to every function from this environment when set (the providers'
     /// base URLs and keys).
     pub pass_env: Vec<String>,
@@ -239,6 +246,7 @@ impl DeployedOptions {
             prefix: prefix.into(),
             stage: "local".into(),
             max_processes: 4,
+            parameters: Vec::new(),
             pass_env: [
                 "ANTHROPIC_BASE_URL",
                 "ANTHROPIC_API_KEY",
@@ -329,8 +337,14 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
     let invoke_url = format!("http://{}", invoke_l.local_addr()?);
     let management_url = format!("http://{}/{}", mgmt_l.local_addr()?, opts.stage);
     let local = vec![("WS_MANAGEMENT_ENDPOINT".to_string(), management_url.clone())];
-    let defs = template_functions(&template, &opts.prefix, &opts.stage, &local)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.template.display()))?;
+    let defs = template_functions(
+        &template,
+        &opts.prefix,
+        &opts.stage,
+        &opts.parameters,
+        &local,
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", opts.template.display()))?;
     let mut common: Vec<(String, String)> =
         vec![("AWS_ENDPOINT_URL_LAMBDA".into(), invoke_url.clone())];
     for k in [
@@ -469,7 +483,8 @@ mod tests {
             "WS_MANAGEMENT_ENDPOINT".to_string(),
             "http://127.0.0.1:9/local".to_string(),
         )];
-        let fs = template_functions(&t, "dx-", "local", &local).unwrap();
+        let params = vec![("SlackApprovers".to_string(), "U1,U2".to_string())];
+        let fs = template_functions(&t, "dx-", "local", &params, &local).unwrap();
         let by = |r: &str| fs.iter().find(|f| f.resource == r).unwrap();
         let o = by("TurnOrchestratorFunction");
         assert_eq!(o.name, "dx-turn-orchestrator");
@@ -497,7 +512,13 @@ mod tests {
                 max_retries: 10
             })
         );
-        assert!(by("SlackApprovalFunction").function_url);
+        let slack = by("SlackApprovalFunction");
+        assert!(slack.function_url);
+        assert!(
+            slack
+                .env
+                .contains(&("SLACK_APPROVERS".to_string(), "U1,U2".to_string()))
+        );
         assert_eq!(
             fs.iter().filter(|f| f.binary == "engine-lambda").count(),
             2,

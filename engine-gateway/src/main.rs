@@ -55,6 +55,9 @@ enum Command {
         /// Processes per function.
         #[arg(long, default_value_t = 4)]
         max_processes: usize,
+        /// A template parameter, `KEY=VALUE` (e.g. `SlackApprovers=U123`); repeatable.
+        #[arg(long = "parameter", value_parser = parse_parameter)]
+        parameters: Vec<(String, String)>,
     },
     /// Start every `bootstrap` under `DIR` (`DIR/<function>/bootstrap`, as `cargo lambda build`
     /// lays them out) under a local Runtime API, invoke each once with `{"describe": true}`,
@@ -115,10 +118,12 @@ async fn main() -> anyhow::Result<()> {
             lambda_dir,
             aws_prefix,
             max_processes,
+            parameters,
         } => {
             let mut opts =
                 engine_gateway::deployed::DeployedOptions::new(template, lambda_dir, &aws_prefix);
             opts.max_processes = max_processes;
+            opts.parameters = parameters;
             let d = engine_gateway::deployed::up(&opts).await?;
             println!("websocket: {}", d.url);
             println!("token: {}", d.token);
@@ -165,6 +170,13 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn parse_parameter(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{s}`: expected KEY=VALUE")),
+    }
 }
 
 async fn check_lambdas(
