@@ -240,3 +240,187 @@ async fn a_whole_turn_through_the_deployed_shape() {
     );
     d.shutdown();
 }
+
+/// `kill -9` of the turn orchestrator's bootstrap while a step runs five shell commands: the
+/// mapping sees the invocation fail, the step comes back from SQS (the test shortens the
+/// queue's visibility timeout from the template's 360 s to 5 s), a new process takes it, and
+/// each command's effect is recorded once. The rules come from the harness's permissions
+/// secret (they allow `shell::exec`, which the shipped rules do not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once() {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let dir = lambda_dir();
+    if !dir.join("turn-orchestrator/bootstrap").is_file() {
+        eprintln!(
+            "SKIPPED: no Lambda builds in {} (bash scripts/lambda-builds.sh)",
+            dir.display()
+        );
+        return;
+    }
+    engine_gateway::ensure_crypto_provider();
+    let prefix = format!("dk{}-", engine_gateway::trace::random_hex(4));
+    let template = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/template.yaml");
+    let t: Value = serde_norway::from_str(&std::fs::read_to_string(&template).unwrap()).unwrap();
+    let workdir = PathBuf::from(
+        t["Resources"]["ToolsFunction"]["Properties"]["Environment"]["Variables"]["HARNESS_WORKDIR"]
+            .as_str()
+            .unwrap(),
+    );
+    let (ran, effects) = (format!("ran-{prefix}log"), format!("effects-{prefix}log"));
+    let ids = ["k1", "k2", "k3", "k4", "k5"];
+    let calls: Vec<scripted_model::ToolCall> = ids
+        .iter()
+        .map(|id| scripted_model::ToolCall {
+            id: id.to_string(),
+            name: "agent_trigger".into(),
+            arguments: json!({"function": "shell::exec", "payload": {"command": format!("echo {id} >> {ran}; grep -qx {id} {effects} 2>/dev/null || echo {id} >> {effects}; sleep 0.5")}}),
+        })
+        .collect();
+    let model = ScriptedModel::default();
+    let base = model.serve().await.unwrap();
+    model.load(
+        serde_json::from_value(json!({"turns": [
+            {"when": "results<1", "text": "Running five steps.", "tool_calls": calls},
+            {"when": "results>=1", "text": "All five steps ran."}
+        ]}))
+        .unwrap(),
+    );
+    // SAFETY: set before the functions start; nothing else reads the environment yet.
+    unsafe {
+        std::env::set_var("ANTHROPIC_BASE_URL", &base);
+        std::env::set_var("ANTHROPIC_API_KEY", "sk-test");
+    }
+    let clients = engine_gateway::aws::AwsClients::from_env().await;
+    let names = engine_gateway::aws::AwsNames::new(&prefix);
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    {
+        use engine_gateway::secrets::SecretStore;
+        engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone())
+            .put(
+                "harness/permissions",
+                "version: 1\nrules:\n  - \"shell::exec\"\n  - \"fs::read\"\n",
+            )
+            .await
+            .unwrap();
+    }
+    let mut opts = engine_gateway::deployed::DeployedOptions::new(template, dir, &prefix);
+    opts.max_processes = 2;
+    let d = engine_gateway::deployed::up(&opts).await.unwrap();
+    // After `up`, which declares the queue with the template's 360 s.
+    let url = clients
+        .sqs
+        .get_queue_url()
+        .queue_name(format!("{prefix}turn-steps.fifo"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    clients
+        .sqs
+        .set_queue_attributes()
+        .queue_url(&url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+            "5",
+        )
+        .send()
+        .await
+        .unwrap();
+    let visibility = || async {
+        clients
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+            .send()
+            .await
+            .unwrap()
+            .attributes()
+            .and_then(|a| {
+                a.get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+                    .cloned()
+            })
+    };
+    assert_eq!(visibility().await.as_deref(), Some("5"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{}/?token={}", d.url, d.token))
+        .await
+        .unwrap();
+    let mut pushed = Vec::new();
+    let sid = "dep-kill";
+    let started = invoke(
+        &mut ws,
+        &mut pushed,
+        "t1",
+        "harness::trigger",
+        json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": "run the steps"}], "timestamp": 1}]}}),
+    )
+    .await;
+    assert!(started["error"].is_null(), "{started}");
+    let lines = |f: &str| -> Vec<String> {
+        std::fs::read_to_string(workdir.join(f))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while lines(&effects).len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the calls never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let orchestrator = d.function("TurnOrchestratorFunction").unwrap().clone();
+    let pids = orchestrator.pids();
+    assert!(!pids.is_empty());
+    for pid in pids {
+        // SAFETY: kill only signals the bootstrap process the host spawned.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let before = lines(&effects).len();
+    assert!(before < ids.len(), "killed mid-step ({before} done)");
+    assert_eq!(
+        visibility().await.as_deref(),
+        Some("5"),
+        "still 5 s at the kill"
+    );
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let mut n = 0;
+    let state = loop {
+        n += 1;
+        let v = invoke(
+            &mut ws,
+            &mut pushed,
+            &format!("g{n}"),
+            "turn::get_state",
+            json!({"session_id": sid}),
+        )
+        .await;
+        let s = v["result"]["state"].as_str().unwrap_or("").to_string();
+        if s == "stopped" || s == "failed" {
+            break v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never finished: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(state["result"]["state"], "stopped", "{state}");
+    let mut done = lines(&effects);
+    done.sort();
+    assert_eq!(done, ids, "every effect exactly once");
+    assert!(lines(&ran).len() >= ids.len(), "{:?}", lines(&ran));
+    for f in [&ran, &effects] {
+        let _ = std::fs::remove_file(workdir.join(f));
+    }
+    d.shutdown();
+}

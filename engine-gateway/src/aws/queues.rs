@@ -148,6 +148,42 @@ impl SqsQueues {
         }
     }
 
+    /// Look up the queue and its dead-letter queue by name → whether both exist (their URLs
+    /// are then remembered).
+    async fn find_existing(&self, cfg: &QueueConfig) -> Result<bool, QueueError> {
+        let fifo = cfg.kind == QueueKind::Fifo;
+        let mut found = Vec::new();
+        for dlq in [false, true] {
+            match self
+                .clients
+                .sqs
+                .get_queue_url()
+                .queue_name(self.names.queue_name(&cfg.name, fifo, dlq))
+                .send()
+                .await
+            {
+                Ok(out) => match out.queue_url {
+                    Some(u) => found.push(u),
+                    None => return Ok(false),
+                },
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_queue_does_not_exist()) =>
+                {
+                    return Ok(false);
+                }
+                Err(e) => return Err(qerr(err_text(&e))),
+            }
+        }
+        let dlq = found.pop().unwrap_or_default();
+        let main = found.pop().unwrap_or_default();
+        self.urls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cfg.name.clone(), Urls { main, dlq });
+        Ok(true)
+    }
+
     async fn urls(&self, queue: &str) -> Result<Urls, QueueError> {
         if let Some(u) = self
             .urls
@@ -165,7 +201,11 @@ impl SqsQueues {
                 c
             }
         };
-        self.declare(&cfg).await?;
+        // A queue that exists is used as it is configured (as deployed, the template owns its
+        // attributes, and a worker's role may only send to it); only a missing one is created.
+        if !self.find_existing(&cfg).await? {
+            self.declare(&cfg).await?;
+        }
         self.urls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
