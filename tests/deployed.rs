@@ -1,16 +1,15 @@
-//! A whole agent turn in the deployed shape, on LocalStack: every worker its own Lambda
+//! Whole agent turns in the deployed shape, on LocalStack: every worker its own Lambda
 //! `bootstrap`, the router behind the emulated API Gateway WebSocket API, turn steps through
 //! the SQS FIFO mapping, the provider's tokens through its response stream, UI events through
 //! the management API. The model is the scripted model server speaking Anthropic's wire
-//! format, reached by the provider Lambda over HTTP. An allowed tool call runs; a call that
-//! needs approval parks, and a signed Slack button posted to the Function URL approves it
-//! (slack Lambda → approval gate → the approval's state trigger through the stream router →
-//! the next step through the SQS mapping). Runs with `HARNESS_TEST_BACKEND=aws` and the
-//! Lambda builds (CI builds them before this stage).
+//! format, reached by the provider Lambda over HTTP. Runs with `HARNESS_TEST_BACKEND=aws` and
+//! the Lambda builds (CI builds them before this stage).
 
 mod common;
 
 use common::{call, text};
+use engine_gateway::aws::{AwsClients, AwsNames};
+use engine_gateway::deployed::{Deployed, DeployedOptions};
 use futures_util::{SinkExt, StreamExt};
 use scripted_model::{Cassette, ScriptedModel};
 use serde_json::{Value, json};
@@ -21,73 +20,181 @@ use tokio_tungstenite::tungstenite::Message;
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-fn lambda_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("HARNESS_LAMBDA_DIR") {
-        return d.into();
-    }
-    std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("lambda")
+fn template() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/template.yaml")
 }
 
-/// Send an invocation; collect every other message into `pushed` until its result comes.
-async fn invoke(
-    ws: &mut Ws,
-    pushed: &mut Vec<Value>,
-    id: &str,
-    function_id: &str,
-    data: Value,
-) -> Value {
-    ws.send(Message::text(
-        json!({"type": "invokefunction", "invocation_id": id, "function_id": function_id, "data": data}).to_string(),
-    ))
-    .await
-    .unwrap();
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(120), ws.next())
-            .await
-            .unwrap_or_else(|_| panic!("{function_id}: no answer within 120 s"))
-            .unwrap()
-            .unwrap();
-        if let Message::Text(t) = m {
-            let v: Value = serde_json::from_str(&t).unwrap();
-            if v["invocation_id"] == id {
-                return v;
-            }
-            pushed.push(v);
-        }
-    }
+/// The tools Lambda works in the template's `HARNESS_WORKDIR`.
+fn workdir() -> PathBuf {
+    let t: Value = serde_norway::from_str(&std::fs::read_to_string(template()).unwrap()).unwrap();
+    PathBuf::from(
+        t["Resources"]["ToolsFunction"]["Properties"]["Environment"]["Variables"]
+            ["HARNESS_WORKDIR"]
+            .as_str()
+            .unwrap(),
+    )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_whole_turn_through_the_deployed_shape() {
+/// Where the bootstraps are, or `None` (the test skips, saying why) off the AWS backend or
+/// without Lambda builds.
+fn lambda_dir() -> Option<PathBuf> {
     if !engine_gateway::server::aws_test_backend() {
         eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
-        return;
+        return None;
     }
-    let dir = lambda_dir();
+    let dir = match std::env::var("HARNESS_LAMBDA_DIR") {
+        Ok(d) => PathBuf::from(d),
+        Err(_) => std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+            .join("lambda"),
+    };
     if !dir.join("turn-orchestrator/bootstrap").is_file() {
         eprintln!(
             "SKIPPED: no Lambda builds in {} (bash scripts/lambda-builds.sh)",
             dir.display()
         );
-        return;
+        return None;
     }
+    Some(dir)
+}
+
+/// A running deployed shape and a client connected to it with the generated token.
+struct Shape {
+    deployed: Deployed,
+    clients: AwsClients,
+    ws: Ws,
+    /// Everything pushed to the client that was not an answer.
+    pushed: Vec<Value>,
+    polls: u32,
+    _model: ScriptedModel,
+}
+
+/// Serve `cassette`, put `secrets` (as an operator would after deploying), bring the shape up
+/// under `prefix` with the template `parameters`, and connect.
+async fn bring_up(
+    dir: PathBuf,
+    prefix: &str,
+    cassette: Cassette,
+    secrets: &[(&str, &str)],
+    parameters: &[(&str, &str)],
+) -> Shape {
+    use engine_gateway::secrets::SecretStore;
     engine_gateway::ensure_crypto_provider();
-    let prefix = format!("dt{}-", engine_gateway::trace::random_hex(4));
-    // The tools Lambda works in the template's HARNESS_WORKDIR; a name of this run's own.
-    let template = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/template.yaml");
-    let t: Value = serde_norway::from_str(&std::fs::read_to_string(&template).unwrap()).unwrap();
-    let workdir = PathBuf::from(
-        t["Resources"]["ToolsFunction"]["Properties"]["Environment"]["Variables"]["HARNESS_WORKDIR"]
-            .as_str()
-            .unwrap(),
-    );
-    let written = format!("approved-{prefix}txt");
     let model = ScriptedModel::default();
     let base = model.serve().await.unwrap();
-    model.load(Cassette {
+    model.load(cassette);
+    // SAFETY: set before the functions start; nothing else reads the environment yet.
+    unsafe {
+        std::env::set_var("ANTHROPIC_BASE_URL", &base);
+        std::env::set_var("ANTHROPIC_API_KEY", "sk-test");
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(prefix);
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let store = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names);
+    for (name, value) in secrets {
+        store.put(name, value).await.unwrap();
+    }
+    let mut opts = DeployedOptions::new(template(), dir, prefix);
+    opts.max_processes = 2;
+    opts.parameters = parameters
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let deployed = engine_gateway::deployed::up(&opts).await.unwrap();
+    let (ws, _) =
+        tokio_tungstenite::connect_async(format!("{}/?token={}", deployed.url, deployed.token))
+            .await
+            .unwrap();
+    Shape {
+        deployed,
+        clients,
+        ws,
+        pushed: Vec::new(),
+        polls: 0,
+        _model: model,
+    }
+}
+
+impl Shape {
+    /// Send an invocation; keep every other message in `pushed` until its result comes.
+    async fn invoke(&mut self, id: &str, function_id: &str, data: Value) -> Value {
+        self.ws
+            .send(Message::text(
+                json!({"type": "invokefunction", "invocation_id": id, "function_id": function_id, "data": data}).to_string(),
+            ))
+            .await
+            .unwrap();
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(120), self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("{function_id}: no answer within 120 s"))
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = m {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["invocation_id"] == id {
+                    return v;
+                }
+                self.pushed.push(v);
+            }
+        }
+    }
+
+    /// Subscribe to the session's events and start it with `task`.
+    async fn start(&mut self, sid: &str, task: &str) {
+        self.ws
+            .send(Message::text(
+                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
+                    .to_string(),
+            ))
+            .await
+            .unwrap();
+        let started = self
+            .invoke(
+                "start",
+                "harness::trigger",
+                json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": task}], "timestamp": 1}]}}),
+            )
+            .await;
+        assert!(started["error"].is_null(), "{started}");
+    }
+
+    /// Poll `turn::get_state` until the session is in one of `wanted` (or failed).
+    async fn wait_state(&mut self, sid: &str, wanted: &[&str]) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+        loop {
+            self.polls += 1;
+            let id = format!("g{}", self.polls);
+            let v = self
+                .invoke(&id, "turn::get_state", json!({"session_id": sid}))
+                .await;
+            let s = v["result"]["state"].as_str().unwrap_or("").to_string();
+            if wanted.contains(&s.as_str()) || s == "failed" {
+                return v["result"].clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never reached {wanted:?}: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+/// An allowed tool call runs; a call that needs approval parks, and a signed Slack button
+/// posted to the Function URL approves it (slack Lambda → approval gate → the approval's
+/// state trigger through the stream router → the next step through the SQS mapping); token
+/// deltas and stored events reach the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_turn_through_the_deployed_shape() {
+    let Some(dir) = lambda_dir() else { return };
+    let prefix = format!("dt{}-", engine_gateway::trace::random_hex(4));
+    let (workdir, written) = (workdir(), format!("approved-{prefix}txt"));
+    let cassette = Cassette {
         turns: vec![
             call("d1", "fs::list", json!({"path": "."})),
             call(
@@ -98,83 +205,21 @@ async fn a_whole_turn_through_the_deployed_shape() {
             text("Listed and written."),
         ],
         ..Default::default()
-    });
-    // SAFETY: set before the functions start; nothing else reads the environment yet.
-    unsafe {
-        std::env::set_var("ANTHROPIC_BASE_URL", &base);
-        std::env::set_var("ANTHROPIC_API_KEY", "sk-test");
-    }
-    // The Slack app's signing secret, as an operator puts it after deploying.
-    {
-        use engine_gateway::secrets::SecretStore;
-        let clients = engine_gateway::aws::AwsClients::from_env().await;
-        let names = engine_gateway::aws::AwsNames::new(&prefix);
-        engine_gateway::aws::resources::ensure_all(&clients, &names)
-            .await
-            .unwrap();
-        engine_gateway::aws::secrets::AwsSecrets::new(clients, names)
-            .put("slack/signing_secret", "shh")
-            .await
-            .unwrap();
-    }
-    let mut opts = engine_gateway::deployed::DeployedOptions::new(template, dir, &prefix);
-    opts.max_processes = 2;
-    opts.parameters = vec![("SlackApprovers".into(), "U123".into())];
-    let d = engine_gateway::deployed::up(&opts).await.unwrap();
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{}/?token={}", d.url, d.token))
-        .await
-        .unwrap();
-    let sid = "dep-1";
-    ws.send(Message::text(
-        json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
-            .to_string(),
-    ))
-    .await
-    .unwrap();
-    let mut pushed = Vec::new();
-    let started = invoke(
-        &mut ws,
-        &mut pushed,
-        "t1",
-        "harness::trigger",
-        json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": "list the workspace"}], "timestamp": 1}]}}),
-    )
-    .await;
-    assert!(started["error"].is_null(), "{started}");
-    let mut n = 0;
-    let mut wait_for = async |ws: &mut Ws, pushed: &mut Vec<Value>, wanted: &[&str]| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
-        loop {
-            n += 1;
-            let v = invoke(
-                ws,
-                pushed,
-                &format!("g{n}"),
-                "turn::get_state",
-                json!({"session_id": sid}),
-            )
-            .await;
-            let s = v["result"]["state"].as_str().unwrap_or("").to_string();
-            if wanted.contains(&s.as_str()) || s == "failed" {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "never reached {wanted:?}: {v}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
     };
-    let parked = wait_for(
-        &mut ws,
-        &mut pushed,
-        &["function_awaiting_approval", "stopped"],
+    let mut s = bring_up(
+        dir,
+        &prefix,
+        cassette,
+        &[("slack/signing_secret", "shh")],
+        &[("SlackApprovers", "U123")],
     )
     .await;
-    assert_eq!(
-        parked["result"]["state"], "function_awaiting_approval",
-        "{parked}"
-    );
+    let sid = "dep-1";
+    s.start(sid, "list the workspace").await;
+    let parked = s
+        .wait_state(sid, &["function_awaiting_approval", "stopped"])
+        .await;
+    assert_eq!(parked["state"], "function_awaiting_approval", "{parked}");
     assert!(!workdir.join(&written).exists(), "not before the approval");
 
     // A signed Slack button, posted to the Function URL as Slack posts it.
@@ -186,7 +231,7 @@ async fn a_whole_turn_through_the_deployed_shape() {
     let r = reqwest::Client::new()
         .post(format!(
             "{}/slack/interactive",
-            d.slack_url.as_ref().unwrap()
+            s.deployed.slack_url.as_ref().unwrap()
         ))
         .header("content-type", "application/x-www-form-urlencoded")
         .header("x-slack-request-timestamp", &ts)
@@ -202,8 +247,8 @@ async fn a_whole_turn_through_the_deployed_shape() {
     let answer = r.text().await.unwrap();
     assert_eq!(status, 200, "{answer}");
 
-    let state = wait_for(&mut ws, &mut pushed, &["stopped"]).await;
-    assert_eq!(state["result"]["state"], "stopped", "{state}");
+    let state = s.wait_state(sid, &["stopped"]).await;
+    assert_eq!(state["state"], "stopped", "{state}");
     assert_eq!(
         std::fs::read_to_string(workdir.join(&written)).unwrap(),
         "from slack",
@@ -214,11 +259,12 @@ async fn a_whole_turn_through_the_deployed_shape() {
     // router) both reached this connection.
     tokio::time::sleep(Duration::from_secs(3)).await;
     while let Ok(Some(Ok(Message::Text(t)))) =
-        tokio::time::timeout(Duration::from_millis(200), ws.next()).await
+        tokio::time::timeout(Duration::from_millis(200), s.ws.next()).await
     {
-        pushed.push(serde_json::from_str(&t).unwrap());
+        s.pushed.push(serde_json::from_str(&t).unwrap());
     }
-    let kinds: Vec<String> = pushed
+    let kinds: Vec<String> = s
+        .pushed
         .iter()
         .filter(|p| p["type"] == "streamevent")
         .map(|p| {
@@ -230,15 +276,15 @@ async fn a_whole_turn_through_the_deployed_shape() {
             }
         })
         .collect();
-    assert!(
-        kinds.iter().any(|k| k == "message_update"),
-        "token deltas: {kinds:?}"
-    );
-    assert!(
-        kinds.iter().any(|k| k == "function_execution_end"),
-        "the tool ran: {kinds:?}"
-    );
-    d.shutdown();
+    for kind in [
+        "message_update",
+        "function_execution_end",
+        "approval_applied",
+        "agent_end",
+    ] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind}: {kinds:?}");
+    }
+    s.deployed.shutdown();
 }
 
 /// `kill -9` of the turn orchestrator's bootstrap while a step runs five shell commands: the
@@ -248,27 +294,9 @@ async fn a_whole_turn_through_the_deployed_shape() {
 /// secret (they allow `shell::exec`, which the shipped rules do not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once() {
-    if !engine_gateway::server::aws_test_backend() {
-        eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
-        return;
-    }
-    let dir = lambda_dir();
-    if !dir.join("turn-orchestrator/bootstrap").is_file() {
-        eprintln!(
-            "SKIPPED: no Lambda builds in {} (bash scripts/lambda-builds.sh)",
-            dir.display()
-        );
-        return;
-    }
-    engine_gateway::ensure_crypto_provider();
+    let Some(dir) = lambda_dir() else { return };
     let prefix = format!("dk{}-", engine_gateway::trace::random_hex(4));
-    let template = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/template.yaml");
-    let t: Value = serde_norway::from_str(&std::fs::read_to_string(&template).unwrap()).unwrap();
-    let workdir = PathBuf::from(
-        t["Resources"]["ToolsFunction"]["Properties"]["Environment"]["Variables"]["HARNESS_WORKDIR"]
-            .as_str()
-            .unwrap(),
-    );
+    let workdir = workdir();
     let (ran, effects) = (format!("ran-{prefix}log"), format!("effects-{prefix}log"));
     let ids = ["k1", "k2", "k3", "k4", "k5"];
     let calls: Vec<scripted_model::ToolCall> = ids
@@ -279,40 +307,26 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
             arguments: json!({"function": "shell::exec", "payload": {"command": format!("echo {id} >> {ran}; grep -qx {id} {effects} 2>/dev/null || echo {id} >> {effects}; sleep 0.5")}}),
         })
         .collect();
-    let model = ScriptedModel::default();
-    let base = model.serve().await.unwrap();
-    model.load(
-        serde_json::from_value(json!({"turns": [
-            {"when": "results<1", "text": "Running five steps.", "tool_calls": calls},
-            {"when": "results>=1", "text": "All five steps ran."}
-        ]}))
-        .unwrap(),
-    );
-    // SAFETY: set before the functions start; nothing else reads the environment yet.
-    unsafe {
-        std::env::set_var("ANTHROPIC_BASE_URL", &base);
-        std::env::set_var("ANTHROPIC_API_KEY", "sk-test");
-    }
-    let clients = engine_gateway::aws::AwsClients::from_env().await;
-    let names = engine_gateway::aws::AwsNames::new(&prefix);
-    engine_gateway::aws::resources::ensure_all(&clients, &names)
-        .await
-        .unwrap();
-    {
-        use engine_gateway::secrets::SecretStore;
-        engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone())
-            .put(
-                "harness/permissions",
-                "version: 1\nrules:\n  - \"shell::exec\"\n  - \"fs::read\"\n",
-            )
-            .await
-            .unwrap();
-    }
-    let mut opts = engine_gateway::deployed::DeployedOptions::new(template, dir, &prefix);
-    opts.max_processes = 2;
-    let d = engine_gateway::deployed::up(&opts).await.unwrap();
+    let cassette = serde_json::from_value(json!({"turns": [
+        {"when": "results<1", "text": "Running five steps.", "tool_calls": calls},
+        {"when": "results>=1", "text": "All five steps ran."}
+    ]}))
+    .unwrap();
+    let mut s = bring_up(
+        dir,
+        &prefix,
+        cassette,
+        &[(
+            "harness/permissions",
+            "version: 1\nrules:\n  - \"shell::exec\"\n  - \"fs::read\"\n",
+        )],
+        &[],
+    )
+    .await;
     // After `up`, which declares the queue with the template's 360 s.
-    let url = clients
+    use aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout;
+    let url = s
+        .clients
         .sqs
         .get_queue_url()
         .queue_name(format!("{prefix}turn-steps.fifo"))
@@ -321,47 +335,28 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
         .unwrap()
         .queue_url
         .unwrap();
-    clients
+    s.clients
         .sqs
         .set_queue_attributes()
         .queue_url(&url)
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
-            "5",
-        )
+        .attributes(VisibilityTimeout, "5")
         .send()
         .await
         .unwrap();
+    let sqs = s.clients.sqs.clone();
     let visibility = || async {
-        clients
-            .sqs
-            .get_queue_attributes()
+        sqs.get_queue_attributes()
             .queue_url(&url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+            .attribute_names(VisibilityTimeout)
             .send()
             .await
             .unwrap()
             .attributes()
-            .and_then(|a| {
-                a.get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
-                    .cloned()
-            })
+            .and_then(|a| a.get(&VisibilityTimeout).cloned())
     };
     assert_eq!(visibility().await.as_deref(), Some("5"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{}/?token={}", d.url, d.token))
-        .await
-        .unwrap();
-    let mut pushed = Vec::new();
     let sid = "dep-kill";
-    let started = invoke(
-        &mut ws,
-        &mut pushed,
-        "t1",
-        "harness::trigger",
-        json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": "run the steps"}], "timestamp": 1}]}}),
-    )
-    .await;
-    assert!(started["error"].is_null(), "{started}");
+    s.start(sid, "run the steps").await;
     let lines = |f: &str| -> Vec<String> {
         std::fs::read_to_string(workdir.join(f))
             .unwrap_or_default()
@@ -377,7 +372,11 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let orchestrator = d.function("TurnOrchestratorFunction").unwrap().clone();
+    let orchestrator = s
+        .deployed
+        .function("TurnOrchestratorFunction")
+        .unwrap()
+        .clone();
     let pids = orchestrator.pids();
     assert!(!pids.is_empty());
     for pid in pids {
@@ -386,35 +385,11 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
     }
     let before = lines(&effects).len();
     assert!(before < ids.len(), "killed mid-step ({before} done)");
-    assert_eq!(
-        visibility().await.as_deref(),
-        Some("5"),
-        "still 5 s at the kill"
-    );
+    // Nothing the workers do at run time changes the queue's configuration.
+    assert_eq!(visibility().await.as_deref(), Some("5"), "still 5 s");
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    let mut n = 0;
-    let state = loop {
-        n += 1;
-        let v = invoke(
-            &mut ws,
-            &mut pushed,
-            &format!("g{n}"),
-            "turn::get_state",
-            json!({"session_id": sid}),
-        )
-        .await;
-        let s = v["result"]["state"].as_str().unwrap_or("").to_string();
-        if s == "stopped" || s == "failed" {
-            break v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never finished: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
-    assert_eq!(state["result"]["state"], "stopped", "{state}");
+    let state = s.wait_state(sid, &["stopped"]).await;
+    assert_eq!(state["state"], "stopped", "{state}");
     let mut done = lines(&effects);
     done.sort();
     assert_eq!(done, ids, "every effect exactly once");
@@ -422,5 +397,5 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
     for f in [&ran, &effects] {
         let _ = std::fs::remove_file(workdir.join(f));
     }
-    d.shutdown();
+    s.deployed.shutdown();
 }

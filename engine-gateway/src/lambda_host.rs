@@ -65,6 +65,17 @@ pub enum LambdaError {
     Spawn(String),
 }
 
+impl LambdaError {
+    /// The error type Lambda reports for it (`X-Amz-Function-Error` bodies, `ErrorCode`).
+    pub fn error_type(&self) -> String {
+        match self {
+            LambdaError::Function { error_type, .. } => error_type.clone(),
+            LambdaError::TimedOut(_) => "Sandbox.Timedout".into(),
+            _ => "Runtime.ExitError".into(),
+        }
+    }
+}
+
 /// What an invocation answered: a JSON response, or (a `bootstrap` in streaming response
 /// mode) the response stream, piece by piece as it is written.
 pub enum Answer {
@@ -541,14 +552,9 @@ async fn invoke_api(
         Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
         // As Lambda reports a failed invocation: 200 with X-Amz-Function-Error.
         Err(e) => {
-            let error_type = match &e {
-                LambdaError::Function { error_type, .. } => error_type.clone(),
-                LambdaError::TimedOut(_) => "Sandbox.Timedout".into(),
-                _ => "Runtime.ExitError".into(),
-            };
             let mut r = (
                 StatusCode::OK,
-                axum::Json(json!({"errorType": error_type, "errorMessage": e.to_string()})),
+                axum::Json(json!({"errorType": e.error_type(), "errorMessage": e.to_string()})),
             )
                 .into_response();
             r.headers_mut().insert(

@@ -179,11 +179,7 @@ pub fn invoke_complete(error: Option<&LambdaError>) -> Bytes {
     let body = match error {
         None => serde_json::json!({}),
         Some(e) => serde_json::json!({
-            "ErrorCode": match e {
-                LambdaError::Function { error_type, .. } => error_type.clone(),
-                LambdaError::TimedOut(_) => "Sandbox.Timedout".into(),
-                _ => "Runtime.ExitError".into(),
-            },
+            "ErrorCode": e.error_type(),
             "ErrorDetails": e.to_string(),
         }),
     };

@@ -83,6 +83,25 @@ fn file_rights(abi: u32) -> u64 {
     r
 }
 
+/// `landlock_create_ruleset` for `attr`.
+fn create(attr: &RulesetAttr) -> std::io::Result<OwnedFd> {
+    // SAFETY: `attr` is a live struct of the size passed; older kernels accept the larger
+    // struct as long as the fields they do not know are zero.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            attr as *const RulesetAttr,
+            std::mem::size_of::<RulesetAttr>(),
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// A ready ruleset: apply it with [`Ruleset::restrict_self`] in the child.
 #[derive(Debug)]
 pub struct Ruleset {
@@ -113,7 +132,7 @@ impl Ruleset {
             )
         })?;
         let scoped = abi >= 6;
-        let attr = RulesetAttr {
+        let fd = create(&RulesetAttr {
             handled_access_fs: fs_rights(abi),
             handled_access_net: 0,
             scoped: if scoped {
@@ -121,22 +140,7 @@ impl Ruleset {
             } else {
                 0
             },
-        };
-        // SAFETY: `attr` is a live struct of the size passed; older kernels accept the
-        // larger struct as long as the fields they do not know are zero.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_create_ruleset,
-                &attr as *const RulesetAttr,
-                std::mem::size_of::<RulesetAttr>(),
-                0u32,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        })?;
         let set = Ruleset { fd, scoped, abi };
         for (path, access) in paths {
             set.grant(path, access)?;
@@ -155,25 +159,11 @@ impl Ruleset {
                 format!("Landlock ABI {abi}, scopes need 6"),
             ));
         }
-        let attr = RulesetAttr {
+        let fd = create(&RulesetAttr {
             handled_access_fs: 0,
             handled_access_net: 0,
             scoped: SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
-        };
-        // SAFETY: as in `new`.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_create_ruleset,
-                &attr as *const RulesetAttr,
-                std::mem::size_of::<RulesetAttr>(),
-                0u32,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        })?;
         Ok(Ruleset {
             fd,
             scoped: true,
