@@ -113,3 +113,31 @@ async fn files_and_commands_stay_in_the_working_directory() {
         .unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
 }
+
+/// Started without `HARNESS_WORKDIR` (as CI's start check starts the bootstrap, from the
+/// repository), the worker works in `./workspace` and leaves the directory it was started
+/// from to its owner: as root the sandbox gives its working directory to the sandbox user.
+#[test]
+fn the_binary_never_takes_the_directory_it_starts_in() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let owner = std::fs::metadata(dir.path()).unwrap().uid();
+    // No engine to reach: it sets up its tools, fails to connect, and exits.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tools-worker"))
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "no Runtime API: it exits");
+    assert_eq!(
+        std::fs::metadata(dir.path()).unwrap().uid(),
+        owner,
+        "the start directory keeps its owner"
+    );
+    assert!(
+        dir.path().join("workspace").is_dir(),
+        "it works in ./workspace"
+    );
+}
