@@ -143,7 +143,7 @@ impl LambdaFunction {
                 let mut strip = crate::lambda_stream::PreludeStripper::default();
                 let mut body = Vec::new();
                 while let Some(piece) = rx.recv().await {
-                    body.extend(strip.feed(&piece?));
+                    body.extend_from_slice(&strip.feed(&piece?));
                     if body.len() > MAX_RESPONSE_BYTES {
                         return Err(LambdaError::Function {
                             error_type: "Runtime.ResponseSizeTooLarge".into(),

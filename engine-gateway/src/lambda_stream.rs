@@ -15,6 +15,7 @@ use crate::lambda_host::LambdaError;
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
 use axum::http::HeaderMap;
 use bytes::Bytes;
+use std::borrow::Cow;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -113,23 +114,24 @@ pub struct PreludeStripper {
 const MAX_PRELUDE: usize = 64 * 1024;
 
 impl PreludeStripper {
-    /// Feed `chunk`; returns the payload bytes it releases.
-    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+    /// Feed `chunk`; returns the payload bytes it releases (the chunk itself, uncopied, once
+    /// it is known whether there was a prelude).
+    pub fn feed<'a>(&mut self, chunk: &'a [u8]) -> Cow<'a, [u8]> {
         if self.decided {
-            return chunk.to_vec();
+            return Cow::Borrowed(chunk);
         }
         self.pending.extend_from_slice(chunk);
         if self.pending.first().is_some_and(|b| *b != b'{') {
-            return self.release(0);
+            return Cow::Owned(self.release(0));
         }
         let nuls = self.pending.windows(8).position(|w| w == [0u8; 8]);
         let newline = self.pending.iter().position(|b| *b == b'\n');
-        match (nuls, newline) {
+        Cow::Owned(match (nuls, newline) {
             (Some(n), nl) if nl.is_none_or(|nl| n < nl) => self.release(n + 8),
             (_, Some(_)) => self.release(0),
             _ if self.pending.len() > MAX_PRELUDE => self.release(0),
             _ => Vec::new(),
-        }
+        })
     }
 
     /// End of stream: whatever is still held is payload.
@@ -198,15 +200,17 @@ mod tests {
     fn a_prelude_is_stripped_and_a_plain_stream_is_left_alone() {
         let mut s = PreludeStripper::default();
         assert!(s.feed(br#"{"statusCode":200,"#).is_empty(), "undecided yet");
-        let mut out = s.feed(b"\"headers\":{}}\0\0\0\0\0\0\0\0{\"frame\":\"a\"}\n");
-        out.extend(s.feed(b"{\"result\":1}\n"));
+        let mut out = s
+            .feed(b"\"headers\":{}}\0\0\0\0\0\0\0\0{\"frame\":\"a\"}\n")
+            .into_owned();
+        out.extend_from_slice(&s.feed(b"{\"result\":1}\n"));
         assert_eq!(out, b"{\"frame\":\"a\"}\n{\"result\":1}\n");
         let mut s = PreludeStripper::default();
-        let mut out = s.feed(b"{\"frame\":\"a\"}\n");
+        let mut out = s.feed(b"{\"frame\":\"a\"}\n").into_owned();
         out.extend(s.finish());
         assert_eq!(out, b"{\"frame\":\"a\"}\n");
         let mut s = PreludeStripper::default();
-        assert_eq!(s.feed(b"[1]"), b"[1]");
+        assert_eq!(&*s.feed(b"[1]"), b"[1]");
     }
 
     #[test]

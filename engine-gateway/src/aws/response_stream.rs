@@ -16,7 +16,6 @@ use super::AwsClients;
 use super::registry::DynamoRegistry;
 use crate::channels::ChannelFrame;
 use crate::protocol::{ErrorBody, codes};
-use crate::registry::Registry;
 use aws_sdk_lambda::primitives::Blob;
 use aws_sdk_lambda::types::InvokeWithResponseStreamResponseEvent as Event;
 use serde_json::{Value, json};
@@ -104,14 +103,16 @@ impl Lines {
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, ErrorBody> {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        while let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
-            let rest = self.buf.split_off(i + 1);
-            let mut line = std::mem::replace(&mut self.buf, rest);
-            line.pop();
+        // One pass over what arrived; the consumed lines leave the buffer in one drain.
+        let mut start = 0;
+        while let Some(i) = self.buf[start..].iter().position(|b| *b == b'\n') {
+            let line = &self.buf[start..start + i];
             if !line.iter().all(u8::is_ascii_whitespace) {
-                out.push(line);
+                out.push(line.to_vec());
             }
+            start += i + 1;
         }
+        self.buf.drain(..start);
         if self.buf.len() > MAX_LINE_BYTES {
             return Err(ErrorBody::new(
                 codes::INVALID_MESSAGE,
@@ -128,25 +129,6 @@ impl Lines {
     }
 }
 
-/// The Lambda that serves `function_id`, from the registry.
-pub async fn lambda_of(registry: &DynamoRegistry, function_id: &str) -> Result<String, ErrorBody> {
-    let target = registry
-        .get("function", function_id)
-        .await
-        .map_err(|e| ErrorBody::new("storage_error", format!("registry: {e}")))?;
-    target
-        .as_ref()
-        .and_then(|(_, b)| b["lambda"].as_str().map(str::to_owned))
-        .ok_or_else(|| {
-            ErrorBody::new(
-                codes::FUNCTION_NOT_FOUND,
-                format!(
-                    "no Lambda serves `{function_id}` (deployed workers are found through `engine-gateway register-lambda`)"
-                ),
-            )
-        })
-}
-
 /// Call `function_id` with `InvokeWithResponseStream`: its frames go to `frames` as they
 /// arrive (dropped once the reader is gone), and its answer is returned. The frames' sender
 /// is dropped at the end, which the reader sees as the channel closing.
@@ -159,7 +141,8 @@ pub async fn call_function_streaming(
     baggage: Option<String>,
     frames: mpsc::Sender<ChannelFrame>,
 ) -> Result<Value, ErrorBody> {
-    let lambda = lambda_of(registry, function_id).await?;
+    let record = super::router::function_record(registry, function_id).await?;
+    let lambda = super::router::lambda_named(record.as_ref(), function_id)?;
     invoke_streaming(
         clients,
         &lambda,
@@ -182,13 +165,8 @@ pub async fn invoke_streaming(
     baggage: Option<String>,
     frames: mpsc::Sender<ChannelFrame>,
 ) -> Result<Value, ErrorBody> {
-    let envelope = json!({
-        "function_id": function_id,
-        "data": data,
-        "traceparent": traceparent,
-        "baggage": baggage,
-        RESPONSE_STREAM_FIELD: true,
-    });
+    let mut envelope = super::router::envelope(function_id, data, traceparent, baggage);
+    envelope[RESPONSE_STREAM_FIELD] = json!(true);
     let failed = |what: String| ErrorBody::new(codes::INVOCATION_ERROR, what);
     let mut out = clients
         .lambda

@@ -97,6 +97,44 @@ fn not_started<R>(
     })
 }
 
+/// The registry's record of `function_id` (its owner and body), if any.
+pub async fn function_record(
+    registry: &DynamoRegistry,
+    function_id: &str,
+) -> Result<Option<(String, Value)>, ErrorBody> {
+    registry
+        .get("function", function_id)
+        .await
+        .map_err(|e| ErrorBody::new("storage_error", format!("registry: {e}")))
+}
+
+/// The Lambda a function record names, or why none does.
+pub fn lambda_named(
+    record: Option<&(String, Value)>,
+    function_id: &str,
+) -> Result<String, ErrorBody> {
+    record
+        .and_then(|(_, b)| b["lambda"].as_str().map(str::to_owned))
+        .ok_or_else(|| {
+            ErrorBody::new(
+                codes::FUNCTION_NOT_FOUND,
+                format!(
+                    "no Lambda serves `{function_id}` (deployed workers are found through `engine-gateway register-lambda`)"
+                ),
+            )
+        })
+}
+
+/// The bus envelope a worker's Lambda answers (`harness_sdk::lambda`).
+pub fn envelope(
+    function_id: &str,
+    data: Value,
+    traceparent: Option<String>,
+    baggage: Option<String>,
+) -> Value {
+    json!({"function_id": function_id, "data": data, "traceparent": traceparent, "baggage": baggage})
+}
+
 /// Call a function that a Lambda serves: registry lookup, then `Invoke` with the envelope.
 pub async fn call_function(
     clients: &AwsClients,
@@ -135,29 +173,16 @@ pub async fn call_function_as(
             return answer;
         }
     }
-    let target = registry
-        .get("function", function_id)
-        .await
-        .map_err(|e| ErrorBody::new("storage_error", format!("registry: {e}")))?;
+    let target = function_record(registry, function_id).await?;
     let public = target
         .as_ref()
         .is_some_and(|(_, b)| crate::access::is_public(b.get("metadata")));
     principal.may_call(function_id, public)?;
-    let Some(lambda) = target
-        .as_ref()
-        .and_then(|(_, b)| b["lambda"].as_str().map(str::to_owned))
-    else {
-        return Err(ErrorBody::new(
-            codes::FUNCTION_NOT_FOUND,
-            format!(
-                "no Lambda serves `{function_id}` (deployed workers are found through `engine-gateway register-lambda`)"
-            ),
-        ));
-    };
+    let lambda = lambda_named(target.as_ref(), function_id)?;
     let answer = invoke(
         clients,
         &lambda,
-        &json!({"function_id": function_id, "data": data, "traceparent": traceparent, "baggage": baggage}),
+        &envelope(function_id, data, traceparent, baggage),
     )
     .await?;
     if let Some(err) = answer.get("error").filter(|e| !e.is_null()) {
