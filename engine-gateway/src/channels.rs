@@ -95,6 +95,27 @@ impl ChannelHub {
         )
     }
 
+    /// Hold `tx` as the writer end of `channel`, a channel created elsewhere whose writer is
+    /// in this process (a Lambda answering in streaming mode): `attach_writer` with its key
+    /// takes it, once. There is no reader end here.
+    pub fn adopt_writer(&self, channel: &ChannelRef, tx: mpsc::Sender<ChannelFrame>) {
+        self.lock().insert(
+            channel.channel_id.clone(),
+            Slot {
+                write_key: channel.access_key.clone(),
+                read_key: String::new(),
+                created: Instant::now(),
+                tx: Some(tx),
+                rx: None,
+            },
+        );
+    }
+
+    /// Drop a channel, attached or not → whether it was there.
+    pub fn remove(&self, id: &str) -> bool {
+        self.lock().remove(id).is_some()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -181,6 +202,33 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_adopted_writer_is_taken_once_with_its_key() {
+        let hub = ChannelHub::default();
+        let r = ChannelRef {
+            channel_id: "c".into(),
+            access_key: "k".into(),
+            direction: Direction::Write,
+        };
+        let (tx, mut rx) = mpsc::channel(1);
+        hub.adopt_writer(&r, tx);
+        assert_eq!(
+            hub.attach_writer("c", "wrong").unwrap_err(),
+            ChannelError::Forbidden("c".into())
+        );
+        assert!(matches!(
+            hub.attach_reader("c", ""),
+            Err(ChannelError::AlreadyAttached(..))
+        ));
+        let tx = hub.attach_writer("c", "k").unwrap();
+        assert_eq!(hub.open_count(), 0, "taken: gone from the hub");
+        tx.send(ChannelFrame::Text("a".into())).await.unwrap();
+        assert_eq!(rx.recv().await, Some(ChannelFrame::Text("a".into())));
+        let (tx, _rx) = mpsc::channel(1);
+        hub.adopt_writer(&r, tx);
+        assert!(hub.remove("c") && !hub.remove("c"));
+    }
 
     #[tokio::test]
     async fn ends_attach_once_and_writer_close_ends_stream() {

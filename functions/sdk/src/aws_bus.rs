@@ -6,18 +6,13 @@
 
 use async_trait::async_trait;
 use engine_gateway::aws::{AwsClients, AwsNames};
-use engine_gateway::channels::ChannelRef;
-use engine_gateway::channels::{
-    ChannelFrame, DEFAULT_BUFFER, Direction, MAX_BUFFER, UNATTACHED_TTL,
-};
+use engine_gateway::channels::{ChannelFrame, ChannelHub, ChannelRef, UNATTACHED_TTL};
 use engine_gateway::protocol::ErrorBody;
 use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
 use engine_gateway::state::WriteMeta;
 use engine_gateway::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::bus::{Bus, EnqueueOptions};
@@ -29,21 +24,14 @@ pub struct AwsBus {
     queues: engine_gateway::aws::queues::SqsQueues,
     clients: AwsClients,
     registry: engine_gateway::aws::registry::DynamoRegistry,
-    channels: Mutex<HashMap<String, LocalChannel>>,
+    /// Channels this Lambda created (there is no engine to hold one): the engine's own hub,
+    /// whose reader is read here and whose writer is the response stream of the function the
+    /// writer ref is handed to (`InvokeWithResponseStream`; see
+    /// `engine_gateway::aws::response_stream`).
+    channels: ChannelHub,
     /// `stream::send` pushes through the WebSocket API's management endpoint
     /// (`WS_MANAGEMENT_ENDPOINT`); without one it answers with an error saying so.
     connections: Option<engine_gateway::aws::connections::Connections>,
-}
-
-/// A channel this Lambda created (there is no engine to hold one): its reader is read here,
-/// and its writer is the response stream of the function the writer ref is handed to
-/// (`InvokeWithResponseStream`; see `engine_gateway::aws::response_stream`).
-struct LocalChannel {
-    writer_key: String,
-    reader_key: String,
-    tx: Option<mpsc::Sender<ChannelFrame>>,
-    rx: Option<mpsc::Receiver<ChannelFrame>>,
-    created: Instant,
 }
 
 /// Most channels one Lambda instance holds unattached at once.
@@ -55,7 +43,7 @@ impl AwsBus {
             state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
             registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
             queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names),
-            channels: Mutex::new(HashMap::new()),
+            channels: ChannelHub::default(),
             connections: None,
             clients,
         }
@@ -149,63 +137,36 @@ impl AwsBus {
 }
 
 impl AwsBus {
-    fn local_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalChannel>> {
-        self.channels.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// `engine::channels::create`, answered here in the engine's shape.
     fn create_channel(&self, data: &Value) -> Result<Value, ErrorBody> {
-        let buffer = match data.get("buffer_size") {
-            None | Some(Value::Null) => DEFAULT_BUFFER,
-            Some(v) => v
-                .as_u64()
-                .filter(|n| *n >= 1)
-                .map(|n| (n as usize).min(MAX_BUFFER))
-                .ok_or_else(|| ErrorBody::invalid("`buffer_size` must be a positive integer"))?,
+        let buffer = match engine_gateway::builtins::opt_u64(data, "buffer_size")? {
+            None => None,
+            Some(0) => {
+                return Err(ErrorBody::invalid(
+                    "`buffer_size` must be a positive integer",
+                ));
+            }
+            Some(n) => Some(n as usize),
         };
-        let mut channels = self.local_channels();
         // Channels never attached expire, as on the engine.
-        channels.retain(|_, c| c.created.elapsed() < UNATTACHED_TTL);
-        if channels.len() >= MAX_LOCAL_CHANNELS {
+        self.channels.sweep(UNATTACHED_TTL);
+        if self.channels.open_count() >= MAX_LOCAL_CHANNELS {
             return Err(ErrorBody::new(
                 "resource_exhausted",
                 format!("{MAX_LOCAL_CHANNELS} channels are open in this Lambda"),
             ));
         }
-        let key = || uuid::Uuid::new_v4().simple().to_string();
-        let id = format!("lambda-{}", key());
-        let (tx, rx) = mpsc::channel(buffer);
-        let (writer_key, reader_key) = (key(), key());
-        let refs = json!({
-            "writer": ChannelRef { channel_id: id.clone(), access_key: writer_key.clone(), direction: Direction::Write },
-            "reader": ChannelRef { channel_id: id.clone(), access_key: reader_key.clone(), direction: Direction::Read },
-        });
-        channels.insert(
-            id,
-            LocalChannel {
-                writer_key,
-                reader_key,
-                tx: Some(tx),
-                rx: Some(rx),
-                created: Instant::now(),
-            },
-        );
-        Ok(refs)
+        let (writer, reader) = self.channels.create(buffer);
+        Ok(json!({"writer": writer, "reader": reader}))
     }
 
-    /// The writer end of a local channel whose ref `data.writer_ref` carries (once).
+    /// The writer end of a channel of this Lambda's whose ref `data.writer_ref` carries
+    /// (once); `None` for any other call.
     fn writer_of(&self, data: &Value) -> Option<mpsc::Sender<ChannelFrame>> {
         let r: ChannelRef = serde_json::from_value(data.get("writer_ref")?.clone()).ok()?;
-        let mut channels = self.local_channels();
-        let c = channels.get_mut(&r.channel_id)?;
-        if c.writer_key != r.access_key {
-            return None;
-        }
-        let tx = c.tx.take();
-        if c.rx.is_none() {
-            channels.remove(&r.channel_id);
-        }
-        tx
+        self.channels
+            .attach_writer(&r.channel_id, &r.access_key)
+            .ok()
     }
 
     /// `stream::*` on the state table, with the engine's keys (`$stream:<name>`,
@@ -382,22 +343,10 @@ impl Bus for AwsBus {
     }
 
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
-        let mut channels = self.local_channels();
-        let refused = || {
-            BusError::InvalidMessage(format!(
-                "channel `{}` is not one this Lambda created, its key is wrong, or its reader is attached already",
-                channel.channel_id
-            ))
-        };
-        let c = channels.get_mut(&channel.channel_id).ok_or_else(refused)?;
-        if c.reader_key != channel.access_key {
-            return Err(refused());
-        }
-        let rx = c.rx.take().ok_or_else(refused)?;
-        if c.tx.is_none() {
-            channels.remove(&channel.channel_id);
-        }
-        Ok(ChannelReader::Local(rx))
+        self.channels
+            .attach_reader(&channel.channel_id, &channel.access_key)
+            .map(ChannelReader::Local)
+            .map_err(|e| BusError::InvalidMessage(format!("{e} (in this Lambda)")))
     }
 
     fn report_span(&self, _span: Span) {

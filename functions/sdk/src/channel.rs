@@ -1,52 +1,38 @@
 //! Channel ends as a worker sees them: in process (the engine's hub) or over a WebSocket.
 
-use engine_gateway::channels::ChannelFrame;
+use engine_gateway::channels::{ChannelFrame, ChannelHub, ChannelRef};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
+use std::sync::LazyLock;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::error::BusError;
-use engine_gateway::channels::ChannelRef;
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 /// The writer ends of this process's response streams (a Lambda answering an invocation in
-/// streaming mode), by channel id and access key: opening such a ref writes into the
-/// response, whatever the bus (see `engine_gateway::aws::response_stream`).
-static RESPONSE_STREAMS: Mutex<Option<ResponseStreams>> = Mutex::new(None);
-
-/// Channel id → (access key, the response stream's frame sender).
-type ResponseStreams = HashMap<String, (String, mpsc::Sender<ChannelFrame>)>;
-
-fn response_streams<T>(f: impl FnOnce(&mut ResponseStreams) -> T) -> T {
-    let mut g = RESPONSE_STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    f(g.get_or_insert_with(HashMap::new))
-}
+/// streaming mode), held by the engine's channel hub under the caller's channel id and key:
+/// opening such a ref writes into the response, whatever the bus (see
+/// `engine_gateway::aws::response_stream`).
+static RESPONSE_STREAMS: LazyLock<ChannelHub> = LazyLock::new(ChannelHub::default);
 
 /// Make `channel` write into a response stream (until it is taken or forgotten).
 pub(crate) fn register_response_stream(channel: &ChannelRef, tx: mpsc::Sender<ChannelFrame>) {
-    response_streams(|m| m.insert(channel.channel_id.clone(), (channel.access_key.clone(), tx)));
+    RESPONSE_STREAMS.adopt_writer(channel, tx);
 }
 
 /// The writer for `channel` if it is one of this process's response streams (once).
 pub(crate) fn take_response_stream(channel: &ChannelRef) -> Option<ChannelWriter> {
-    response_streams(|m| {
-        let matches = m
-            .get(&channel.channel_id)
-            .is_some_and(|(key, _)| *key == channel.access_key);
-        matches
-            .then(|| m.remove(&channel.channel_id))
-            .flatten()
-            .map(|(_, tx)| ChannelWriter::Local(tx))
-    })
+    RESPONSE_STREAMS
+        .attach_writer(&channel.channel_id, &channel.access_key)
+        .ok()
+        .map(ChannelWriter::Local)
 }
 
 /// The invocation ended: a stream its function never opened is closed.
 pub(crate) fn forget_response_stream(channel_id: &str) {
-    response_streams(|m| m.remove(channel_id));
+    RESPONSE_STREAMS.remove(channel_id);
 }
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;

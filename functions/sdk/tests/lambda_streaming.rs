@@ -196,6 +196,18 @@ async fn aws_bus_reads_a_channel_from_the_writers_response_stream() {
     let bus: Arc<dyn harness_sdk::Bus> =
         Arc::new(harness_sdk::aws_bus::AwsBus::new(clients, names));
     let ctx = harness_sdk::Ctx::root(bus);
+    // Hostile sizes are named.
+    for bad in [
+        json!({"buffer_size": "big"}),
+        json!({"buffer_size": -1}),
+        json!({"buffer_size": 0}),
+    ] {
+        let e = ctx
+            .trigger("engine::channels::create", bad.clone())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("buffer_size"), "{bad}: {e}");
+    }
     let (writer, reader) = ctx.create_channel(Some(4)).await.unwrap();
     let mut reader = ctx.open_reader(&reader).await.unwrap();
     // A second reader, or a wrong key, is refused by name.
