@@ -102,6 +102,13 @@ impl Closing {
     }
 }
 
+/// Who a connection is, from its upgrade on.
+struct Peer {
+    id: String,
+    source_ip: String,
+    connected_at_ms: u64,
+}
+
 struct Connection {
     tx: mpsc::Sender<WsMessage>,
     closing: Arc<Closing>,
@@ -195,17 +202,15 @@ impl WebSocketApi {
         })
     }
 
-    fn event(&self, kind: &str, route: &str, id: &str, extra: Value) -> Value {
-        let (source_ip, connected_at) = self
-            .conns()
-            .get(id)
-            .map(|c| (c.source_ip.clone(), c.connected_at_ms))
-            .unwrap_or_default();
+    /// An event of `peer`'s connection (its identity is the connection's own, known from the
+    /// upgrade on, so `$disconnect` carries it too).
+    fn event(&self, kind: &str, route: &str, peer: &Peer, extra: Value) -> Value {
+        let (source_ip, connected_at) = (&peer.source_ip, peer.connected_at_ms);
         let mut e = json!({
             "requestContext": {
                 "routeKey": route,
                 "eventType": kind,
-                "connectionId": id,
+                "connectionId": peer.id,
                 "stage": self.cfg.stage,
                 "apiId": self.cfg.api_id,
                 "domainName": format!("{}.execute-api.local", self.cfg.api_id),
@@ -250,12 +255,17 @@ impl WebSocketApi {
     #[allow(clippy::result_large_err)]
     async fn connection(self: Arc<Self>, stream: TcpStream, addr: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let id = connection_id();
+        let peer = Arc::new(Peer {
+            id: connection_id(),
+            source_ip: addr.ip().to_string(),
+            connected_at_ms: now_ms(),
+        });
+        let id = peer.id.clone();
         let ws_config = WebSocketConfig::default()
             .max_message_size(Some(self.cfg.max_message_bytes))
             .max_frame_size(Some(self.cfg.max_frame_bytes));
         let api = self.clone();
-        let cid = id.clone();
+        let connecting = peer.clone();
         let agent: Arc<Mutex<String>> = Arc::default();
         let agent_cb = agent.clone();
         // `$connect` decides the upgrade, so the integration is called inside the handshake
@@ -271,13 +281,12 @@ impl WebSocketApi {
             let event = api.event(
                 "CONNECT",
                 "$connect",
-                &cid,
+                &connecting,
                 json!({
                     "headers": headers,
                     "multiValueHeaders": multi,
                     "queryStringParameters": query,
                     "multiValueQueryStringParameters": multi_query,
-                    "requestContext": {"identity": {"sourceIp": addr.ip().to_string()}, "connectedAt": now_ms()},
                 }),
             );
             let status = match tokio::runtime::Handle::try_current() {
@@ -310,9 +319,9 @@ impl WebSocketApi {
             Connection {
                 tx: tx.clone(),
                 closing: closing.clone(),
-                connected_at_ms: now_ms(),
+                connected_at_ms: peer.connected_at_ms,
                 last_active_ms: last_active.clone(),
-                source_ip: addr.ip().to_string(),
+                source_ip: peer.source_ip.clone(),
                 user_agent: agent.lock().map(|a| a.clone()).unwrap_or_default(),
             },
         );
@@ -374,7 +383,7 @@ impl WebSocketApi {
             let event = self.event(
                 "MESSAGE",
                 &route,
-                &id,
+                &peer,
                 json!({"body": body, "isBase64Encoded": base64, "requestContext": {"messageId": uuid::Uuid::new_v4().simple().to_string()}}),
             );
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -394,7 +403,7 @@ impl WebSocketApi {
         let event = self.event(
             "DISCONNECT",
             "$disconnect",
-            &id,
+            &peer,
             json!({"requestContext": {"disconnectStatusCode": status, "disconnectReason": reason}}),
         );
         if let Err(e) = self.target.invoke(&event).await {

@@ -232,6 +232,19 @@ async fn routes_the_management_api_and_the_limits() {
         assert!(tokio::time::Instant::now() < deadline, "$disconnect");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let gone = router
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|e| e["requestContext"]["eventType"] == "DISCONNECT")
+        .cloned()
+        .unwrap();
+    let rc = &gone["requestContext"];
+    assert_eq!(rc["connectionId"], id.as_str(), "{gone}");
+    assert_eq!(rc["identity"]["sourceIp"], "127.0.0.1", "{gone}");
+    assert_eq!(rc["connectedAt"], connect["requestContext"]["connectedAt"]);
+    assert_eq!(rc["disconnectStatusCode"], 1000, "{gone}");
 
     // A message over 128 KB closes the connection with 1009.
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("{url}/?token=tok"))
