@@ -404,9 +404,9 @@ impl Sandbox {
 
     /// Run `true` through the chosen isolation.
     fn try_true(&self) -> Result<(), String> {
-        let cmd = self.std_command("true", false).map_err(|e| e.to_string())?;
-        let mut cmd = cmd;
-        let out = cmd
+        let out = self
+            .std_command("true", false)
+            .map_err(|e| e.to_string())?
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
