@@ -465,7 +465,8 @@ async fn a_command_cannot_signal_another_or_the_sandbox() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         // (kill -1 answers 0 even when every target refused: EPERM is not reported for it.)
-        let r = exec(&tools, "kill -9 -1; echo done").await;
+        // The pause gives a killed waiter time to take its command with it.
+        let r = exec(&tools, "kill -9 -1; sleep 0.5; echo done").await;
         assert_eq!(r["stdout"], "done\n", "{iso:?}: {r}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         assert!(

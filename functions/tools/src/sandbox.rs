@@ -594,8 +594,8 @@ impl Sandbox {
     }
 
     /// Limits, a new session, death with the harness, the namespaces (entered, then the
-    /// working directory again), no_new_privs, Landlock, seccomp, the unprivileged uid, and
-    /// the waiter ([`crate::waiter`]).
+    /// working directory again), no_new_privs, the unprivileged uid, the waiter
+    /// ([`crate::waiter`]), then, in the command alone, Landlock and seccomp.
     fn apply_process_layers(
         &self,
         cmd: &mut std::process::Command,
@@ -653,11 +653,14 @@ impl Sandbox {
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                crate::waiter::fork_waiter(harness)?;
+                // Only the command is confined by Landlock and seccomp, not its waiter: in
+                // the command's own Landlock domain, `kill -9 -1` cannot reach the waiter
+                // (whose death would end the command too).
                 if let Some(rules) = &landlock {
                     rules.restrict_self()?;
                 }
-                crate::seccomp::install(&filter)?;
-                crate::waiter::fork_waiter(harness)
+                crate::seccomp::install(&filter)
             });
         }
     }

@@ -27,8 +27,9 @@ extern "C" fn kill_own_group(_: libc::c_int) {
 /// child. Returns in the grandchild, which goes on to exec; the waiter never returns.
 ///
 /// # Safety
-/// Call only in a single-threaded child (after fork), before exec, after the filters and
-/// namespaces that the command must inherit are in place.
+/// Call only in a single-threaded child (after fork), before exec, after the namespaces
+/// and limits that the command must inherit are in place. What must confine the command but
+/// not the waiter (its Landlock domain, seccomp) goes after, in the grandchild.
 pub unsafe fn fork_waiter(harness: libc::pid_t) -> std::io::Result<()> {
     // SAFETY: system calls only, in a single-threaded child.
     unsafe {
