@@ -29,7 +29,13 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 async fn run_session(ctx: &Ctx, sid: &str) -> Duration {
+    run_session_counting_polls(ctx, sid).await.0
+}
+
+/// The session's time and how many times it asked for the turn's state.
+async fn run_session_counting_polls(ctx: &Ctx, sid: &str) -> (Duration, u64) {
     let t0 = Instant::now();
+    let mut polls = 0;
     let r = ctx
         .trigger("harness::trigger", json!({"session_id": sid, "payload": {"provider": "scripted", "model": "bench", "max_turns": 10_000,
             "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
@@ -37,12 +43,13 @@ async fn run_session(ctx: &Ctx, sid: &str) -> Duration {
         .expect("start");
     assert_eq!(r["status_code"], 200, "{r}");
     loop {
+        polls += 1;
         let v = ctx
             .trigger("turn::get_state", json!({"session_id": sid}))
             .await
             .expect("state");
         match v["state"].as_str() {
-            Some("stopped") => return t0.elapsed(),
+            Some("stopped") => return (t0.elapsed(), polls),
             Some("failed") => panic!("session failed: {v}"),
             // Polling is the bench's own load: gentle on the emulator, whose calls cost
             // milliseconds each.
@@ -165,6 +172,55 @@ fn timeline(spans: &[serde_json::Value]) {
     }
 }
 
+/// Pollers run on a clock, not per tool call: their calls are shown per second instead.
+const POLLING: [&str; 5] = [
+    "DynamoDB Streams.GetRecords",
+    "DynamoDB Streams.GetShardIterator",
+    "DynamoDB Streams.DescribeStream",
+    "DynamoDB Streams.ListStreams",
+    "SQS.ReceiveMessage",
+];
+
+/// The AWS API calls of one session, per tool call, by operation (counted by the SDK
+/// interceptor on every client), less what the bench's own `turn::get_state` polls cost.
+async fn api_calls_per_tool_call(ctx: &Ctx, k: usize) {
+    use engine_gateway::aws::api_calls;
+    let before = api_calls::snapshot();
+    let (took, polls) = run_session_counting_polls(ctx, "api-calls").await;
+    let session = api_calls::since(&before);
+    let before = api_calls::snapshot();
+    let probes = 20;
+    for _ in 0..probes {
+        ctx.trigger("turn::get_state", json!({"session_id": "api-calls"}))
+            .await
+            .expect("state");
+    }
+    let per_poll = api_calls::since(&before);
+    println!(
+        "\n## AWS API calls per tool call (K = {k}, SDK interceptor, {polls} state polls of the bench taken out)\n"
+    );
+    println!("operation | calls per tool call");
+    println!("--- | ---");
+    let (mut critical, mut polling) = (0.0, 0.0);
+    for (op, n) in &session {
+        if POLLING.contains(&op.as_str()) {
+            polling += *n as f64;
+            continue;
+        }
+        let bench = per_poll.get(op).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
+        let mine = (*n as f64 - bench).max(0.0) / k as f64;
+        critical += mine;
+        if mine >= 0.005 {
+            println!("{op} | {mine:.2}");
+        }
+    }
+    println!("**all, on the critical path** | **{critical:.2}**");
+    println!(
+        "pollers (Streams, SQS long polls), per second of the session | {:.1}",
+        polling / took.as_secs_f64()
+    );
+}
+
 fn poll_interval() -> Duration {
     if std::env::var("BENCH_BACKEND").is_ok_and(|b| b == "aws") {
         Duration::from_millis(50)
@@ -280,6 +336,10 @@ async fn main() {
         "harness overhead per model turn, p50 | {:.2} ms",
         p50(&mut per_turn)
     );
+
+    if backend == "aws" {
+        api_calls_per_tool_call(&ctx, k).await;
+    }
 
     if std::env::var("BENCH_BREAKDOWN").is_ok() {
         breakdown(&ctx, &format!("seq-{}", sessions - 1), k).await;

@@ -2,7 +2,8 @@
 //! `infra/template.yaml` declares exactly the tables, queues (with their DLQs and settings)
 //! and secrets of `localstack/resources.json` (itself checked against the code), every
 //! function's memory and timeout are its crate's `[package.metadata.lambda.deploy]`, and
-//! every worker binary is deployed.
+//! every worker binary is deployed, and every variable a deployed function reads is documented
+//! in infra/README.md and set by the template where that table says.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -296,4 +297,230 @@ fn every_worker_is_deployed_with_its_crate_settings() {
         stream["FunctionResponseTypes"][0],
         "ReportBatchItemFailures"
     );
+}
+
+/// Files of the engine crate that never run inside a Lambda: the engine server and the local
+/// emulators of Lambda, API Gateway, event-source mappings and Function URLs.
+const NOT_IN_A_LAMBDA: [&str; 8] = [
+    "engine-gateway/src/main.rs",
+    "engine-gateway/src/server.rs",
+    "engine-gateway/src/lambda_host.rs",
+    "engine-gateway/src/deployed.rs",
+    "engine-gateway/src/apigw_ws.rs",
+    "engine-gateway/src/mappings.rs",
+    "engine-gateway/src/function_url.rs",
+    "engine-gateway/src/bin",
+];
+
+/// Variables the Lambda service sets itself.
+const SET_BY_LAMBDA: [&str; 3] = [
+    "AWS_LAMBDA_RUNTIME_API",
+    "AWS_REGION",
+    "AWS_LAMBDA_FUNCTION_NAME",
+];
+
+/// Every workspace crate: package name → (directory, workspace crates it depends on).
+fn workspace_crates() -> BTreeMap<String, (std::path::PathBuf, Vec<String>)> {
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir("functions")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.push("engine-gateway".into());
+    let mut out = BTreeMap::new();
+    for dir in dirs {
+        let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let manifest: toml_like::Manifest = toml_like::parse(&text);
+        out.insert(manifest.name, (dir, manifest.dependencies));
+    }
+    let names: BTreeSet<String> = out.keys().cloned().collect();
+    for (_, deps) in out.values_mut() {
+        deps.retain(|d| names.contains(d));
+    }
+    out
+}
+
+/// Just enough of Cargo.toml: the package name and the `[dependencies]` keys.
+mod toml_like {
+    pub struct Manifest {
+        pub name: String,
+        pub dependencies: Vec<String>,
+    }
+    pub fn parse(text: &str) -> Manifest {
+        let (mut section, mut name, mut dependencies) = (String::new(), String::new(), Vec::new());
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                section = line.to_string();
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            let k = k.trim().trim_end_matches(".workspace").to_string();
+            match section.as_str() {
+                "[package]" if k == "name" => name = v.trim().trim_matches('"').to_string(),
+                "[dependencies]" => dependencies.push(k),
+                _ => {}
+            }
+        }
+        Manifest { name, dependencies }
+    }
+}
+
+/// The environment variables named in a crate's code (tests left out), each with the first
+/// file naming it. `library_only`: a dependency, whose own binaries are not this function.
+fn variables_named(dir: &Path, library_only: bool, out: &mut BTreeMap<String, String>) {
+    let re = regex::Regex::new(r#""((?:ENGINE|HARNESS|SLACK|WS|OTEL|MODELS|AWS|RUST|ANTHROPIC|OPENAI|KIMI|MOONSHOT|LMSTUDIO)_[A-Z0-9_]+)""#).unwrap();
+    let mut stack = vec![dir.join("src")];
+    while let Some(p) = stack.pop() {
+        let shown = p.to_string_lossy().replace('\\', "/");
+        if NOT_IN_A_LAMBDA.iter().any(|x| shown == *x)
+            || (library_only && (shown.ends_with("src/main.rs") || shown.ends_with("src/bin")))
+        {
+            continue;
+        }
+        if p.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+            continue;
+        }
+        if p.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        // Unit tests sit at the end of a file, behind `#[cfg(test)]`.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for c in re.captures_iter(code) {
+            out.entry(c[1].to_string()).or_insert_with(|| shown.clone());
+        }
+    }
+}
+
+/// The variables one deployed binary's code names: its crate and the workspace crates it
+/// depends on.
+fn variables_of_binary(binary: &str) -> BTreeMap<String, String> {
+    let crates = workspace_crates();
+    let root = crates
+        .iter()
+        .find(|(name, (dir, _))| {
+            *name == binary
+                || std::fs::read_to_string(dir.join("Cargo.toml"))
+                    .unwrap()
+                    .contains(&format!("name = \"{binary}\""))
+        })
+        .map(|(name, _)| name.clone())
+        .unwrap_or_else(|| panic!("no crate builds `{binary}`"));
+    let mut out = BTreeMap::new();
+    let (mut seen, mut todo) = (BTreeSet::new(), vec![root.clone()]);
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let (dir, deps) = &crates[&name];
+        variables_named(dir, name != root || binary == "engine-lambda", &mut out);
+        todo.extend(deps.iter().cloned());
+    }
+    if binary == "engine-lambda" {
+        let mut own = BTreeMap::new();
+        let text = std::fs::read_to_string("engine-gateway/src/bin/engine-lambda.rs").unwrap();
+        let re = regex::Regex::new(r#""([A-Z]+_[A-Z0-9_]+)""#).unwrap();
+        for c in re.captures_iter(&text) {
+            own.insert(
+                c[1].to_string(),
+                "engine-gateway/src/bin/engine-lambda.rs".to_string(),
+            );
+        }
+        out.extend(own);
+    }
+    for v in SET_BY_LAMBDA {
+        out.remove(v);
+    }
+    out
+}
+
+/// `infra/README.md`'s table of variables: name → the functions the template sets it for
+/// (`all` for the template's globals).
+fn documented_variables() -> BTreeMap<String, BTreeSet<String>> {
+    let text = std::fs::read_to_string("infra/README.md").unwrap();
+    let table = text
+        .split("## Variables")
+        .nth(1)
+        .expect("infra/README.md has a `## Variables` section");
+    let mut out = BTreeMap::new();
+    for line in table.lines().take_while(|l| !l.starts_with("## ")) {
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        let (Some(name), Some(set_for)) = (cells.first(), cells.last()) else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else {
+            continue;
+        };
+        let set_for: BTreeSet<String> = set_for
+            .split(',')
+            .map(|s| s.trim().trim_matches('`').to_string())
+            .filter(|s| !s.is_empty() && s != "—")
+            .collect();
+        out.insert(name.to_string(), set_for);
+    }
+    out
+}
+
+#[test]
+fn every_variable_a_function_reads_is_documented_and_set_where_it_must_be() {
+    let t = template();
+    let globals: BTreeSet<String> = t["Globals"]["Function"]["Environment"]["Variables"]
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    let documented = documented_variables();
+    let mut problems = Vec::new();
+    let mut read_anywhere = BTreeSet::new();
+    for (id, f) in resources_of(&t, "AWS::Serverless::Function") {
+        let binary = f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
+        let reads = variables_of_binary(binary);
+        let own: BTreeSet<String> = f["Properties"]["Environment"]["Variables"]
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        for (var, file) in &reads {
+            read_anywhere.insert(var.clone());
+            match documented.get(var) {
+                None => problems.push(format!(
+                    "{id} reads {var} ({file}), which infra/README.md's variables table does not list"
+                )),
+                Some(set_for) => {
+                    let must = set_for.contains("all") || set_for.contains(id.as_str());
+                    let is = globals.contains(var) || own.contains(var);
+                    if must && !is {
+                        problems.push(format!("{id}: the template does not set {var}"));
+                    }
+                    if is && !must {
+                        problems.push(format!(
+                            "{id}: the template sets {var}, which the table says is not set for it"
+                        ));
+                    }
+                }
+            }
+        }
+        for var in &own {
+            if !reads.contains_key(var) {
+                problems.push(format!(
+                    "{id}: the template sets {var}, which no code of `{binary}` reads"
+                ));
+            }
+        }
+    }
+    for var in globals.iter().chain(documented.keys()) {
+        if !read_anywhere.contains(var) {
+            problems.push(format!(
+                "{var} is set or documented, but no deployed function reads it"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

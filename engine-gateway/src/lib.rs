@@ -19,6 +19,7 @@ pub mod events;
 pub mod function_url;
 pub mod lambda_host;
 pub mod lambda_stream;
+pub mod logging;
 pub mod mappings;
 pub mod protocol;
 pub mod queue;

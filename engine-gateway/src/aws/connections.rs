@@ -42,6 +42,7 @@ impl Connections {
     pub fn new(clients: &AwsClients, registry: DynamoRegistry, endpoint: &str) -> Self {
         let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&clients.config)
             .endpoint_url(endpoint)
+            .interceptor(super::api_calls::CountCalls)
             .build();
         Self {
             client: aws_sdk_apigatewaymanagement::Client::from_conf(conf),

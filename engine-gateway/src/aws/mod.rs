@@ -2,6 +2,7 @@
 //! secrets in Secrets Manager, registries in DynamoDB. Configured by the standard AWS
 //! environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, credentials) plus a name prefix.
 
+pub mod api_calls;
 pub mod catalogue;
 pub mod changes;
 pub mod connections;
@@ -119,11 +120,28 @@ impl AwsClients {
 
     /// Clients for a configuration built elsewhere (tests give static credentials).
     pub fn from_config(cfg: aws_config::SdkConfig) -> Self {
+        use api_calls::CountCalls;
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(&cfg),
-            streams: aws_sdk_dynamodbstreams::Client::new(&cfg),
-            sqs: aws_sdk_sqs::Client::new(&cfg),
-            secrets: aws_sdk_secretsmanager::Client::new(&cfg),
+            dynamodb: aws_sdk_dynamodb::Client::from_conf(
+                aws_sdk_dynamodb::config::Builder::from(&cfg)
+                    .interceptor(CountCalls)
+                    .build(),
+            ),
+            streams: aws_sdk_dynamodbstreams::Client::from_conf(
+                aws_sdk_dynamodbstreams::config::Builder::from(&cfg)
+                    .interceptor(CountCalls)
+                    .build(),
+            ),
+            sqs: aws_sdk_sqs::Client::from_conf(
+                aws_sdk_sqs::config::Builder::from(&cfg)
+                    .interceptor(CountCalls)
+                    .build(),
+            ),
+            secrets: aws_sdk_secretsmanager::Client::from_conf(
+                aws_sdk_secretsmanager::config::Builder::from(&cfg)
+                    .interceptor(CountCalls)
+                    .build(),
+            ),
             lambda: lambda_client(&cfg, None),
             config: cfg,
         }
@@ -145,6 +163,7 @@ pub fn lambda_client(
 ) -> aws_sdk_lambda::Client {
     let mut conf = aws_sdk_lambda::config::Builder::from(cfg)
         .retry_config(aws_config::retry::RetryConfig::disabled())
+        .interceptor(api_calls::CountCalls)
         .timeout_config(
             aws_config::timeout::TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(3))
