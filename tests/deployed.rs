@@ -399,3 +399,79 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
     }
     s.deployed.shutdown();
 }
+
+/// Two sessions at once through the deployed shape: their steps run side by side (the SQS
+/// mapping's pollers and the handler's message groups), while within each session the steps
+/// never interleave. Each tool call logs its start and end; alpha's first call waits for beta
+/// to have started one (so a deployment that ran one step at a time fails here, after a
+/// 10 s wait, instead of passing by luck).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
+    let Some(dir) = lambda_dir() else { return };
+    let prefix = format!("d2{}-", engine_gateway::trace::random_hex(4));
+    let workdir = workdir();
+    let (log, beta_started) = (
+        format!("steps-{prefix}log"),
+        format!("beta-{prefix}started"),
+    );
+    let call_of = |session: &str, i: usize| {
+        let wait = if session == "alpha" && i == 1 {
+            format!("for n in $(seq 200); do [ -e {beta_started} ] && break; sleep 0.05; done; ")
+        } else if session == "beta" {
+            format!("touch {beta_started}; sleep 0.3; ")
+        } else {
+            "sleep 0.3; ".to_string()
+        };
+        json!({"id": format!("{session}{i}"), "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {"command": format!("echo '{session} {i} start' >> {log}; {wait}echo '{session} {i} end' >> {log}")}}})
+    };
+    let mut turns = Vec::new();
+    for session in ["alpha", "beta"] {
+        for i in 1..=3 {
+            turns.push(json!({"when": format!("user~={session} && results<{i}"), "tool_calls": [call_of(session, i)]}));
+        }
+        turns.push(json!({"when": format!("user~={session} && results>=3"), "text": format!("{session} done.")}));
+    }
+    let cassette = serde_json::from_value(json!({ "turns": turns })).unwrap();
+    let mut s = bring_up(
+        dir,
+        &prefix,
+        cassette,
+        &[(
+            "harness/permissions",
+            "version: 1\nrules:\n  - \"shell::exec\"\n",
+        )],
+        &[],
+    )
+    .await;
+    s.start("dep-alpha", "task alpha").await;
+    s.start("dep-beta", "task beta").await;
+    for sid in ["dep-alpha", "dep-beta"] {
+        let state = s.wait_state(sid, &["stopped"]).await;
+        assert_eq!(state["state"], "stopped", "{sid}: {state}");
+    }
+    let lines: Vec<String> = std::fs::read_to_string(workdir.join(&log))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for f in [&log, &beta_started] {
+        let _ = std::fs::remove_file(workdir.join(f));
+    }
+    for session in ["alpha", "beta"] {
+        let own: Vec<&String> = lines.iter().filter(|l| l.starts_with(session)).collect();
+        let expected: Vec<String> = (1..=3)
+            .flat_map(|i| [format!("{session} {i} start"), format!("{session} {i} end")])
+            .collect();
+        assert_eq!(
+            own,
+            expected.iter().collect::<Vec<_>>(),
+            "{session} in order, one step at a time: {lines:?}"
+        );
+    }
+    let at = |l: &str| lines.iter().position(|x| x == l).unwrap();
+    assert!(
+        at("alpha 1 start") < at("beta 1 start") && at("beta 1 start") < at("alpha 1 end"),
+        "beta ran while alpha's first call waited: {lines:?}"
+    );
+    s.deployed.shutdown();
+}

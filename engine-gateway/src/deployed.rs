@@ -427,6 +427,7 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
                 queue: q.queue.clone(),
                 batch_size: q.batch_size,
                 wait: Duration::from_secs(1),
+                pollers: opts.max_processes,
             };
             tasks.push(tokio::spawn(crate::mappings::run_queue_mapping(
                 Arc::new(queues),

@@ -29,6 +29,10 @@ pub struct QueueMapping {
     pub batch_size: usize,
     /// How long one receive waits for messages.
     pub wait: Duration,
+    /// Batches in flight at once. AWS scales a FIFO queue's mapping with its active message
+    /// groups, up to the function's concurrency; SQS itself keeps a group with a message in
+    /// flight from every other receive, so a session's steps still run one at a time.
+    pub pollers: usize,
 }
 
 /// Deliver one batch from the queue → how many messages it held.
@@ -77,18 +81,22 @@ pub async fn deliver_queue_batch(
     Ok(batch.len())
 }
 
-/// Run the queue mapping until the task is dropped (errors are logged and retried).
+/// Run the queue mapping's pollers until the task is dropped (errors are logged and retried).
 pub async fn run_queue_mapping(
     queues: Arc<dyn QueueBackend>,
     target: Arc<dyn RouteTarget>,
     m: QueueMapping,
 ) {
-    loop {
-        if let Err(e) = deliver_queue_batch(queues.as_ref(), target.as_ref(), &m).await {
-            tracing::warn!(queue = %m.queue, error = %e, "queue mapping");
-            tokio::time::sleep(Duration::from_secs(1)).await;
+    let poller = |queues: Arc<dyn QueueBackend>, target: Arc<dyn RouteTarget>, m: QueueMapping| async move {
+        loop {
+            if let Err(e) = deliver_queue_batch(queues.as_ref(), target.as_ref(), &m).await {
+                tracing::warn!(queue = %m.queue, error = %e, "queue mapping");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
-    }
+    };
+    let pollers = (0..m.pollers.max(1)).map(|_| poller(queues.clone(), target.clone(), m.clone()));
+    futures_util::future::join_all(pollers).await;
 }
 
 #[derive(Debug, Clone)]

@@ -106,6 +106,7 @@ async fn a_queue_mapping_honours_partial_failures_and_fifo_order() {
         queue: queue.clone(),
         batch_size: 10,
         wait: Duration::from_millis(200),
+        pollers: 1,
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     let done = |seen: &[Vec<String>]| {
@@ -147,6 +148,115 @@ async fn a_queue_mapping_honours_partial_failures_and_fifo_order() {
         .await
         .unwrap();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Two pollers on a FIFO queue: two sessions' steps are in flight at once, never two of one
+/// session. A's first step waits for one of B's to arrive, which a single poller (or a group
+/// handed to both pollers) would never allow.
+struct Sessions {
+    in_flight: Mutex<Vec<String>>,
+    b_arrived: tokio::sync::Notify,
+    log: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl RouteTarget for Sessions {
+    async fn invoke(&self, event: &Value) -> Result<Value, String> {
+        let bodies: Vec<Value> = event["Records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
+            .collect();
+        let groups: Vec<String> = bodies
+            .iter()
+            .map(|b| b["data"]["session_id"].as_str().unwrap().to_string())
+            .collect();
+        {
+            let mut in_flight = self.in_flight.lock().unwrap();
+            for g in &groups {
+                if in_flight.contains(g) {
+                    return Err(format!("two of {g}'s steps at once"));
+                }
+            }
+            in_flight.extend(groups.iter().cloned());
+            self.log.lock().unwrap().push(format!("{in_flight:?}"));
+        }
+        if groups.iter().any(|g| g == "B") {
+            self.b_arrived.notify_waiters();
+            self.b_arrived.notify_one();
+        }
+        if bodies
+            .iter()
+            .any(|b| b["data"]["session_id"] == "A" && b["data"]["n"] == 1)
+        {
+            let waited =
+                tokio::time::timeout(Duration::from_secs(10), self.b_arrived.notified()).await;
+            if waited.is_err() {
+                self.in_flight
+                    .lock()
+                    .unwrap()
+                    .retain(|g| !groups.contains(g));
+                return Err("B never arrived while A-1 ran".into());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.in_flight
+            .lock()
+            .unwrap()
+            .retain(|g| !groups.contains(g));
+        Ok(json!({"batchItemFailures": []}))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pollers_run_two_sessions_at_once_and_one_session_one_step_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = engine_gateway::server::backends(&common::options(dir.path()))
+        .await
+        .unwrap();
+    let queue = "polled-steps".to_string();
+    let mut cfg = QueueConfig::fifo(&queue, "session_id");
+    cfg.visibility_timeout_ms = 30_000;
+    b.queues.declare(&cfg).await.unwrap();
+    for n in 1..=3 {
+        b.queues.send(message(&queue, "A", n)).await.unwrap();
+        b.queues.send(message(&queue, "B", n)).await.unwrap();
+    }
+    let target = std::sync::Arc::new(Sessions {
+        in_flight: Mutex::default(),
+        b_arrived: tokio::sync::Notify::new(),
+        log: Mutex::default(),
+    });
+    let m = QueueMapping {
+        queue: queue.clone(),
+        batch_size: 1,
+        wait: Duration::from_millis(200),
+        pollers: 2,
+    };
+    let mapping = tokio::spawn(engine_gateway::mappings::run_queue_mapping(
+        b.queues.clone(),
+        target.clone(),
+        m,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while target.log.lock().unwrap().len() < 6 {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            target.log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Long enough for a failed step to have come back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    mapping.abort();
+    let log = target.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 6, "each step once, none failed: {log:?}");
+    assert!(
+        log.iter().any(|l| l.contains('A') && l.contains('B')),
+        "A and B in flight together: {log:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

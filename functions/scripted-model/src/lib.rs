@@ -72,7 +72,9 @@ pub struct Turn {
     pub malformed: Option<String>,
     /// `system~=<text>`: answers any request whose system prompt contains `<text>`, without
     /// moving the cursor (side requests such as a summarizer's). Otherwise stateless
-    /// selection: `results<N` or `results>=N`, counting the tool results in the request. When any turn has a condition, each request gets the first turn whose
+    /// selection: `results<N` or `results>=N`, counting the tool results in the request,
+    /// `user~=<text>`, a user message containing `<text>` (one script per conversation), or
+    /// several joined by `&&`. When any turn has a condition, each request gets the first turn whose
     /// condition holds (no cursor), so a restarted server continues a conversation.
     #[serde(default)]
     pub when: Option<String>,
@@ -128,7 +130,38 @@ pub fn system_text(body: &Value) -> String {
         .join("\n")
 }
 
-fn condition_holds(when: &str, results: usize) -> bool {
+/// The text of a request's user messages (Anthropic blocks or OpenAI strings), joined.
+pub fn user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .flat_map(|m| match &m["content"] {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|b| b["text"].as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `results<N`, `results>=N`, `user~=<text>` (a user message contains it), and several of
+/// them joined by `&&`, all of which must hold.
+fn condition_holds(when: &str, body: &Value, results: usize) -> bool {
+    when.split("&&").all(|part| {
+        let part = part.trim();
+        match part.strip_prefix("user~=") {
+            Some(needle) => user_text(body).contains(needle),
+            None => count_holds(part, results),
+        }
+    })
+}
+
+fn count_holds(when: &str, results: usize) -> bool {
     let w = when.replace(' ', "");
     if let Some(n) = w
         .strip_prefix("results>=")
@@ -266,7 +299,7 @@ impl ScriptedModel {
             return match turns.iter().find(|t| {
                 t.when
                     .as_deref()
-                    .is_some_and(|w| condition_holds(w, results))
+                    .is_some_and(|w| condition_holds(w, body, results))
             }) {
                 Some(t) => Ok((*t).clone()),
                 None => Err(Box::new(error_response(
@@ -611,8 +644,21 @@ mod tests {
         let openai = json!({"messages": [{"role": "tool"}, {"role": "user", "content": "x"}]});
         assert_eq!(tool_results(&anthropic), 2);
         assert_eq!(tool_results(&openai), 1);
-        assert!(condition_holds("results < 3", 2) && !condition_holds("results<3", 3));
-        assert!(condition_holds("results>=3", 3) && !condition_holds("bogus", 3));
+        let none = json!({});
+        assert!(
+            condition_holds("results < 3", &none, 2) && !condition_holds("results<3", &none, 3)
+        );
+        assert!(condition_holds("results>=3", &none, 3) && !condition_holds("bogus", &none, 3));
+        // One script per conversation: by what the user asked.
+        let alpha = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "task alpha"}]}]});
+        assert!(condition_holds("user~=alpha && results<1", &alpha, 0));
+        assert!(!condition_holds("user~=alpha && results<1", &alpha, 1));
+        assert!(!condition_holds("user~=beta && results<1", &alpha, 0));
+        assert!(!condition_holds("user~=alpha", &openai, 0));
+        assert!(
+            condition_holds("user~=x", &openai, 0),
+            "OpenAI's string content"
+        );
     }
 
     #[test]

@@ -18,7 +18,6 @@ use engine_gateway::trace::TraceContext;
 use lambda_runtime::streaming::Body;
 use lambda_runtime::{FunctionResponse, LambdaEvent, service_fn};
 use serde_json::{Value, json};
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::bus::{Bus, NoBus};
@@ -79,49 +78,70 @@ async fn handle_sqs(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Value
         .iter()
         .find(|t| t.trigger_type == "queue")
         .map(|t| t.function_id.clone());
-    let mut failed = Vec::new();
-    let mut failed_groups: HashSet<String> = HashSet::new();
+    // A batch may hold several FIFO groups (sessions): each group runs in order, the groups
+    // at once, so one session's slow step does not hold up the others in its batch. Records
+    // without a group (a standard queue) are each their own.
+    let mut groups: Vec<(Option<String>, Vec<aws_lambda_events::sqs::SqsMessage>)> = Vec::new();
     for record in event.records {
-        let id = record.message_id.clone().unwrap_or_default();
         let group = record.attributes.get("MessageGroupId").cloned();
-        if group.as_ref().is_some_and(|g| failed_groups.contains(g)) {
-            // FIFO: nothing after a failure in its group may run before it. It comes back
-            // with the failed one, not after the visibility timeout.
-            retry_soon(&*bus, &record, &id).await;
-            failed.push(id);
-            continue;
-        }
-        let outcome = match serde_json::from_str::<QueueMessage>(
-            record.body.as_deref().unwrap_or_default(),
-        ) {
-            Err(e) => Err(format!("unreadable body: {e}")),
-            Ok(msg) => match msg.function_id.clone().or_else(|| default_fn.clone()) {
-                None => {
-                    Err("the message names no function and the worker has no queue trigger".into())
-                }
-                Some(fid) => {
-                    let trace = TraceContext::from_headers(
-                        msg.traceparent.as_deref(),
-                        msg.baggage.as_deref(),
-                    );
-                    worker
-                        .dispatch(bus.clone(), &fid, msg.data, &trace)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                }
-            },
-        };
-        if let Err(why) = outcome {
-            tracing::warn!(message_id = %id, %why, "SQS record failed");
-            if let Some(g) = group {
-                failed_groups.insert(g);
-            }
-            retry_soon(&*bus, &record, &id).await;
-            failed.push(id);
+        match groups
+            .iter_mut()
+            .find(|(g, _)| group.is_some() && *g == group)
+        {
+            Some((_, records)) => records.push(record),
+            None => groups.push((group, vec![record])),
         }
     }
+    let runs = groups.into_iter().map(|(_, records)| {
+        let (bus, default_fn) = (bus.clone(), default_fn.clone());
+        async move {
+            let mut failed = Vec::new();
+            for record in records {
+                let id = record.message_id.clone().unwrap_or_default();
+                if !failed.is_empty() {
+                    // FIFO: nothing after a failure in its group may run before it. It comes
+                    // back with the failed one, not after the visibility timeout.
+                    retry_soon(&*bus, &record, &id).await;
+                    failed.push(id);
+                    continue;
+                }
+                if let Err(why) = run_record(worker, &bus, &record, default_fn.as_deref()).await {
+                    tracing::warn!(message_id = %id, %why, "SQS record failed");
+                    retry_soon(&*bus, &record, &id).await;
+                    failed.push(id);
+                }
+            }
+            failed
+        }
+    });
+    let failed: Vec<String> = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
     failures(failed)
+}
+
+/// One queued invocation of an SQS record.
+async fn run_record(
+    worker: &Worker,
+    bus: &Arc<dyn Bus>,
+    record: &aws_lambda_events::sqs::SqsMessage,
+    default_fn: Option<&str>,
+) -> Result<(), String> {
+    let msg = serde_json::from_str::<QueueMessage>(record.body.as_deref().unwrap_or_default())
+        .map_err(|e| format!("unreadable body: {e}"))?;
+    let fid = msg
+        .function_id
+        .clone()
+        .or_else(|| default_fn.map(str::to_owned))
+        .ok_or("the message names no function and the worker has no queue trigger")?;
+    let trace = TraceContext::from_headers(msg.traceparent.as_deref(), msg.baggage.as_deref());
+    worker
+        .dispatch(bus.clone(), &fid, msg.data, &trace)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Back off from a failure (1 s, 2 s, 4 s… by receive count, as SPEC's queues do) rather

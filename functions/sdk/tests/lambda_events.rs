@@ -17,7 +17,7 @@ fn delivery(id: &str, group: Option<&str>, n: u64) -> Delivery {
             queue: "q".into(),
             group: group.map(str::to_owned),
             function_id: Some("t::step".into()),
-            data: json!({"n": n}),
+            data: json!({"n": n, "group": group}),
             traceparent: None,
             baggage: None,
             deduplication_id: None,
@@ -69,17 +69,59 @@ async fn sqs_fifo_group_stops_at_its_first_failure() {
     ];
     let resp = handle_event(&w, Arc::new(NoBus), sqs_event(&batch, "q"), None).await;
     assert_eq!(batch_item_failures(&resp), vec!["a2", "a3"], "{resp}");
-    let ran: Vec<u64> = log
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|d| d["n"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        ran,
-        vec![1, 2, 1, 3],
-        "a3 never ran after a2 failed; b3 did"
-    );
+    let ran = |g: &str| -> Vec<u64> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d["group"] == g)
+            .map(|d| d["n"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(ran("A"), vec![1, 2], "a3 never ran after a2 failed");
+    assert_eq!(ran("B"), vec![1, 3], "B carried on, in order");
+}
+
+/// The groups of one batch (sessions) run at once, each in order: group A's first step
+/// waits for group B's to start, which would time out if the batch ran one record at a time.
+#[tokio::test]
+async fn sqs_fifo_groups_of_a_batch_run_at_once_each_in_order() {
+    let started_b = Arc::new(tokio::sync::Notify::new());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (sb, o) = (started_b.clone(), order.clone());
+    let w = Worker::new("ev").function("t::step", "", move |_c, d: Value| {
+        let (started_b, order) = (sb.clone(), o.clone());
+        async move {
+            let tag = format!("{}{}", d["group"].as_str().unwrap(), d["n"]);
+            order.lock().unwrap().push(format!("start {tag}"));
+            if tag == "B1" {
+                started_b.notify_one();
+            }
+            if tag == "A1" {
+                tokio::time::timeout(std::time::Duration::from_secs(10), started_b.notified())
+                    .await
+                    .map_err(|_| ErrorBody::new("sequential", "B1 never started while A1 ran"))?;
+            }
+            order.lock().unwrap().push(format!("end {tag}"));
+            Ok(json!({}))
+        }
+    });
+    let batch = vec![
+        delivery("a1", Some("A"), 1),
+        delivery("a2", Some("A"), 2),
+        delivery("b1", Some("B"), 1),
+        delivery("b2", Some("B"), 2),
+    ];
+    let resp = handle_event(&w, Arc::new(NoBus), sqs_event(&batch, "q"), None).await;
+    assert!(batch_item_failures(&resp).is_empty(), "{resp}");
+    let order = order.lock().unwrap().clone();
+    let at = |e: &str| order.iter().position(|x| x == e).unwrap();
+    assert!(at("start B1") < at("end A1"), "{order:?}");
+    for g in ["A", "B"] {
+        assert!(
+            at(&format!("end {g}1")) < at(&format!("start {g}2")),
+            "{g} in order: {order:?}"
+        );
+    }
 }
 
 #[tokio::test]
