@@ -202,9 +202,11 @@ async fn api_calls_per_tool_call(ctx: &Ctx, k: usize) {
     println!("operation | calls per tool call");
     println!("--- | ---");
     let (mut critical, mut polling) = (0.0, 0.0);
+    let mut pollers = Vec::new();
     for (op, n) in &session {
         if POLLING.contains(&op.as_str()) {
             polling += *n as f64;
+            pollers.push(format!("{op} {:.1}/s", *n as f64 / took.as_secs_f64()));
             continue;
         }
         let bench = per_poll.get(op).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
@@ -216,7 +218,8 @@ async fn api_calls_per_tool_call(ctx: &Ctx, k: usize) {
     }
     println!("**all, on the critical path** | **{critical:.2}**");
     println!(
-        "pollers (Streams, SQS long polls), per second of the session | {:.1}",
+        "pollers, per second of the session ({}) | {:.1}",
+        pollers.join(", "),
         polling / took.as_secs_f64()
     );
 }

@@ -6,6 +6,7 @@ use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -21,18 +22,67 @@ impl Intercept for CountCalls {
         "CountCalls"
     }
 
-    fn read_before_execution(
+    // Once per operation, after the operation's own configuration (its `Metadata`) is loaded.
+    fn read_before_serialization(
         &self,
-        _context: &BeforeSerializationInterceptorContextRef<'_>,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let key = match cfg.load::<Metadata>() {
+        let mut key = match cfg.load::<Metadata>() {
             Some(m) => format!("{}.{}", m.service(), m.name()),
             None => "unknown".to_string(),
         };
+        if let Some(scope) = state_scope(context) {
+            key.push_str(&format!(" [{scope}]"));
+        }
         let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry(key).or_default() += 1;
         Ok(())
+    }
+}
+
+/// The state scope a DynamoDB item operation touches (the state table's partition key), so
+/// the counts say whose writes they are: the turn record, events, the session tree…
+fn state_scope(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<String> {
+    use aws_sdk_dynamodb::operation::{
+        delete_item::DeleteItemInput, get_item::GetItemInput, put_item::PutItemInput,
+        query::QueryInput, update_item::UpdateItemInput,
+    };
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let input = context.input();
+    let of = |m: Option<&std::collections::HashMap<String, AttributeValue>>| {
+        m.and_then(|m| m.get("scope"))
+            .and_then(|v| v.as_s().ok())
+            .map(|s| generalise(s))
+    };
+    if let Some(i) = input.downcast_ref::<GetItemInput>() {
+        return of(i.key.as_ref());
+    }
+    if let Some(i) = input.downcast_ref::<PutItemInput>() {
+        return of(i.item.as_ref());
+    }
+    if let Some(i) = input.downcast_ref::<UpdateItemInput>() {
+        return of(i.key.as_ref());
+    }
+    if let Some(i) = input.downcast_ref::<DeleteItemInput>() {
+        return of(i.key.as_ref());
+    }
+    if let Some(i) = input.downcast_ref::<QueryInput>() {
+        return i
+            .expression_attribute_values
+            .as_ref()
+            .and_then(|m| m.values().find_map(|v| v.as_s().ok()))
+            .map(|s| generalise(s));
+    }
+    None
+}
+
+/// A scope without what varies per session (`$stream:agent::events:<sid>` → `…:*`).
+fn generalise(scope: &str) -> String {
+    match scope.match_indices(':').nth(3) {
+        Some((at, _)) if scope.starts_with("$stream:") => format!("{}:*", &scope[..at]),
+        _ => scope.to_string(),
     }
 }
 

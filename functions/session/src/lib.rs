@@ -183,6 +183,9 @@ pub async fn append_chain(
         }
     }
     // The session and the parent are checked at once (two reads, one round trip of latency).
+    // A parent named by id that exists proves the session does too (entries are written
+    // only into sessions that exist, and sessions are never deleted): one read, not two.
+    let named_parent = matches!(parent, Parent::Id(_));
     let parent_check = async {
         match parent {
             Parent::Root => Ok(None),
@@ -195,7 +198,14 @@ pub async fn append_chain(
             Parent::Leaf => Ok(tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone())),
         }
     };
-    let (meta, parent) = tokio::join!(require_meta(ctx, sid), parent_check);
+    let session_check = async {
+        if named_parent {
+            Ok(())
+        } else {
+            require_meta(ctx, sid).await.map(|_| ())
+        }
+    };
+    let (meta, parent) = tokio::join!(session_check, parent_check);
     meta?;
     let mut parent = parent?;
     if inputs.is_empty() {
