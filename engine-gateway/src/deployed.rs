@@ -252,9 +252,10 @@ impl DeployedOptions {
                 "ANTHROPIC_API_KEY",
                 "OPENAI_BASE_URL",
                 "OPENAI_API_KEY",
-                "KIMI_BASE_URL",
-                "KIMI_API_KEY",
+                "MOONSHOT_BASE_URL",
+                "MOONSHOT_API_KEY",
                 "LMSTUDIO_BASE_URL",
+                "HARNESS_API_CALLS_DIR",
                 "SLACK_API_BASE",
                 "RUST_LOG",
             ]
@@ -279,6 +280,11 @@ pub struct Deployed {
 
 impl Deployed {
     /// The running function for a template resource.
+    /// Every function, by its template resource id.
+    pub fn functions(&self) -> impl Iterator<Item = (&str, &Arc<LambdaFunction>)> {
+        self.functions.iter().map(|(t, f)| (t.resource.as_str(), f))
+    }
+
     pub fn function(&self, resource: &str) -> Option<&Arc<LambdaFunction>> {
         self.functions
             .iter()

@@ -112,6 +112,8 @@ pub struct LambdaFunction {
     /// Environment every process gets on top of the spec's (e.g. `ENGINE_URL`).
     extra_env: Vec<(String, String)>,
     cold_starts: Mutex<Vec<Duration>>,
+    /// Invocations asked of this function (the figure AWS bills per request).
+    invocations: AtomicU64,
     me: Weak<LambdaFunction>,
 }
 
@@ -130,6 +132,7 @@ impl LambdaFunction {
             next_id: AtomicU64::new(1),
             extra_env,
             cold_starts: Mutex::new(Vec::new()),
+            invocations: AtomicU64::new(0),
             me: me.clone(),
         })
     }
@@ -161,6 +164,7 @@ impl LambdaFunction {
     /// Invoke and take the answer as the function gives it: JSON, or a response stream
     /// (what `InvokeWithResponseStream` serves).
     pub async fn invoke_answer(&self, event: &Value) -> Result<Answer, LambdaError> {
+        self.invocations.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let request_id = uuid::Uuid::new_v4().to_string();
         let job = Job {
@@ -190,6 +194,11 @@ impl LambdaFunction {
 
     pub fn process_count(&self) -> usize {
         lock(&self.processes).len()
+    }
+
+    /// How many invocations this function was asked for so far.
+    pub fn invocations(&self) -> u64 {
+        self.invocations.load(Ordering::Relaxed)
     }
 
     pub fn cold_starts(&self) -> Vec<Duration> {

@@ -38,6 +38,8 @@ impl Intercept for CountCalls {
         }
         let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry(key).or_default() += 1;
+        drop(counts);
+        RECORDER.call_once(start_recorder);
         Ok(())
     }
 }
@@ -84,6 +86,58 @@ fn generalise(scope: &str) -> String {
         Some((at, _)) if scope.starts_with("$stream:") => format!("{}:*", &scope[..at]),
         _ => scope.to_string(),
     }
+}
+
+static RECORDER: std::sync::Once = std::sync::Once::new();
+
+/// With `HARNESS_API_CALLS_DIR` set, the process keeps its counts in `<dir>/<pid>.json`
+/// (rewritten a few times a second), so the calls of processes that are killed rather than
+/// ended, such as Lambda bootstraps, can be summed from outside (`bench/aws.sh`).
+fn start_recorder() {
+    let Some(dir) = std::env::var_os("HARNESS_API_CALLS_DIR") else {
+        return;
+    };
+    let path = std::path::PathBuf::from(dir).join(format!("{}.json", std::process::id()));
+    let spawned = std::thread::Builder::new()
+        .name("api-calls".into())
+        .spawn(move || {
+            let mut written = BTreeMap::new();
+            loop {
+                let now = snapshot();
+                if now != written {
+                    let tmp = path.with_extension("tmp");
+                    let body = serde_json::to_vec(&now).unwrap_or_default();
+                    if std::fs::write(&tmp, body)
+                        .and_then(|()| std::fs::rename(&tmp, &path))
+                        .is_err()
+                    {
+                        tracing::warn!(path = %path.display(), "API call counts not written");
+                    }
+                    written = now;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "API call counts not recorded");
+    }
+}
+
+/// Sum the counts every process left in `dir` (see [`start_recorder`]).
+pub fn sum_recorded(dir: &std::path::Path) -> std::io::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let counts: BTreeMap<String, u64> = serde_json::from_slice(&std::fs::read(&path)?)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+        for (k, n) in counts {
+            *out.entry(k).or_default() += n;
+        }
+    }
+    Ok(out)
 }
 
 /// The counts so far, as `Service.Operation → calls`.

@@ -4,14 +4,38 @@
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::{AwsClients, AwsNames, err_code, err_text};
 use crate::registry::Registry;
+
+/// How long a function's record and the trigger list are reused. They change when a worker
+/// is deployed or registered, not per call, and were read once per call (a tool call cost
+/// about 22 registry reads in the deployed shape); a registration made by another process
+/// (a function moved to another Lambda, a trigger added) takes effect there within this
+/// time. Only what exists is kept: an unknown function is read again each time.
+pub const DEPLOYED_TTL: Duration = Duration::from_secs(5);
+/// Most function records kept at once (the cache starts over past it).
+const MAX_CACHED: usize = 4096;
+const CACHED_GETS: [&str; 1] = ["function"];
+const CACHED_LISTS: [&str; 1] = ["trigger"];
+
+type Entry = (String, serde_json::Value);
+type Listed = Vec<(String, String, serde_json::Value)>;
+
+#[derive(Default)]
+struct ReadCache {
+    gets: HashMap<(String, String), (Instant, Entry)>,
+    lists: HashMap<String, (Instant, Listed)>,
+}
 
 #[derive(Clone)]
 pub struct DynamoRegistry {
     clients: AwsClients,
     table: String,
+    cache: Arc<Mutex<ReadCache>>,
 }
 
 impl DynamoRegistry {
@@ -19,7 +43,19 @@ impl DynamoRegistry {
         Self {
             clients,
             table: names.registry_table(),
+            cache: Arc::default(),
         }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, ReadCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This process's own writes are seen at once.
+    fn forget(&self, kind: &str, id: &str) {
+        let mut c = self.cache();
+        c.gets.remove(&(kind.to_string(), id.to_string()));
+        c.lists.remove(kind);
     }
 }
 
@@ -33,6 +69,23 @@ impl DynamoRegistry {
         &self,
         kind: &str,
     ) -> Result<Vec<(String, String, serde_json::Value)>, String> {
+        let cached = CACHED_LISTS.contains(&kind);
+        if cached
+            && let Some((at, listed)) = self.cache().lists.get(kind)
+            && at.elapsed() < DEPLOYED_TTL
+        {
+            return Ok(listed.clone());
+        }
+        let out = self.list_uncached(kind).await?;
+        if cached {
+            self.cache()
+                .lists
+                .insert(kind.to_string(), (Instant::now(), out.clone()));
+        }
+        Ok(out)
+    }
+
+    async fn list_uncached(&self, kind: &str) -> Result<Listed, String> {
         let mut out = Vec::new();
         let mut start: Option<std::collections::HashMap<String, AttributeValue>> = None;
         loop {
@@ -76,6 +129,7 @@ impl Registry for DynamoRegistry {
         owner: &str,
         body: serde_json::Value,
     ) -> Result<(), String> {
+        self.forget(kind, id);
         self.clients
             .dynamodb
             .put_item()
@@ -95,6 +149,7 @@ impl Registry for DynamoRegistry {
     }
 
     async fn remove(&self, kind: &str, id: &str, owner: &str) -> Result<bool, String> {
+        self.forget(kind, id);
         match self
             .clients
             .dynamodb
@@ -121,6 +176,28 @@ impl Registry for DynamoRegistry {
         kind: &str,
         id: &str,
     ) -> Result<Option<(String, serde_json::Value)>, String> {
+        let key = (kind.to_string(), id.to_string());
+        let cached = CACHED_GETS.contains(&kind);
+        if cached
+            && let Some((at, entry)) = self.cache().gets.get(&key)
+            && at.elapsed() < DEPLOYED_TTL
+        {
+            return Ok(Some(entry.clone()));
+        }
+        let found = self.get_uncached(kind, id).await?;
+        if cached && let Some(entry) = &found {
+            let mut c = self.cache();
+            if c.gets.len() >= MAX_CACHED {
+                c.gets.clear();
+            }
+            c.gets.insert(key, (Instant::now(), entry.clone()));
+        }
+        Ok(found)
+    }
+}
+
+impl DynamoRegistry {
+    async fn get_uncached(&self, kind: &str, id: &str) -> Result<Option<Entry>, String> {
         let out = self
             .clients
             .dynamodb

@@ -97,6 +97,17 @@ fn not_started<R>(
     })
 }
 
+/// Whether a state trigger's `config` takes a change of `scope`/`key`: `*` globs, as the
+/// engine and the SDK match them; engine-reserved (`$`) scopes reach no trigger.
+pub fn state_trigger_picks(config: &Value, scope: &str, key: &str) -> bool {
+    let glob = |field: &str, actual: &str| {
+        config[field]
+            .as_str()
+            .is_none_or(|p| crate::engine::glob_match(p, actual))
+    };
+    !scope.starts_with('$') && glob("scope", scope) && glob("key", key)
+}
+
 /// The registry's record of `function_id` (its owner and body), if any.
 pub async fn function_record(
     registry: &DynamoRegistry,
@@ -625,17 +636,16 @@ impl AwsRouter {
             let Some(lambda) = t["lambda"].as_str() else {
                 continue;
             };
-            let scope = t["config"]["scope"].as_str();
-            let key = t["config"]["key"].as_str();
             let picked: Vec<(usize, &Value)> = records
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| {
                     let k = &r["dynamodb"]["Keys"];
-                    let s = k["scope"]["S"].as_str().unwrap_or("");
-                    !s.starts_with('$')
-                        && scope.is_none_or(|x| x == s)
-                        && key.is_none_or(|x| Some(x) == k["key"]["S"].as_str())
+                    state_trigger_picks(
+                        &t["config"],
+                        k["scope"]["S"].as_str().unwrap_or(""),
+                        k["key"]["S"].as_str().unwrap_or(""),
+                    )
                 })
                 .collect();
             if picked.is_empty() {
@@ -674,6 +684,29 @@ impl AwsRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_triggers_match_globs_as_the_engine_does() {
+        let slack = json!({"scope": "agent", "key": "session/*/turn_state"});
+        assert!(state_trigger_picks(
+            &slack,
+            "agent",
+            "session/s1/turn_state"
+        ));
+        assert!(!state_trigger_picks(&slack, "agent", "session/s1/request"));
+        assert!(!state_trigger_picks(
+            &slack,
+            "agents",
+            "session/s1/turn_state"
+        ));
+        assert!(state_trigger_picks(&json!({"scope": "w*"}), "watch", "any"));
+        assert!(state_trigger_picks(&json!({}), "anything", "at/all"));
+        assert!(!state_trigger_picks(
+            &json!({}),
+            "$stream:agent::events",
+            "k"
+        ));
+    }
     use std::collections::HashMap;
     use std::sync::Mutex;
 

@@ -507,7 +507,12 @@ pub fn worker(cfg: SlackConfig) -> Worker {
             }
         },
     );
-    w.register_trigger("state", "slack::on_parked", json!({"scope": "agent"}));
+    // Turn records only: the rest of the scope (run requests, prompts) never parks a call.
+    w.register_trigger(
+        "state",
+        "slack::on_parked",
+        json!({"scope": "agent", "key": "session/*/turn_state"}),
+    );
     w
 }
 

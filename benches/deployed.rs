@@ -1,0 +1,118 @@
+//! The deployed shape's cost per tool call (not a test): every function its own Lambda
+//! bootstrap under the local Runtime API, on LocalStack, driven through the emulated
+//! WebSocket API with a zero-latency scripted model. Prints, per tool call: Lambda
+//! invocations by function, AWS API calls by operation (summed from every process's
+//! `HARNESS_API_CALLS_DIR` file), and the wall time. Needs `source localstack/env.sh`, a
+//! running emulator and the Lambda builds (`bash scripts/lambda-builds.sh`); `BENCH_K` tool
+//! calls per session (default 20). Run by `bash bench/aws.sh`.
+
+#[path = "../tests/shape/mod.rs"]
+mod shape;
+
+use engine_gateway::aws::api_calls;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn counts(dir: &std::path::Path) -> BTreeMap<String, u64> {
+    api_calls::sum_recorded(dir).expect("the processes' API call files")
+}
+
+fn minus(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    a.iter()
+        .map(|(k, n)| (k.clone(), n - b.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let Some(dir) = shape::lambda_dir() else {
+        return;
+    };
+    let k: usize = std::env::var("BENCH_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let calls_dir = tempfile::tempdir().unwrap();
+    // SAFETY: set before any function starts; nothing else reads the environment yet.
+    unsafe { std::env::set_var("HARNESS_API_CALLS_DIR", calls_dir.path()) };
+    let cassette = serde_json::from_value(json!({"turns": [
+        {"when": format!("results<{k}"), "tool_calls": [{"id": "c", "name": "agent_trigger", "arguments": {"function": "fs::list", "payload": {"path": "."}}}]},
+        {"when": format!("results>={k}"), "text": "done"}
+    ]}))
+    .unwrap();
+    let prefix = format!("bd{}-", engine_gateway::trace::random_hex(4));
+    let mut s = shape::bring_up(dir, &prefix, cassette, &[], &[]).await;
+    // Every function warm first (cold starts are measured apart).
+    s.start("warm", "warm up").await;
+    s.wait_state("warm", &["stopped"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let invocations = |s: &shape::Shape| -> BTreeMap<String, u64> {
+        s.deployed
+            .functions()
+            .map(|(id, f)| (id.to_string(), f.invocations()))
+            .collect()
+    };
+    let (calls0, inv0, polls0) = (counts(calls_dir.path()), invocations(&s), s.polls);
+    let t0 = Instant::now();
+    s.start("measured", "go").await;
+    let state = s.wait_state("measured", &["stopped"]).await;
+    let took = t0.elapsed();
+    assert_eq!(state["state"], "stopped", "{state}");
+    let polls = u64::from(s.polls - polls0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (calls1, inv1) = (counts(calls_dir.path()), invocations(&s));
+    // What one `turn::get_state` poll of this bench costs, to take the polls out.
+    let probes = 20u64;
+    for _ in 0..probes {
+        s.wait_state("measured", &["stopped"]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (calls2, inv2) = (counts(calls_dir.path()), invocations(&s));
+    let per_poll_calls = minus(&calls2, &calls1);
+    let per_poll_inv = minus(&inv2, &inv1);
+    let kf = k as f64;
+
+    println!(
+        "# the deployed shape: K = {k} tool calls (fs::list) in one session, {polls} state polls of the bench taken out\n"
+    );
+    println!(
+        "wall time per tool call on LocalStack | {:.1} ms\n",
+        took.as_secs_f64() * 1000.0 / kf
+    );
+    println!("function | Lambda invocations per tool call");
+    println!("--- | ---");
+    let mut all = 0.0;
+    for (id, n) in minus(&inv1, &inv0) {
+        let bench =
+            per_poll_inv.get(&id).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
+        let mine = (n as f64 - bench).max(0.0) / kf;
+        all += mine;
+        if mine >= 0.005 {
+            println!("{id} | {mine:.2}");
+        }
+    }
+    println!("**all** | **{all:.2}**\n");
+    println!("operation | AWS API calls per tool call, all processes");
+    println!("--- | ---");
+    let (mut critical, mut polling) = (0.0, 0.0);
+    for (op, n) in minus(&calls1, &calls0) {
+        let bench =
+            per_poll_calls.get(&op).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
+        let mine = (n as f64 - bench).max(0.0) / kf;
+        if op.starts_with("DynamoDB Streams.") || op == "SQS.ReceiveMessage" {
+            polling += mine;
+            println!("{op} (event-source mappings, which AWS runs itself) | {mine:.2}");
+            continue;
+        }
+        critical += mine;
+        if mine >= 0.005 {
+            println!("{op} | {mine:.2}");
+        }
+    }
+    println!("**all, by the functions** | **{critical:.2}**");
+    println!("by the emulated event-source mappings (AWS's own on AWS) | {polling:.2}");
+    s.deployed.shutdown();
+}

@@ -1,0 +1,181 @@
+//! The deployed shape on LocalStack, for tests and the deployed bench: bring the template up
+//! with every function a Lambda bootstrap, serve a cassette from the scripted model, and
+//! drive sessions through the emulated WebSocket API.
+#![allow(dead_code)]
+
+use engine_gateway::aws::{AwsClients, AwsNames};
+use engine_gateway::deployed::{Deployed, DeployedOptions};
+use futures_util::{SinkExt, StreamExt};
+use scripted_model::{Cassette, ScriptedModel};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
+
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub fn template() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/template.yaml")
+}
+
+/// The tools Lambda works in the template's `HARNESS_WORKDIR`.
+pub fn workdir() -> PathBuf {
+    let t: Value = serde_norway::from_str(&std::fs::read_to_string(template()).unwrap()).unwrap();
+    PathBuf::from(
+        t["Resources"]["ToolsFunction"]["Properties"]["Environment"]["Variables"]
+            ["HARNESS_WORKDIR"]
+            .as_str()
+            .unwrap(),
+    )
+}
+
+/// Where the bootstraps are, or `None` (the test skips, saying why) off the AWS backend or
+/// without Lambda builds.
+pub fn lambda_dir() -> Option<PathBuf> {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
+        return None;
+    }
+    let dir = match std::env::var("HARNESS_LAMBDA_DIR") {
+        Ok(d) => PathBuf::from(d),
+        Err(_) => std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+            .join("lambda"),
+    };
+    if !dir.join("turn-orchestrator/bootstrap").is_file() {
+        eprintln!(
+            "SKIPPED: no Lambda builds in {} (bash scripts/lambda-builds.sh)",
+            dir.display()
+        );
+        return None;
+    }
+    Some(dir)
+}
+
+/// A running deployed shape and a client connected to it with the generated token.
+pub struct Shape {
+    pub deployed: Deployed,
+    pub clients: AwsClients,
+    pub ws: Ws,
+    /// Everything pushed to the client that was not an answer.
+    pub pushed: Vec<Value>,
+    pub polls: u32,
+    _model: ScriptedModel,
+}
+
+/// Serve `cassette`, put `secrets` (as an operator would after deploying), bring the shape up
+/// under `prefix` with the template `parameters`, and connect.
+pub async fn bring_up(
+    dir: PathBuf,
+    prefix: &str,
+    cassette: Cassette,
+    secrets: &[(&str, &str)],
+    parameters: &[(&str, &str)],
+) -> Shape {
+    use engine_gateway::secrets::SecretStore;
+    engine_gateway::ensure_crypto_provider();
+    let model = ScriptedModel::default();
+    let base = model.serve().await.unwrap();
+    model.load(cassette);
+    // SAFETY: set before the functions start; nothing else reads the environment yet.
+    unsafe {
+        std::env::set_var("ANTHROPIC_BASE_URL", &base);
+        std::env::set_var("ANTHROPIC_API_KEY", "sk-test");
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(prefix);
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let store = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names);
+    for (name, value) in secrets {
+        store.put(name, value).await.unwrap();
+    }
+    let mut opts = DeployedOptions::new(template(), dir, prefix);
+    opts.max_processes = 2;
+    opts.parameters = parameters
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let deployed = engine_gateway::deployed::up(&opts).await.unwrap();
+    let (ws, _) =
+        tokio_tungstenite::connect_async(format!("{}/?token={}", deployed.url, deployed.token))
+            .await
+            .unwrap();
+    Shape {
+        deployed,
+        clients,
+        ws,
+        pushed: Vec::new(),
+        polls: 0,
+        _model: model,
+    }
+}
+
+impl Shape {
+    /// Send an invocation; keep every other message in `pushed` until its result comes.
+    pub async fn invoke(&mut self, id: &str, function_id: &str, data: Value) -> Value {
+        self.ws
+            .send(Message::text(
+                json!({"type": "invokefunction", "invocation_id": id, "function_id": function_id, "data": data}).to_string(),
+            ))
+            .await
+            .unwrap();
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(120), self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("{function_id}: no answer within 120 s"))
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = m {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["invocation_id"] == id {
+                    return v;
+                }
+                self.pushed.push(v);
+            }
+        }
+    }
+
+    /// Subscribe to the session's events and start it with `task`.
+    pub async fn start(&mut self, sid: &str, task: &str) {
+        self.ws
+            .send(Message::text(
+                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
+                    .to_string(),
+            ))
+            .await
+            .unwrap();
+        let started = self
+            .invoke(
+                "start",
+                "harness::trigger",
+                json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": task}], "timestamp": 1}]}}),
+            )
+            .await;
+        assert!(started["error"].is_null(), "{started}");
+    }
+
+    /// Poll `turn::get_state` until the session is in one of `wanted` (or failed).
+    pub async fn wait_state(&mut self, sid: &str, wanted: &[&str]) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+        loop {
+            self.polls += 1;
+            let id = format!("g{}", self.polls);
+            let v = self
+                .invoke(&id, "turn::get_state", json!({"session_id": sid}))
+                .await;
+            let s = v["result"]["state"].as_str().unwrap_or("").to_string();
+            if wanted.contains(&s.as_str()) || s == "failed" {
+                return v["result"].clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never reached {wanted:?}: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
