@@ -35,6 +35,8 @@ impl Intercept for CountCalls {
         };
         if let Some(scope) = state_scope(context) {
             key.push_str(&format!(" [{scope}]"));
+        } else if let Some(table) = table_of(context) {
+            key.push_str(&format!(" ({table} table)"));
         }
         let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry(key).or_default() += 1;
@@ -80,6 +82,40 @@ fn state_scope(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option
     None
 }
 
+/// The table of a DynamoDB item call without a state scope (registry, checkpoints), its
+/// name without the deployment's prefix.
+fn table_of(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<String> {
+    use aws_sdk_dynamodb::operation::{
+        delete_item::DeleteItemInput, get_item::GetItemInput, put_item::PutItemInput,
+        query::QueryInput, update_item::UpdateItemInput,
+    };
+    let input = context.input();
+    let name = input
+        .downcast_ref::<GetItemInput>()
+        .and_then(|i| i.table_name.clone())
+        .or_else(|| {
+            input
+                .downcast_ref::<PutItemInput>()
+                .and_then(|i| i.table_name.clone())
+        })
+        .or_else(|| {
+            input
+                .downcast_ref::<UpdateItemInput>()
+                .and_then(|i| i.table_name.clone())
+        })
+        .or_else(|| {
+            input
+                .downcast_ref::<DeleteItemInput>()
+                .and_then(|i| i.table_name.clone())
+        })
+        .or_else(|| {
+            input
+                .downcast_ref::<QueryInput>()
+                .and_then(|i| i.table_name.clone())
+        })?;
+    Some(name.rsplit('-').next().unwrap_or(&name).to_string())
+}
+
 /// A scope without what varies per session (`$stream:agent::events:<sid>` → `…:*`).
 fn generalise(scope: &str) -> String {
     match scope.match_indices(':').nth(3) {
@@ -123,12 +159,23 @@ fn start_recorder() {
     }
 }
 
-/// Sum the counts every process left in `dir` (see [`start_recorder`]).
-pub fn sum_recorded(dir: &std::path::Path) -> std::io::Result<BTreeMap<String, u64>> {
+/// Sum the counts every process left in `dir` (see [`start_recorder`]), leaving out the
+/// processes in `except`.
+pub fn sum_recorded(
+    dir: &std::path::Path,
+    except: &[u32],
+) -> std::io::Result<BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let pid = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse().ok());
+        if pid.is_some_and(|p: u32| except.contains(&p)) {
             continue;
         }
         let counts: BTreeMap<String, u64> = serde_json::from_slice(&std::fs::read(&path)?)
@@ -154,4 +201,36 @@ pub fn since(before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
             (d > 0).then_some((k, d))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_counts_are_summed_over_processes_except_the_ones_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |pid: u32, counts: &[(&str, u64)]| {
+            let m: BTreeMap<&str, u64> = counts.iter().copied().collect();
+            std::fs::write(
+                dir.path().join(format!("{pid}.json")),
+                serde_json::to_vec(&m).unwrap(),
+            )
+            .unwrap();
+        };
+        write(
+            11,
+            &[("SQS.SendMessage", 2), ("DynamoDB.GetItem [agent]", 1)],
+        );
+        write(12, &[("SQS.SendMessage", 3)]);
+        std::fs::write(dir.path().join("13.tmp"), b"half written").unwrap();
+        let all = sum_recorded(dir.path(), &[]).unwrap();
+        assert_eq!(all["SQS.SendMessage"], 5);
+        let some = sum_recorded(dir.path(), &[12]).unwrap();
+        assert_eq!(some["SQS.SendMessage"], 2);
+        std::fs::write(dir.path().join("14.json"), b"{not json").unwrap();
+        let err = sum_recorded(dir.path(), &[]).unwrap_err().to_string();
+        assert!(err.contains("14.json"), "{err}");
+        assert_eq!(generalise("agent"), "agent");
+    }
 }
