@@ -86,32 +86,31 @@ async fn main() {
         "wall time per tool call on LocalStack | {:.1} ms\n",
         took.as_secs_f64() * 1000.0 / kf
     );
-    println!("function | Lambda invocations per tool call");
-    println!("--- | ---");
-    let mut all = 0.0;
-    for (id, n) in minus(&inv1, &inv0) {
-        let bench =
-            per_poll_inv.get(&id).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
-        let mine = (n as f64 - bench).max(0.0) / kf;
-        all += mine;
-        if mine >= 0.005 {
-            println!("{id} | {mine:.2}");
+    let table = |title: &str, delta: BTreeMap<String, u64>, per_poll: &BTreeMap<String, u64>| {
+        println!("{title}");
+        println!("--- | ---");
+        let mut all = 0.0;
+        for (name, n) in delta {
+            let bench =
+                per_poll.get(&name).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
+            let mine = (n as f64 - bench).max(0.0) / kf;
+            all += mine;
+            if mine >= 0.005 {
+                println!("{name} | {mine:.2}");
+            }
         }
-    }
-    println!("**all** | **{all:.2}**\n");
-    println!("operation | AWS API calls per tool call by the functions");
-    println!("--- | ---");
-    let mut all = 0.0;
-    for (op, n) in minus(&calls1, &calls0) {
-        let bench =
-            per_poll_calls.get(&op).copied().unwrap_or(0) as f64 * polls as f64 / probes as f64;
-        let mine = (n as f64 - bench).max(0.0) / kf;
-        all += mine;
-        if mine >= 0.005 {
-            println!("{op} | {mine:.2}");
-        }
-    }
-    println!("**all** | **{all:.2}**\n");
+        println!("**all** | **{all:.2}**\n");
+    };
+    table(
+        "function | Lambda invocations per tool call",
+        minus(&inv1, &inv0),
+        &per_poll_inv,
+    );
+    table(
+        "operation | AWS API calls per tool call by the functions",
+        minus(&calls1, &calls0),
+        &per_poll_calls,
+    );
     println!(
         "operation | by the emulated event-source mappings (AWS's own when deployed), per tool call"
     );

@@ -39,6 +39,24 @@ fn resources_of<'a>(t: &'a Value, kind: &str) -> Vec<(&'a String, &'a Value)> {
         .collect()
 }
 
+/// A Cargo.toml's `key = value` lines with the `[section]` each is in (just enough TOML).
+fn toml_lines(text: &str) -> Vec<(String, String, String)> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line.to_string();
+        } else if let Some((k, v)) = line.split_once('=') {
+            out.push((
+                section.clone(),
+                k.trim().to_string(),
+                v.trim().trim_matches('"').to_string(),
+            ));
+        }
+    }
+    out
+}
+
 /// Binaries and lambda deploy settings of every crate in the workspace.
 fn crates() -> BTreeMap<String, (u64, u64)> {
     let mut out = BTreeMap::new();
@@ -51,17 +69,9 @@ fn crates() -> BTreeMap<String, (u64, u64)> {
         let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
             continue;
         };
-        let mut section = String::new();
         let (mut bins, mut memory, mut timeout) = (Vec::new(), None, None);
-        for line in text.lines().map(str::trim) {
-            if line.starts_with('[') {
-                section = line.to_string();
-                continue;
-            }
-            let Some((k, v)) = line.split_once('=') else {
-                continue;
-            };
-            let (k, v) = (k.trim(), v.trim().trim_matches('"'));
+        for (section, k, v) in toml_lines(&text) {
+            let (k, v) = (k.as_str(), v.as_str());
             match (section.as_str(), k) {
                 ("[[bin]]", "name") => bins.push(v.to_string()),
                 ("[package.metadata.lambda.deploy]", "memory") => memory = v.parse().ok(),
@@ -331,8 +341,8 @@ fn workspace_crates() -> BTreeMap<String, (std::path::PathBuf, Vec<String>)> {
         let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
             continue;
         };
-        let manifest: toml_like::Manifest = toml_like::parse(&text);
-        out.insert(manifest.name, (dir, manifest.dependencies));
+        let (name, dependencies) = name_and_dependencies(&text);
+        out.insert(name, (dir, dependencies));
     }
     let names: BTreeSet<String> = out.keys().cloned().collect();
     for (_, deps) in out.values_mut() {
@@ -341,31 +351,18 @@ fn workspace_crates() -> BTreeMap<String, (std::path::PathBuf, Vec<String>)> {
     out
 }
 
-/// Just enough of Cargo.toml: the package name and the `[dependencies]` keys.
-mod toml_like {
-    pub struct Manifest {
-        pub name: String,
-        pub dependencies: Vec<String>,
-    }
-    pub fn parse(text: &str) -> Manifest {
-        let (mut section, mut name, mut dependencies) = (String::new(), String::new(), Vec::new());
-        for line in text.lines().map(str::trim) {
-            if line.starts_with('[') {
-                section = line.to_string();
-                continue;
-            }
-            let Some((k, v)) = line.split_once('=') else {
-                continue;
-            };
-            let k = k.trim().trim_end_matches(".workspace").to_string();
-            match section.as_str() {
-                "[package]" if k == "name" => name = v.trim().trim_matches('"').to_string(),
-                "[dependencies]" => dependencies.push(k),
-                _ => {}
-            }
+/// A Cargo.toml's package name and `[dependencies]` keys.
+fn name_and_dependencies(text: &str) -> (String, Vec<String>) {
+    let (mut name, mut dependencies) = (String::new(), Vec::new());
+    for (section, k, v) in toml_lines(text) {
+        let k = k.trim_end_matches(".workspace").to_string();
+        match section.as_str() {
+            "[package]" if k == "name" => name = v,
+            "[dependencies]" => dependencies.push(k),
+            _ => {}
         }
-        Manifest { name, dependencies }
     }
+    (name, dependencies)
 }
 
 /// The environment variables named in a crate's code (tests left out), each with the first
