@@ -33,10 +33,8 @@ impl Intercept for CountCalls {
             Some(m) => format!("{}.{}", m.service(), m.name()),
             None => "unknown".to_string(),
         };
-        if let Some(scope) = state_scope(context) {
-            key.push_str(&format!(" [{scope}]"));
-        } else if let Some(table) = table_of(context) {
-            key.push_str(&format!(" ({table} table)"));
+        if let Some(label) = item_label(context) {
+            key.push_str(&label);
         }
         let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry(key).or_default() += 1;
@@ -46,81 +44,48 @@ impl Intercept for CountCalls {
     }
 }
 
-/// The state scope a DynamoDB item operation touches (the state table's partition key), so
-/// the counts say whose writes they are: the turn record, events, the session tree…
-fn state_scope(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<String> {
+/// What a DynamoDB item call touches: ` [scope]` in the state table (its partition key), so
+/// the counts say whose writes they are (the turn record, events, the session tree…), else
+/// ` (name table)` for the other tables (registry, checkpoints), without the prefix.
+fn item_label(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<String> {
     use aws_sdk_dynamodb::operation::{
         delete_item::DeleteItemInput, get_item::GetItemInput, put_item::PutItemInput,
         query::QueryInput, update_item::UpdateItemInput,
     };
     use aws_sdk_dynamodb::types::AttributeValue;
-    let input = context.input();
-    let of = |m: Option<&std::collections::HashMap<String, AttributeValue>>| {
+    type Attrs = std::collections::HashMap<String, AttributeValue>;
+    fn scope_of(m: Option<&Attrs>) -> Option<&str> {
         m.and_then(|m| m.get("scope"))
             .and_then(|v| v.as_s().ok())
-            .map(|s| generalise(s))
-    };
-    if let Some(i) = input.downcast_ref::<GetItemInput>() {
-        return of(i.key.as_ref());
+            .map(String::as_str)
     }
-    if let Some(i) = input.downcast_ref::<PutItemInput>() {
-        return of(i.item.as_ref());
-    }
-    if let Some(i) = input.downcast_ref::<UpdateItemInput>() {
-        return of(i.key.as_ref());
-    }
-    if let Some(i) = input.downcast_ref::<DeleteItemInput>() {
-        return of(i.key.as_ref());
-    }
-    if let Some(i) = input.downcast_ref::<QueryInput>() {
-        return i
+    let input = context.input();
+    let (table, scope) = if let Some(i) = input.downcast_ref::<GetItemInput>() {
+        (i.table_name.as_deref(), scope_of(i.key.as_ref()))
+    } else if let Some(i) = input.downcast_ref::<PutItemInput>() {
+        (i.table_name.as_deref(), scope_of(i.item.as_ref()))
+    } else if let Some(i) = input.downcast_ref::<UpdateItemInput>() {
+        (i.table_name.as_deref(), scope_of(i.key.as_ref()))
+    } else if let Some(i) = input.downcast_ref::<DeleteItemInput>() {
+        (i.table_name.as_deref(), scope_of(i.key.as_ref()))
+    } else if let Some(i) = input.downcast_ref::<QueryInput>() {
+        // A query's key condition value: the scope (state) or the kind (registry).
+        let value = i
             .expression_attribute_values
             .as_ref()
             .and_then(|m| m.values().find_map(|v| v.as_s().ok()))
-            .map(|s| generalise(s));
-    }
-    None
-}
-
-/// The table of a DynamoDB item call without a state scope (registry, checkpoints), its
-/// name without the deployment's prefix.
-fn table_of(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<String> {
-    use aws_sdk_dynamodb::operation::{
-        delete_item::DeleteItemInput, get_item::GetItemInput, put_item::PutItemInput,
-        query::QueryInput, update_item::UpdateItemInput,
+            .map(String::as_str);
+        (i.table_name.as_deref(), value)
+    } else {
+        return None;
     };
-    let input = context.input();
-    let name = input
-        .downcast_ref::<GetItemInput>()
-        .and_then(|i| i.table_name.clone())
-        .or_else(|| {
-            input
-                .downcast_ref::<PutItemInput>()
-                .and_then(|i| i.table_name.clone())
-        })
-        .or_else(|| {
-            input
-                .downcast_ref::<UpdateItemInput>()
-                .and_then(|i| i.table_name.clone())
-        })
-        .or_else(|| {
-            input
-                .downcast_ref::<DeleteItemInput>()
-                .and_then(|i| i.table_name.clone())
-        })
-        .or_else(|| {
-            input
-                .downcast_ref::<QueryInput>()
-                .and_then(|i| i.table_name.clone())
-        })?;
-    Some(name.rsplit('-').next().unwrap_or(&name).to_string())
-}
-
-/// A scope without what varies per session (`$stream:agent::events:<sid>` → `…:*`).
-fn generalise(scope: &str) -> String {
-    match scope.match_indices(':').nth(3) {
-        Some((at, _)) if scope.starts_with("$stream:") => format!("{}:*", &scope[..at]),
-        _ => scope.to_string(),
+    match (scope, table) {
+        (Some(scope), _) => Some(format!(" [{scope}]")),
+        (None, Some(table)) => Some(format!(
+            " ({} table)",
+            table.rsplit('-').next().unwrap_or(table)
+        )),
+        (None, None) => None,
     }
 }
 
@@ -231,6 +196,5 @@ mod tests {
         std::fs::write(dir.path().join("14.json"), b"{not json").unwrap();
         let err = sum_recorded(dir.path(), &[]).unwrap_err().to_string();
         assert!(err.contains("14.json"), "{err}");
-        assert_eq!(generalise("agent"), "agent");
     }
 }
