@@ -18,12 +18,17 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 mkdir -p "$CARGO_TARGET_DIR"
+# Incremental caches roughly double the debug build on disk and only pay when the same target
+# is rebuilt after an edit; a CI run builds once (a cold run ran out of disk with them).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 logs="$CARGO_TARGET_DIR/ci-logs"
 mkdir -p "$logs"
 
 stage_start=0
 stage() { stage_name="$1"; stage_start=$(date +%s); echo "=== $stage_name"; }
-stage_done() { echo "=== $stage_name: $(( $(date +%s) - stage_start ))s"; }
+stage_done() {
+  echo "=== $stage_name: $(( $(date +%s) - stage_start ))s (target $(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1), $(df -h --output=avail "$CARGO_TARGET_DIR" | tail -1 | tr -d ' ') free)"
+}
 total_start=$(date +%s)
 nextest() { cargo nextest run --workspace --locked --profile ci "$@"; }
 
