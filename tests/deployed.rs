@@ -233,25 +233,26 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
 
 /// Two sessions at once through the deployed shape: their steps run side by side (the SQS
 /// mapping's pollers and the handler's message groups), while within each session the steps
-/// never interleave. Each tool call logs its start and end; alpha's first call waits for beta
-/// to have started one (so a deployment that ran one step at a time fails here, after a
-/// 10 s wait, instead of passing by luck).
+/// never interleave. Each tool call logs its start and end; each session's first call waits
+/// for the other's to have started (a barrier), so a deployment that ran one step at a time
+/// fails here, after a 10 s wait, instead of passing by luck, whichever session goes first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
     let Some(dir) = lambda_dir() else { return };
     let prefix = format!("d2{}-", engine_gateway::trace::random_hex(4));
     let workdir = workdir();
-    let (log, beta_started) = (
-        format!("steps-{prefix}log"),
-        format!("beta-{prefix}started"),
-    );
+    let log = format!("steps-{prefix}log");
+    let started = |session: &str| format!("{session}-{prefix}started");
     let call_of = |session: &str, i: usize| {
-        let wait = if session == "alpha" && i == 1 {
-            format!("for n in $(seq 200); do [ -e {beta_started} ] && break; sleep 0.05; done; ")
-        } else if session == "beta" {
-            format!("touch {beta_started}; sleep 0.3; ")
+        let other = if session == "alpha" { "beta" } else { "alpha" };
+        let wait = if i == 1 {
+            format!(
+                "touch {}; for n in $(seq 200); do [ -e {} ] && break; sleep 0.05; done; ",
+                started(session),
+                started(other)
+            )
         } else {
-            "sleep 0.3; ".to_string()
+            "sleep 0.1; ".to_string()
         };
         json!({"id": format!("{session}{i}"), "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {"command": format!("echo '{session} {i} start' >> {log}; {wait}echo '{session} {i} end' >> {log}")}}})
     };
@@ -285,7 +286,7 @@ async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
         .lines()
         .map(str::to_owned)
         .collect();
-    for f in [&log, &beta_started] {
+    for f in [log.clone(), started("alpha"), started("beta")] {
         let _ = std::fs::remove_file(workdir.join(f));
     }
     for session in ["alpha", "beta"] {
@@ -301,8 +302,8 @@ async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
     }
     let at = |l: &str| lines.iter().position(|x| x == l).unwrap();
     assert!(
-        at("alpha 1 start") < at("beta 1 start") && at("beta 1 start") < at("alpha 1 end"),
-        "beta ran while alpha's first call waited: {lines:?}"
+        at("alpha 1 start") < at("beta 1 end") && at("beta 1 start") < at("alpha 1 end"),
+        "the first calls of the two sessions ran at the same time: {lines:?}"
     );
     s.deployed.shutdown();
 }

@@ -142,6 +142,22 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
             .all(|e| e["new_value"].get("work").is_none()),
         "views never carry the work list"
     );
+    // The UI sees every state pass, steering_check included (it runs inside the step that
+    // leads to it, not as a queued step of its own).
+    let states: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["type"] == "turn_state_changed")
+        .filter_map(|e| e["new_value"]["state"].as_str())
+        .collect();
+    assert_eq!(states.first(), Some(&"provisioning"), "{states:?}");
+    assert_eq!(states.last(), Some(&"stopped"), "{states:?}");
+    assert!(states.contains(&"steering_check"), "{states:?}");
+    assert!(
+        states
+            .windows(2)
+            .all(|w| !(w[0] == "function_execute" && w[1] == "assistant_streaming")),
+        "a batch's results reach the model through steering_check: {states:?}"
+    );
 
     // One connected trace for the session.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -117,6 +117,61 @@ pub fn stream_addr(data: &Value) -> Result<(String, String), ErrorBody> {
     Ok((format!("{STREAM_SCOPE_PREFIX}{name}"), group))
 }
 
+/// One item of a `stream::set_many` call, checked.
+pub struct StreamItem {
+    pub stream_name: String,
+    /// The state scope and key it is stored under.
+    pub scope: String,
+    pub key: String,
+    pub group_id: String,
+    pub item_id: String,
+    pub data: Value,
+}
+
+/// `stream::set_many`'s `items`: each `{stream_name, group_id, item_id, data}`, at most
+/// `SET_MANY_MAX` of them; an error names the item that is wrong.
+pub fn stream_items(data: &mut Value) -> Result<Vec<StreamItem>, ErrorBody> {
+    let max = crate::state::SET_MANY_MAX;
+    let items = match data.get_mut("items").map(Value::take) {
+        Some(Value::Array(items)) => items,
+        None | Some(Value::Null) => {
+            return Err(ErrorBody::invalid("missing required field `items`"));
+        }
+        Some(other) => {
+            return Err(ErrorBody::invalid(format!(
+                "field `items` must be an array, got {}",
+                kind_of(&other)
+            )));
+        }
+    };
+    if items.len() > max {
+        return Err(ErrorBody::invalid(format!(
+            "`items` holds {} items; one call writes at most {max}",
+            items.len()
+        )));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut item)| {
+            let at = |e: ErrorBody| ErrorBody::invalid(format!("`items[{i}]`: {}", e.message));
+            let (scope, group_id) = stream_addr(&item).map_err(at)?;
+            let stream_name = req_str(&item, "stream_name").map_err(at)?;
+            let item_id = req_str(&item, "item_id").map_err(at)?;
+            let data = take_value(&mut item, "data").map_err(at)?;
+            crate::state::check_value_depth(&format!("`items[{i}].data`"), &data)?;
+            Ok(StreamItem {
+                key: format!("{group_id}\u{1}{item_id}"),
+                stream_name,
+                scope,
+                group_id,
+                item_id,
+                data,
+            })
+        })
+        .collect()
+}
+
 pub fn register(engine: &Arc<Engine>) {
     let s = |t: &str| json!({"type": t});
 
@@ -361,6 +416,42 @@ pub fn register(engine: &Arc<Engine>) {
             answer.insert("old_value".into(), out.old_value.unwrap_or(Value::Null));
             answer.insert("new_value".into(), new_value);
             Ok(Value::Object(answer))
+        },
+    );
+    add(
+        engine,
+        "stream::set_many",
+        "Store several stream items in one write and push each to its subscribers, in order.",
+        schema(
+            &["items"],
+            json!({"items": {"type": "array", "maxItems": crate::state::SET_MANY_MAX, "items": schema(
+                &["stream_name", "group_id", "item_id", "data"],
+                json!({"stream_name": s("string"), "group_id": s("string"), "item_id": s("string"), "data": {}}),
+            )}}),
+        ),
+        |e, mut inv| async move {
+            let items = stream_items(&mut inv.data)?;
+            let writes = items
+                .iter()
+                .map(|i| (i.scope.clone(), i.key.clone(), i.data.clone()))
+                .collect();
+            let existed = e.state.set_many(writes, &meta_of(&inv)).await?;
+            for (item, existed) in items.iter().zip(existed) {
+                let event_type = if existed == Some(true) {
+                    "update"
+                } else {
+                    "create"
+                };
+                e.emit_stream_event(
+                    &item.stream_name,
+                    &item.group_id,
+                    &item.item_id,
+                    event_type,
+                    &item.data,
+                    &inv.trace,
+                );
+            }
+            Ok(json!({"count": items.len()}))
         },
     );
     add(

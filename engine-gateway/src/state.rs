@@ -218,6 +218,23 @@ pub trait StateStore: Send + Sync {
         limit: usize,
     ) -> Result<(Vec<Entry>, bool), StateError>;
 
+    /// Unconditional writes of several records, in order, in as few round trips as the
+    /// backend allows (DynamoDB: one `TransactWriteItems` per 100 items or 4 MB). For each
+    /// record: whether it existed before, or `None` where the backend cannot tell without
+    /// another read. Not atomic as a whole: a failure may leave a prefix written.
+    async fn set_many(
+        &self,
+        items: Vec<(String, String, Value)>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<bool>>, StateError> {
+        let mut existed = Vec::with_capacity(items.len());
+        for (scope, key, value) in items {
+            let out = self.set(&scope, &key, value, None, meta).await?;
+            existed.push(Some(out.old_value.is_some()));
+        }
+        Ok(existed)
+    }
+
     /// Every record of a scope (page by page). For internal readers whose lists are bounded
     /// by retention; clients page through `state::list` themselves.
     async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {
@@ -234,6 +251,9 @@ pub trait StateStore: Send + Sync {
         }
     }
 }
+
+/// The most items one `stream::set_many` call writes.
+pub const SET_MANY_MAX: usize = 100;
 
 /// The most records one `state::list` page holds (also its default `limit`).
 pub const LIST_PAGE_MAX: usize = 1000;
@@ -329,7 +349,7 @@ pub fn check_value_depth(what: &str, v: &Value) -> Result<(), StateError> {
     Ok(())
 }
 
-fn check_path(path: &str) -> Result<(), StateError> {
+pub fn check_path(path: &str) -> Result<(), StateError> {
     let sep = if path.starts_with('/') { '/' } else { '.' };
     let segments = path.chars().filter(|c| *c == sep).count() + 1;
     if segments > MAX_PATH_SEGMENTS {
@@ -414,6 +434,16 @@ pub fn apply_ops(mut current: Value, ops: &[UpdateOp]) -> Result<Value, StateErr
 
 fn missing(path: &str) -> StateError {
     StateError::Invalid(format!("path `{path}` does not exist"))
+}
+
+/// The value a path (dotted, or a JSON pointer) names in `v`, if there is one. Array
+/// elements are named by their index.
+pub fn value_at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    split_path(path).iter().try_fold(v, |v, seg| match v {
+        Value::Object(m) => m.get(seg),
+        Value::Array(a) => a.get(seg.parse::<usize>().ok()?),
+        _ => None,
+    })
 }
 
 fn split_path(path: &str) -> Vec<String> {

@@ -439,6 +439,83 @@ async fn state_triggers_fire_with_old_and_new_values_and_honour_conditions() {
     wh.stop();
 }
 
+/// `changed`: a state trigger fires only for writes that change the value at its path, on
+/// every backend (the engine decides before invoking anything); a bad path is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_trigger_with_changed_fires_only_when_that_value_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let events: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let e = events.clone();
+    let w = Worker::new("parked-watch")
+        .function("t::on_parked", "", move |_c, ev: Value| {
+            let e = e.clone();
+            async move {
+                e.lock().unwrap().push(ev);
+                Ok(json!({}))
+            }
+        })
+        .trigger(
+            "state",
+            "t::on_parked",
+            json!({"scope": "turns", "changed": "parked"}),
+        );
+    let mut wh = remote(&srv, w);
+    wh.wait_connected(Duration::from_secs(5)).await.unwrap();
+    let ctx = wh.ctx();
+    for (n, value) in [
+        json!({"step": 1}),
+        json!({"step": 2}),
+        json!({"step": 3, "parked": ["c1"]}),
+        json!({"step": 4, "parked": ["c1"]}),
+        json!({"step": 5, "parked": null}),
+        json!({"step": 6}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        ctx.state_set("turns", "s1", value).await.unwrap();
+        if n == 1 {
+            // A record that never parks: its writes and its delete fire nothing.
+            ctx.state_set("turns", "s2", json!({"step": 1}))
+                .await
+                .unwrap();
+            ctx.state_delete("turns", "s2").await.unwrap();
+        }
+    }
+    wait_for("2 events", || async { events.lock().unwrap().len() >= 2 }).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let mut steps: Vec<u64> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| e["new_value"]["step"].as_u64().unwrap_or(0))
+        .collect();
+    steps.sort();
+    assert_eq!(
+        steps,
+        [3, 5],
+        "parked set, then cleared: {:?}",
+        events.lock().unwrap()
+    );
+    wh.stop();
+
+    let mut raw = Raw::connect(&srv.url()).await;
+    raw.send(json!({"type": "registertrigger", "id": "deep", "trigger_type": "state", "function_id": "t::x", "config": {"changed": vec!["a"; 65].join(".")}}))
+        .await;
+    let r = raw
+        .recv_until(|v| v["type"] == "triggerregistrationresult")
+        .await;
+    assert_eq!(r["error"]["code"], "invalid_message", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("`changed`"),
+        "{r}"
+    );
+}
+
 /// A handler that fails is retried with backoff until it succeeds, and only then is the
 /// change acknowledged: it fires once more after a restart only if it never succeeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,8 +551,8 @@ async fn a_failing_trigger_handler_is_retried_and_the_change_acked_only_after_su
         calls.load(std::sync::atomic::Ordering::SeqCst) >= 3
     })
     .await;
-    // Settled: no fourth call, and the acknowledgement (every 200 ms) has gone out.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Settled: no fourth call, and the acknowledgement (at most a second later) has gone out.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     wh.stop();
     srv.shutdown().await;
@@ -704,6 +781,90 @@ async fn streams_push_to_subscribers_and_triggers() {
         .is_err_and(|e| e.code() == "gone")
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_set_many_stores_and_pushes_every_item_in_order_and_names_a_bad_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut browser = Raw::connect(&srv.url()).await;
+    browser
+        .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "m1"}))
+        .await;
+    browser.barrier().await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    let item = |stream: &str, group: &str, id: &str, n: u64| json!({"stream_name": stream, "group_id": group, "item_id": id, "data": {"n": n}});
+    let items: Vec<Value> = (1..=5)
+        .map(|n| item("agent::events", "m1", &format!("m1-{n}"), n))
+        .chain([item("agent::turn_end", "m1", "m1-t", 9)])
+        .collect();
+    let r = raw
+        .call("stream::set_many", json!({ "items": items }))
+        .await;
+    assert_eq!(r["result"]["count"], 6, "{r}");
+    for n in 1..=5u64 {
+        let ev = browser.recv_until(|v| v["type"] == "streamevent").await;
+        assert_eq!(ev["item_id"], format!("m1-{n}"), "in order: {ev}");
+        assert_eq!(ev["event"]["data"]["n"], n, "{ev}");
+    }
+    let r = raw
+        .call(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "m1"}),
+        )
+        .await;
+    assert_eq!(
+        r["result"]["items"].as_array().map(Vec::len),
+        Some(5),
+        "{r}"
+    );
+    let r = raw
+        .call(
+            "stream::get",
+            json!({"stream_name": "agent::turn_end", "group_id": "m1", "item_id": "m1-t"}),
+        )
+        .await;
+    assert_eq!(r["result"], json!({"n": 9}), "{r}");
+
+    // Bad batches are refused whole, with an error that names what is wrong.
+    let too_many: Vec<Value> = (0..101)
+        .map(|n| item("agent::events", "m2", &format!("x{n}"), n))
+        .collect();
+    let nested = (0..70).fold(json!(1), |v, _| json!([v]));
+    for (items, says) in [
+        (json!(too_many), "at most 100"),
+        (json!("nope"), "`items` must be an array"),
+        (
+            json!([item("agent::events", "m2", "ok", 1), {"stream_name": "agent::events", "group_id": "m2", "data": 1}]),
+            "`items[1]`: missing required field `item_id`",
+        ),
+        (
+            json!([{"stream_name": "agent::events", "group_id": "", "item_id": "a", "data": 1}]),
+            "`items[0]`",
+        ),
+        (
+            json!([{"stream_name": "agent::events", "group_id": "m2", "item_id": "a", "data": nested}]),
+            "`items[0].data` nests deeper than 64",
+        ),
+    ] {
+        let r = raw
+            .call("stream::set_many", json!({ "items": items }))
+            .await;
+        assert_eq!(r["error"]["code"], "invalid_message", "{says}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "`{msg}` should say {says}");
+    }
+    let r = raw
+        .call(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "m2"}),
+        )
+        .await;
+    assert_eq!(
+        r["result"]["items"],
+        json!([]),
+        "nothing of a refused batch is stored: {r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

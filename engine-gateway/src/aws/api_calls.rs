@@ -50,7 +50,8 @@ impl Intercept for CountCalls {
 fn item_label(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<String> {
     use aws_sdk_dynamodb::operation::{
         delete_item::DeleteItemInput, get_item::GetItemInput, put_item::PutItemInput,
-        query::QueryInput, update_item::UpdateItemInput,
+        query::QueryInput, transact_write_items::TransactWriteItemsInput,
+        update_item::UpdateItemInput,
     };
     use aws_sdk_dynamodb::types::AttributeValue;
     type Attrs = std::collections::HashMap<String, AttributeValue>;
@@ -68,6 +69,14 @@ fn item_label(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<
         (i.table_name.as_deref(), scope_of(i.key.as_ref()))
     } else if let Some(i) = input.downcast_ref::<DeleteItemInput>() {
         (i.table_name.as_deref(), scope_of(i.key.as_ref()))
+    } else if let Some(i) = input.downcast_ref::<TransactWriteItemsInput>() {
+        // A transaction's first update: `set_many` writes one stream group's items.
+        let first = i.transact_items.as_deref().unwrap_or_default().first();
+        let update = first.and_then(|t| t.update.as_ref());
+        (
+            update.map(|u| u.table_name.as_str()),
+            update.and_then(|u| u.key.get("scope")?.as_s().ok().map(String::as_str)),
+        )
     } else if let Some(i) = input.downcast_ref::<QueryInput>() {
         // A query's key condition value: the scope (state) or the kind (registry).
         let value = i

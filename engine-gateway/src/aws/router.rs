@@ -99,13 +99,30 @@ fn not_started<R>(
 
 /// Whether a state trigger's `config` takes a change of `scope`/`key`: `*` globs, as the
 /// engine and the SDK match them; engine-reserved (`$`) scopes reach no trigger.
-pub fn state_trigger_picks(config: &Value, scope: &str, key: &str) -> bool {
+pub fn state_trigger_picks(config: &Value, record: &Value) -> bool {
+    let keys = &record["dynamodb"]["Keys"];
+    let scope = keys["scope"]["S"].as_str().unwrap_or("");
+    let key = keys["key"]["S"].as_str().unwrap_or("");
     let glob = |field: &str, actual: &str| {
         config[field]
             .as_str()
             .is_none_or(|p| crate::engine::glob_match(p, actual))
     };
-    !scope.starts_with('$') && glob("scope", scope) && glob("key", key)
+    if scope.starts_with('$') || !glob("scope", scope) || !glob("key", key) {
+        return false;
+    }
+    let Some(changed) = config["changed"].as_str() else {
+        return true;
+    };
+    // The images hold the value as JSON text (aws/state.rs).
+    let image = |name: &str| -> Option<Value> {
+        serde_json::from_str(record["dynamodb"][name]["value"]["S"].as_str()?).ok()
+    };
+    crate::engine::state_change_passes(
+        Some(changed),
+        image("OldImage").as_ref(),
+        image("NewImage").as_ref(),
+    )
 }
 
 /// The registry's record of `function_id` (its owner and body), if any.
@@ -639,14 +656,7 @@ impl AwsRouter {
             let picked: Vec<(usize, &Value)> = records
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| {
-                    let k = &r["dynamodb"]["Keys"];
-                    state_trigger_picks(
-                        &t["config"],
-                        k["scope"]["S"].as_str().unwrap_or(""),
-                        k["key"]["S"].as_str().unwrap_or(""),
-                    )
-                })
+                .filter(|(_, r)| state_trigger_picks(&t["config"], r))
                 .collect();
             if picked.is_empty() {
                 continue;
@@ -687,24 +697,82 @@ mod tests {
 
     #[test]
     fn state_triggers_match_globs_as_the_engine_does() {
+        // A stream record as DynamoDB Streams gives it (NEW_AND_OLD_IMAGES).
+        let rec = |scope: &str, key: &str, old: Option<Value>, new: Option<Value>| {
+            let image = |v: &Option<Value>| {
+                v.as_ref()
+                    .map(|v| json!({"scope": {"S": scope}, "key": {"S": key}, "value": {"S": v.to_string()}}))
+            };
+            json!({"dynamodb": {"Keys": {"scope": {"S": scope}, "key": {"S": key}}, "OldImage": image(&old), "NewImage": image(&new)}})
+        };
+        let at = |scope: &str, key: &str| rec(scope, key, None, Some(json!({})));
         let slack = json!({"scope": "agent", "key": "session/*/turn_state"});
         assert!(state_trigger_picks(
             &slack,
-            "agent",
-            "session/s1/turn_state"
+            &at("agent", "session/s1/turn_state")
         ));
-        assert!(!state_trigger_picks(&slack, "agent", "session/s1/request"));
         assert!(!state_trigger_picks(
             &slack,
-            "agents",
-            "session/s1/turn_state"
+            &at("agent", "session/s1/request")
         ));
-        assert!(state_trigger_picks(&json!({"scope": "w*"}), "watch", "any"));
-        assert!(state_trigger_picks(&json!({}), "anything", "at/all"));
+        assert!(!state_trigger_picks(
+            &slack,
+            &at("agents", "session/s1/turn_state")
+        ));
+        assert!(state_trigger_picks(
+            &json!({"scope": "w*"}),
+            &at("watch", "any")
+        ));
+        assert!(state_trigger_picks(&json!({}), &at("anything", "at/all")));
         assert!(!state_trigger_picks(
             &json!({}),
-            "$stream:agent::events",
-            "k"
+            &at("$stream:agent::events", "k")
+        ));
+
+        // `changed`: only writes that change the value at the path.
+        let parked = json!({"scope": "agent", "changed": "awaiting_approval"});
+        let (k, calls) = ("session/s1/turn_state", json!([{"function_call_id": "c1"}]));
+        let write = |old: Value, new: Value| rec("agent", k, Some(old), Some(new));
+        assert!(!state_trigger_picks(
+            &parked,
+            &write(json!({"state": "a"}), json!({"state": "b"}))
+        ));
+        assert!(state_trigger_picks(
+            &parked,
+            &write(json!({"state": "a"}), json!({"awaiting_approval": calls}))
+        ));
+        assert!(!state_trigger_picks(
+            &parked,
+            &write(
+                json!({"awaiting_approval": calls, "n": 1}),
+                json!({"awaiting_approval": calls, "n": 2})
+            )
+        ));
+        assert!(state_trigger_picks(
+            &parked,
+            &write(
+                json!({"awaiting_approval": calls}),
+                json!({"awaiting_approval": null})
+            )
+        ));
+        assert!(
+            !state_trigger_picks(
+                &parked,
+                &write(json!({"awaiting_approval": null}), json!({}))
+            ),
+            "absent and null are the same"
+        );
+        assert!(
+            state_trigger_picks(
+                &parked,
+                &rec("agent", k, None, Some(json!({"awaiting_approval": calls})))
+            ),
+            "a first write"
+        );
+        let pointer = json!({"changed": "/work/prepared/0"});
+        assert!(state_trigger_picks(
+            &pointer,
+            &write(json!({}), json!({"work": {"prepared": ["x"]}}))
         ));
     }
     use std::collections::HashMap;

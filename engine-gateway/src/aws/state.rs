@@ -45,6 +45,59 @@ pub fn decode_item(item: &Item) -> Result<Option<Versioned>, StateError> {
     Ok(Some(Versioned { value, version }))
 }
 
+/// The update expression of an unconditional write: the value, the version bumped from
+/// wherever it is (or from just before a new record's first), and the writer's trace context.
+struct UnconditionalSet {
+    /// The version just before a new record's first (the wall clock: read once).
+    before_first: u64,
+    expression: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl UnconditionalSet {
+    fn new(value: &Value, meta: &WriteMeta) -> Self {
+        let before_first = next_version(None) - 1;
+        let mut names = HashMap::from([
+            ("#val".to_string(), "value".to_string()),
+            ("#ver".to_string(), "version".to_string()),
+        ]);
+        let mut values = HashMap::from([
+            (":val".to_string(), s(&value.to_string())),
+            (
+                ":before_first".to_string(),
+                AttributeValue::N(before_first.to_string()),
+            ),
+            (":one".to_string(), AttributeValue::N("1".into())),
+        ]);
+        let mut set = vec![
+            "#val = :val",
+            "#ver = if_not_exists(#ver, :before_first) + :one",
+        ];
+        if let Some(tp) = &meta.traceparent {
+            names.insert("#tp".into(), "tp".into());
+            values.insert(":tp".into(), s(tp));
+            set.push("#tp = :tp");
+        }
+        if let Some(bg) = &meta.baggage {
+            names.insert("#bg".into(), "bg".into());
+            values.insert(":bg".into(), s(bg));
+            set.push("#bg = :bg");
+        }
+        Self {
+            before_first,
+            expression: format!("SET {}", set.join(", ")),
+            names,
+            values,
+        }
+    }
+}
+
+/// What one transaction may hold: DynamoDB's 100 items and 4 MB (with room for the
+/// attribute names and keys each item repeats).
+const TRANSACT_MAX_ITEMS: usize = 100;
+const TRANSACT_MAX_BYTES: usize = 3_500_000;
+
 impl DynamoState {
     pub fn new(clients: AwsClients, names: &AwsNames) -> Self {
         Self {
@@ -68,6 +121,38 @@ impl DynamoState {
         match out.item() {
             Some(item) => decode_item(item),
             None => Ok(None),
+        }
+    }
+
+    /// One `TransactWriteItems`, retried a few times when it lost a race with another
+    /// transaction on the same items (DynamoDB cancels it; the SDK does not retry that).
+    async fn transact(
+        &self,
+        items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Result<(), StateError> {
+        let mut attempt = 0;
+        loop {
+            let out = self
+                .clients
+                .dynamodb
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .send()
+                .await;
+            let Err(e) = out else { return Ok(()) };
+            use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+            let conflict = match e.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(c)) => c
+                    .cancellation_reasons()
+                    .iter()
+                    .all(|r| matches!(r.code(), None | Some("None" | "TransactionConflict"))),
+                _ => false,
+            };
+            attempt += 1;
+            if !conflict || attempt >= 5 {
+                return Err(storage(err_text(&e)));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20 << attempt)).await;
         }
     }
 
@@ -158,41 +243,19 @@ impl StateStore for DynamoState {
             return Err(Self::conflict(scope, key, expected, found));
         }
         // Unconditional: one atomic UpdateItem bumps the version and returns the old image.
-        let before_first = next_version(None) - 1;
-        let mut names = vec![("#val", "value"), ("#ver", "version")];
-        let mut set = vec![
-            "#val = :val",
-            "#ver = if_not_exists(#ver, :before_first) + :one",
-        ];
-        let mut req = self
+        let write = UnconditionalSet::new(&value, meta);
+        let before_first = write.before_first;
+        let out = self
             .clients
             .dynamodb
             .update_item()
             .table_name(&self.table)
             .key("scope", s(scope))
             .key("key", s(key))
-            .expression_attribute_values(":val", s(&value.to_string()))
-            .expression_attribute_values(
-                ":before_first",
-                AttributeValue::N(before_first.to_string()),
-            )
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .return_values(ReturnValue::AllOld);
-        if let Some(tp) = &meta.traceparent {
-            names.push(("#tp", "tp"));
-            set.push("#tp = :tp");
-            req = req.expression_attribute_values(":tp", s(tp));
-        }
-        if let Some(bg) = &meta.baggage {
-            names.push(("#bg", "bg"));
-            set.push("#bg = :bg");
-            req = req.expression_attribute_values(":bg", s(bg));
-        }
-        for (k, v) in names {
-            req = req.expression_attribute_names(k, v);
-        }
-        let out = req
-            .update_expression(format!("SET {}", set.join(", ")))
+            .set_expression_attribute_names(Some(write.names))
+            .set_expression_attribute_values(Some(write.values))
+            .update_expression(write.expression)
+            .return_values(ReturnValue::AllOld)
             .send()
             .await
             .map_err(|e| storage(err_text(&e)))?;
@@ -205,6 +268,42 @@ impl StateStore for DynamoState {
             old_value: old.map(|o| o.value),
             new_value: Some(value),
         })
+    }
+
+    async fn set_many(
+        &self,
+        items: Vec<(String, String, Value)>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<bool>>, StateError> {
+        use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
+        for (scope, key, _) in &items {
+            validate_address(scope, key)?;
+        }
+        let count = items.len();
+        let mut chunk: Vec<TransactWriteItem> = Vec::new();
+        let mut chunk_bytes = 0;
+        let mut iter = items.into_iter().peekable();
+        while let Some((scope, key, value)) = iter.next() {
+            let write = UnconditionalSet::new(&value, meta);
+            chunk_bytes += scope.len() + key.len() + value.to_string().len() + 200;
+            let update = Update::builder()
+                .table_name(&self.table)
+                .key("scope", s(&scope))
+                .key("key", s(&key))
+                .update_expression(write.expression)
+                .set_expression_attribute_names(Some(write.names))
+                .set_expression_attribute_values(Some(write.values))
+                .build()
+                .map_err(storage)?;
+            chunk.push(TransactWriteItem::builder().update(update).build());
+            let full = chunk.len() == TRANSACT_MAX_ITEMS || chunk_bytes >= TRANSACT_MAX_BYTES;
+            if full || iter.peek().is_none() {
+                self.transact(std::mem::take(&mut chunk)).await?;
+                chunk_bytes = 0;
+            }
+        }
+        // A transaction returns no old images: whether each record existed is not known.
+        Ok(vec![None; count])
     }
 
     async fn update(

@@ -66,6 +66,10 @@ pub const DEFAULT_DENY: &[&str] = &[
     "state::set",
     "state::update",
     "state::delete",
+    // The UI's event stream is the harness's to write: an agent could forge events.
+    "stream::set",
+    "stream::set_many",
+    "stream::delete",
     "run::start",
     "auth::set_token",
     "auth::delete_token",

@@ -185,6 +185,16 @@ impl AwsBus {
             return None;
         }
         let run = async {
+            if function_id == "stream::set_many" {
+                let items = engine_gateway::builtins::stream_items(&mut data.clone())?;
+                let count = items.len();
+                let writes = items
+                    .into_iter()
+                    .map(|i| (i.scope, i.key, i.data))
+                    .collect();
+                self.state.set_many(writes, meta).await?;
+                return Ok(serde_json::json!({ "count": count }));
+            }
             let (scope, group) = stream_addr(data)?;
             match function_id {
                 "stream::set" => {

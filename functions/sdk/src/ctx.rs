@@ -223,6 +223,22 @@ impl Ctx {
         .await
     }
 
+    /// Several stored items in one call (`stream::set_many`): `(stream_name, group_id,
+    /// item_id, data)` each, at most 100.
+    pub async fn stream_set_many(
+        &self,
+        items: Vec<(String, String, String, Value)>,
+    ) -> Result<Value, BusError> {
+        let items: Vec<Value> = items
+            .into_iter()
+            .map(|(stream_name, group_id, item_id, data)| {
+                json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data})
+            })
+            .collect();
+        self.trigger("stream::set_many", json!({ "items": items }))
+            .await
+    }
+
     pub async fn stream_send(
         &self,
         stream_name: &str,

@@ -257,4 +257,52 @@ async fn stream_items_from_a_lambda_land_in_the_state_table() {
     // Without the WebSocket API's management endpoint there is nowhere to push it; the error
     // says what to set (with one, see aws_router.rs).
     assert!(e.message().contains("WS_MANAGEMENT_ENDPOINT"), "{e}");
+
+    // `stream::set_many`: 100 items of 40 KB are more than one transaction holds (4 MB), so
+    // they go in two; a rewritten item keeps counting its version up.
+    let before = state
+        .get("$stream:agent::events", "s1\u{1}e2")
+        .await
+        .unwrap()
+        .unwrap()
+        .version;
+    let big = "x".repeat(40_000);
+    let items: Vec<serde_json::Value> = (0..100)
+        .map(|n| json!({"stream_name": "agent::events", "group_id": "s2", "item_id": format!("b{n:03}"), "data": {"pad": big, "n": n}}))
+        .chain([json!({"stream_name": "agent::events", "group_id": "s1", "item_id": "e2", "data": {"n": 22}})])
+        .collect();
+    let e = bus
+        .call("stream::set_many", json!({ "items": items }), &root, None)
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("at most 100"), "101 items: {e}");
+    let items = &items[1..];
+    let r = bus
+        .call("stream::set_many", json!({ "items": items }), &root, None)
+        .await
+        .unwrap();
+    assert_eq!(r["count"], 100, "{r}");
+    let list = bus
+        .call(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "s2"}),
+            &root,
+            None,
+        )
+        .await
+        .unwrap();
+    let ns: Vec<u64> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["data"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, (1..100).collect::<Vec<u64>>());
+    let after = state
+        .get("$stream:agent::events", "s1\u{1}e2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.value["n"], 22);
+    assert_eq!(after.version, before + 1);
 }

@@ -135,8 +135,8 @@ async fn create_meta(ctx: &Ctx, meta: SessionMeta) -> Result<(SessionMeta, bool)
     }
 }
 
-/// Reserve `n` entry seq numbers → the first one.
-async fn alloc_seq(ctx: &Ctx, sid: &str, n: u64) -> Result<u64, ErrorBody> {
+/// Reserve `n` entry seq numbers → the first one, and the index version written.
+async fn alloc_seq(ctx: &Ctx, sid: &str, n: u64) -> Result<(u64, Option<u64>), ErrorBody> {
     let out = ctx
         .state_update(
             INDEX,
@@ -146,7 +146,104 @@ async fn alloc_seq(ctx: &Ctx, sid: &str, n: u64) -> Result<u64, ErrorBody> {
         .await
         .map_err(storage)?;
     let last = out["new_value"]["seq"].as_f64().unwrap_or(0.0) as u64;
-    Ok(last + 1 - n)
+    let version = out["version"].as_u64();
+    if let Some(version) = version {
+        memo::wrote_index(sid, out["new_value"].clone(), version);
+    }
+    Ok((last + 1 - n, version))
+}
+
+/// What this process last wrote to a session's index, and the entry it appended after.
+///
+/// An append whose parent is that entry (the orchestrator's next append, nearly always) writes
+/// the index conditionally on the remembered version, without reading it first and without
+/// reading the parent. The condition holding proves nobody wrote the index since (versions
+/// never repeat), so the remembered entry was written to this same store and still exists
+/// (entries are never deleted). Two reads fewer per append; any other writer of the index
+/// makes the condition fail, and the append takes the checked path.
+mod memo {
+    use serde_json::Value;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Sessions remembered; the map is emptied when it is full (a miss only costs the reads).
+    const SESSIONS: usize = 1024;
+
+    #[derive(Clone)]
+    pub struct Memo {
+        pub index: Value,
+        pub version: u64,
+        pub last_entry: Option<String>,
+    }
+
+    static MEMOS: Mutex<Option<HashMap<String, Memo>>> = Mutex::new(None);
+
+    fn with<T>(f: impl FnOnce(&mut HashMap<String, Memo>) -> T) -> T {
+        let mut g = MEMOS.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.get_or_insert_with(HashMap::new))
+    }
+
+    pub fn get(sid: &str) -> Option<Memo> {
+        with(|m| m.get(sid).cloned())
+    }
+
+    pub fn forget(sid: &str) {
+        with(|m| m.remove(sid));
+    }
+
+    pub fn wrote_index(sid: &str, index: Value, version: u64) {
+        with(|m| {
+            if m.len() >= SESSIONS && !m.contains_key(sid) {
+                m.clear();
+            }
+            m.insert(
+                sid.to_string(),
+                Memo {
+                    index,
+                    version,
+                    last_entry: None,
+                },
+            );
+        })
+    }
+
+    /// `entry` is stored, after the index write at `version`.
+    pub fn appended(sid: &str, version: u64, entry: &str) {
+        with(|m| {
+            if let Some(memo) = m.get_mut(sid).filter(|memo| memo.version == version) {
+                memo.last_entry = Some(entry.to_string());
+            }
+        })
+    }
+}
+
+/// The fast path of an append after `parent`: `Some(first seq)` when this process's memo of
+/// the session says `parent` is the entry it appended last and the index is unchanged since.
+async fn alloc_seq_after(
+    ctx: &Ctx,
+    sid: &str,
+    parent: &str,
+    n: u64,
+) -> Result<Option<(u64, u64)>, ErrorBody> {
+    let Some(m) = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) else {
+        return Ok(None);
+    };
+    let mut index = m.index;
+    let last = index["seq"].as_u64().unwrap_or(0) + n;
+    index["seq"] = json!(last);
+    index["updated_at_ms"] = json!(now());
+    match ctx.state_set_if(INDEX, sid, index.clone(), m.version).await {
+        Ok(out) => {
+            let version = out["version"].as_u64().unwrap_or(m.version + 1);
+            memo::wrote_index(sid, index, version);
+            Ok(Some((last + 1 - n, version)))
+        }
+        Err(BusError::VersionConflict(_)) => {
+            memo::forget(sid);
+            Ok(None)
+        }
+        Err(e) => Err(storage(e)),
+    }
 }
 
 /// Where an append attaches.
@@ -182,36 +279,19 @@ pub async fn append_chain(
             valid_id("id", id)?;
         }
     }
-    // The session and the parent are checked at once (two reads, one round trip of latency).
-    // A parent named by id that exists proves the session does too (entries are written
-    // only into sessions that exist, and sessions are never deleted): one read, not two.
-    let named_parent = matches!(parent, Parent::Id(_));
-    let parent_check = async {
-        match parent {
-            Parent::Root => Ok(None),
-            Parent::Id(p) => {
-                if load_entry(ctx, sid, &p).await?.is_none() {
-                    return Err(entry_not_found(sid, &p));
-                }
-                Ok(Some(p))
-            }
-            Parent::Leaf => Ok(tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone())),
-        }
+    let fast = match &parent {
+        Parent::Id(p) if !inputs.is_empty() => alloc_seq_after(ctx, sid, p, inputs.len() as u64)
+            .await?
+            .map(|(first, version)| (first, Some(p.clone()), Some(version))),
+        _ => None,
     };
-    let session_check = async {
-        if named_parent {
-            Ok(())
-        } else {
-            require_meta(ctx, sid).await.map(|_| ())
-        }
+    let (first_seq, mut parent, index_version) = match fast {
+        Some(reserved) => reserved,
+        None => match checked_alloc(ctx, sid, parent, inputs.len()).await? {
+            Some(reserved) => reserved,
+            None => return Ok(Vec::new()),
+        },
     };
-    let (meta, parent) = tokio::join!(session_check, parent_check);
-    meta?;
-    let mut parent = parent?;
-    if inputs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let first_seq = alloc_seq(ctx, sid, inputs.len() as u64).await?;
     let mut out = Vec::with_capacity(inputs.len());
     for (i, input) in inputs.into_iter().enumerate() {
         let entry = Entry {
@@ -239,7 +319,52 @@ pub async fn append_chain(
         parent = Some(stored.0.id.clone());
         out.push(stored);
     }
+    if let (Some(version), Some(last)) = (index_version, out.last()) {
+        memo::appended(sid, version, &last.0.id);
+    }
     Ok(out)
+}
+
+/// The checked path of an append: the session and the parent exist → (the first of `n` seq
+/// numbers reserved, the parent, the index version written), or None when there is nothing
+/// to append.
+async fn checked_alloc(
+    ctx: &Ctx,
+    sid: &str,
+    parent: Parent,
+    n: usize,
+) -> Result<Option<(u64, Option<String>, Option<u64>)>, ErrorBody> {
+    // The session and the parent are checked at once (two reads, one round trip of latency).
+    // A parent named by id that exists proves the session does too (entries are written
+    // only into sessions that exist, and sessions are never deleted): one read, not two.
+    let named_parent = matches!(parent, Parent::Id(_));
+    let parent_check = async {
+        match parent {
+            Parent::Root => Ok(None),
+            Parent::Id(p) => {
+                if load_entry(ctx, sid, &p).await?.is_none() {
+                    return Err(entry_not_found(sid, &p));
+                }
+                Ok(Some(p))
+            }
+            Parent::Leaf => Ok(tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone())),
+        }
+    };
+    let session_check = async {
+        if named_parent {
+            Ok(())
+        } else {
+            require_meta(ctx, sid).await.map(|_| ())
+        }
+    };
+    let (meta, parent) = tokio::join!(session_check, parent_check);
+    meta?;
+    let parent = parent?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let (first_seq, version) = alloc_seq(ctx, sid, n as u64).await?;
+    Ok(Some((first_seq, parent, version)))
 }
 
 fn entry_input(mut v: Value) -> Result<EntryInput, ErrorBody> {
@@ -379,7 +504,7 @@ async fn write_copy(
             format!("session `{new_sid}` already exists"),
         ));
     }
-    let first = alloc_seq(ctx, new_sid, entries.len().max(1) as u64).await?;
+    let (first, _) = alloc_seq(ctx, new_sid, entries.len().max(1) as u64).await?;
     for (i, mut e) in entries.into_iter().enumerate() {
         e.seq = first + i as u64;
         let value = serde_json::to_value(&e).map_err(|e| ErrorBody::invalid(e.to_string()))?;

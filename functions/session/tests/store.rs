@@ -277,6 +277,76 @@ async fn appends_branches_forks_clones_and_compactions() {
     }
 }
 
+/// An append after the entry this process appended last skips its reads (the session
+/// worker's memo); whatever else writes the session's index, or another store with the same
+/// session id, sends it down the checked path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_keep_their_order_whoever_else_writes_the_session() {
+    let seq = |v: &Value| v["entry"]["seq"].as_u64().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
+        .await
+        .unwrap();
+    let _w = run_embedded(session_worker::worker(), &srv.engine).unwrap();
+    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    let ctx = client.ctx();
+    ctx.trigger("session-tree::ensure", json!({"session_id": "m"}))
+        .await
+        .unwrap();
+    let mut root = json!({"session_id": "m", "parent_id": null, "entry": {"type": "message", "id": "e1", "message": user("one")}});
+    let e1 = ctx
+        .trigger("session-tree::append", root.take())
+        .await
+        .unwrap();
+    let e2 = append(&ctx, "m", "e2", Some("e1"), "two").await;
+    assert_eq!(seq(&e2), seq(&e1) + 1);
+    // Another writer reserves seq numbers (as another process's append would).
+    ctx.trigger(
+        "state::update",
+        json!({"scope": "session-index", "key": "m", "ops": [{"type": "increment", "path": "seq", "by": 5}]}),
+    )
+    .await
+    .unwrap();
+    let e3 = append(&ctx, "m", "e3", Some("e2"), "three").await;
+    assert_eq!(seq(&e3), seq(&e2) + 6, "{e3}");
+    let e4 = append(&ctx, "m", "e4", Some("e3"), "four").await;
+    assert_eq!(seq(&e4), seq(&e3) + 1);
+    let e = ctx
+        .trigger(
+            "session-tree::append",
+            json!({"session_id": "m", "parent_id": "ghost", "message": user("x")}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "entry_not_found", "{e}");
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "m"}))
+        .await
+        .unwrap();
+    assert_eq!(texts(&m), ["one", "two", "three", "four"]);
+
+    // A second store in this process with a session of the same id: the memo of the first
+    // proves nothing there.
+    let dir2 = tempfile::tempdir().unwrap();
+    let srv2 = server::start(&ServeOptions::for_tests(dir2.path().join("data")))
+        .await
+        .unwrap();
+    let _w2 = run_embedded(session_worker::worker(), &srv2.engine).unwrap();
+    let client2 = connect_client("t2", RemoteOptions::new(&srv2.url())).await;
+    let ctx2 = client2.ctx();
+    ctx2.trigger("session-tree::ensure", json!({"session_id": "m"}))
+        .await
+        .unwrap();
+    let e = ctx2
+        .trigger(
+            "session-tree::append",
+            json!({"session_id": "m", "parent_id": "e4", "message": user("x")}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "entry_not_found", "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
     let dir = tempfile::tempdir().unwrap();

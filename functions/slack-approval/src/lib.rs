@@ -507,11 +507,12 @@ pub fn worker(cfg: SlackConfig) -> Worker {
             }
         },
     );
-    // Turn records only: the rest of the scope (run requests, prompts) never parks a call.
+    // Turn records only (the rest of the scope never parks a call), and only writes that
+    // change the parked list: not every step of every turn.
     w.register_trigger(
         "state",
         "slack::on_parked",
-        json!({"scope": "agent", "key": "session/*/turn_state"}),
+        json!({"scope": "agent", "key": "session/*/turn_state", "changed": "awaiting_approval"}),
     );
     w
 }

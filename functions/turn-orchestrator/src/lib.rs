@@ -80,6 +80,8 @@ async fn load(ctx: &Ctx, sid: &str) -> StepResult<Option<(Record, u64)>> {
 
 /// Save at `version` → the new version; a conflict means another delivery moved on.
 async fn save(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> StepResult<()> {
+    // A reader that sees the saved record finds its events stored.
+    flush_events(ctx, rec).await;
     rec.updated_at_ms = now();
     let value = serde_json::to_value(&*rec).map_err(|e| StepError::Fatal(e.to_string()))?;
     match ctx
@@ -96,18 +98,31 @@ async fn save(ctx: &Ctx, rec: &mut Record, version: &mut u64) -> StepResult<()> 
 }
 
 /// One UI event on `agent::events` (item `<sid>-<seq>`). Seq numbers come from the record, so
-/// a redelivered step rewrites the same items instead of adding new ones.
-async fn emit(ctx: &Ctx, rec: &mut Record, event_type: &str, data: Value) {
+/// a redelivered step rewrites the same items instead of adding new ones. Held in the
+/// record's outbox until the next flush.
+fn emit(rec: &mut Record, event_type: &str, data: Value) {
     rec.event_seq += 1;
-    emit_at(ctx, rec, rec.event_seq, event_type, data).await;
+    emit_at(rec, rec.event_seq, event_type, data);
 }
 
 /// An event at a seq reserved earlier (saved with the record before the event is written).
-async fn emit_at(ctx: &Ctx, rec: &Record, seq: u64, event_type: &str, mut data: Value) {
+fn emit_at(rec: &mut Record, seq: u64, event_type: &str, mut data: Value) {
     data["type"] = json!(event_type);
     let item = format!("{}-{:012}", rec.session_id, seq);
-    if let Err(e) = ctx.stream_set(EVENTS, &rec.session_id, &item, data).await {
-        tracing::warn!(error = %e, "event not stored");
+    let sid = rec.session_id.clone();
+    rec.outbox.push((EVENTS.to_string(), sid, item, data));
+}
+
+/// Write the outbox's events in one call. A failure is logged, as a lost push would be: the
+/// events are the UI's view, the record and the session tree are the truth.
+async fn flush_events(ctx: &Ctx, rec: &mut Record) {
+    if rec.outbox.is_empty() {
+        return;
+    }
+    let items = std::mem::take(&mut rec.outbox);
+    let count = items.len();
+    if let Err(e) = ctx.stream_set_many(items).await {
+        tracing::warn!(error = %e, count, "events not stored");
     }
 }
 
@@ -421,12 +436,10 @@ async fn preflight_compaction(
     match out {
         Ok(v) if v["compacted"] == true => {
             emit(
-                ctx,
                 rec,
                 "compaction_done",
                 json!({"summary_text": v["summary_text"], "tokens_before": v["tokens_before"], "compaction_entry_id": v["compaction_entry_id"], "tail_start_id": v["tail_start_id"]}),
-            )
-            .await;
+            );
             history_fresh(ctx, rec).await
         }
         Ok(_) => Ok(messages),
@@ -547,7 +560,7 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
         };
         let stored = append_history(ctx, rec, vec![note], "b").await?;
         for m in stored {
-            emit(ctx, rec, "message_complete", json!({"message": m})).await;
+            emit(rec, "message_complete", json!({"message": m}));
         }
         rec.error = Some(TurnError {
             kind: "budget_exceeded".into(),
@@ -560,6 +573,8 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
     let messages = history(ctx, rec).await?;
     let messages = preflight_compaction(ctx, rec, req, messages).await?;
     let prompt = run_prompt(ctx, rec).await?;
+    // The UI sees what happened so far (compaction) before the model answers.
+    flush_events(ctx, rec).await;
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
     let mut call = {
@@ -680,7 +695,7 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
         .await?
         .pop()
         .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
-    emit(ctx, rec, "message_complete", json!({"message": message})).await;
+    emit(rec, "message_complete", json!({"message": message}));
     rec.last_assistant = Some(message.clone());
     let AgentMessage::Assistant {
         stop_reason,
@@ -707,7 +722,7 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
                     .unwrap_or_else(|| "aborted".into()),
                 message: error_message.clone().unwrap_or_default(),
             });
-            emit_turn_end(ctx, rec, Vec::new()).await;
+            emit_turn_end(rec, Vec::new());
             Ok(Next::To(TurnState::Stopped))
         }
         _ => {
@@ -742,7 +757,7 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
                 })
                 .collect();
             if calls.is_empty() {
-                emit_turn_end(ctx, rec, Vec::new()).await;
+                emit_turn_end(rec, Vec::new());
                 Ok(Next::To(TurnState::SteeringCheck))
             } else {
                 rec.work = Some(Work {
@@ -756,19 +771,19 @@ async fn assistant_streaming(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> S
     }
 }
 
-async fn emit_turn_end(ctx: &Ctx, rec: &mut Record, results: Vec<AgentMessage>) {
+fn emit_turn_end(rec: &mut Record, results: Vec<AgentMessage>) {
     if rec.turn_end_emitted {
         return;
     }
     rec.turn_end_emitted = true;
     let data = json!({"message": rec.last_assistant, "function_results": results});
-    emit(ctx, rec, "turn_end", data.clone()).await;
+    emit(rec, "turn_end", data.clone());
     let item = format!("{}-{}", rec.session_id, rec.turn_count);
     let mut end = data;
     end["type"] = json!("turn_end");
-    let _ = ctx
-        .stream_set(TURN_END_STREAM, &rec.session_id, &item, end)
-        .await;
+    let sid = rec.session_id.clone();
+    rec.outbox
+        .push((TURN_END_STREAM.to_string(), sid, item, end));
 }
 
 /// Call the target with the routing envelope; a failing target is an error result.
@@ -794,10 +809,14 @@ async fn dispatch_with(
     network: bool,
 ) -> Executed {
     if announce {
-        emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
+        emit(
+            rec,
+            "function_execution_start",
+            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)}),
+        );
     }
     if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
-        return refused(ctx, rec, call, envelope).await;
+        return refused(rec, call, envelope);
     }
     let started = Instant::now();
     let mut payload = call.args.clone();
@@ -810,6 +829,8 @@ async fn dispatch_with(
         o.insert("function_call_id".into(), json!(call.function_call_id));
         o.insert("function_id".into(), json!(call.function_id));
     }
+    // The call's start is shown before it runs, however long it takes.
+    flush_events(ctx, rec).await;
     let (result, is_error) = match ctx
         .trigger_timeout(&call.function_id, payload, CALL_TIMEOUT)
         .await
@@ -829,18 +850,16 @@ async fn dispatch_with(
         duration_ms: started.elapsed().as_millis() as u64,
         terminate: false,
     };
-    emit_execution_end(ctx, rec, &executed).await;
+    emit_execution_end(rec, &executed);
     executed
 }
 
-async fn emit_execution_end(ctx: &Ctx, rec: &mut Record, e: &Executed) {
+fn emit_execution_end(rec: &mut Record, e: &Executed) {
     emit(
-        ctx,
         rec,
         "function_execution_end",
         json!({"function_call_id": e.call.function_call_id, "function_id": e.call.function_id, "result": e.result, "is_error": e.is_error, "duration_ms": e.duration_ms}),
-    )
-    .await;
+    );
 }
 
 fn result_message(e: &Executed) -> AgentMessage {
@@ -871,7 +890,7 @@ async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
     rec.work = None;
     rec.function_results = results.clone();
     rec.awaiting_approval = None;
-    emit_turn_end(ctx, rec, results).await;
+    emit_turn_end(rec, results);
     if terminate {
         rec.error = Some(TurnError {
             kind: "aborted".into(),
@@ -966,7 +985,7 @@ async fn function_execute(
                 &call.args,
                 "this function is for humans and the harness itself; the orchestrator never calls it for the model, whatever the policy says",
             );
-            let executed = denied(ctx, rec, &call, env).await;
+            let executed = denied(rec, &call, env);
             if let Some(w) = rec.work.as_mut() {
                 w.executed.insert(call.function_call_id.clone(), executed);
             }
@@ -996,7 +1015,11 @@ async fn function_execute(
                     .get_or_insert_with(Vec::new)
                     .push(call.clone());
                 save(ctx, rec, version).await?;
-                emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true})).await;
+                emit(
+                    rec,
+                    "function_execution_start",
+                    json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true}),
+                );
                 continue;
             }
             Ok(_) => {
@@ -1009,7 +1032,7 @@ async fn function_execute(
                     &call.args,
                     "the permissions policy denies this call",
                 );
-                denied(ctx, rec, &call, env).await
+                denied(rec, &call, env)
             }
             Err(e) => {
                 let env = denial(
@@ -1020,7 +1043,7 @@ async fn function_execute(
                     &call.args,
                     &format!("the policy could not be asked ({e}); denied to be safe"),
                 );
-                denied(ctx, rec, &call, env).await
+                denied(rec, &call, env)
             }
         };
         if let Some(w) = rec.work.as_mut() {
@@ -1040,13 +1063,17 @@ async fn function_execute(
     finalize_batch(ctx, rec).await
 }
 
-async fn denied(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Executed {
-    emit(ctx, rec, "function_execution_start", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)})).await;
-    refused(ctx, rec, call, envelope).await
+fn denied(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+    emit(
+        rec,
+        "function_execution_start",
+        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)}),
+    );
+    refused(rec, call, envelope)
 }
 
 /// A call that was not run: its denial envelope is the result (announced already).
-async fn refused(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+fn refused(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
     let e = Executed {
         call: call.clone(),
         result: envelope,
@@ -1054,7 +1081,7 @@ async fn refused(ctx: &Ctx, rec: &mut Record, call: &Call, envelope: Value) -> E
         duration_ms: 0,
         terminate: false,
     };
-    emit_execution_end(ctx, rec, &e).await;
+    emit_execution_end(rec, &e);
     e
 }
 
@@ -1082,7 +1109,11 @@ async fn function_awaiting_approval(
         }
         let reason = decision["reason"].as_str().unwrap_or("").to_string();
         // The decision record is deleted once applied: the event log keeps who decided what.
-        emit(ctx, rec, "approval_applied", json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "decision": decision["decision"], "reason": reason, "decided_by": decision["decided_by"], "decided_at": decision["decided_at"]})).await;
+        emit(
+            rec,
+            "approval_applied",
+            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "decision": decision["decision"], "reason": reason, "decided_by": decision["decided_by"], "decided_at": decision["decided_at"]}),
+        );
         let executed = match decision["decision"].as_str() {
             // Approved: dispatched without asking the policy again.
             Some("allow") => dispatch(ctx, hooks, rec, &call, false).await,
@@ -1093,7 +1124,7 @@ async fn function_awaiting_approval(
                     reason
                 };
                 let env = denial("user", &call.function_id, None, None, &call.args, &why);
-                refused(ctx, rec, &call, env).await
+                refused(rec, &call, env)
             }
             _ => {
                 let e = Executed {
@@ -1103,7 +1134,7 @@ async fn function_awaiting_approval(
                     duration_ms: 0,
                     terminate: true,
                 };
-                emit_execution_end(ctx, rec, &e).await;
+                emit_execution_end(rec, &e);
                 e
             }
         };
@@ -1149,7 +1180,7 @@ async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Next> {
                 timestamp: now(),
             };
             for m in append_history(ctx, rec, vec![note], "m").await? {
-                emit(ctx, rec, "message_complete", json!({"message": m})).await;
+                emit(rec, "message_complete", json!({"message": m}));
             }
             rec.error = Some(TurnError {
                 kind: "max_turns".into(),
@@ -1251,18 +1282,43 @@ async fn step(
         }
     }
     .await;
+    // steering_check runs in the step that leads to it, not as a queued step of its own: a
+    // load, a save, a send and a receive fewer per model turn. The UI still sees the state
+    // pass; its queued step remains for records saved in it.
+    let outcome = match outcome {
+        Ok(Next::To(TurnState::SteeringCheck)) => {
+            rec.state = TurnState::SteeringCheck;
+            let view = rec.view();
+            emit(
+                &mut rec,
+                "turn_state_changed",
+                json!({"event_type": "state:updated", "new_value": view}),
+            );
+            steering_check(ctx, &mut rec).await
+        }
+        other => other,
+    };
     match outcome {
-        Ok(Next::Stay) => Ok(json!({"ok": true, "from_state": expected, "to_state": expected})),
+        Ok(Next::Stay) => {
+            flush_events(ctx, &mut rec).await;
+            Ok(json!({"ok": true, "from_state": expected, "to_state": expected}))
+        }
         Ok(Next::To(to)) => {
             rec.state = to;
             if to == TurnState::Stopped {
                 // finish, inline.
                 let messages = history_for_event(ctx, &rec).await;
-                emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
+                emit(&mut rec, "agent_end", json!({"messages": messages}));
             }
-            // The state-change event's item id is reserved in the same save.
-            rec.event_seq += 1;
-            let changed_seq = rec.event_seq;
+            // The state-change event goes out with the step's other events, in the write
+            // just before the save: a delivery that loses the save to another delivery of
+            // the same step wrote the same items (same loaded record, same seqs).
+            let view = rec.view();
+            emit(
+                &mut rec,
+                "turn_state_changed",
+                json!({"event_type": "state:updated", "new_value": view}),
+            );
             // A run that ends or waits for a human is durable at once; other transitions
             // become durable with the step's acknowledgement (or the next executed call).
             let save_ctx = if to.terminal() || to == TurnState::FunctionAwaitingApproval {
@@ -1276,15 +1332,6 @@ async fn step(
                 Err(StepError::Transient(e)) => return Err(e),
                 Err(StepError::Fatal(e)) => return Err(ErrorBody::new("invocation_error", e)),
             }
-            let view = rec.view();
-            emit_at(
-                ctx,
-                &rec,
-                changed_seq,
-                "turn_state_changed",
-                json!({"event_type": "state:updated", "new_value": view}),
-            )
-            .await;
             // Entering function_awaiting_approval also queues one check: a decision written
             // before this transition found no parked session to wake.
             let needs_step = !to.terminal();
@@ -1300,6 +1347,8 @@ async fn step(
         Err(StepError::Transient(e)) => Err(e),
         Err(StepError::Fatal(message)) => {
             // Unexpected: fail the run with events the UI can show; the message is acknowledged.
+            // What the step emitted before it failed is shown too.
+            flush_events(ctx, &mut rec).await;
             let (mut rec, mut version) = match load(ctx, &sid).await {
                 Ok(Some(x)) => x,
                 _ => return Ok(json!({"ok": false, "error": message})),
@@ -1319,15 +1368,9 @@ async fn step(
                 provider: String::new(),
                 timestamp: now(),
             };
-            emit(
-                ctx,
-                &mut rec,
-                "message_complete",
-                json!({"message": failed}),
-            )
-            .await;
+            emit(&mut rec, "message_complete", json!({"message": failed}));
             let messages = history_for_event(ctx, &rec).await;
-            emit(ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
+            emit(&mut rec, "agent_end", json!({"messages": messages}));
             let _ = save(ctx, &mut rec, &mut version).await;
             Ok(json!({"ok": false, "from_state": expected, "to_state": "failed", "error": message}))
         }
@@ -1405,7 +1448,10 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         tree_leaf: None,
         run_key,
         budget_ids: Vec::new(),
-        event_seq: 0,
+        // The first event's seq, reserved: it is written once the record is (a busy session
+        // keeps its own events).
+        event_seq: 1,
+        outbox: Vec::new(),
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version).await {
@@ -1415,13 +1461,13 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         Err(StepError::Fatal(m)) => return Err(ErrorBody::new("invocation_error", m)),
     }
     let view = rec.view();
-    emit(
-        &ctx,
+    emit_at(
         &mut rec,
+        1,
         "turn_state_changed",
         json!({"event_type": "state:created", "new_value": view}),
-    )
-    .await;
+    );
+    flush_events(&ctx, &mut rec).await;
     enqueue_step(
         &ctx,
         &sid,
@@ -1455,17 +1501,15 @@ async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         });
         rec.awaiting_approval = None;
         let messages = history_for_event(&ctx, &rec).await;
-        emit(&ctx, &mut rec, "agent_end", json!({"messages": messages})).await;
+        emit(&mut rec, "agent_end", json!({"messages": messages}));
         match save(&ctx, &mut rec, &mut version).await {
             Ok(()) => {
                 let view = rec.view();
                 emit(
-                    &ctx,
                     &mut rec,
                     "turn_state_changed",
                     json!({"event_type": "state:updated", "new_value": view}),
-                )
-                .await;
+                );
                 let _ = save(&ctx, &mut rec, &mut version).await;
                 // A command the run started dies with it (best effort: a tools worker that
                 // does not offer this lets the command run out its timeout).

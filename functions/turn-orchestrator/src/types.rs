@@ -166,6 +166,10 @@ pub struct Record {
     /// Counter for event item ids.
     #[serde(default)]
     pub event_seq: u64,
+    /// Events emitted since the last flush: written together (`stream::set_many`) before
+    /// the record is saved and before a call that may take a while. Never stored.
+    #[serde(skip)]
+    pub outbox: Vec<(String, String, String, Value)>,
 }
 
 impl Record {
