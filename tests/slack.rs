@@ -92,7 +92,7 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
         // ann (U123) may decide anywhere; members of C-approvals may decide from there.
         approvers: vec!["U123".into()],
         approver_channels: vec!["C-approvals".into()],
-        http: reqwest::Client::new(),
+        http: engine_gateway::prewarm::Prewarmed::new(reqwest::Client::new),
     };
     let _slack =
         harness_sdk::run_embedded(slack_approval::worker(cfg.clone()), &s.srv.engine).unwrap();

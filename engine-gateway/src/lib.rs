@@ -21,6 +21,7 @@ pub mod lambda_host;
 pub mod lambda_stream;
 pub mod logging;
 pub mod mappings;
+pub mod prewarm;
 pub mod protocol;
 pub mod queue;
 pub mod registry;

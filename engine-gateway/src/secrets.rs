@@ -124,6 +124,32 @@ impl SecretStore for FileSecrets {
     }
 }
 
+/// A secret store still being built (the AWS clients and their root certificates, off the
+/// start-up path: `crate::prewarm`); every call waits for it.
+pub struct StartedSecrets(pub crate::prewarm::Started<std::sync::Arc<dyn SecretStore>>);
+
+impl StartedSecrets {
+    async fn store(&self) -> Result<std::sync::Arc<dyn SecretStore>, SecretError> {
+        self.0.clone().await.map_err(SecretError::Storage)
+    }
+}
+
+#[async_trait]
+impl SecretStore for StartedSecrets {
+    async fn get(&self, name: &str) -> Result<Option<String>, SecretError> {
+        self.store().await?.get(name).await
+    }
+    async fn put(&self, name: &str, value: &str) -> Result<(), SecretError> {
+        self.store().await?.put(name, value).await
+    }
+    async fn delete(&self, name: &str) -> Result<bool, SecretError> {
+        self.store().await?.delete(name).await
+    }
+    async fn list(&self) -> Result<Vec<String>, SecretError> {
+        self.store().await?.list().await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,17 +16,27 @@ use std::sync::Arc;
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     engine_gateway::server::init_logging();
-    let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
-    let names = AwsNames::new(&prefix);
-    let clients = AwsClients::from_env().await;
-    let secrets = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone());
-    // Read at the first $connect, not here: init stays off the network.
-    let token = ConnectToken::from_env_or(Arc::new(secrets));
-    let endpoint = std::env::var("WS_MANAGEMENT_ENDPOINT").unwrap_or_default();
-    let router = Arc::new(AwsRouter::new(clients, &names, &endpoint, token));
+    // The AWS clients load the system's root certificates: built while the runtime waits
+    // for its first event, not before it asks (engine_gateway::prewarm).
+    let router = engine_gateway::prewarm::start("the engine router", async {
+        let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
+        let names = AwsNames::new(&prefix);
+        let clients = AwsClients::from_env().await;
+        let secrets = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone());
+        // Read at the first $connect: start-up stays off the network.
+        let token = ConnectToken::from_env_or(Arc::new(secrets));
+        let endpoint = std::env::var("WS_MANAGEMENT_ENDPOINT").unwrap_or_default();
+        Arc::new(AwsRouter::new(clients, &names, &endpoint, token))
+    });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let router = router.clone();
         async move {
+            let router = match router.await {
+                Ok(r) => r,
+                Err(e) => {
+                    return Ok(json!({"error": {"code": "invocation_error", "message": e}}));
+                }
+            };
             let e = &event.payload;
             let answer = if e.pointer("/requestContext/eventType").is_some() {
                 router.websocket(e).await

@@ -337,10 +337,13 @@ fn parse_request(data: Value) -> Result<StreamRequest, ErrorBody> {
 /// `provider::<name>::stream` and `provider::<name>::complete` for a dialect.
 pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
     engine_gateway::ensure_crypto_provider();
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap_or_default();
+    // Built off the start-up path (its root certificates): `engine_gateway::prewarm`.
+    let client = engine_gateway::prewarm::Prewarmed::new(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default()
+    });
     let name = dialect.name().to_string();
     let mut w = Worker::new(&format!("provider-{name}"));
     let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"));
@@ -360,7 +363,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
                 .clone()
                 .ok_or_else(|| ErrorBody::invalid("missing required field `writer_ref`"))?;
             let writer = ctx.open_writer(&writer_ref).await?;
-            let message = run(&ctx, d.as_ref(), &c, &req, Some(writer)).await;
+            let message = run(&ctx, d.as_ref(), c.get(), &req, Some(writer)).await;
             let stop = match &message {
                 AgentMessage::Assistant { stop_reason, .. } => json!(stop_reason),
                 _ => Value::Null,
@@ -376,7 +379,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
         let (d, c) = (dialect.clone(), client.clone());
         async move {
             let req = parse_request(data)?;
-            let message = run(&ctx, d.as_ref(), &c, &req, None).await;
+            let message = run(&ctx, d.as_ref(), c.get(), &req, None).await;
             Ok(serde_json::to_value(message).unwrap_or(Value::Null))
         }
     });

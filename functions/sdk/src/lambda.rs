@@ -310,19 +310,30 @@ pub async fn run_lambda_with(
         }
         _ => None,
     };
-    let bus: Arc<dyn Bus> = match &client {
-        Some(c) => c.bus(),
-        // As deployed in AWS: state and queues directly.
+    use engine_gateway::prewarm;
+    let bus: prewarm::Started<Arc<dyn Bus>> = match &client {
+        Some(c) => prewarm::ready(c.bus()),
+        // As deployed in AWS: state and queues directly. The AWS clients (root certificates)
+        // are built while the runtime waits for its first event.
         None if std::env::var("ENGINE_BACKEND").is_ok_and(|b| b == "aws") => {
-            Arc::new(crate::aws_bus::AwsBus::from_env().await)
+            prewarm::start("the AWS transport", async {
+                Arc::new(crate::aws_bus::AwsBus::from_env().await) as Arc<dyn Bus>
+            })
         }
-        None => Arc::new(NoBus),
+        None => prewarm::ready(Arc::new(NoBus) as Arc<dyn Bus>),
     };
     let worker = Arc::new(worker);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let (worker, bus, http) = (worker.clone(), bus.clone(), http.clone());
         async move {
             type Answer = FunctionResponse<Value, Body>;
+            let bus = match bus.await {
+                Ok(bus) => bus,
+                Err(e) => {
+                    let body = ErrorBody::new("invocation_error", e);
+                    return Ok(FunctionResponse::BufferedResponse(json!({ "error": body })));
+                }
+            };
             if let Some(h) = http
                 && event.payload.pointer("/requestContext/http").is_some()
             {

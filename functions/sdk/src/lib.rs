@@ -33,12 +33,16 @@ use std::sync::Arc;
 /// (default `./.harness-data/secrets.json`).
 pub async fn secrets_from_env() -> Arc<dyn engine_gateway::secrets::SecretStore> {
     if std::env::var("ENGINE_BACKEND").is_ok_and(|b| b == "aws") {
-        let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
-        let clients = engine_gateway::aws::AwsClients::from_env().await;
-        Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
-            clients,
-            engine_gateway::aws::AwsNames::new(&prefix),
-        ))
+        // Built off the start-up path (engine_gateway::prewarm); the first call waits for it.
+        let store = engine_gateway::prewarm::start("Secrets Manager", async {
+            let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
+            let clients = engine_gateway::aws::AwsClients::from_env().await;
+            Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
+                clients,
+                engine_gateway::aws::AwsNames::new(&prefix),
+            )) as Arc<dyn engine_gateway::secrets::SecretStore>
+        });
+        Arc::new(engine_gateway::secrets::StartedSecrets(store))
     } else {
         let path = std::env::var("HARNESS_SECRETS_FILE")
             .unwrap_or_else(|_| "./.harness-data/secrets.json".into());

@@ -49,7 +49,8 @@ pub struct SlackConfig {
     /// from the workspace; anyone else's request decides nothing. Both empty: nobody may.
     pub approvers: Vec<String>,
     pub approver_channels: Vec<String>,
-    pub http: reqwest::Client,
+    /// Built off the start-up path (its root certificates): `engine_gateway::prewarm`.
+    pub http: engine_gateway::prewarm::Prewarmed<reqwest::Client>,
 }
 
 impl SlackConfig {
@@ -65,10 +66,12 @@ impl SlackConfig {
                 .filter(|c| !c.is_empty()),
             approvers: list_env("SLACK_APPROVERS"),
             approver_channels: list_env("SLACK_APPROVER_CHANNELS"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
+            http: engine_gateway::prewarm::Prewarmed::new(|| {
+                reqwest::Client::builder()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .unwrap_or_default()
+            }),
         }
     }
 
@@ -351,7 +354,7 @@ pub async fn handle_webhook(
         Ok(Err(e)) => reply(200, ephemeral(&format!("the decision failed: {e}"))),
         Err(_) => {
             // Acknowledge now; the outcome follows on response_url.
-            let http = cfg.http.clone();
+            let http = cfg.http.get().clone();
             let url = decision.response_url.clone();
             let interactive = decision.interactive;
             tokio::spawn(async move {
@@ -453,6 +456,7 @@ pub async fn on_parked(ctx: Ctx, cfg: SlackConfig, event: Value) -> Result<Value
         }
         let resp = cfg
             .http
+            .get()
             .post(format!(
                 "{}/chat.postMessage",
                 cfg.api_base.trim_end_matches('/')

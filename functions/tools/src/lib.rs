@@ -27,7 +27,9 @@ pub const MAX_EXEC_TIMEOUT_MS: u64 = 300_000;
 
 pub struct Tools {
     root: PathBuf,
-    sandbox: sandbox::Sandbox,
+    /// Probed off the start-up path (the probe starts a real sandbox, a few tens of ms):
+    /// the first call that needs it waits for it.
+    sandbox: engine_gateway::prewarm::Prewarmed<sandbox::Sandbox>,
     /// Commands running now, by session: (command number, process group).
     running: std::sync::Mutex<std::collections::HashMap<String, Vec<(u64, u32)>>>,
     next_command: std::sync::atomic::AtomicU64,
@@ -55,17 +57,20 @@ impl Tools {
         let root = root.into();
         std::fs::create_dir_all(&root)?;
         let root = root.canonicalize()?;
-        let sandbox = sandbox::Sandbox::probe(cfg, &root);
-        sandbox.own(&root)?;
-        let layers = sandbox.layers();
-        tracing::info!(
-            workdir = %root.display(),
-            mode = ?sandbox.mode(),
-            active = ?layers,
-            missing = %sandbox.layers().missing().join(", "),
-            notes = %sandbox.notes().join("; "),
-            "shell::exec sandbox"
-        );
+        sandbox::Sandbox::own_for(&cfg, &root)?;
+        let workdir = root.clone();
+        let sandbox = engine_gateway::prewarm::Prewarmed::new(move || {
+            let sandbox = sandbox::Sandbox::probe(cfg.clone(), &workdir);
+            tracing::info!(
+                workdir = %workdir.display(),
+                mode = ?sandbox.mode(),
+                active = ?sandbox.layers(),
+                missing = %sandbox.layers().missing().join(", "),
+                notes = %sandbox.notes().join("; "),
+                "shell::exec sandbox"
+            );
+            sandbox
+        });
         Ok(Arc::new(Self {
             root,
             sandbox,
@@ -81,18 +86,18 @@ impl Tools {
 
     /// The uid commands run as, when it is not the harness's own.
     pub fn sandbox_owner_uid(&self) -> Option<u32> {
-        self.sandbox.owner()
+        self.sandbox.get().owner()
     }
 
     /// The sandbox's layers, as `shell::sandbox` reports them.
     pub fn sandbox_report(&self) -> Value {
         json!({
-            "mode": match self.sandbox.mode() { sandbox::Mode::Required => "required", sandbox::Mode::BestEffort => "best_effort" },
-            "isolation": self.sandbox.isolation(),
-            "layers": self.sandbox.layers(),
-            "missing": self.sandbox.layers().missing(),
-            "notes": self.sandbox.notes(),
-            "usable": self.sandbox.check().is_ok(),
+            "mode": match self.sandbox.get().mode() { sandbox::Mode::Required => "required", sandbox::Mode::BestEffort => "best_effort" },
+            "isolation": self.sandbox.get().isolation(),
+            "layers": self.sandbox.get().layers(),
+            "missing": self.sandbox.get().layers().missing(),
+            "notes": self.sandbox.get().notes(),
+            "usable": self.sandbox.get().check().is_ok(),
         })
     }
 
@@ -106,7 +111,7 @@ impl Tools {
 
     /// Who files written for the agent belong to (the sandbox user when root).
     fn sandbox_owner(&self) -> Option<u32> {
-        self.sandbox.owner()
+        self.sandbox.get().owner()
     }
 
     fn rel(&self, p: &std::path::Path) -> String {
@@ -253,16 +258,17 @@ impl Tools {
                 .min(MAX_EXEC_TIMEOUT_MS),
         );
         self.sandbox
+            .get()
             .check()
             .map_err(|why| ErrorBody::new("sandbox_unavailable", why))?;
         let started = Instant::now();
         // Set by the orchestrator when a policy rule granted it (callers of shell::exec are
         // workers; clients may not call it at all).
         let network = data["sandbox"]["network"] == true;
-        let mut cmd = self
-            .sandbox
-            .command(&command, network)
-            .map_err(|e| ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}")))?;
+        let mut cmd =
+            self.sandbox.get().command(&command, network).map_err(|e| {
+                ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}"))
+            })?;
         let mut child = cmd
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())

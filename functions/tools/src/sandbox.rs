@@ -668,8 +668,15 @@ impl Sandbox {
     /// Give the working directory to the sandbox user (when root), so commands can write in
     /// it, and files the harness writes there stay writable to them.
     pub fn own(&self, path: &Path) -> std::io::Result<()> {
-        if self.as_root {
-            std::os::unix::fs::chown(path, Some(self.cfg.uid), Some(self.cfg.uid))?;
+        Self::own_for(&self.cfg, path)
+    }
+
+    /// [`Sandbox::own`] before the probe: who owns the working directory depends only on the
+    /// configuration and on running as root.
+    pub fn own_for(cfg: &SandboxConfig, path: &Path) -> std::io::Result<()> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(path, Some(cfg.uid), Some(cfg.uid))?;
         }
         Ok(())
     }
