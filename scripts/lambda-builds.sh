@@ -47,6 +47,11 @@ for name in "${bins[@]}"; do
   need=$(objdump -T "$b" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -Vu | tail -1)
   size=$(stat -c %s "$b")
   printf "%-22s %7s MB  %s\n" "$name" "$(awk -v s="$size" 'BEGIN{printf "%.1f", s/1048576}')" "${need:-none}"
+  # The size target is for what deploys (release; ci-lambda is unoptimised on purpose). Not
+  # met yet (bench/results/aws.md): said, not failed, so bench/aws.sh still measures the rest.
+  if [ "$profile" = release ] && [ "$size" -gt $((10 * 1048576)) ]; then
+    echo "   $name is over the 10 MB target"
+  fi
   if [ -n "$need" ] && [ "$(printf '%s\n%s\n' "$need" "$max_glibc" | sort -V | tail -1)" != "$max_glibc" ]; then
     echo "!! $name needs glibc $need (provided.al2023 has $max_glibc)"; status=1
   fi
