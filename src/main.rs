@@ -247,6 +247,8 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("you: {}\n", cli.task);
     let mut tool_calls = 0;
+    // What the provider reported for each model call of this run (message_complete events).
+    let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
     while let Some(msg) = pushes.recv().await {
         let Message::StreamEvent { event, .. } = msg else {
             continue;
@@ -267,6 +269,10 @@ async fn main() -> anyhow::Result<()> {
             },
             "message_complete" => {
                 println!();
+                let u = &data["message"]["usage"];
+                input += u["input"].as_u64().unwrap_or(0) + u["cache_read"].as_u64().unwrap_or(0);
+                output += u["output"].as_u64().unwrap_or(0);
+                cost += u["cost_usd"].as_f64().unwrap_or(0.0);
                 if data["message"]["stop_reason"] == "error" {
                     println!(
                         "! model error ({}): {}",
@@ -350,16 +356,6 @@ async fn main() -> anyhow::Result<()> {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let record = ctx
-        .state_get("agent", &format!("session/{sid}/turn_state"))
-        .await?;
-    let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
-    for m in record["messages"].as_array().cloned().unwrap_or_default() {
-        let u = &m["usage"];
-        input += u["input"].as_u64().unwrap_or(0) + u["cache_read"].as_u64().unwrap_or(0);
-        output += u["output"].as_u64().unwrap_or(0);
-        cost += u["cost_usd"].as_f64().unwrap_or(0.0);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let traces = ctx
