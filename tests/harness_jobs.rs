@@ -539,3 +539,92 @@ async fn skills_are_generated_from_registrations_and_fetched_before_first_use() 
     let cached = ctx.state_list("skills", None).await.unwrap();
     assert!(cached["items"].as_array().unwrap().len() > 50);
 }
+
+/// The system prompt: each mode's paragraph, the identity preamble and the tools worker's
+/// working directory; or the caller's `system_prompt`, verbatim. `system_default_skills` is
+/// a `run::start` field with bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_system_prompt_follows_the_mode_and_names_the_workdir_or_is_the_callers() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+    let workdir = s.work.canonicalize().unwrap().display().to_string();
+    let system_of_run = |sid: &'static str, extra: Value| {
+        let (ctx, model) = (ctx.clone(), &s.model);
+        async move {
+            model.load(Cassette {
+                turns: vec![text("ok")],
+                ..Default::default()
+            });
+            let before = model.requests().len();
+            start_with(&ctx, sid, "hello", extra).await;
+            wait_state(&ctx, sid, "stopped").await;
+            let sent = model.requests();
+            assert_eq!(sent.len(), before + 1, "{sid}: one model call");
+            scripted_model::system_text(&sent[before]["body"])
+        }
+    };
+    for (sid, mode, paragraph) in [
+        (
+            "mode-plan",
+            Some("plan"),
+            turn_orchestrator::prompt::mode_paragraph("plan"),
+        ),
+        (
+            "mode-ask",
+            Some("ask"),
+            turn_orchestrator::prompt::mode_paragraph("ask"),
+        ),
+        (
+            "mode-agent",
+            Some("agent"),
+            turn_orchestrator::prompt::mode_paragraph("agent"),
+        ),
+        (
+            "mode-default",
+            None,
+            turn_orchestrator::prompt::mode_paragraph("agent"),
+        ),
+    ] {
+        let system = system_of_run(sid, json!({ "mode": mode })).await;
+        assert!(system.starts_with(paragraph), "{sid}: {system}");
+        assert!(
+            system.contains(turn_orchestrator::prompt::IDENTITY),
+            "{sid}"
+        );
+        assert!(
+            system.contains(&format!("Your working directory is `{workdir}`")),
+            "{sid} names the working directory: {system}"
+        );
+    }
+    assert_ne!(
+        turn_orchestrator::prompt::mode_paragraph("plan"),
+        turn_orchestrator::prompt::mode_paragraph("ask")
+    );
+    let system = system_of_run(
+        "verbatim",
+        json!({"system_prompt": "You are a test.", "mode": "plan", "system_default_skills": []}),
+    )
+    .await;
+    assert_eq!(system, "You are a test.");
+
+    for (skills, says) in [
+        (json!(vec!["iii://x"; 17]), "at most 16"),
+        (json!([""]), "must be 1 to 256 characters"),
+        (json!(["a\nb"]), "control characters"),
+        (json!("iii://x"), "invalid run::start request"),
+    ] {
+        let e = ctx
+            .trigger(
+                "harness::trigger",
+                json!({"session_id": "bad-skills", "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [user("x")], "system_default_skills": skills}}),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_message", "{says}: {e}");
+        assert!(
+            e.message().contains(says),
+            "`{}` should say {says}",
+            e.message()
+        );
+    }
+}

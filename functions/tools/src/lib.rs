@@ -98,6 +98,7 @@ impl Tools {
             "missing": self.sandbox.get().layers().missing(),
             "notes": self.sandbox.get().notes(),
             "usable": self.sandbox.get().check().is_ok(),
+            "workdir": self.root.display().to_string(),
         })
     }
 
@@ -528,7 +529,7 @@ pub fn worker(tools: Arc<Tools>) -> Worker {
         },
     );
     w.register_function(
-        def("shell::sandbox", "The isolation layers shell::exec runs in on this machine: {mode, layers, missing, notes, usable}.", &[], json!({})),
+        def("shell::sandbox", "The isolation layers shell::exec runs in on this machine, and the working directory: {mode, layers, missing, notes, usable, workdir}.", &[], json!({})),
         {
             let t = tools.clone();
             move |_c, _d: Value| {

@@ -456,22 +456,28 @@ async fn preflight_compaction(
 
 async fn provisioning(ctx: &Ctx, rec: &mut Record, req: &RunRequest) -> StepResult<Next> {
     // Default skills, best effort (the directory worker may not run).
-    let _ = best_effort(
-        ctx,
-        "directory::skills::download",
-        json!({"id": "iii://iii-directory/index"}),
-    )
-    .await;
+    let skills: Vec<String> = match &req.system_default_skills {
+        Some(ids) => ids.clone(),
+        None => DEFAULT_SKILLS.iter().map(|s| s.to_string()).collect(),
+    };
+    for id in &skills {
+        let _ = best_effort(ctx, "directory::skills::download", json!({ "id": id })).await;
+    }
     let index = best_effort(ctx, "directory::skills::index", json!({})).await;
     let index_text = index
         .as_ref()
         .and_then(|v| v["body"].as_str().or(v["index"].as_str()))
         .map(str::to_owned);
+    // Where the tools worker works (best effort: it may not run).
+    let workdir = best_effort(ctx, "shell::sandbox", json!({}))
+        .await
+        .and_then(|v| v["workdir"].as_str().map(str::to_owned));
     let system_prompt = Some(match &req.system_prompt {
         Some(verbatim) => verbatim.clone(),
         None => prompt::system_prompt(
             req.mode.as_deref().unwrap_or("agent"),
             index_text.as_deref(),
+            workdir.as_deref(),
         ),
     });
     rec.model_meta = best_effort(
@@ -1390,6 +1396,23 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
             "`session_id` must be non-empty and contain no `/`",
         ));
     }
+    if let Some(skills) = &req.system_default_skills {
+        if skills.len() > MAX_DEFAULT_SKILLS {
+            return Err(ErrorBody::invalid(format!(
+                "`system_default_skills` holds {} ids; at most {MAX_DEFAULT_SKILLS}",
+                skills.len()
+            )));
+        }
+        if let Some(bad) = skills
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_SKILL_ID_LEN || s.chars().any(char::is_control))
+        {
+            let shown: String = bad.chars().take(40).collect();
+            return Err(ErrorBody::invalid(format!(
+                "`system_default_skills` entry `{shown}` must be 1 to {MAX_SKILL_ID_LEN} characters, without control characters"
+            )));
+        }
+    }
     let sid = req.session_id.clone();
     let busy = json!({"session_id": sid, "started": false, "reason": "session_busy"});
     let existing = load(&ctx, &sid).await.map_err(|e| match e {
@@ -1608,7 +1631,7 @@ pub fn worker() -> Worker {
     let hooks = Arc::new(Hooks::default());
     let cache = Arc::new(InstanceCache::default());
     let mut w = Worker::new("turn-orchestrator");
-    w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?}."), run_start);
+    w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}."), run_start);
     w.register_function(
         def("run::abort", "Stop a run now: {session_id}.").public(),
         run_abort,

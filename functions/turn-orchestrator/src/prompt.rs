@@ -1,6 +1,6 @@
 //! The system prompt: the mode paragraph, the identity preamble (how to call functions through
-//! the single `agent_trigger` tool, fetch a skill before first use, never guess IDs) and the
-//! default skills index; or the caller's `system_prompt`, verbatim.
+//! the single `agent_trigger` tool, fetch a skill before first use, never guess IDs), the
+//! working directory and the default skills index; or the caller's `system_prompt`, verbatim.
 
 use harness_sdk::messages::ToolSpec;
 use serde_json::{Value, json};
@@ -19,8 +19,19 @@ pub fn mode_paragraph(mode: &str) -> &'static str {
 
 pub const IDENTITY: &str = "You work through a bus of functions. Call any of them with the single tool `agent_trigger` and arguments {\"function\": \"<function id>\", \"payload\": {...}}. Use only function ids listed in the tool's description; never guess an id. Before you use a function for the first time, fetch its skill with agent_trigger {\"function\": \"directory::skills::get\", \"payload\": {\"id\": \"iii://<worker>/<function>\"}} when one exists. A call may be denied by policy or wait for a human's approval; a denial comes back as a result with status \"denied\": do not retry it, explain or find another way.";
 
-pub fn system_prompt(mode: &str, skills_index: Option<&str>) -> String {
+/// The agent's working directory, as the file and shell functions see it.
+pub fn workdir_paragraph(workdir: &str) -> String {
+    format!(
+        "Your working directory is `{workdir}`: fs::* paths are relative to it and shell::exec runs in it; nothing outside it is reachable."
+    )
+}
+
+pub fn system_prompt(mode: &str, skills_index: Option<&str>, workdir: Option<&str>) -> String {
     let mut s = format!("{}\n\n{IDENTITY}", mode_paragraph(mode));
+    if let Some(w) = workdir.filter(|w| !w.is_empty()) {
+        s.push_str("\n\n");
+        s.push_str(&workdir_paragraph(w));
+    }
     if let Some(idx) = skills_index.filter(|s| !s.trim().is_empty()) {
         s.push_str("\n\nSkills available:\n");
         s.push_str(idx);

@@ -91,7 +91,17 @@ pub struct RunRequest {
     /// A budget to charge and check, besides those found by `workspace_id`/`agent_id`.
     #[serde(default)]
     pub budget_id: Option<String>,
+    /// Skills downloaded at provisioning (`directory::skills::download` each, best effort);
+    /// absent: [`DEFAULT_SKILLS`]; empty: none.
+    #[serde(default)]
+    pub system_default_skills: Option<Vec<String>>,
 }
+
+/// SPEC's default for `system_default_skills`.
+pub const DEFAULT_SKILLS: &[&str] = &["iii://iii-directory/index"];
+/// At most this many default skills, each at most this long.
+pub const MAX_DEFAULT_SKILLS: usize = 16;
+pub const MAX_SKILL_ID_LEN: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Call {
