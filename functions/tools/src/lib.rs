@@ -41,6 +41,21 @@ fn io(path: &str, e: impl std::fmt::Display) -> ErrorBody {
     ErrorBody::new("io_error", format!("`{path}`: {e}"))
 }
 
+/// `HARNESS_FS_READ_MAX_BYTES` (default 256 KiB): a value that is not a positive number
+/// stops the worker with an error naming it, instead of being ignored.
+fn read_cap_from_env() -> std::io::Result<u64> {
+    match std::env::var("HARNESS_FS_READ_MAX_BYTES") {
+        Err(_) => Ok(MAX_READ_BYTES),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("HARNESS_FS_READ_MAX_BYTES must be a positive number of bytes, not `{v}`"),
+            )),
+        },
+    }
+}
+
 impl Tools {
     /// `root` is created if missing and canonicalized; the sandbox comes from the
     /// environment (`HARNESS_SANDBOX`, …, see [`sandbox::SandboxConfig::from_env`]).
@@ -76,11 +91,7 @@ impl Tools {
             sandbox,
             running: Default::default(),
             next_command: Default::default(),
-            read_cap: std::env::var("HARNESS_FS_READ_MAX_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|n| *n > 0)
-                .unwrap_or(MAX_READ_BYTES),
+            read_cap: read_cap_from_env()?,
         }))
     }
 

@@ -141,3 +141,40 @@ fn the_binary_never_takes_the_directory_it_starts_in() {
         "it works in ./workspace"
     );
 }
+
+/// Bad settings stop the worker before it connects, with an error that names the variable,
+/// instead of being ignored (or, for the sandbox, run with something else than asked).
+#[test]
+fn bad_settings_stop_the_worker_and_say_which() {
+    let dir = tempfile::tempdir().unwrap();
+    for (var, value, says) in [
+        (
+            "HARNESS_FS_READ_MAX_BYTES",
+            "lots",
+            "HARNESS_FS_READ_MAX_BYTES must be a positive number of bytes, not `lots`",
+        ),
+        (
+            "HARNESS_FS_READ_MAX_BYTES",
+            "0",
+            "HARNESS_FS_READ_MAX_BYTES",
+        ),
+        (
+            "HARNESS_SANDBOX_ISOLATION",
+            "vm",
+            "HARNESS_SANDBOX_ISOLATION=`vm`",
+        ),
+        ("HARNESS_SANDBOX", "maybe", "HARNESS_SANDBOX=`maybe`"),
+        ("HARNESS_SANDBOX_CPU_SECS", "-1", "HARNESS_SANDBOX_CPU_SECS"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tools-worker"))
+            .env(var, value)
+            .env("HARNESS_WORKDIR", dir.path().join("work"))
+            .env("ENGINE_URL", "ws://127.0.0.1:9/")
+            .env_remove("AWS_LAMBDA_RUNTIME_API")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}={value} must not start");
+        assert!(stderr.contains(says), "{var}={value}: {stderr}");
+    }
+}

@@ -1610,10 +1610,17 @@ pub const STEP_BACKOFF_MS: u64 = engine_gateway::queue::DEFAULT_BACKOFF_MS;
 /// How long a step that keeps failing transiently is retried before it is dead-lettered:
 /// `HARNESS_STEP_RETRY_SECS`, default 60 s.
 pub fn step_retry_window() -> Duration {
-    std::env::var("HARNESS_STEP_RETRY_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(Duration::from_secs(60), Duration::from_secs)
+    let default = Duration::from_secs(60);
+    match std::env::var("HARNESS_STEP_RETRY_SECS") {
+        Err(_) => default,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(secs) if secs > 0 => Duration::from_secs(secs),
+            _ => {
+                tracing::warn!(value = %v, "HARNESS_STEP_RETRY_SECS must be a positive number of seconds; using 60");
+                default
+            }
+        },
+    }
 }
 
 /// The fewest retries whose backoff delays (1 s, 2 s, 4 s…) add up to `window`.
