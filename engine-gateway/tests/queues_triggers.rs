@@ -14,6 +14,20 @@ fn remote(srv: &engine_gateway::server::RunningServer, w: Worker) -> harness_sdk
     run_remote(w, RemoteOptions::new(&srv.url()))
 }
 
+/// `w` with a function `function_id` that keeps every event it receives.
+fn recording(w: Worker, function_id: &str) -> (Worker, Arc<Mutex<Vec<Value>>>) {
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let s = seen.clone();
+    let w = w.function(function_id, "", move |_c, ev: Value| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(ev);
+            Ok(json!({}))
+        }
+    });
+    (w, seen)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_keeps_order_per_group_under_concurrent_producers() {
     let dir = tempfile::tempdir().unwrap();
@@ -365,16 +379,8 @@ async fn state_functions_versions_and_atomic_updates() {
 async fn state_triggers_fire_with_old_and_new_values_and_honour_conditions() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path()).await;
-    let events: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let e = events.clone();
-    let w = Worker::new("watcher")
-        .function("t::on_change", "", move |_c, ev: Value| {
-            let e = e.clone();
-            async move {
-                e.lock().unwrap().push(ev);
-                Ok(json!({}))
-            }
-        })
+    let (w, events) = recording(Worker::new("watcher"), "t::on_change");
+    let w = w
         // Only fire when the new value's status is "done".
         .function("t::is_done", "", |_c, ev: Value| async move {
             Ok(json!(ev["new_value"]["status"] == "done"))
@@ -445,21 +451,12 @@ async fn state_triggers_fire_with_old_and_new_values_and_honour_conditions() {
 async fn a_state_trigger_with_changed_fires_only_when_that_value_changes() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path()).await;
-    let events: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let e = events.clone();
-    let w = Worker::new("parked-watch")
-        .function("t::on_parked", "", move |_c, ev: Value| {
-            let e = e.clone();
-            async move {
-                e.lock().unwrap().push(ev);
-                Ok(json!({}))
-            }
-        })
-        .trigger(
-            "state",
-            "t::on_parked",
-            json!({"scope": "turns", "changed": "parked"}),
-        );
+    let (w, events) = recording(Worker::new("parked-watch"), "t::on_parked");
+    let w = w.trigger(
+        "state",
+        "t::on_parked",
+        json!({"scope": "turns", "changed": "parked"}),
+    );
     let mut wh = remote(&srv, w);
     wh.wait_connected(Duration::from_secs(5)).await.unwrap();
     let ctx = wh.ctx();
@@ -693,21 +690,12 @@ async fn streams_push_to_subscribers_and_triggers() {
         .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"}))
         .await;
     browser.barrier().await;
-    let hits: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let h = hits.clone();
-    let w = Worker::new("st")
-        .function("t::on_event", "", move |_c, ev: Value| {
-            let h = h.clone();
-            async move {
-                h.lock().unwrap().push(ev);
-                Ok(json!({}))
-            }
-        })
-        .trigger(
-            "stream",
-            "t::on_event",
-            json!({"stream_name": "agent::events"}),
-        );
+    let (w, hits) = recording(Worker::new("st"), "t::on_event");
+    let w = w.trigger(
+        "stream",
+        "t::on_event",
+        json!({"stream_name": "agent::events"}),
+    );
     let wh = remote(&srv, w);
     wh.wait_connected(Duration::from_secs(5)).await.unwrap();
     let ctx = wh.ctx();

@@ -20,6 +20,29 @@ fn texts(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// A real engine (the selected backend) with the session worker and a client on it.
+struct Store {
+    _dir: tempfile::TempDir,
+    _srv: server::RunningServer,
+    _worker: harness_sdk::WorkerHandle,
+    client: harness_sdk::WorkerHandle,
+}
+
+async fn store() -> Store {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
+        .await
+        .unwrap();
+    let worker = run_embedded(session_worker::worker(), &srv.engine).unwrap();
+    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    Store {
+        _dir: dir,
+        _srv: srv,
+        _worker: worker,
+        client,
+    }
+}
+
 async fn append(ctx: &Ctx, sid: &str, id: &str, parent: Option<&str>, text: &str) -> Value {
     let mut req =
         json!({"session_id": sid, "entry": {"type": "message", "id": id, "message": user(text)}});
@@ -31,12 +54,8 @@ async fn append(ctx: &Ctx, sid: &str, id: &str, parent: Option<&str>, text: &str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_branches_forks_clones_and_compactions() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
-        .await
-        .unwrap();
-    let _w = run_embedded(session_worker::worker(), &srv.engine).unwrap();
-    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    let client_store = store().await;
+    let client = &client_store.client;
     let ctx = client.ctx();
 
     // Errors name what is wrong.
@@ -283,12 +302,8 @@ async fn appends_branches_forks_clones_and_compactions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_keep_their_order_whoever_else_writes_the_session() {
     let seq = |v: &Value| v["entry"]["seq"].as_u64().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
-        .await
-        .unwrap();
-    let _w = run_embedded(session_worker::worker(), &srv.engine).unwrap();
-    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    let client_store = store().await;
+    let client = &client_store.client;
     let ctx = client.ctx();
     ctx.trigger("session-tree::ensure", json!({"session_id": "m"}))
         .await
@@ -327,12 +342,8 @@ async fn appends_keep_their_order_whoever_else_writes_the_session() {
 
     // A second store in this process with a session of the same id: the memo of the first
     // proves nothing there.
-    let dir2 = tempfile::tempdir().unwrap();
-    let srv2 = server::start(&ServeOptions::for_tests(dir2.path().join("data")))
-        .await
-        .unwrap();
-    let _w2 = run_embedded(session_worker::worker(), &srv2.engine).unwrap();
-    let client2 = connect_client("t2", RemoteOptions::new(&srv2.url())).await;
+    let client2_store = store().await;
+    let client2 = &client2_store.client;
     let ctx2 = client2.ctx();
     ctx2.trigger("session-tree::ensure", json!({"session_id": "m"}))
         .await
@@ -349,12 +360,8 @@ async fn appends_keep_their_order_whoever_else_writes_the_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server::start(&ServeOptions::for_tests(dir.path().join("data")))
-        .await
-        .unwrap();
-    let _w = run_embedded(session_worker::worker(), &srv.engine).unwrap();
-    let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
+    let client_store = store().await;
+    let client = &client_store.client;
     let ctx = client.ctx();
 
     let p = ctx
