@@ -315,7 +315,6 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Glob with `*` as the only wildcard, anchored at both ends.
 /// A state trigger's `changed` filter (a path, dotted or a JSON pointer): the trigger fires
 /// only for writes that change the value there (absent and `null` are the same). Without a
 /// filter every write passes. The engine and the deployed stream router both decide with it.
@@ -334,6 +333,23 @@ pub fn state_change_passes(
     at(old, path) != at(new, path)
 }
 
+/// Whether a state trigger (its `scope`/`key` globs and `changed` path) takes this change.
+/// The engine's own triggers, its Lambda triggers and the deployed stream router all decide
+/// with it.
+pub fn state_trigger_takes(
+    scope_glob: Option<&str>,
+    key_glob: Option<&str>,
+    changed: Option<&str>,
+    (scope, key): (&str, &str),
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> bool {
+    scope_glob.is_none_or(|s| glob_match(s, scope))
+        && key_glob.is_none_or(|k| glob_match(k, key))
+        && state_change_passes(changed, old, new)
+}
+
+/// Glob with `*` as the only wildcard, anchored at both ends.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
@@ -1439,17 +1455,15 @@ impl Engine {
                     key,
                     condition_function_id,
                     changed,
-                } => {
-                    let scope_ok = scope.as_deref().is_none_or(|s| glob_match(s, &rec.scope));
-                    let key_ok = key.as_deref().is_none_or(|k| glob_match(k, &rec.key));
-                    let value_ok = state_change_passes(
-                        changed.as_deref(),
-                        rec.old_value.as_ref(),
-                        rec.new_value.as_ref(),
-                    );
-                    (scope_ok && key_ok && value_ok)
-                        .then(|| (t.reg.function_id.clone(), condition_function_id.clone()))
-                }
+                } => state_trigger_takes(
+                    scope.as_deref(),
+                    key.as_deref(),
+                    changed.as_deref(),
+                    (&rec.scope, &rec.key),
+                    rec.old_value.as_ref(),
+                    rec.new_value.as_ref(),
+                )
+                .then(|| (t.reg.function_id.clone(), condition_function_id.clone())),
                 _ => None,
             })
             .collect()
@@ -1765,13 +1779,14 @@ impl Engine {
             let records: Vec<ChangeRecord> = batch
                 .iter()
                 .filter(|r| {
-                    scope.as_deref().is_none_or(|s| glob_match(s, &r.scope))
-                        && key.as_deref().is_none_or(|k| glob_match(k, &r.key))
-                        && state_change_passes(
-                            changed.as_deref(),
-                            r.old_value.as_ref(),
-                            r.new_value.as_ref(),
-                        )
+                    state_trigger_takes(
+                        scope.as_deref(),
+                        key.as_deref(),
+                        changed.as_deref(),
+                        (&r.scope, &r.key),
+                        r.old_value.as_ref(),
+                        r.new_value.as_ref(),
+                    )
                 })
                 .cloned()
                 .collect();

@@ -103,23 +103,20 @@ pub fn state_trigger_picks(config: &Value, record: &Value) -> bool {
     let keys = &record["dynamodb"]["Keys"];
     let scope = keys["scope"]["S"].as_str().unwrap_or("");
     let key = keys["key"]["S"].as_str().unwrap_or("");
-    let glob = |field: &str, actual: &str| {
-        config[field]
-            .as_str()
-            .is_none_or(|p| crate::engine::glob_match(p, actual))
-    };
-    if scope.starts_with('$') || !glob("scope", scope) || !glob("key", key) {
+    if scope.starts_with('$') {
         return false;
     }
-    let Some(changed) = config["changed"].as_str() else {
-        return true;
-    };
-    // The images hold the value as JSON text (aws/state.rs).
+    let changed = config["changed"].as_str();
+    // The images hold the value as JSON text (aws/state.rs); read only for a `changed` filter.
     let image = |name: &str| -> Option<Value> {
+        changed?;
         serde_json::from_str(record["dynamodb"][name]["value"]["S"].as_str()?).ok()
     };
-    crate::engine::state_change_passes(
-        Some(changed),
+    crate::engine::state_trigger_takes(
+        config["scope"].as_str(),
+        config["key"].as_str(),
+        changed,
+        (scope, key),
         image("OldImage").as_ref(),
         image("NewImage").as_ref(),
     )

@@ -50,6 +50,8 @@ pub fn decode_item(item: &Item) -> Result<Option<Versioned>, StateError> {
 struct UnconditionalSet {
     /// The version just before a new record's first (the wall clock: read once).
     before_first: u64,
+    /// The stored value's length (the JSON text), for a transaction's size budget.
+    value_bytes: usize,
     expression: String,
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
@@ -58,12 +60,14 @@ struct UnconditionalSet {
 impl UnconditionalSet {
     fn new(value: &Value, meta: &WriteMeta) -> Self {
         let before_first = next_version(None) - 1;
+        let text = value.to_string();
+        let value_bytes = text.len();
         let mut names = HashMap::from([
             ("#val".to_string(), "value".to_string()),
             ("#ver".to_string(), "version".to_string()),
         ]);
         let mut values = HashMap::from([
-            (":val".to_string(), s(&value.to_string())),
+            (":val".to_string(), AttributeValue::S(text)),
             (
                 ":before_first".to_string(),
                 AttributeValue::N(before_first.to_string()),
@@ -86,6 +90,7 @@ impl UnconditionalSet {
         }
         Self {
             before_first,
+            value_bytes,
             expression: format!("SET {}", set.join(", ")),
             names,
             values,
@@ -285,7 +290,7 @@ impl StateStore for DynamoState {
         let mut iter = items.into_iter().peekable();
         while let Some((scope, key, value)) = iter.next() {
             let write = UnconditionalSet::new(&value, meta);
-            chunk_bytes += scope.len() + key.len() + value.to_string().len() + 200;
+            chunk_bytes += scope.len() + key.len() + write.value_bytes + 200;
             let update = Update::builder()
                 .table_name(&self.table)
                 .key("scope", s(&scope))

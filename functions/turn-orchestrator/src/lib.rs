@@ -113,6 +113,11 @@ fn emit_at(rec: &mut Record, seq: u64, event_type: &str, mut data: Value) {
     rec.outbox.push((EVENTS.to_string(), sid, item, data));
 }
 
+/// A `turn_state_changed` event's data: the record's view (never the work list).
+fn state_changed(rec: &Record, event_type: &str) -> Value {
+    json!({"event_type": event_type, "new_value": rec.view()})
+}
+
 /// Write the outbox's events in one call. A failure is logged, as a lost push would be: the
 /// events are the UI's view, the record and the session tree are the truth.
 async fn flush_events(ctx: &Ctx, rec: &mut Record) {
@@ -1294,12 +1299,8 @@ async fn step(
     let outcome = match outcome {
         Ok(Next::To(TurnState::SteeringCheck)) => {
             rec.state = TurnState::SteeringCheck;
-            let view = rec.view();
-            emit(
-                &mut rec,
-                "turn_state_changed",
-                json!({"event_type": "state:updated", "new_value": view}),
-            );
+            let changed = state_changed(&rec, "state:updated");
+            emit(&mut rec, "turn_state_changed", changed);
             steering_check(ctx, &mut rec).await
         }
         other => other,
@@ -1319,12 +1320,8 @@ async fn step(
             // The state-change event goes out with the step's other events, in the write
             // just before the save: a delivery that loses the save to another delivery of
             // the same step wrote the same items (same loaded record, same seqs).
-            let view = rec.view();
-            emit(
-                &mut rec,
-                "turn_state_changed",
-                json!({"event_type": "state:updated", "new_value": view}),
-            );
+            let changed = state_changed(&rec, "state:updated");
+            emit(&mut rec, "turn_state_changed", changed);
             // A run that ends or waits for a human is durable at once; other transitions
             // become durable with the step's acknowledgement (or the next executed call).
             let save_ctx = if to.terminal() || to == TurnState::FunctionAwaitingApproval {
@@ -1483,13 +1480,8 @@ async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         Err(StepError::Transient(e)) => return Err(e),
         Err(StepError::Fatal(m)) => return Err(ErrorBody::new("invocation_error", m)),
     }
-    let view = rec.view();
-    emit_at(
-        &mut rec,
-        1,
-        "turn_state_changed",
-        json!({"event_type": "state:created", "new_value": view}),
-    );
+    let created = state_changed(&rec, "state:created");
+    emit_at(&mut rec, 1, "turn_state_changed", created);
     flush_events(&ctx, &mut rec).await;
     enqueue_step(
         &ctx,
@@ -1527,12 +1519,8 @@ async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         emit(&mut rec, "agent_end", json!({"messages": messages}));
         match save(&ctx, &mut rec, &mut version).await {
             Ok(()) => {
-                let view = rec.view();
-                emit(
-                    &mut rec,
-                    "turn_state_changed",
-                    json!({"event_type": "state:updated", "new_value": view}),
-                );
+                let changed = state_changed(&rec, "state:updated");
+                emit(&mut rec, "turn_state_changed", changed);
                 let _ = save(&ctx, &mut rec, &mut version).await;
                 // A command the run started dies with it (best effort: a tools worker that
                 // does not offer this lets the command run out its timeout).
