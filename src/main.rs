@@ -1,22 +1,24 @@
-//! The composite entry point (`cargo run`): the engine and every worker in one process on the
+//! The composite entry point (`cargo run`): the engine and the workers `harness.yaml` names
+//! (default: `./harness.yaml`, else the thick preset: every worker) in one process on the
 //! embedded backend, running one agent session in the terminal. Tokens stream as they come;
 //! tool calls show as they run; a call that needs approval asks y/n (or `--approve-all` /
 //! `--deny-all`); a summary ends it: turns, tool calls, tokens, cost, trace id.
 //!
 //! Without API keys the model is the scripted model server with the demo cassette (an
 //! allowed call, one that needs approval, one the policy denies). With `ANTHROPIC_API_KEY` or
-//! `OPENAI_API_KEY` set, the same command talks to the real model. Other terminals can watch
-//! `agent::events` and resolve approvals over `ws://…` while it runs (`--serve` keeps the
-//! engine up afterwards).
+//! `OPENAI_API_KEY` set, the same command talks to the real model; `--provider` picks any of
+//! them. Other terminals can watch `agent::events` and resolve approvals over `ws://…` while
+//! it runs (`--serve` keeps the engine up afterwards).
 
+use agent_harness::compose::{self, Inputs};
+use agent_harness::config::{Config, ProviderName, ProviderSettings, ScriptedSettings};
 use clap::Parser;
 use engine_gateway::protocol::Message;
 use engine_gateway::server::{self, ServeOptions};
 use engine_gateway::trace::ATTR_SESSION_ID;
-use harness_sdk::{RemoteOptions, WorkerHandle, connect_client, run_embedded};
+use harness_sdk::{RemoteOptions, connect_client};
 use serde_json::{Value, json};
 use std::io::{BufRead, Write};
-use std::sync::Arc;
 use std::time::Duration;
 
 // glibc's allocator spent about a quarter of the CPU of a turn (arena locking and chunk
@@ -33,23 +35,30 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(flatten)]
     serve: ServeOptions,
+    /// Which workers run, where, and their settings: `thin`, `thick`, or a file's path.
+    /// Default: ./harness.yaml when there is one, else `thick`.
+    #[arg(long, env = "HARNESS_CONFIG")]
+    config: Option<String>,
     /// What to ask the agent.
     #[arg(
         long,
         default_value = "List the files in the working directory, write a short SUMMARY.md about them, and tell me what you did."
     )]
     task: String,
+    /// The model provider (overrides the configuration's `run.provider`).
+    #[arg(long, value_enum)]
+    provider: Option<ProviderName>,
+    /// The model (overrides `run.model`; default: the provider's).
+    #[arg(long, env = "HARNESS_MODEL")]
+    model: Option<String>,
     /// The directory the agent works in (its tools are confined to it). It may not hold the
-    /// data dir or the permissions file, nor lie inside the data dir.
-    #[arg(long, env = "HARNESS_WORKDIR", default_value = "./workspace")]
-    workdir: std::path::PathBuf,
-    /// The permissions file.
-    #[arg(
-        long,
-        env = "HARNESS_PERMISSIONS",
-        default_value = "iii-permissions.yaml"
-    )]
-    permissions: std::path::PathBuf,
+    /// data dir or the permissions file, nor lie inside the data dir. Overrides
+    /// `sandbox.workdir` (default ./workspace).
+    #[arg(long, env = "HARNESS_WORKDIR")]
+    workdir: Option<std::path::PathBuf>,
+    /// The permissions file (overrides `policy.permissions`, default iii-permissions.yaml).
+    #[arg(long, env = "HARNESS_PERMISSIONS")]
+    permissions: Option<std::path::PathBuf>,
     /// Approve every call that needs approval without asking.
     #[arg(long, conflicts_with = "deny_all")]
     approve_all: bool,
@@ -59,10 +68,10 @@ struct Cli {
     /// Keep serving after the session ends (other clients can connect).
     #[arg(long = "serve")]
     keep_serving: bool,
-    /// Maximum model turns.
-    #[arg(long, default_value_t = 12)]
-    max_turns: u32,
-    /// Script the model with this cassette instead of the demo one (when no API key is set).
+    /// Maximum model turns (overrides `run.max_turns`).
+    #[arg(long)]
+    max_turns: Option<std::num::NonZeroU64>,
+    /// Script the model with this cassette instead of the demo one.
     #[arg(long)]
     cassette: Option<std::path::PathBuf>,
     /// Run the engine and workers only: no terminal session (sessions come over the bus).
@@ -70,89 +79,43 @@ struct Cli {
     serve_only: bool,
 }
 
-const DEMO_CASSETTE: &str = include_str!("../functions/scripted-model/cassettes/demo.json");
-
-/// Which model to talk to: a real one when a key is set, else the scripted one.
-async fn provider(
-    engine: &Arc<engine_gateway::Engine>,
-    cassette: Option<&std::path::Path>,
-) -> anyhow::Result<(String, String, Vec<WorkerHandle>)> {
-    let mut handles = Vec::new();
-    if std::env::var("ANTHROPIC_API_KEY").is_ok_and(|k| !k.is_empty()) {
-        handles.push(
-            run_embedded(
-                provider_core::worker(Arc::new(provider_anthropic::Anthropic::from_env())),
-                engine,
-            )
-            .map_err(anyhow::Error::msg)?,
-        );
-        return Ok((
-            "anthropic".into(),
-            std::env::var("HARNESS_MODEL").unwrap_or_else(|_| "claude-sonnet-5-5".into()),
-            handles,
-        ));
-    }
-    if std::env::var("OPENAI_API_KEY").is_ok_and(|k| !k.is_empty()) {
-        handles.push(
-            run_embedded(
-                provider_core::worker(Arc::new(provider_openai::OpenAiDialect::openai())),
-                engine,
-            )
-            .map_err(anyhow::Error::msg)?,
-        );
-        return Ok((
-            "openai".into(),
-            std::env::var("HARNESS_MODEL").unwrap_or_else(|_| "gpt-5.4".into()),
-            handles,
-        ));
-    }
-    let cassette: scripted_model::Cassette = match cassette {
-        Some(path) => scripted_model::Cassette::load(path)?,
-        None => serde_json::from_str(DEMO_CASSETTE)?,
+/// The configuration with the command line's overrides.
+fn configuration(cli: &Cli) -> anyhow::Result<(Config, String)> {
+    let (mut cfg, origin) = match &cli.config {
+        Some(c) => (Config::load(c)?, c.clone()),
+        None => Config::load_default()?,
     };
-    let model = scripted_model::ScriptedModel::new(cassette);
-    let base = model.serve().await?;
-    let dialect = provider_openai::OpenAiDialect {
-        name: "scripted".into(),
-        base_url: format!("{base}/v1"),
-        key_optional: true,
-    };
-    handles.push(
-        run_embedded(provider_core::worker(Arc::new(dialect)), engine)
-            .map_err(anyhow::Error::msg)?,
-    );
-    Ok(("scripted".into(), "scripted-demo".into(), handles))
-}
-
-/// The agent's working directory must not reach the harness's own files: not the data dir
-/// (secrets, the token, the database), not the permissions file, in either direction.
-fn check_workdir(
-    workdir: &std::path::Path,
-    data_dir: &std::path::Path,
-    permissions: &std::path::Path,
-) -> anyhow::Result<()> {
-    // Canonical where the path exists; its absolute form otherwise.
-    let real = |p: &std::path::Path| {
-        p.canonicalize()
-            .or_else(|_| std::path::absolute(p))
-            .unwrap_or_else(|_| p.to_path_buf())
-    };
-    let (work, data, perms) = (real(workdir), real(data_dir), real(permissions));
-    if data.starts_with(&work) || work.starts_with(&data) {
-        anyhow::bail!(
-            "the working directory {} and the data dir {} overlap: the agent could read the secrets and the token. Choose a --workdir outside --data-dir",
-            work.display(),
-            data.display()
-        );
+    if let Some(w) = &cli.workdir {
+        cfg.sandbox.workdir = w.clone();
     }
-    if perms.starts_with(&work) {
-        anyhow::bail!(
-            "the permissions file {} is inside the working directory {}: the agent could rewrite its own rules. Move it, or choose another --workdir",
-            perms.display(),
-            work.display()
-        );
+    if let Some(p) = &cli.permissions {
+        cfg.policy.permissions = p.clone();
     }
-    Ok(())
+    if let Some(n) = cli.max_turns {
+        cfg.run.max_turns = n;
+    }
+    if let Some(m) = &cli.model {
+        cfg.run.model = Some(m.clone());
+    }
+    if let Some(path) = &cli.cassette {
+        let s = cfg.providers.scripted.get_or_insert_with(ScriptedSettings::default);
+        s.cassette = Some(path.clone());
+        cfg.run.provider = ProviderName::Scripted;
+    }
+    if let Some(p) = cli.provider {
+        // A provider named on the command line is registered even when the file leaves it out.
+        let listed = &mut cfg.providers;
+        match p {
+            ProviderName::Anthropic => drop(listed.anthropic.get_or_insert_with(ProviderSettings::default)),
+            ProviderName::Openai => drop(listed.openai.get_or_insert_with(ProviderSettings::default)),
+            ProviderName::Kimi => drop(listed.kimi.get_or_insert_with(ProviderSettings::default)),
+            ProviderName::Lmstudio => drop(listed.lmstudio.get_or_insert_with(ProviderSettings::default)),
+            ProviderName::Scripted => drop(listed.scripted.get_or_insert_with(ScriptedSettings::default)),
+            ProviderName::Auto => {}
+        }
+        cfg.run.provider = p;
+    }
+    Ok((cfg, origin))
 }
 
 fn ask(question: &str) -> bool {
@@ -170,56 +133,46 @@ async fn main() -> anyhow::Result<()> {
     let mut cli = Cli::parse();
     server::disable_transparent_huge_pages();
     server::init_logging();
+    // An invalid file stops here, before anything starts.
+    let (cfg, origin) = match configuration(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("harness: the configuration is not valid: {e:#}");
+            std::process::exit(2);
+        }
+    };
     // Nothing recovered from the data dir is delivered before every worker below is back.
     cli.serve.hold_until_ready = true;
     let running = server::start(&cli.serve).await?;
     let engine = running.engine.clone();
-    std::fs::create_dir_all(&cli.workdir)?;
-    check_workdir(&cli.workdir, &cli.serve.data_dir, &cli.permissions)?;
-    let holder = harness_worker::PolicyHolder::new(cli.permissions.clone());
-    let _watch = holder.watch(Duration::from_millis(500));
-    let mut harness = harness_worker::policy_worker(holder);
-    harness_worker::add_trigger(&mut harness);
-    harness_worker::add_ui(&mut harness, Arc::new(harness_worker::UiHub::default()));
-    let auth = auth_credentials::Auth::new(
-        harness_sdk::secrets_from_env().await,
-        auth_credentials::Auth::process_env(),
-    );
-    let mut workers = vec![
-        run_embedded(turn_orchestrator::worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(approval_gate::worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(harness, &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(
-            tools_worker::worker(tools_worker::Tools::new(&cli.workdir)?),
-            &engine,
-        )
-        .map_err(anyhow::Error::msg)?,
-        run_embedded(auth_credentials::worker(auth), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(
-            models_catalog::worker(Arc::new(models_catalog::Catalog::builtin())),
-            &engine,
-        )
-        .map_err(anyhow::Error::msg)?,
-        run_embedded(harness_sdk::examples::echo_worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(session_worker::worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(hook_fanout::worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(llm_budget::worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(directory::worker(), &engine).map_err(anyhow::Error::msg)?,
-        run_embedded(context_compaction::worker(), &engine).map_err(anyhow::Error::msg)?,
-    ];
-    let (provider, model, handles) = provider(&engine, cli.cassette.as_deref()).await?;
-    workers.extend(handles);
+    if cfg.workers.tools.embedded() {
+        std::fs::create_dir_all(&cfg.sandbox.workdir)?;
+        compose::check_workdir(
+            &cfg.sandbox.workdir,
+            &cli.serve.data_dir,
+            &cfg.policy.permissions,
+        )?;
+    }
+    let composition = compose::start(&cfg, &engine, Inputs::default()).await?;
     engine.mark_ready();
+    let (provider, model) = (composition.provider.clone(), composition.model.clone());
+    let workdir = if cfg.workers.tools.embedded() {
+        format!(" · workdir {}", cfg.sandbox.workdir.display())
+    } else {
+        String::new()
+    };
     println!(
-        "engine-gateway on {} ({}) · model {provider}/{model} · workdir {}",
+        "engine-gateway on {} ({}) · {origin} · model {provider}/{model}{workdir}",
         running.address(),
         running.token_source(),
-        cli.workdir.display()
     );
+    for line in &composition.report {
+        println!("  {line}");
+    }
     if cli.serve_only {
         let _ = std::io::stdout().flush();
         tokio::signal::ctrl_c().await?;
-        drop((workers, engine));
+        drop((composition, engine));
         running.shutdown().await;
         return Ok(());
     }
@@ -235,13 +188,27 @@ async fn main() -> anyhow::Result<()> {
         group_id: Some(sid.clone()),
     })?;
     let ctx = client.ctx();
-    let started = ctx
-        .trigger(
+    let mut payload = composition.run_defaults.clone();
+    payload["messages"] = json!([{"role": "user", "content": [{"type": "text", "text": cli.task}], "timestamp": engine_gateway::trace::now_ms()}]);
+    // Through the front door when there is one; the thin harness has only run::start.
+    let started = if cfg.workers.harness.present() {
+        ctx.trigger(
             "harness::trigger",
-            json!({"session_id": sid, "payload": {"provider": provider, "model": model, "max_turns": cli.max_turns,
-                "messages": [{"role": "user", "content": [{"type": "text", "text": cli.task}], "timestamp": engine_gateway::trace::now_ms()}]}}),
+            json!({"session_id": sid, "payload": payload}),
         )
-        .await?;
+        .await?
+    } else {
+        // run::start is not a client's to call: an embedded worker's context starts it.
+        payload["session_id"] = json!(sid);
+        let inner = composition
+            .workers
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("no worker runs here to start the session"))?
+            .ctx()
+            .with_baggage(ATTR_SESSION_ID, &sid);
+        let body = inner.trigger("run::start", payload).await?;
+        json!({"status_code": if body["started"] == true { 200 } else { 409 }, "body": body})
+    };
     if started["status_code"] != 200 {
         anyhow::bail!("the session did not start: {started}");
     }
@@ -391,7 +358,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::signal::ctrl_c().await?;
     }
     // Every handle on the engine goes before the shutdown, which waits for the last one.
-    drop((workers, client, engine));
+    drop((composition, client, engine));
     running.shutdown().await;
     Ok(())
 }

@@ -13,6 +13,8 @@ use engine_gateway::builtins::req_str;
 use harness_sdk::messages::{AgentMessage, ContentBlock, StopReason, user_text};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
 use serde_json::{Value, json};
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const LEASE_SCOPE: &str = "compaction-lease";
@@ -21,6 +23,27 @@ pub const DEFAULT_WINDOW: u64 = 128_000;
 const SUMMARY_TIMEOUT: Duration = Duration::from_secs(240);
 /// Tool results longer than this, outside the kept turns, are pruned.
 pub const PRUNE_OVER_CHARS: usize = 2_000;
+
+/// A compactor's thresholds (`harness.yaml`'s `compaction`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Tokens kept free below the model's window (at most half of it).
+    pub reserved_tokens: u64,
+    /// Model turns always kept verbatim (at least one).
+    pub keep_turns: usize,
+    /// Older tool results longer than this are pruned (unless a request says otherwise).
+    pub prune_over_chars: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            reserved_tokens: plan::RESERVED,
+            keep_turns: plan::KEEP_TURNS,
+            prune_over_chars: PRUNE_OVER_CHARS,
+        }
+    }
+}
 
 fn now() -> u64 {
     harness_sdk::messages::now_ms()
@@ -100,18 +123,24 @@ fn text(m: &AgentMessage) -> String {
     }
 }
 
-async fn compact(ctx: &Ctx, data: &Value, force: bool) -> Result<Value, ErrorBody> {
+async fn compact(
+    s: &Settings,
+    ctx: &Ctx,
+    data: &Value,
+    force: bool,
+) -> Result<Value, ErrorBody> {
     let sid = req_str(data, "session_id")?;
     let owner = format!("compactor-{}", engine_gateway::trace::random_hex(4));
     if !acquire(ctx, &sid, &owner).await? {
         return Ok(json!({"status": "busy", "session_id": sid}));
     }
-    let out = compact_locked(ctx, &sid, data, force).await;
+    let out = compact_locked(s, ctx, &sid, data, force).await;
     release(ctx, &sid, &owner).await;
     out
 }
 
 async fn compact_locked(
+    s: &Settings,
     ctx: &Ctx,
     sid: &str,
     data: &Value,
@@ -119,7 +148,7 @@ async fn compact_locked(
 ) -> Result<Value, ErrorBody> {
     let (provider, model) = model_of(ctx, sid, data).await?;
     let window = context_window(ctx, &provider, &model).await;
-    let usable = plan::usable(window);
+    let usable = plan::usable_with(window, s.reserved_tokens);
     let tree = ctx
         .trigger("session-tree::messages", json!({"session_id": sid}))
         .await?;
@@ -133,7 +162,7 @@ async fn compact_locked(
             json!({"status": "ok", "compacted": false, "session_id": sid, "tokens": tokens_before, "usable": usable}),
         );
     }
-    let Some(tail) = plan::select_tail(&messages, usable) else {
+    let Some(tail) = plan::select_tail(&messages, usable, s.keep_turns) else {
         return Ok(
             json!({"status": "empty", "session_id": sid, "tokens": tokens_before, "usable": usable}),
         );
@@ -229,19 +258,23 @@ async fn compact_locked(
     )
 }
 
-async fn compact_now(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
-    compact(&ctx, &data, data["force"] == true).await
+async fn compact_now(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    compact(&s, &ctx, &data, data["force"] == true).await
 }
 
-async fn compact_session(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
-    compact(&ctx, &data, true).await
+async fn compact_session(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    compact(&s, &ctx, &data, true).await
 }
 
-async fn prune_tool_outputs(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+async fn prune_tool_outputs(
+    s: Arc<Settings>,
+    ctx: Ctx,
+    data: Value,
+) -> Result<Value, ErrorBody> {
     let sid = req_str(&data, "session_id")?;
     let over = data["max_chars"]
         .as_u64()
-        .map_or(PRUNE_OVER_CHARS, |n| n as usize);
+        .map_or(s.prune_over_chars, |n| n as usize);
     let tree = ctx
         .trigger("session-tree::messages", json!({"session_id": sid}))
         .await?;
@@ -256,7 +289,7 @@ async fn prune_tool_outputs(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         .filter(|(_, m)| matches!(m, AgentMessage::Assistant { .. }))
         .map(|(i, _)| i)
         .rev()
-        .nth(plan::KEEP_TURNS - 1)
+        .nth(s.keep_turns.max(1) - 1)
         .unwrap_or(0);
     let mut pruned = 0;
     let mut saved = 0u64;
@@ -294,7 +327,7 @@ async fn prune_tool_outputs(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 /// Stream trigger on `agent::turn_end`: compact a session that is over its window once its
 /// run is idle. While the run is live, the orchestrator's pre-flight check compacts before
 /// its next model call (a compaction appended under a running turn would branch off it).
-async fn on_turn_end(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+async fn on_turn_end(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let Some(sid) = data["group_id"].as_str().map(str::to_owned) else {
         return Ok(json!({"ignored": "no session"}));
     };
@@ -319,10 +352,24 @@ async fn on_turn_end(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
             json!({"skipped": "run live; the pre-flight check compacts", "session_id": sid}),
         );
     }
-    compact(&ctx, &json!({"session_id": sid}), false).await
+    compact(&s, &ctx, &json!({"session_id": sid}), false).await
 }
 
 pub fn worker() -> Worker {
+    worker_with(Settings::default())
+}
+
+/// Binds a handler to this worker's settings.
+fn with(
+    s: &Arc<Settings>,
+    f: fn(Arc<Settings>, Ctx, Value) -> BoxFuture<'static, Result<Value, ErrorBody>>,
+) -> impl Fn(Ctx, Value) -> BoxFuture<'static, Result<Value, ErrorBody>> + Send + Sync + 'static {
+    let s = s.clone();
+    move |ctx, data| f(s.clone(), ctx, data)
+}
+
+pub fn worker_with(settings: Settings) -> Worker {
+    let s = Arc::new(settings);
     let errs: &[(&str, &str)] = &[
         (
             "summarize_failed",
@@ -334,11 +381,11 @@ pub fn worker() -> Worker {
     let status = "ok (compacted: bool) | busy (another compactor holds the lease) | overflow (still over the window after compaction, or the summary call overflowed) | empty (nothing old enough to summarize)";
     let mut w = Worker::new("context-compaction");
     w.register_function(
-        def("context-compaction::compact_now", "Compact the session if its context is over the model's usable window (window − 20 000 reserved).")
+        def("context-compaction::compact_now", "Compact the session if its context is over the model's usable window (window − reserved_tokens, 20 000 unless configured).")
             .request(json!({"session_id": "string", "provider": "optional (default: the run's)", "model": "optional", "force": "optional bool", "emit_event": "optional bool (default true): emit compaction_done"}))
             .response(json!({"status": status, "tokens_before": "number", "tokens_after": "number", "compaction_entry_id": "string", "tail_start_id": "string", "summary_text": "string"}))
             .errors(errs),
-        compact_now,
+        with(&s, |s, c, d| Box::pin(compact_now(s, c, d))),
     );
     w.register_function(
         def(
@@ -348,24 +395,24 @@ pub fn worker() -> Worker {
         .request(json!({"session_id": "string", "provider": "optional", "model": "optional"}))
         .response(json!({"status": status}))
         .errors(errs),
-        compact_session,
+        with(&s, |s, c, d| Box::pin(compact_session(s, c, d))),
     );
     w.register_function(
         def(
             "context-compaction::prune_tool_outputs",
-            "Shorten large tool results outside the last two turns, in place.",
+            "Shorten large tool results outside the kept turns (two unless configured), in place.",
         )
         .request(json!({"session_id": "string", "max_chars": "optional (default 2000)"}))
         .response(json!({"status": "ok|empty", "pruned": "number", "tokens_saved": "number"}))
         .errors(errs),
-        prune_tool_outputs,
+        with(&s, |s, c, d| Box::pin(prune_tool_outputs(s, c, d))),
     );
     w.register_function(
         def(
             "context-compaction::on_turn_end",
             "Stream trigger on agent::turn_end (one wake per turn).",
         ),
-        on_turn_end,
+        with(&s, |s, c, d| Box::pin(on_turn_end(s, c, d))),
     );
     w.register_trigger(
         "stream",

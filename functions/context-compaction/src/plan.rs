@@ -17,7 +17,12 @@ pub fn estimate<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
 /// Usable context: the window minus the reserve (at most half the window, so small test
 /// windows keep a usable part).
 pub fn usable(context_window: u64) -> u64 {
-    context_window.saturating_sub(RESERVED.min(context_window / 2))
+    usable_with(context_window, RESERVED)
+}
+
+/// [`usable`] with another reserve.
+pub fn usable_with(context_window: u64, reserved: u64) -> u64 {
+    context_window.saturating_sub(reserved.min(context_window / 2))
 }
 
 pub fn recent_budget(usable: u64) -> u64 {
@@ -28,19 +33,20 @@ pub fn is_summary(m: &AgentMessage) -> bool {
     matches!(m, AgentMessage::Custom { custom_type, .. } if custom_type == "compaction_summary")
 }
 
-/// Where the kept tail starts: the last [`KEEP_TURNS`] model turns, extended backwards while
-/// the tail is under the recent-token budget. A tail never starts on a function result (it
-/// would be cut from its call). `None` when there is no head to summarize.
-pub fn select_tail(messages: &[AgentMessage], usable: u64) -> Option<usize> {
+/// Where the kept tail starts: the last `keep_turns` model turns (at least one), extended
+/// backwards while the tail is under the recent-token budget. A tail never starts on a
+/// function result (it would be cut from its call). `None` when there is no head to summarize.
+pub fn select_tail(messages: &[AgentMessage], usable: u64, keep_turns: usize) -> Option<usize> {
+    let keep_turns = keep_turns.max(1);
     let head_begin = usize::from(messages.first().is_some_and(is_summary));
     let boundary = |i: usize| !matches!(messages[i], AgentMessage::FunctionResult { .. });
     let assistants: Vec<usize> = (head_begin..messages.len())
         .filter(|&i| matches!(messages[i], AgentMessage::Assistant { .. }))
         .collect();
-    if assistants.len() < KEEP_TURNS {
+    if assistants.len() < keep_turns {
         return None;
     }
-    let mut start = assistants[assistants.len() - KEEP_TURNS];
+    let mut start = assistants[assistants.len() - keep_turns];
     // A user message just before the first kept turn belongs to it.
     if start > head_begin && matches!(messages[start - 1], AgentMessage::User { .. }) {
         start -= 1;
@@ -183,18 +189,18 @@ mod tests {
             ms.push(result(&big));
         }
         // Results are big: the recent budget adds nothing beyond the last two turns.
-        let start = select_tail(&ms, 100_000).unwrap();
+        let start = select_tail(&ms, 100_000, KEEP_TURNS).unwrap();
         assert_eq!(start, 7);
         assert!(matches!(ms[start], AgentMessage::Assistant { .. }));
         // Small messages: the tail grows back over the recent budget, still on a boundary.
         let small: Vec<AgentMessage> = std::iter::once(user_text("task"))
             .chain((0..30).flat_map(|i| [assistant(&format!("turn {i}")), result("ok")]))
             .collect();
-        let start = select_tail(&small, 8_000).unwrap();
+        let start = select_tail(&small, 8_000, KEEP_TURNS).unwrap();
         assert!(start < small.len() - 4);
         assert!(!matches!(small[start], AgentMessage::FunctionResult { .. }));
         // Too short to compact.
-        assert_eq!(select_tail(&ms[..3], 100_000), None);
+        assert_eq!(select_tail(&ms[..3], 100_000, KEEP_TURNS), None);
     }
 
     #[test]

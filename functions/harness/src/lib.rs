@@ -315,6 +315,16 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
 /// message ids as trace baggage (so every downstream span carries them) and forwards
 /// `payload` to `run::start`; answers `{status_code: 200|409, body}`.
 pub async fn harness_trigger(ctx: harness_sdk::Ctx, data: Value) -> Result<Value, ErrorBody> {
+    trigger_with_defaults(&Value::Null, ctx, data).await
+}
+
+/// `harness::trigger` with run defaults (`harness.yaml`'s `run`): each field of `defaults`
+/// the payload does not carry is added to it.
+async fn trigger_with_defaults(
+    defaults: &Value,
+    ctx: harness_sdk::Ctx,
+    data: Value,
+) -> Result<Value, ErrorBody> {
     let mut payload = data
         .get("payload")
         .cloned()
@@ -336,6 +346,11 @@ pub async fn harness_trigger(ctx: harness_sdk::Ctx, data: Value) -> Result<Value
         .unwrap_or_else(|| format!("m-{}", engine_gateway::trace::random_hex(8)));
     payload["session_id"] = json!(session_id);
     payload["message_id"] = json!(message_id);
+    if let (Some(p), Some(d)) = (payload.as_object_mut(), defaults.as_object()) {
+        for (k, v) in d {
+            p.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
     let ctx = ctx
         .with_baggage(engine_gateway::trace::ATTR_SESSION_ID, &session_id)
         .with_baggage(engine_gateway::trace::ATTR_MESSAGE_ID, &message_id);
@@ -346,9 +361,19 @@ pub async fn harness_trigger(ctx: harness_sdk::Ctx, data: Value) -> Result<Value
 
 /// The harness entry function, to add to a harness worker.
 pub fn add_trigger(w: &mut Worker) {
+    add_trigger_with(w, Value::Null);
+}
+
+/// The entry function with run defaults: `{provider, model, max_turns, mode, …}` fill what a
+/// payload leaves out.
+pub fn add_trigger_with(w: &mut Worker, defaults: Value) {
     let mut d = RegisterFunction::new("harness::trigger").public();
     d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
-    w.register_function(d, harness_trigger);
+    let defaults = Arc::new(defaults);
+    w.register_function(d, move |ctx, data| {
+        let defaults = defaults.clone();
+        async move { trigger_with_defaults(&defaults, ctx, data).await }
+    });
 }
 
 /// The UI plane: browsers subscribe to one session's `agent::events` (or to all sessions,

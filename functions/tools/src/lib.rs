@@ -43,9 +43,9 @@ fn io(path: &str, e: impl std::fmt::Display) -> ErrorBody {
 
 /// `HARNESS_FS_READ_MAX_BYTES` (default 256 KiB): a value that is not a positive number
 /// stops the worker with an error naming it, instead of being ignored.
-fn read_cap_from_env() -> std::io::Result<u64> {
+fn read_cap_from_env(default: u64) -> std::io::Result<u64> {
     match std::env::var("HARNESS_FS_READ_MAX_BYTES") {
-        Err(_) => Ok(MAX_READ_BYTES),
+        Err(_) => Ok(default),
         Ok(v) => match v.trim().parse::<u64>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(std::io::Error::new(
@@ -69,6 +69,17 @@ impl Tools {
         root: impl Into<PathBuf>,
         cfg: sandbox::SandboxConfig,
     ) -> std::io::Result<Arc<Self>> {
+        Self::with_settings(root, cfg, MAX_READ_BYTES)
+    }
+
+    /// `read_cap`: the most one `fs::read` returns, unless `HARNESS_FS_READ_MAX_BYTES` says
+    /// otherwise.
+    pub fn with_settings(
+        root: impl Into<PathBuf>,
+        cfg: sandbox::SandboxConfig,
+        read_cap: u64,
+    ) -> std::io::Result<Arc<Self>> {
+        let read_cap = read_cap_from_env(read_cap)?;
         let root = root.into();
         std::fs::create_dir_all(&root)?;
         let root = root.canonicalize()?;
@@ -91,7 +102,7 @@ impl Tools {
             sandbox,
             running: Default::default(),
             next_command: Default::default(),
-            read_cap: read_cap_from_env()?,
+            read_cap,
         }))
     }
 

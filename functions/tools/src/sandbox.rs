@@ -129,8 +129,14 @@ impl SandboxConfig {
     /// (`auto` | `namespaces` | `landlock` | `process`), `HARNESS_BWRAP`, and
     /// `HARNESS_SANDBOX_{CPU_SECS,MEMORY_BYTES,PROCESSES,FILE_SIZE_BYTES,OPEN_FILES}`.
     pub fn from_env() -> Result<Self, String> {
+        SandboxConfig::default().with_env()
+    }
+
+    /// These settings, with each `HARNESS_SANDBOX*` variable that is set taking precedence
+    /// (how an operator overrides a configuration file).
+    pub fn with_env(self) -> Result<Self, String> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let mut cfg = SandboxConfig::default();
+        let mut cfg = self;
         if let Some(m) = var("HARNESS_SANDBOX") {
             cfg.mode = Mode::parse(&m)
                 .ok_or_else(|| format!("HARNESS_SANDBOX=`{m}`: use required or best_effort"))?;
@@ -142,7 +148,9 @@ impl SandboxConfig {
                 )
             })?;
         }
-        cfg.bwrap = var("HARNESS_BWRAP").map(PathBuf::from);
+        if let Some(b) = var("HARNESS_BWRAP") {
+            cfg.bwrap = Some(PathBuf::from(b));
+        }
         let num = |k: &str, into: &mut u64| -> Result<(), String> {
             if let Some(v) = var(k) {
                 *into = v

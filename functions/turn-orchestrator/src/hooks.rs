@@ -14,13 +14,29 @@ pub const PRESENCE_TTL: Duration = Duration::from_secs(30);
 pub const BEFORE_TIMEOUT_MS: u64 = 2_000;
 pub const AFTER_TIMEOUT_MS: u64 = 500;
 
-/// Per orchestrator instance: which hook topics have subscribers.
-#[derive(Default)]
+/// Per orchestrator instance: which hook topics have subscribers, and how long each hook
+/// may take.
 pub struct Hooks {
     presence: Mutex<HashMap<String, (Instant, bool)>>,
+    before_timeout_ms: u64,
+    after_timeout_ms: u64,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks::new(BEFORE_TIMEOUT_MS, AFTER_TIMEOUT_MS)
+    }
 }
 
 impl Hooks {
+    pub fn new(before_timeout_ms: u64, after_timeout_ms: u64) -> Self {
+        Self {
+            presence: Mutex::default(),
+            before_timeout_ms,
+            after_timeout_ms,
+        }
+    }
+
     pub async fn present(&self, ctx: &Ctx, topic: &str) -> bool {
         if let Ok(cache) = self.presence.lock()
             && let Some((at, present)) = cache.get(topic)
@@ -77,7 +93,7 @@ pub async fn before_call(ctx: &Ctx, hooks: &Hooks, sid: &str, call: &Call) -> Op
         BEFORE_CALL_TOPIC,
         payload,
         "first_block_wins",
-        BEFORE_TIMEOUT_MS,
+        hooks.before_timeout_ms,
     )
     .await
     {
@@ -121,7 +137,7 @@ pub async fn after_call(
         AFTER_CALL_TOPIC,
         payload,
         "field_merge",
-        AFTER_TIMEOUT_MS,
+        hooks.after_timeout_ms,
     )
     .await
     {

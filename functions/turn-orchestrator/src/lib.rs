@@ -207,6 +207,8 @@ async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Val
 pub struct InstanceCache {
     inner: std::sync::Mutex<std::collections::HashMap<String, (String, History)>>,
     runs: std::sync::Mutex<std::collections::HashMap<String, CachedRun>>,
+    /// The instance's compaction reserve (its [`Settings`]).
+    reserved_tokens: u64,
 }
 
 /// A conversation shared between the cache and the step using it (not copied per turn).
@@ -408,7 +410,10 @@ async fn budget_refusal(ctx: &Ctx, rec: &Record, req: &RunRequest) -> StepResult
 }
 
 fn usable_tokens(window: u64) -> u64 {
-    window.saturating_sub(RESERVED_TOKENS.min(window / 2))
+    let reserved = CACHE
+        .try_with(|c| c.reserved_tokens)
+        .unwrap_or(RESERVED_TOKENS);
+    window.saturating_sub(reserved.min(window / 2))
 }
 
 /// Pre-flight: over the model's usable window → compact now and reload the history.
@@ -1622,9 +1627,38 @@ pub fn step_retries(window: Duration) -> u32 {
     n.max(1)
 }
 
+/// An orchestrator instance's settings (`harness.yaml`'s `hooks` and `compaction`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Tokens kept free below the model's window before a pre-flight compaction.
+    pub reserved_tokens: u64,
+    pub before_call_timeout_ms: u64,
+    pub after_call_timeout_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            reserved_tokens: RESERVED_TOKENS,
+            before_call_timeout_ms: hooks::BEFORE_TIMEOUT_MS,
+            after_call_timeout_ms: hooks::AFTER_TIMEOUT_MS,
+        }
+    }
+}
+
 pub fn worker() -> Worker {
-    let hooks = Arc::new(Hooks::default());
-    let cache = Arc::new(InstanceCache::default());
+    worker_with(Settings::default())
+}
+
+pub fn worker_with(settings: Settings) -> Worker {
+    let hooks = Arc::new(Hooks::new(
+        settings.before_call_timeout_ms,
+        settings.after_call_timeout_ms,
+    ));
+    let cache = Arc::new(InstanceCache {
+        reserved_tokens: settings.reserved_tokens,
+        ..InstanceCache::default()
+    });
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}."), run_start);
     w.register_function(

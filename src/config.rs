@@ -1,0 +1,737 @@
+//! `harness.yaml`: which workers run, where each runs, and their settings.
+//!
+//! A file is complete in itself: a worker it does not name is off. Two presets ship in
+//! `presets/` (`thin`: orchestrator + one provider + credentials; `thick`: every worker) and
+//! are built into the binary, so `--config thin` works from any directory. Every field is
+//! checked when the file is read; an error names the field and its line, and the process
+//! does not start.
+
+use serde::Deserialize;
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+
+pub const THIN: &str = include_str!("../presets/thin.yaml");
+pub const THICK: &str = include_str!("../presets/thick.yaml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the configuration {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// Serde's message names the field path and the line.
+    #[error("{origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+/// Where a worker runs, as this process sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Started in this process.
+    Embedded,
+    /// Another process connects with `ENGINE_URL` and registers its function IDs; start-up
+    /// waits for them (up to `remote_wait_secs`) before recovered steps are delivered.
+    Remote,
+    /// Deployed as a Lambda (the deployed shape's template); not run here.
+    Lambda,
+    /// Not run anywhere: its function IDs are absent, and optional callers skip them.
+    #[default]
+    Off,
+}
+
+impl Placement {
+    pub fn embedded(self) -> bool {
+        self == Placement::Embedded
+    }
+    /// Present somewhere: embedded, or expected from elsewhere.
+    pub fn present(self) -> bool {
+        self != Placement::Off
+    }
+}
+
+/// The workers a harness can be composed of. A name that is not here is refused.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Workers {
+    #[serde(default)]
+    pub turn_orchestrator: Placement,
+    /// Every provider listed under `providers`.
+    #[serde(default)]
+    pub providers: Placement,
+    #[serde(default)]
+    pub auth_credentials: Placement,
+    /// `policy::check_permissions` from the permissions file. Missing: every tool call is
+    /// denied (`gate_unavailable`), as ARCHITECTURE.md's fail-closed rule says.
+    #[serde(default)]
+    pub policy: Placement,
+    /// The front door: `harness::trigger` and the UI event plane.
+    #[serde(default)]
+    pub harness: Placement,
+    #[serde(default)]
+    pub approval_gate: Placement,
+    #[serde(default)]
+    pub tools: Placement,
+    #[serde(default)]
+    pub models_catalog: Placement,
+    #[serde(default)]
+    pub session: Placement,
+    #[serde(default)]
+    pub hook_fanout: Placement,
+    #[serde(default)]
+    pub llm_budget: Placement,
+    #[serde(default)]
+    pub directory: Placement,
+    #[serde(default)]
+    pub context_compaction: Placement,
+    #[serde(default)]
+    pub slack_approval: Placement,
+    /// The SDK's example worker (`example::echo`).
+    #[serde(default)]
+    pub echo: Placement,
+}
+
+/// One function ID each worker registers, to know it has arrived when it runs elsewhere.
+impl Workers {
+    pub fn all(&self) -> Vec<(&'static str, Placement, &'static str)> {
+        vec![
+            ("turn-orchestrator", self.turn_orchestrator, "run::start"),
+            ("providers", self.providers, ""),
+            ("auth-credentials", self.auth_credentials, "auth::get_token"),
+            ("policy", self.policy, "policy::check_permissions"),
+            ("harness", self.harness, "harness::trigger"),
+            ("approval-gate", self.approval_gate, "approval::resolve"),
+            ("tools", self.tools, "shell::exec"),
+            ("models-catalog", self.models_catalog, "models::get"),
+            ("session", self.session, "session-tree::messages"),
+            ("hook-fanout", self.hook_fanout, "hook-fanout::publish_collect"),
+            ("llm-budget", self.llm_budget, "budget::check"),
+            ("directory", self.directory, "directory::skills::get"),
+            (
+                "context-compaction",
+                self.context_compaction,
+                "context-compaction::compact_now",
+            ),
+            ("slack-approval", self.slack_approval, "slack::webhook"),
+            ("echo", self.echo, "example::echo"),
+        ]
+    }
+}
+
+/// The providers a harness knows; `auto` picks by the API keys in the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderName {
+    /// Anthropic when `ANTHROPIC_API_KEY` is set, else OpenAI when `OPENAI_API_KEY` is, else
+    /// the scripted model.
+    #[default]
+    Auto,
+    Anthropic,
+    Openai,
+    Kimi,
+    Lmstudio,
+    Scripted,
+}
+
+impl ProviderName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderName::Auto => "auto",
+            ProviderName::Anthropic => "anthropic",
+            ProviderName::Openai => "openai",
+            ProviderName::Kimi => "kimi",
+            ProviderName::Lmstudio => "lmstudio",
+            ProviderName::Scripted => "scripted",
+        }
+    }
+    /// The model a run uses when none is named.
+    pub fn default_model(self) -> &'static str {
+        match self {
+            ProviderName::Anthropic => "claude-sonnet-5-5",
+            ProviderName::Openai => "gpt-5.4",
+            ProviderName::Kimi => "kimi-k2.5",
+            ProviderName::Lmstudio => "local-model",
+            ProviderName::Auto | ProviderName::Scripted => "scripted-demo",
+        }
+    }
+}
+
+/// What a run uses unless its `run::start` request says otherwise.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunDefaults {
+    #[serde(default)]
+    pub provider: ProviderName,
+    /// Default: the provider's (see [`ProviderName::default_model`]).
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: NonZeroU64,
+    /// The prompt mode: `agent`, `plan` or `ask`.
+    #[serde(default)]
+    pub mode: Option<PromptMode>,
+    /// Replaces the generated system prompt, verbatim.
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    /// Skill ids fetched at provisioning; absent: SPEC's default index; empty: none.
+    #[serde(default)]
+    pub system_default_skills: Option<Vec<String>>,
+}
+
+impl Default for RunDefaults {
+    fn default() -> Self {
+        Self {
+            provider: ProviderName::Auto,
+            model: None,
+            max_turns: default_max_turns(),
+            mode: None,
+            system_prompt: None,
+            system_default_skills: None,
+        }
+    }
+}
+
+fn default_max_turns() -> NonZeroU64 {
+    NonZeroU64::new(12).expect("nonzero")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptMode {
+    Agent,
+    Plan,
+    Ask,
+}
+
+impl PromptMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptMode::Agent => "agent",
+            PromptMode::Plan => "plan",
+            PromptMode::Ask => "ask",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    /// The API's address; default: the provider's variable (`ANTHROPIC_BASE_URL`, …) or its
+    /// public address.
+    #[serde(default)]
+    pub base_url: Option<url::Url>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedSettings {
+    /// A cassette file; default: the demo cassette built into the binary.
+    #[serde(default)]
+    pub cassette: Option<PathBuf>,
+    /// A scripted model server already running (its address, without `/v1`); default: one is
+    /// started in this process.
+    #[serde(default)]
+    pub base_url: Option<url::Url>,
+}
+
+/// The providers to register; each listed one is registered whether or not its key is set
+/// (credentials resolve per call through `auth::get_token`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Providers {
+    #[serde(default)]
+    pub anthropic: Option<ProviderSettings>,
+    #[serde(default)]
+    pub openai: Option<ProviderSettings>,
+    #[serde(default)]
+    pub kimi: Option<ProviderSettings>,
+    #[serde(default)]
+    pub lmstudio: Option<ProviderSettings>,
+    #[serde(default)]
+    pub scripted: Option<ScriptedSettings>,
+}
+
+impl Providers {
+    pub fn names(&self) -> Vec<ProviderName> {
+        let mut out = Vec::new();
+        if self.anthropic.is_some() {
+            out.push(ProviderName::Anthropic);
+        }
+        if self.openai.is_some() {
+            out.push(ProviderName::Openai);
+        }
+        if self.kimi.is_some() {
+            out.push(ProviderName::Kimi);
+        }
+        if self.lmstudio.is_some() {
+            out.push(ProviderName::Lmstudio);
+        }
+        if self.scripted.is_some() {
+            out.push(ProviderName::Scripted);
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    #[serde(default = "default_permissions")]
+    pub permissions: PathBuf,
+    /// How often the file is checked for changes.
+    #[serde(default = "default_reload_ms")]
+    pub reload_ms: NonZeroU64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            permissions: default_permissions(),
+            reload_ms: default_reload_ms(),
+        }
+    }
+}
+
+fn default_permissions() -> PathBuf {
+    "iii-permissions.yaml".into()
+}
+fn default_reload_ms() -> NonZeroU64 {
+    NonZeroU64::new(500).expect("nonzero")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Period {
+    Day,
+    Week,
+    Month,
+}
+
+/// A spend ceiling made (or brought up to date) at start-up through `budget::create` /
+/// `budget::update`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub budget_id: String,
+    pub ceiling_usd: f64,
+    pub period: Period,
+    #[serde(default)]
+    pub workspace_id: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// The before/after-call hooks (`agent::before_function_call`, `agent::after_function_call`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hooks {
+    #[serde(default = "default_before_ms")]
+    pub before_call_timeout_ms: NonZeroU64,
+    #[serde(default = "default_after_ms")]
+    pub after_call_timeout_ms: NonZeroU64,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Self {
+            before_call_timeout_ms: default_before_ms(),
+            after_call_timeout_ms: default_after_ms(),
+        }
+    }
+}
+
+fn default_before_ms() -> NonZeroU64 {
+    NonZeroU64::new(turn_orchestrator::hooks::BEFORE_TIMEOUT_MS).expect("nonzero")
+}
+fn default_after_ms() -> NonZeroU64 {
+    NonZeroU64::new(turn_orchestrator::hooks::AFTER_TIMEOUT_MS).expect("nonzero")
+}
+
+/// When and how a long session's head is summarised.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compaction {
+    /// Tokens kept free for the answer (at most half the window is reserved).
+    #[serde(default = "default_reserved")]
+    pub reserved_tokens: u64,
+    /// Model turns always kept verbatim.
+    #[serde(default = "default_keep_turns")]
+    pub keep_turns: NonZeroU64,
+    /// Older tool results longer than this are pruned.
+    #[serde(default = "default_prune")]
+    pub prune_over_chars: NonZeroU64,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Self {
+            reserved_tokens: default_reserved(),
+            keep_turns: default_keep_turns(),
+            prune_over_chars: default_prune(),
+        }
+    }
+}
+
+fn default_reserved() -> u64 {
+    context_compaction::plan::RESERVED
+}
+fn default_keep_turns() -> NonZeroU64 {
+    NonZeroU64::new(context_compaction::plan::KEEP_TURNS as u64).expect("nonzero")
+}
+fn default_prune() -> NonZeroU64 {
+    NonZeroU64::new(context_compaction::PRUNE_OVER_CHARS as u64).expect("nonzero")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    Required,
+    #[default]
+    BestEffort,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    #[default]
+    Auto,
+    Namespaces,
+    Landlock,
+    Process,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub cpu_secs: Option<NonZeroU64>,
+    pub memory_bytes: Option<NonZeroU64>,
+    pub processes: Option<NonZeroU64>,
+    pub file_size_bytes: Option<NonZeroU64>,
+    pub open_files: Option<NonZeroU64>,
+}
+
+/// The agent's working directory and how `shell::exec` is confined (the `HARNESS_SANDBOX*`
+/// variables, when set, still win: they are how an operator overrides a file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sandbox {
+    #[serde(default = "default_workdir")]
+    pub workdir: PathBuf,
+    #[serde(default)]
+    pub mode: SandboxMode,
+    #[serde(default)]
+    pub isolation: Isolation,
+    #[serde(default)]
+    pub bwrap: Option<PathBuf>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// The most `fs::read` returns in one call.
+    #[serde(default)]
+    pub fs_read_max_bytes: Option<NonZeroU64>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self {
+            workdir: default_workdir(),
+            mode: SandboxMode::default(),
+            isolation: Isolation::default(),
+            bwrap: None,
+            limits: Limits::default(),
+            fs_read_max_bytes: None,
+        }
+    }
+}
+
+fn default_workdir() -> PathBuf {
+    "./workspace".into()
+}
+
+/// Who may approve parked calls from Slack (the secrets stay in the secret store).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slack {
+    #[serde(default)]
+    pub channel: Option<String>,
+    #[serde(default)]
+    pub approvers: Vec<String>,
+    #[serde(default)]
+    pub approver_channels: Vec<String>,
+    #[serde(default)]
+    pub api_base: Option<url::Url>,
+    /// Where the webhook listens (`POST /slack/commands`, `/slack/interactive`).
+    #[serde(default)]
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub workers: Workers,
+    /// How long start-up waits for `remote` workers to register.
+    #[serde(default = "default_remote_wait")]
+    pub remote_wait_secs: u64,
+    #[serde(default)]
+    pub run: RunDefaults,
+    #[serde(default)]
+    pub providers: Providers,
+    #[serde(default)]
+    pub policy: Policy,
+    #[serde(default)]
+    pub budgets: Vec<Budget>,
+    #[serde(default)]
+    pub hooks: Hooks,
+    #[serde(default)]
+    pub compaction: Compaction,
+    #[serde(default)]
+    pub sandbox: Sandbox,
+    #[serde(default)]
+    pub slack: Slack,
+}
+
+fn default_remote_wait() -> u64 {
+    10
+}
+
+impl Config {
+    /// `thin`, `thick`, or a file's path.
+    pub fn load(name_or_path: &str) -> Result<Config, ConfigError> {
+        match name_or_path {
+            "thin" => Config::parse(THIN, "preset thin"),
+            "thick" => Config::parse(THICK, "preset thick"),
+            path => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                        path: path.to_string(),
+                        source,
+                    })?;
+                Config::parse(&text, path)
+            }
+        }
+    }
+
+    /// `--config` absent: `./harness.yaml` when there is one, else the thick preset.
+    pub fn load_default() -> Result<(Config, String), ConfigError> {
+        if Path::new("harness.yaml").exists() {
+            Ok((Config::load("harness.yaml")?, "harness.yaml".into()))
+        } else {
+            Ok((Config::load("thick")?, "preset thick".into()))
+        }
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            origin: origin.to_string(),
+            message,
+        };
+        let cfg: Config = serde_norway::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        cfg.check(text).map_err(invalid)?;
+        Ok(cfg)
+    }
+
+    /// What serde cannot say: relations between fields, and bounds.
+    fn check(&self, text: &str) -> Result<(), String> {
+        let at = |path: &str| match line_of(text, path) {
+            Some(n) => format!("{path} at line {n}"),
+            None => path.to_string(),
+        };
+        if !self.workers.turn_orchestrator.present() {
+            return Err(format!(
+                "{}: the turn orchestrator is off, so nothing would run a turn (use embedded or remote)",
+                at("workers.turn-orchestrator")
+            ));
+        }
+        let listed = self.providers.names();
+        if self.workers.providers.embedded() && listed.is_empty() {
+            return Err(format!(
+                "{}: providers run embedded but none is listed under `providers`",
+                at("workers.providers")
+            ));
+        }
+        let wanted = self.run.provider;
+        if wanted != ProviderName::Auto
+            && self.workers.providers.embedded()
+            && !listed.contains(&wanted)
+        {
+            return Err(format!(
+                "{}: `{}` is not among the providers listed ({})",
+                at("run.provider"),
+                wanted.as_str(),
+                listed
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if let Some(skills) = &self.run.system_default_skills {
+            if skills.len() > turn_orchestrator::types::MAX_DEFAULT_SKILLS {
+                return Err(format!(
+                    "{}: at most {} skills",
+                    at("run.system_default_skills"),
+                    turn_orchestrator::types::MAX_DEFAULT_SKILLS
+                ));
+            }
+            if let Some(bad) = skills.iter().find(|s| {
+                s.is_empty()
+                    || s.len() > turn_orchestrator::types::MAX_SKILL_ID_LEN
+                    || s.chars().any(char::is_control)
+            }) {
+                return Err(format!(
+                    "{}: `{}` is not a skill id (1-{} characters, no control characters)",
+                    at("run.system_default_skills"),
+                    bad.escape_debug(),
+                    turn_orchestrator::types::MAX_SKILL_ID_LEN
+                ));
+            }
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, b) in self.budgets.iter().enumerate() {
+            if !(b.ceiling_usd.is_finite() && b.ceiling_usd > 0.0) {
+                return Err(format!(
+                    "{}: budgets[{i}].ceiling_usd must be a positive number of dollars, not {}",
+                    at("budgets"),
+                    b.ceiling_usd
+                ));
+            }
+            if b.budget_id.is_empty() || !ids.insert(b.budget_id.as_str()) {
+                return Err(format!(
+                    "{}: budgets[{i}].budget_id `{}` is empty or given twice",
+                    at("budgets"),
+                    b.budget_id
+                ));
+            }
+        }
+        if self.remote_wait_secs > 600 {
+            return Err(format!(
+                "{}: at most 600 seconds",
+                at("remote_wait_secs")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The line (1-based) of a dotted key path in block-style YAML, to point at a field that
+/// parsed but does not fit with the rest.
+pub fn line_of(text: &str, path: &str) -> Option<usize> {
+    let mut want = path.split('.').peekable();
+    let mut indent_above: Option<usize> = None;
+    let mut key = want.next()?;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        if let Some(above) = indent_above
+            && indent <= above
+        {
+            return None; // left the parent's block without finding the key
+        }
+        let name = trimmed.split(':').next().unwrap_or("").trim();
+        if name == key && trimmed[name.len()..].trim_start().starts_with(':') {
+            match want.next() {
+                None => return Some(n + 1),
+                Some(next) => {
+                    indent_above = Some(indent);
+                    key = next;
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_presets_parse_and_thin_is_three_workers() {
+        let thin = Config::load("thin").unwrap();
+        let embedded: Vec<_> = thin
+            .workers
+            .all()
+            .into_iter()
+            .filter(|(_, p, _)| p.embedded())
+            .map(|(n, _, _)| n)
+            .collect();
+        assert_eq!(
+            embedded,
+            ["turn-orchestrator", "providers", "auth-credentials"]
+        );
+        assert_eq!(thin.providers.names(), [ProviderName::Scripted]);
+        let thick = Config::load("thick").unwrap();
+        assert!(
+            thick
+                .workers
+                .all()
+                .iter()
+                .filter(|(n, _, _)| *n != "slack-approval")
+                .all(|(_, p, _)| p.embedded()),
+            "thick embeds every worker but Slack's: {:?}",
+            thick.workers
+        );
+        assert_eq!(thick.providers.names().len(), 5);
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_line() {
+        let cases = [
+            (
+                "workers:\n  turn-orchestrator: embedded\n  polcy: embedded\n",
+                &["polcy", "line 3"][..],
+            ),
+            (
+                "workers:\n  turn-orchestrator: sometimes\n",
+                &["workers.turn-orchestrator", "sometimes", "line 2"],
+            ),
+            (
+                "workers:\n  turn-orchestrator: embedded\nrun:\n  max_turns: 0\n",
+                &["run.max_turns", "line 4"],
+            ),
+            (
+                "workers:\n  turn-orchestrator: embedded\nsandbox:\n  limits:\n    processes: -3\n",
+                &["sandbox.limits.processes", "line 5"],
+            ),
+            (
+                "workers:\n  turn-orchestrator: off\n",
+                &["workers.turn-orchestrator at line 2", "nothing would run"],
+            ),
+            (
+                "workers:\n  turn-orchestrator: embedded\n  providers: embedded\nproviders:\n  scripted: {}\nrun:\n  provider: kimi\n",
+                &["run.provider at line 7", "kimi", "scripted"],
+            ),
+            (
+                "workers:\n  turn-orchestrator: embedded\nproviders:\n  anthropic:\n    base_url: not a url\n",
+                &["providers.anthropic.base_url", "line 5"],
+            ),
+            (
+                "workers:\n  turn-orchestrator: embedded\nbudgets:\n  - budget_id: b\n    ceiling_usd: -1\n    period: day\n",
+                &["budgets at line 3", "ceiling_usd"],
+            ),
+            ("workers: [1, 2]\n", &["workers", "line 1"]),
+            ("{{{", &["line 1"]),
+        ];
+        for (text, needles) in cases {
+            let err = Config::parse(text, "test.yaml").unwrap_err().to_string();
+            assert!(err.starts_with("test.yaml: "), "{err}");
+            for n in needles {
+                assert!(err.contains(n), "`{n}` in the error for {text:?}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_path_is_found_in_its_block_only() {
+        let text = "a:\n  b: 1\nc:\n  # note\n  b: 2\n  d:\n    e: 3\n";
+        assert_eq!(line_of(text, "c.b"), Some(5));
+        assert_eq!(line_of(text, "a.b"), Some(2));
+        assert_eq!(line_of(text, "c.d.e"), Some(7));
+        assert_eq!(line_of(text, "a.d"), None);
+    }
+}
