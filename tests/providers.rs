@@ -389,7 +389,8 @@ async fn retry_after_is_honoured_then_the_stream_succeeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_come_from_auth_and_lmstudio_needs_none() {
-    // No key at all: a hosted provider fails closed as auth_expired; LM Studio goes ahead.
+    // No key at all: a hosted provider fails closed as auth_missing, naming itself; LM Studio
+    // goes ahead.
     let rig = rig("kimi", &[]).await;
     rig.model.load(Cassette {
         turns: vec![Turn {
@@ -400,7 +401,13 @@ async fn credentials_come_from_auth_and_lmstudio_needs_none() {
     });
     let (frames, _) = stream(&rig.client.ctx(), "kimi", "kimi-k2.5", json!([])).await;
     let last = frames.last().unwrap();
-    assert_eq!(last["error"]["error_kind"], "auth_expired");
+    assert_eq!(last["error"]["error_kind"], "auth_missing");
+    assert!(
+        last["error"]["error_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`kimi`")),
+        "{last}"
+    );
     assert!(
         rig.model.requests().is_empty(),
         "nothing was sent without credentials"

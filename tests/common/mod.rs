@@ -3,10 +3,11 @@
 //! the scripted model server over HTTP.
 #![allow(dead_code)]
 
-use auth_credentials::Auth;
+use agent_harness::compose::{self, Composition, Inputs};
+use agent_harness::config::Config;
 use engine_gateway::secrets::FileSecrets;
 use engine_gateway::server::{self, RunningServer, ServeOptions};
-use harness_sdk::{Ctx, RemoteOptions, WorkerHandle, connect_client, run_embedded};
+use harness_sdk::{Ctx, RemoteOptions, WorkerHandle, connect_client};
 use scripted_model::{ScriptedModel, ToolCall, Turn, TurnUsage};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -17,8 +18,8 @@ pub struct Stack {
     pub _dir: tempfile::TempDir,
     pub work: std::path::PathBuf,
     pub srv: RunningServer,
-    pub _workers: Vec<WorkerHandle>,
-    pub _policy_watch: tokio::task::JoinHandle<()>,
+    /// The workers the preset names, started as `cargo run` starts them.
+    pub composition: Composition,
     pub client: WorkerHandle,
     pub model: ScriptedModel,
 }
@@ -28,10 +29,26 @@ pub async fn stack(permissions: &str) -> Stack {
 }
 
 pub async fn stack_with(permissions: &str, catalog: models_catalog::Catalog) -> Stack {
+    stack_from("thick", permissions, catalog).await
+}
+
+/// A preset (`thin`, `thick`) composed on a fresh engine, with the providers pointed at one
+/// scripted model server, the permissions and the workdir in a temporary directory, and an
+/// Anthropic key in the credentials' environment.
+pub async fn stack_from(preset: &str, permissions: &str, catalog: models_catalog::Catalog) -> Stack {
+    let mut cfg = Config::load(preset).unwrap();
+    stack_config(&mut cfg, permissions, catalog).await
+}
+
+pub async fn stack_config(
+    cfg: &mut Config,
+    permissions: &str,
+    catalog: models_catalog::Catalog,
+) -> Stack {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     let model = ScriptedModel::default();
-    let base = model.serve().await.unwrap();
+    let base: url::Url = model.serve().await.unwrap().parse().unwrap();
     let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
     // HARNESS_TEST_BACKEND=aws: the same turns on DynamoDB + Streams and SQS FIFO.
     if server::aws_test_backend() {
@@ -42,58 +59,29 @@ pub async fn stack_with(permissions: &str, catalog: models_catalog::Catalog) -> 
     let srv = server::start(&opts).await.unwrap();
     let perms = dir.path().join("iii-permissions.yaml");
     std::fs::write(&perms, permissions).unwrap();
-    let holder = harness_worker::PolicyHolder::new(perms);
-    let watch = holder.watch(Duration::from_millis(200));
-    let mut harness = harness_worker::policy_worker(holder);
-    harness_worker::add_trigger(&mut harness);
-    harness_worker::add_ui(&mut harness, Arc::new(harness_worker::UiHub::default()));
+    cfg.policy.permissions = perms;
+    cfg.policy.reload_ms = std::num::NonZeroU64::new(200).unwrap();
+    cfg.sandbox.workdir = work.clone();
+    if let Some(a) = &mut cfg.providers.anthropic {
+        a.base_url = Some(base.clone());
+    }
+    if let Some(s) = &mut cfg.providers.scripted {
+        s.base_url = Some(base.clone());
+    }
     let env: HashMap<String, String> =
         HashMap::from([("ANTHROPIC_API_KEY".into(), "sk-test".into())]);
-    let auth = Auth::new(
-        Arc::new(FileSecrets::new(dir.path().join("secrets.json"))),
-        Arc::new(move |k| env.get(k).cloned()),
-    );
-    let e = &srv.engine;
-    let workers = vec![
-        run_embedded(turn_orchestrator::worker(), e).unwrap(),
-        run_embedded(approval_gate::worker(), e).unwrap(),
-        run_embedded(harness, e).unwrap(),
-        run_embedded(
-            tools_worker::worker(tools_worker::Tools::new(&work).unwrap()),
-            e,
-        )
-        .unwrap(),
-        run_embedded(auth_credentials::worker(auth), e).unwrap(),
-        run_embedded(models_catalog::worker(Arc::new(catalog)), e).unwrap(),
-        run_embedded(
-            provider_core::worker(Arc::new(provider_anthropic::Anthropic {
-                base_url: base.clone(),
-            })),
-            e,
-        )
-        .unwrap(),
-        run_embedded(session_worker::worker(), e).unwrap(),
-        run_embedded(hook_fanout::worker(), e).unwrap(),
-        run_embedded(llm_budget::worker(), e).unwrap(),
-        run_embedded(directory::worker(), e).unwrap(),
-        run_embedded(context_compaction::worker(), e).unwrap(),
-        run_embedded(
-            provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
-                name: "scripted".into(),
-                base_url: format!("{base}/v1"),
-                key_optional: true,
-            })),
-            e,
-        )
-        .unwrap(),
-    ];
+    let inputs = Inputs {
+        secrets: Some(Arc::new(FileSecrets::new(dir.path().join("secrets.json")))),
+        env: Some(Arc::new(move |k| env.get(k).cloned())),
+        catalog: Some(catalog),
+    };
+    let composition = compose::start(cfg, &srv.engine, inputs).await.unwrap();
     let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
     Stack {
         _dir: dir,
         work,
         srv,
-        _workers: workers,
-        _policy_watch: watch,
+        composition,
         client,
         model,
     }

@@ -1,7 +1,7 @@
 //! What every provider worker shares. A provider implements [`Dialect`] (request shape and
 //! stream translation for one upstream API); this crate does the rest of
 //! `provider::<name>::stream` and `provider::<name>::complete`: credentials through
-//! `auth::get_token`, the HTTP call with `retry-after` honoured for 429s (bounded), HTTP status
+//! `auth::get_token` on every call (none: `auth_missing`, naming the provider), the HTTP call with `retry-after` honoured for 429s (bounded), HTTP status
 //! → `error_kind` (401/403 auth_expired, 429 rate_limited, 400 context → context_overflow,
 //! 5xx/timeouts transient, other 4xx permanent), the channel emitter that always closes the
 //! writer, and the completion's cost from the model's pricing.
@@ -157,9 +157,10 @@ async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (E
     };
     if key.is_none() && !dialect.credentials_optional() {
         return Err((
-            ErrorKind::AuthExpired,
+            ErrorKind::AuthMissing,
             format!(
-                "no credentials for provider `{}` (auth::set_token or its API key variable)",
+                "no credentials for provider `{}`: store a key with auth::set_token {{provider: \"{}\"}} or set its API key variable",
+                dialect.name(),
                 dialect.name()
             ),
         ));

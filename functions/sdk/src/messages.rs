@@ -32,6 +32,8 @@ pub enum StopReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
+    /// No credentials at all for the provider (none stored, no key variable).
+    AuthMissing,
     AuthExpired,
     RateLimited,
     ContextOverflow,
