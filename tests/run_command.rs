@@ -17,6 +17,8 @@ fn run(extra: &[&str], dir: &std::path::Path) -> (bool, String) {
         .env("RUST_LOG", "warn")
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("OPENAI_API_KEY")
+        .env_remove("MOONSHOT_API_KEY")
+        .env_remove("HARNESS_CONFIG")
         .output()
         .expect("harness binary runs");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -104,4 +106,74 @@ fn a_working_directory_that_reaches_the_data_dir_or_the_rules_is_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(why), "{workdir} / {data}: {err}");
     }
+}
+
+#[test]
+fn the_thin_preset_talks_but_cannot_act_and_a_named_provider_without_a_key_is_named() {
+    // Thin: orchestrator, the scripted provider and credentials. No policy worker, so each
+    // call of the demo is denied fail-closed; the session still ends with the model's answer.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = run(&["--config", "thin"], dir.path());
+    assert!(ok, "{out}");
+    assert!(out.contains("· thin · model scripted/scripted-demo"), "{out}");
+    assert!(out.contains("off: policy, harness, approval-gate, tools"), "{out}");
+    assert_eq!(out.matches("denied by gate_unavailable").count(), 2, "{out}");
+    assert!(out.contains(": stopped ·") && out.contains("tool calls 3"), "{out}");
+    assert!(!dir.path().join("work/SUMMARY.md").exists());
+
+    // --provider kimi with no key anywhere: registered all the same, and the run ends saying
+    // which provider has no credentials.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = run(&["--provider", "kimi", "--approve-all"], dir.path());
+    assert!(ok, "{out}");
+    assert!(out.contains("model kimi/kimi-k2.5"), "{out}");
+    assert!(
+        out.contains("ended by auth_missing: no credentials for provider `kimi`"),
+        "{out}"
+    );
+}
+
+#[test]
+fn an_invalid_configuration_is_named_with_its_line_and_nothing_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needles) in [
+        (
+            "workers:\n  turn-orchestrator: embedded\n  tols: embedded\n",
+            &["unknown field `tols`", "line 3"][..],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\nsandbox:\n  mode: lenient\n",
+            &["sandbox.mode", "lenient", "line 4"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\n  providers: embedded\nproviders:\n  scripted: {}\nrun:\n  provider: openai\n",
+            &["run.provider at line 7", "`openai` is not among the providers listed (scripted)"],
+        ),
+    ] {
+        let file = dir.path().join("harness.yaml");
+        std::fs::write(&file, text).unwrap();
+        let data = dir.path().join("data");
+        let out = Command::new(env!("CARGO_BIN_EXE_harness"))
+            .args(["--listen", "127.0.0.1:0", "--serve-only", "--config"])
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(&data)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("harness binary runs");
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("the configuration is not valid"), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "`{n}` for {text:?}: {err}");
+        }
+        assert!(!data.exists(), "nothing started: no data dir was made");
+    }
+    // A file that is not there.
+    let out = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["--serve-only", "--config", "/nonexistent/harness.yaml"])
+        .output()
+        .expect("harness binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/harness.yaml"));
 }

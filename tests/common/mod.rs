@@ -46,17 +46,34 @@ pub async fn stack_config(
     catalog: models_catalog::Catalog,
 ) -> Stack {
     let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    let model = ScriptedModel::default();
-    let base: url::Url = model.serve().await.unwrap().parse().unwrap();
-    let mut opts = ServeOptions::for_data_dir(dir.path().join("data"));
-    // HARNESS_TEST_BACKEND=aws: the same turns on DynamoDB + Streams and SQS FIFO.
+    let srv = server::start(&test_options(dir.path())).await.unwrap();
+    stack_on(dir, srv, cfg, permissions, catalog).await
+}
+
+/// The engine's options for a test in `dir`: the embedded backend, or the AWS one with
+/// `HARNESS_TEST_BACKEND=aws` (the same turns on DynamoDB + Streams and SQS FIFO).
+pub fn test_options(dir: &std::path::Path) -> ServeOptions {
+    let mut opts = ServeOptions::for_data_dir(dir.join("data"));
     if server::aws_test_backend() {
         opts.backend = server::BackendKind::Aws;
         opts.aws.prefix = format!("turn{}-", engine_gateway::trace::random_hex(4));
         opts.aws.create_resources = true;
     }
-    let srv = server::start(&opts).await.unwrap();
+    opts
+}
+
+/// Composes `cfg` on a running engine (for tests that shape the engine or start remote
+/// workers first).
+pub async fn stack_on(
+    dir: tempfile::TempDir,
+    srv: RunningServer,
+    cfg: &mut Config,
+    permissions: &str,
+    catalog: models_catalog::Catalog,
+) -> Stack {
+    let work = dir.path().join("work");
+    let model = ScriptedModel::default();
+    let base: url::Url = model.serve().await.unwrap().parse().unwrap();
     let perms = dir.path().join("iii-permissions.yaml");
     std::fs::write(&perms, permissions).unwrap();
     cfg.policy.permissions = perms;
@@ -64,6 +81,9 @@ pub async fn stack_config(
     cfg.sandbox.workdir = work.clone();
     if let Some(a) = &mut cfg.providers.anthropic {
         a.base_url = Some(base.clone());
+    }
+    if let Some(o) = &mut cfg.providers.openai {
+        o.base_url = Some(base.join("v1").unwrap());
     }
     if let Some(s) = &mut cfg.providers.scripted {
         s.base_url = Some(base.clone());

@@ -1,0 +1,257 @@
+//! Composition by configuration: the thin and thick presets each run a whole turn; a layer is
+//! swapped by a remote worker that the configuration expects; a key stored while the engine
+//! runs is used at once, and a missing one is named.
+
+mod common;
+
+use agent_harness::config::{Config, Placement};
+use common::*;
+use harness_sdk::{RegisterFunction, RemoteOptions, Worker, run_remote};
+use scripted_model::Cassette;
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// `run::start` from inside the composition (the thin harness has no `harness::trigger`, and
+/// `run::start` is not a client's to call).
+async fn run_start(s: &Stack, sid: &str, provider: &str, model: &str) -> Value {
+    s.composition.workers[0]
+        .ctx()
+        .trigger(
+            "run::start",
+            json!({"session_id": sid, "provider": provider, "model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": "look around"}], "timestamp": 1}]}),
+        )
+        .await
+        .unwrap()
+}
+
+fn list_then_answer() -> Cassette {
+    Cassette {
+        turns: vec![call("c1", "fs::list", json!({})), text("done looking")],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_thin_and_thick_presets_each_run_a_whole_turn() {
+    for preset in ["thin", "thick"] {
+        let s = stack_from(preset, PERMISSIONS, models_catalog::Catalog::builtin()).await;
+        let thick = preset == "thick";
+        std::fs::create_dir_all(&s.work).unwrap();
+        std::fs::write(s.work.join("notes.txt"), "hello").unwrap();
+        s.model.load(list_then_answer());
+        // Thin lists only the scripted provider; thick registers all five.
+        let (provider, model) = if thick {
+            ("anthropic", "claude-sonnet-5-5")
+        } else {
+            ("scripted", "scripted-demo")
+        };
+        let started = run_start(&s, preset, provider, model).await;
+        assert_eq!(started["started"], true, "{preset}: {started}");
+        let ctx = s.client.ctx();
+        let view = wait_state(&ctx, preset, "stopped").await;
+        assert!(view["error"].is_null(), "{preset}: {view}");
+        assert_eq!(view["turn_count"], 2, "{preset}: {view}");
+        let evs = events(&ctx, preset).await;
+        let end = evs
+            .iter()
+            .find(|e| e["type"] == "function_execution_end")
+            .unwrap_or_else(|| panic!("{preset}: the call ended: {evs:?}"));
+        if thick {
+            assert_eq!(end["is_error"], false, "{end}");
+            assert!(end["result"].to_string().contains("notes.txt"), "{end}");
+        } else {
+            // No policy worker: fail-closed, and the run goes on to the model's answer.
+            assert_eq!(end["result"]["status"], "denied", "{end}");
+            assert_eq!(end["result"]["denied_by"], "gate_unavailable", "{end}");
+        }
+        assert!(
+            evs.iter().any(|e| e["type"] == "message_complete"
+                && e["message"]["content"].to_string().contains("done looking")),
+            "{preset}: the final answer"
+        );
+        // Removing a worker removes its function IDs, nothing else.
+        let engine = &s.srv.engine;
+        for id in [
+            "policy::check_permissions",
+            "shell::exec",
+            "session-tree::messages",
+            "harness::trigger",
+            "provider::openai::stream",
+        ] {
+            assert_eq!(engine.has_function(id), thick, "{preset}: {id}");
+        }
+        for id in ["run::start", "auth::get_token", "provider::scripted::stream"] {
+            assert!(engine.has_function(id), "{preset}: {id}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_policy_under_a_granted_credential_replaces_the_layer_and_start_up_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = test_options(dir.path());
+    let access = dir.path().join("access.yaml");
+    std::fs::write(
+        &access,
+        format!(
+            "credentials:\n  - name: policy-v2\n    role: worker\n    token_sha256: {}\n    namespaces: [policy]\n",
+            engine_gateway::access::hash_token("w-policy")
+        ),
+    )
+    .unwrap();
+    opts.access_file = Some(access);
+    let srv = engine_gateway::server::start(&opts).await.unwrap();
+
+    // The replacement allows everything and remembers what it was asked.
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut policy = Worker::new("policy-v2");
+    let seen = asked.clone();
+    policy.register_function(
+        RegisterFunction::new("policy::check_permissions"),
+        move |_ctx, data: Value| {
+            seen.lock()
+                .unwrap()
+                .push(data["function_id"].as_str().unwrap_or("?").to_string());
+            async { Ok(json!({"decision": "allow", "rule_id": "policy-v2"})) }
+        },
+    );
+    let url = format!("ws://{}/?token=w-policy", srv.local_addr);
+    // It connects after start-up has begun: the composition waits for it.
+    let remote = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        run_remote(policy, RemoteOptions::new(&url))
+    });
+    let mut cfg = Config::load("thick").unwrap();
+    cfg.workers.policy = Placement::Remote;
+    let s = stack_on(
+        dir,
+        srv,
+        &mut cfg,
+        PERMISSIONS,
+        models_catalog::Catalog::builtin(),
+    )
+    .await;
+    assert!(
+        s.srv.engine.has_function("policy::check_permissions"),
+        "start-up waited for the remote policy: {:?}",
+        s.composition.report
+    );
+    assert!(
+        s.composition.report.iter().any(|l| l == "remote: policy"),
+        "{:?}",
+        s.composition.report
+    );
+
+    // The permissions file allows only fs::read and fs::list: the write goes through only
+    // because the remote layer decides.
+    s.model.load(Cassette {
+        turns: vec![
+            call(
+                "w1",
+                "fs::write",
+                json!({"path": "out.txt", "content": "by policy-v2"}),
+            ),
+            text("written"),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "swap", None).await;
+    let view = wait_state(&ctx, "swap", "stopped").await;
+    assert!(view["error"].is_null(), "{view}");
+    assert_eq!(
+        std::fs::read_to_string(s.work.join("out.txt")).unwrap(),
+        "by policy-v2"
+    );
+    assert!(
+        asked.lock().unwrap().iter().any(|f| f == "fs::write"),
+        "the remote policy was asked: {:?}",
+        asked.lock().unwrap()
+    );
+    drop(remote.await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_stored_while_the_engine_runs_is_used_at_once_and_a_missing_one_is_named() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+    s.model.load(Cassette {
+        require_api_key: Some("sk-stored-live".into()),
+        turns: vec![text("hello from openai")],
+        ..Default::default()
+    });
+    // OpenAI is registered though no key is set: the call says which provider lacks one.
+    assert!(s.srv.engine.has_function("provider::openai::stream"));
+    run_start(&s, "nokey", "openai", "gpt-5.4").await;
+    let view = wait_state(&ctx, "nokey", "stopped").await;
+    assert_eq!(view["error"]["kind"], "auth_missing", "{view}");
+    assert!(
+        view["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`openai`") && m.contains("auth::set_token")),
+        "{view}"
+    );
+    assert!(s.model.requests().is_empty(), "nothing went out without a key");
+
+    // Stored now, used by the very next call: no restart, no re-registration.
+    s.composition.workers[0]
+        .ctx()
+        .trigger(
+            "auth::set_token",
+            json!({"provider": "openai", "type": "api_key", "key": "sk-stored-live"}),
+        )
+        .await
+        .unwrap();
+    run_start(&s, "stored", "openai", "gpt-5.4").await;
+    let view = wait_state(&ctx, "stored", "stopped").await;
+    assert!(view["error"].is_null(), "{view}");
+    let evs = events(&ctx, "stored").await;
+    assert!(
+        evs.iter().any(|e| e["type"] == "message_complete"
+            && e["message"]["content"].to_string().contains("hello from openai")),
+        "{evs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_in_the_configuration_exist_after_start_up_and_are_brought_up_to_date() {
+    let mut cfg = Config::parse(
+        &agent_harness::config::THICK.replace(
+            "budgets: []",
+            "budgets:\n  - budget_id: daily\n    ceiling_usd: 5\n    period: day\n    agent_id: demo",
+        ),
+        "test",
+    )
+    .unwrap();
+    let s = stack_config(&mut cfg, PERMISSIONS, models_catalog::Catalog::builtin()).await;
+    let ctx = s.composition.workers[0].ctx();
+    let b = ctx
+        .trigger("budget::get", json!({"budget_id": "daily"}))
+        .await
+        .unwrap();
+    assert_eq!(b["ceiling_usd"], 5.0, "{b}");
+    assert_eq!(b["agent_id"], "demo", "{b}");
+    // Started again on the same store with another ceiling: updated, not refused. (Only the
+    // budget worker this time; the running orchestrator counts as the remote one.)
+    let mut again = cfg.clone();
+    again.budgets[0].ceiling_usd = 7.5;
+    again.workers = agent_harness::config::Workers {
+        turn_orchestrator: Placement::Remote,
+        llm_budget: Placement::Embedded,
+        ..Default::default()
+    };
+    // (Kept: it replaced the first budget worker's registrations, the last one wins.)
+    let _again = agent_harness::compose::start(
+        &again,
+        &s.srv.engine,
+        agent_harness::compose::Inputs::default(),
+    )
+    .await
+    .unwrap();
+    let b = ctx
+        .trigger("budget::get", json!({"budget_id": "daily"}))
+        .await
+        .unwrap();
+    assert_eq!(b["ceiling_usd"], 7.5, "{b}");
+}
