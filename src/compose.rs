@@ -6,7 +6,7 @@ use crate::config::{self, Config, Placement, ProviderName};
 use auth_credentials::{Auth, EnvLookup};
 use engine_gateway::Engine;
 use engine_gateway::secrets::SecretStore;
-use harness_sdk::{WorkerHandle, Worker, run_embedded};
+use harness_sdk::{Worker, WorkerHandle, run_embedded};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -100,8 +100,16 @@ async fn provider_workers(
         out.push(provider_core::worker(Arc::new(a)));
     }
     for (settings, mut dialect, var) in [
-        (&p.openai, provider_openai::OpenAiDialect::openai(), "OPENAI_BASE_URL"),
-        (&p.kimi, provider_openai::OpenAiDialect::kimi(), "MOONSHOT_BASE_URL"),
+        (
+            &p.openai,
+            provider_openai::OpenAiDialect::openai(),
+            "OPENAI_BASE_URL",
+        ),
+        (
+            &p.kimi,
+            provider_openai::OpenAiDialect::kimi(),
+            "MOONSHOT_BASE_URL",
+        ),
         (
             &p.lmstudio,
             provider_openai::OpenAiDialect::lmstudio(),
@@ -216,7 +224,11 @@ fn run_defaults(cfg: &Config, provider: ProviderName) -> Value {
 
 /// Start every `embedded` worker of `cfg` on `engine`; wait for the `remote` ones; apply the
 /// budgets. The caller marks the engine ready afterwards.
-pub async fn start(cfg: &Config, engine: &Arc<Engine>, inputs: Inputs) -> anyhow::Result<Composition> {
+pub async fn start(
+    cfg: &Config,
+    engine: &Arc<Engine>,
+    inputs: Inputs,
+) -> anyhow::Result<Composition> {
     let w = &cfg.workers;
     let env = inputs.env.unwrap_or_else(Auth::process_env);
     let provider = resolve_provider(cfg, env.as_ref());
@@ -348,9 +360,7 @@ pub async fn start(cfg: &Config, engine: &Arc<Engine>, inputs: Inputs) -> anyhow
         report.push(format!("{name}: remote, not registered yet ({id} missing)"));
     }
     if !w.policy.present() {
-        report.push(
-            "no policy worker: every tool call is denied (gate_unavailable)".to_string(),
-        );
+        report.push("no policy worker: every tool call is denied (gate_unavailable)".to_string());
     }
     if let Some(first) = workers.first() {
         apply_budgets(cfg, &first.ctx(), engine).await?;
@@ -358,7 +368,10 @@ pub async fn start(cfg: &Config, engine: &Arc<Engine>, inputs: Inputs) -> anyhow
     Ok(Composition {
         workers,
         provider: provider.as_str().to_string(),
-        model: run_defaults["model"].as_str().unwrap_or_default().to_string(),
+        model: run_defaults["model"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         run_defaults,
         scripted,
         report,
@@ -392,7 +405,11 @@ async fn wait_for_remote(cfg: &Config, engine: &Arc<Engine>) -> Vec<(&'static st
 }
 
 /// Makes each configured budget exist with the file's ceiling, period and scope.
-async fn apply_budgets(cfg: &Config, ctx: &harness_sdk::Ctx, engine: &Arc<Engine>) -> anyhow::Result<()> {
+async fn apply_budgets(
+    cfg: &Config,
+    ctx: &harness_sdk::Ctx,
+    engine: &Arc<Engine>,
+) -> anyhow::Result<()> {
     if cfg.budgets.is_empty() {
         return Ok(());
     }

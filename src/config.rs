@@ -105,7 +105,11 @@ impl Workers {
             ("tools", self.tools, "shell::exec"),
             ("models-catalog", self.models_catalog, "models::get"),
             ("session", self.session, "session-tree::messages"),
-            ("hook-fanout", self.hook_fanout, "hook-fanout::publish_collect"),
+            (
+                "hook-fanout",
+                self.hook_fanout,
+                "hook-fanout::publish_collect",
+            ),
             ("llm-budget", self.llm_budget, "budget::check"),
             ("directory", self.directory, "directory::skills::get"),
             (
@@ -253,6 +257,28 @@ pub struct Providers {
 }
 
 impl Providers {
+    /// Lists `p` (with default settings) if it is not listed.
+    pub fn include(&mut self, p: ProviderName) {
+        match p {
+            ProviderName::Anthropic => {
+                self.anthropic.get_or_insert_with(Default::default);
+            }
+            ProviderName::Openai => {
+                self.openai.get_or_insert_with(Default::default);
+            }
+            ProviderName::Kimi => {
+                self.kimi.get_or_insert_with(Default::default);
+            }
+            ProviderName::Lmstudio => {
+                self.lmstudio.get_or_insert_with(Default::default);
+            }
+            ProviderName::Scripted => {
+                self.scripted.get_or_insert_with(Default::default);
+            }
+            ProviderName::Auto => {}
+        }
+    }
+
     pub fn names(&self) -> Vec<ProviderName> {
         let mut out = Vec::new();
         if self.anthropic.is_some() {
@@ -503,11 +529,10 @@ impl Config {
             "thin" => Config::parse(THIN, "preset thin"),
             "thick" => Config::parse(THICK, "preset thick"),
             path => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                        path: path.to_string(),
-                        source,
-                    })?;
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_string(),
+                    source,
+                })?;
                 Config::parse(&text, path)
             }
         }
@@ -606,10 +631,7 @@ impl Config {
             }
         }
         if self.remote_wait_secs > 600 {
-            return Err(format!(
-                "{}: at most 600 seconds",
-                at("remote_wait_secs")
-            ));
+            return Err(format!("{}: at most 600 seconds", at("remote_wait_secs")));
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 //! it runs (`--serve` keeps the engine up afterwards).
 
 use agent_harness::compose::{self, Inputs};
-use agent_harness::config::{Config, ProviderName, ProviderSettings, ScriptedSettings};
+use agent_harness::config::{Config, ProviderName, ScriptedSettings};
 use clap::Parser;
 use engine_gateway::protocol::Message;
 use engine_gateway::server::{self, ServeOptions};
@@ -98,21 +98,16 @@ fn configuration(cli: &Cli) -> anyhow::Result<(Config, String)> {
         cfg.run.model = Some(m.clone());
     }
     if let Some(path) = &cli.cassette {
-        let s = cfg.providers.scripted.get_or_insert_with(ScriptedSettings::default);
+        let s = cfg
+            .providers
+            .scripted
+            .get_or_insert_with(ScriptedSettings::default);
         s.cassette = Some(path.clone());
         cfg.run.provider = ProviderName::Scripted;
     }
     if let Some(p) = cli.provider {
         // A provider named on the command line is registered even when the file leaves it out.
-        let listed = &mut cfg.providers;
-        match p {
-            ProviderName::Anthropic => drop(listed.anthropic.get_or_insert_with(ProviderSettings::default)),
-            ProviderName::Openai => drop(listed.openai.get_or_insert_with(ProviderSettings::default)),
-            ProviderName::Kimi => drop(listed.kimi.get_or_insert_with(ProviderSettings::default)),
-            ProviderName::Lmstudio => drop(listed.lmstudio.get_or_insert_with(ProviderSettings::default)),
-            ProviderName::Scripted => drop(listed.scripted.get_or_insert_with(ScriptedSettings::default)),
-            ProviderName::Auto => {}
-        }
+        cfg.providers.include(p);
         cfg.run.provider = p;
     }
     Ok((cfg, origin))

@@ -81,7 +81,11 @@ async fn the_thin_and_thick_presets_each_run_a_whole_turn() {
         ] {
             assert_eq!(engine.has_function(id), thick, "{preset}: {id}");
         }
-        for id in ["run::start", "auth::get_token", "provider::scripted::stream"] {
+        for id in [
+            "run::start",
+            "auth::get_token",
+            "provider::scripted::stream",
+        ] {
             assert!(engine.has_function(id), "{preset}: {id}");
         }
     }
@@ -192,7 +196,10 @@ async fn a_key_stored_while_the_engine_runs_is_used_at_once_and_a_missing_one_is
             .is_some_and(|m| m.contains("`openai`") && m.contains("auth::set_token")),
         "{view}"
     );
-    assert!(s.model.requests().is_empty(), "nothing went out without a key");
+    assert!(
+        s.model.requests().is_empty(),
+        "nothing went out without a key"
+    );
 
     // Stored now, used by the very next call: no restart, no re-registration.
     s.composition.workers[0]
@@ -209,7 +216,9 @@ async fn a_key_stored_while_the_engine_runs_is_used_at_once_and_a_missing_one_is
     let evs = events(&ctx, "stored").await;
     assert!(
         evs.iter().any(|e| e["type"] == "message_complete"
-            && e["message"]["content"].to_string().contains("hello from openai")),
+            && e["message"]["content"]
+                .to_string()
+                .contains("hello from openai")),
         "{evs:?}"
     );
 }

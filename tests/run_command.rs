@@ -115,10 +115,23 @@ fn the_thin_preset_talks_but_cannot_act_and_a_named_provider_without_a_key_is_na
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = run(&["--config", "thin"], dir.path());
     assert!(ok, "{out}");
-    assert!(out.contains("· thin · model scripted/scripted-demo"), "{out}");
-    assert!(out.contains("off: policy, harness, approval-gate, tools"), "{out}");
-    assert_eq!(out.matches("denied by gate_unavailable").count(), 2, "{out}");
-    assert!(out.contains(": stopped ·") && out.contains("tool calls 3"), "{out}");
+    assert!(
+        out.contains("· thin · model scripted/scripted-demo"),
+        "{out}"
+    );
+    assert!(
+        out.contains("off: policy, harness, approval-gate, tools"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("denied by gate_unavailable").count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        out.contains(": stopped ·") && out.contains("tool calls 3"),
+        "{out}"
+    );
     assert!(!dir.path().join("work/SUMMARY.md").exists());
 
     // --provider kimi with no key anywhere: registered all the same, and the run ends saying
@@ -147,7 +160,10 @@ fn an_invalid_configuration_is_named_with_its_line_and_nothing_starts() {
         ),
         (
             "workers:\n  turn-orchestrator: embedded\n  providers: embedded\nproviders:\n  scripted: {}\nrun:\n  provider: openai\n",
-            &["run.provider at line 7", "`openai` is not among the providers listed (scripted)"],
+            &[
+                "run.provider at line 7",
+                "`openai` is not among the providers listed (scripted)",
+            ],
         ),
     ] {
         let file = dir.path().join("harness.yaml");

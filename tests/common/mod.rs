@@ -35,7 +35,11 @@ pub async fn stack_with(permissions: &str, catalog: models_catalog::Catalog) -> 
 /// A preset (`thin`, `thick`) composed on a fresh engine, with the providers pointed at one
 /// scripted model server, the permissions and the workdir in a temporary directory, and an
 /// Anthropic key in the credentials' environment.
-pub async fn stack_from(preset: &str, permissions: &str, catalog: models_catalog::Catalog) -> Stack {
+pub async fn stack_from(
+    preset: &str,
+    permissions: &str,
+    catalog: models_catalog::Catalog,
+) -> Stack {
     let mut cfg = Config::load(preset).unwrap();
     stack_config(&mut cfg, permissions, catalog).await
 }

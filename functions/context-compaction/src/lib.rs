@@ -10,10 +10,10 @@
 pub mod plan;
 
 use engine_gateway::builtins::req_str;
+use futures_util::future::BoxFuture;
 use harness_sdk::messages::{AgentMessage, ContentBlock, StopReason, user_text};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
 use serde_json::{Value, json};
-use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,12 +123,7 @@ fn text(m: &AgentMessage) -> String {
     }
 }
 
-async fn compact(
-    s: &Settings,
-    ctx: &Ctx,
-    data: &Value,
-    force: bool,
-) -> Result<Value, ErrorBody> {
+async fn compact(s: &Settings, ctx: &Ctx, data: &Value, force: bool) -> Result<Value, ErrorBody> {
     let sid = req_str(data, "session_id")?;
     let owner = format!("compactor-{}", engine_gateway::trace::random_hex(4));
     if !acquire(ctx, &sid, &owner).await? {
@@ -266,11 +261,7 @@ async fn compact_session(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<Valu
     compact(&s, &ctx, &data, true).await
 }
 
-async fn prune_tool_outputs(
-    s: Arc<Settings>,
-    ctx: Ctx,
-    data: Value,
-) -> Result<Value, ErrorBody> {
+async fn prune_tool_outputs(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = req_str(&data, "session_id")?;
     let over = data["max_chars"]
         .as_u64()
@@ -359,10 +350,12 @@ pub fn worker() -> Worker {
     worker_with(Settings::default())
 }
 
+type Handler = fn(Arc<Settings>, Ctx, Value) -> BoxFuture<'static, Result<Value, ErrorBody>>;
+
 /// Binds a handler to this worker's settings.
 fn with(
     s: &Arc<Settings>,
-    f: fn(Arc<Settings>, Ctx, Value) -> BoxFuture<'static, Result<Value, ErrorBody>>,
+    f: Handler,
 ) -> impl Fn(Ctx, Value) -> BoxFuture<'static, Result<Value, ErrorBody>> + Send + Sync + 'static {
     let s = s.clone();
     move |ctx, data| f(s.clone(), ctx, data)
