@@ -14,44 +14,10 @@ use crate::state::WriteMeta;
 use crate::state_api::take_value;
 use crate::trace::Span;
 
-pub const ENGINE_OWNER: &str = "engine";
-
-/// A required string field, with an error that names it.
-pub fn req_str(data: &Value, field: &str) -> Result<String, ErrorBody> {
-    match data.get(field) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        None | Some(Value::Null) => Err(ErrorBody::invalid(format!(
-            "missing required field `{field}`"
-        ))),
-        Some(other) => Err(ErrorBody::invalid(format!(
-            "field `{field}` must be a string, got {}",
-            kind_of(other)
-        ))),
-    }
-}
-
-pub fn opt_str(data: &Value, field: &str) -> Result<Option<String>, ErrorBody> {
-    match data.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ErrorBody::invalid(format!(
-            "field `{field}` must be a string, got {}",
-            kind_of(other)
-        ))),
-    }
-}
-
-pub fn opt_u64(data: &Value, field: &str) -> Result<Option<u64>, ErrorBody> {
-    match data.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            ErrorBody::invalid(format!(
-                "field `{field}` must be a non-negative integer, got {}",
-                kind_of(v)
-            ))
-        }),
-    }
-}
+pub use crate::engine::ENGINE_OWNER;
+// Workers read their requests' fields with these; they live in `fields` (a leaf module, so
+// `state_api` needs nothing from here).
+pub use crate::fields::{opt_str, opt_u64, req_str};
 
 fn req_value(data: &Value, field: &str) -> Result<Value, ErrorBody> {
     data.get(field)

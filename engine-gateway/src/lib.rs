@@ -16,6 +16,7 @@ pub mod edge;
 pub mod embedded;
 pub mod engine;
 pub mod events;
+pub mod fields;
 pub mod function_url;
 pub mod lambda_host;
 pub mod lambda_stream;

@@ -432,7 +432,12 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
         access = access.with_file(path)?;
         tracing::info!(file = %path.display(), credentials = access.credential_count(), "access file loaded");
     }
-    let engine = Engine::start(opts.engine_config(), backends(opts).await?).await;
+    let engine = Engine::start(
+        opts.engine_config(),
+        backends(opts).await?,
+        crate::builtins::register,
+    )
+    .await;
     let listener = TcpListener::bind(&opts.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::builtins::{opt_str, opt_u64, req_str};
+use crate::fields::{opt_str, opt_u64, req_str};
 use crate::protocol::ErrorBody;
 use crate::state::{LIST_PAGE_MAX, StateStore, UpdateOp, WriteMeta, WriteOutcome};
 

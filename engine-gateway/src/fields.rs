@@ -1,0 +1,41 @@
+//! Reading a request's fields, with errors that name the field and what it holds.
+
+use crate::protocol::{ErrorBody, kind_of};
+use serde_json::Value;
+
+/// A required string field, with an error that names it.
+pub fn req_str(data: &Value, field: &str) -> Result<String, ErrorBody> {
+    match data.get(field) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) => Err(ErrorBody::invalid(format!(
+            "missing required field `{field}`"
+        ))),
+        Some(other) => Err(ErrorBody::invalid(format!(
+            "field `{field}` must be a string, got {}",
+            kind_of(other)
+        ))),
+    }
+}
+
+pub fn opt_str(data: &Value, field: &str) -> Result<Option<String>, ErrorBody> {
+    match data.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ErrorBody::invalid(format!(
+            "field `{field}` must be a string, got {}",
+            kind_of(other)
+        ))),
+    }
+}
+
+pub fn opt_u64(data: &Value, field: &str) -> Result<Option<u64>, ErrorBody> {
+    match data.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            ErrorBody::invalid(format!(
+                "field `{field}` must be a non-negative integer, got {}",
+                kind_of(v)
+            ))
+        }),
+    }
+}
