@@ -1,0 +1,208 @@
+//! The public functions: `run::start`, `run::abort`, `turn::get_state`, and the approvals
+//! trigger that wakes a parked session.
+
+use crate::prelude::*;
+
+pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    for f in ["session_id", "provider", "model"] {
+        req_str(&data, f)?;
+    }
+    let req: RunRequest = serde_json::from_value(data.clone())
+        .map_err(|e| ErrorBody::invalid(format!("invalid run::start request: {e}")))?;
+    if req.session_id.is_empty() || req.session_id.contains('/') {
+        return Err(ErrorBody::invalid(
+            "`session_id` must be non-empty and contain no `/`",
+        ));
+    }
+    if let Some(skills) = &req.system_default_skills {
+        if skills.len() > MAX_DEFAULT_SKILLS {
+            return Err(ErrorBody::invalid(format!(
+                "`system_default_skills` holds {} ids; at most {MAX_DEFAULT_SKILLS}",
+                skills.len()
+            )));
+        }
+        if let Some(bad) = skills
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_SKILL_ID_LEN || s.chars().any(char::is_control))
+        {
+            let shown: String = bad.chars().take(40).collect();
+            return Err(ErrorBody::invalid(format!(
+                "`system_default_skills` entry `{shown}` must be 1 to {MAX_SKILL_ID_LEN} characters, without control characters"
+            )));
+        }
+    }
+    let sid = req.session_id.clone();
+    let busy = json!({"session_id": sid, "started": false, "reason": "session_busy"});
+    let existing = RecordStore::load(&ctx, &sid).await.map_err(|e| match e {
+        StepError::Transient(e) => e,
+        StepError::Fatal(m) => ErrorBody::new("invocation_error", m),
+        StepError::Stale => ErrorBody::new("invocation_error", "stale"),
+    })?;
+    if existing.as_ref().is_some_and(|(r, _)| !r.state.terminal()) {
+        return Ok(busy);
+    }
+    // The history lives in the session tree when the session worker runs (provisioning
+    // resumes from its current leaf); otherwise in the record, carried over from a stopped run.
+    let tree = match ctx
+        .trigger_timeout(
+            "session-tree::ensure",
+            json!({"session_id": sid}),
+            BEST_EFFORT_TIMEOUT,
+        )
+        .await
+    {
+        Ok(_) => true,
+        Err(BusError::FunctionNotFound(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    let (mut messages, expected) = match existing {
+        Some((r, v)) => (if tree { Vec::new() } else { r.messages }, v),
+        None => (Vec::new(), 0),
+    };
+    if !tree {
+        messages.extend(req.messages.iter().cloned());
+    }
+    let run_key = req
+        .message_id
+        .clone()
+        .or_else(|| ctx.message_id().map(str::to_owned))
+        .filter(|k| !k.is_empty() && !k.contains('/'))
+        .unwrap_or_else(|| format!("run{}", engine_gateway::trace::random_hex(6)));
+    ctx.state_set(SCOPE, &request_key(&sid), data).await?;
+    let t = now();
+    let mut rec = Record {
+        session_id: sid.clone(),
+        state: TurnState::Provisioning,
+        turn_count: 0,
+        max_turns: req.max_turns,
+        function_results: Vec::new(),
+        turn_end_emitted: false,
+        started_at_ms: t,
+        updated_at_ms: t,
+        model_meta: None,
+        error: None,
+        last_assistant: None,
+        work: None,
+        awaiting_approval: None,
+        messages,
+        tree,
+        tree_leaf: None,
+        run_key,
+        budget_ids: Vec::new(),
+        // The first event's seq, reserved: it is written once the record is (a busy session
+        // keeps its own events).
+        event_seq: 1,
+        outbox: Vec::new(),
+    };
+    let mut version = expected;
+    match save(&ctx, &mut rec, &mut version, false).await {
+        Ok(()) => {}
+        Err(StepError::Stale) => return Ok(busy),
+        Err(StepError::Transient(e)) => return Err(e),
+        Err(StepError::Fatal(m)) => return Err(ErrorBody::new("invocation_error", m)),
+    }
+    let created = state_changed(&rec, "state:created");
+    emit_at(&mut rec, 1, "turn_state_changed", created);
+    flush_events(&ctx, &mut rec).await;
+    StepQueue::enqueue(
+        &ctx,
+        &sid,
+        TurnState::Provisioning,
+        format!("{sid}-start-{version}"),
+    )
+    .await
+    .map_err(|e| match e {
+        StepError::Transient(e) => e,
+        _ => ErrorBody::new("enqueue_error", "could not enqueue the first step"),
+    })?;
+    Ok(json!({"session_id": sid, "started": true}))
+}
+
+pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = req_str(&data, "session_id")?;
+    for _ in 0..5 {
+        let Some((mut rec, mut version)) = RecordStore::load(&ctx, &sid)
+            .await
+            .map_err(|_| ErrorBody::new("storage_error", "cannot read the turn record"))?
+        else {
+            return Ok(json!({"session_id": sid, "aborted": false, "state": null}));
+        };
+        if rec.state.terminal() {
+            return Ok(json!({"session_id": sid, "aborted": false, "state": rec.state}));
+        }
+        rec.state = TurnState::Stopped;
+        rec.error = Some(TurnError {
+            kind: "aborted".into(),
+            message: "aborted by run::abort".into(),
+        });
+        rec.awaiting_approval = None;
+        let messages = history_for_event(&ctx, &rec).await;
+        emit(&mut rec, "agent_end", json!({"messages": messages}));
+        match save(&ctx, &mut rec, &mut version, false).await {
+            Ok(()) => {
+                let changed = state_changed(&rec, "state:updated");
+                emit(&mut rec, "turn_state_changed", changed);
+                let _ = save(&ctx, &mut rec, &mut version, false).await;
+                // A command the run started dies with it (best effort: a tools worker that
+                // does not offer this lets the command run out its timeout).
+                let killed = best_effort(&ctx, "shell::cancel", json!({"session_id": sid}))
+                    .await
+                    .and_then(|v| v["killed"].as_u64())
+                    .unwrap_or(0);
+                return Ok(
+                    json!({"session_id": sid, "aborted": true, "state": "stopped", "commands_killed": killed}),
+                );
+            }
+            Err(StepError::Stale) => continue,
+            Err(StepError::Transient(e)) => return Err(e),
+            Err(StepError::Fatal(m)) => return Err(ErrorBody::new("invocation_error", m)),
+        }
+    }
+    Err(ErrorBody::new(
+        "version_conflict",
+        "the run kept changing; try again",
+    ))
+}
+
+pub(crate) async fn get_state(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let sid = req_str(&data, "session_id")?;
+    match RecordStore::load(&ctx, &sid).await {
+        Ok(Some((rec, _))) => Ok(rec.view()),
+        Ok(None) => Ok(Value::Null),
+        Err(StepError::Transient(e)) => Err(e),
+        Err(_) => Err(ErrorBody::new(
+            "storage_error",
+            "cannot read the turn record",
+        )),
+    }
+}
+
+/// State trigger on `approvals`: wake the parked session with a queued step.
+pub(crate) async fn on_approval(ctx: Ctx, event: Value) -> Result<Value, ErrorBody> {
+    let key = event["key"].as_str().unwrap_or_default();
+    let Some((sid, cid)) = key.split_once('/') else {
+        return Ok(json!({"ignored": key}));
+    };
+    if event["event_type"] == "state:deleted" {
+        return Ok(json!({"ignored": key}));
+    }
+    if let Ok(Some((rec, _))) = RecordStore::load(&ctx, sid).await
+        && rec.state == TurnState::FunctionAwaitingApproval
+    {
+        StepQueue::enqueue(
+            &ctx,
+            sid,
+            TurnState::FunctionAwaitingApproval,
+            // Per decision, not per call id: a later call parked under the same id must
+            // wake the session too (the queue drops a repeated deduplication id).
+            format!(
+                "{sid}-approval-{cid}-{}",
+                event["new_value"]["decided_at"].as_u64().unwrap_or(0)
+            ),
+        )
+        .await
+        .map_err(|_| ErrorBody::new("enqueue_error", "could not wake the session"))?;
+        return Ok(json!({"woke": sid}));
+    }
+    Ok(json!({"ignored": key}))
+}

@@ -1,0 +1,454 @@
+//! The step driver: load the record, run the state's effects, decide the transition
+//! ([`crate::fsm`]), apply it, save, and queue the next step. It sees the outside only
+//! through [`crate::ports`] and a [`States`] runner, so it is tested without a bus.
+
+use crate::fsm::{self, Effect, Outcome};
+use crate::prelude::*;
+use async_trait::async_trait;
+
+/// Runs one state's effects on the record (saving as they must, at `version`).
+#[async_trait]
+pub trait States: Send + Sync {
+    async fn run(
+        &self,
+        state: TurnState,
+        rec: &mut Record,
+        version: &mut u64,
+    ) -> StepResult<Outcome>;
+}
+
+/// The states as the worker runs them, on the bus.
+struct OnTheBus<'a> {
+    ctx: &'a Ctx,
+    hooks: &'a Hooks,
+}
+
+#[async_trait]
+impl States for OnTheBus<'_> {
+    async fn run(
+        &self,
+        state: TurnState,
+        rec: &mut Record,
+        version: &mut u64,
+    ) -> StepResult<Outcome> {
+        let (ctx, hooks) = (self.ctx, self.hooks);
+        let req = run_request(ctx, rec).await?;
+        match state {
+            TurnState::Provisioning => provisioning(ctx, rec, &req).await,
+            TurnState::AssistantStreaming => assistant_streaming(ctx, rec, &req).await,
+            TurnState::FunctionExecute => function_execute(ctx, hooks, rec, version).await,
+            TurnState::FunctionAwaitingApproval => {
+                function_awaiting_approval(ctx, hooks, rec, version).await
+            }
+            TurnState::SteeringCheck => steering_check(ctx, rec).await,
+            TurnState::Stopped | TurnState::Failed => Err(StepError::Stale),
+        }
+    }
+}
+
+/// `turn::<state>`: one queued step.
+pub(crate) async fn step(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    expected: TurnState,
+    data: &Value,
+) -> Result<Value, ErrorBody> {
+    // Everything this step writes (record, events, history, the next step) becomes durable
+    // with the step's queue acknowledgement; only what must outlive a crash on its own (the
+    // record after each executed call) is written durably at once.
+    let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
+    let sid = req_str(data, "session_id")?;
+    drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid).await
+}
+
+fn stale() -> Value {
+    json!({"ok": true, "skipped": true, "reason": "stale"})
+}
+
+fn invocation_error(e: StepError) -> Result<Value, ErrorBody> {
+    match e {
+        StepError::Stale => Ok(stale()),
+        StepError::Transient(e) => Err(e),
+        StepError::Fatal(m) => Err(ErrorBody::new("invocation_error", m)),
+    }
+}
+
+/// One step of session `sid` in state `expected`: a record in another state means the
+/// delivery is stale (skipped).
+pub async fn drive<P, S>(
+    ports: &P,
+    states: &S,
+    expected: TurnState,
+    sid: &str,
+) -> Result<Value, ErrorBody>
+where
+    P: Ports + ?Sized,
+    S: States + ?Sized,
+{
+    let (mut rec, mut version) = match RecordStore::load(ports, sid).await {
+        Ok(Some(x)) => x,
+        Ok(None) => return Ok(stale()),
+        Err(e) => return invocation_error(e),
+    };
+    if rec.state != expected || expected.terminal() {
+        return Ok(stale());
+    }
+    let loaded_version = version;
+    let mut state = expected;
+    loop {
+        let outcome = match states.run(state, &mut rec, &mut version).await {
+            Ok(o) => o,
+            Err(StepError::Fatal(m)) => Outcome::Fatal(m),
+            Err(e) => return invocation_error(e),
+        };
+        let t =
+            fsm::transition(state, &outcome).unwrap_or_else(|e| failure_of(state, e.to_string()));
+        if t.to == Some(TurnState::Failed) {
+            return fail(ports, rec, expected, t.effects).await;
+        }
+        let Some(to) = t.to else {
+            apply_all(ports, &mut rec, &mut version, t.effects, None).await?;
+            return Ok(json!({"ok": true, "from_state": expected, "to_state": expected}));
+        };
+        rec.state = to;
+        let dedup = format!("{sid}-{to:?}-{loaded_version}");
+        match apply_all(ports, &mut rec, &mut version, t.effects, Some(dedup)).await? {
+            Flow::Done => {
+                return Ok(json!({"ok": true, "from_state": expected, "to_state": to}));
+            }
+            Flow::Stale => return Ok(stale()),
+            Flow::Continue => state = to,
+        }
+    }
+}
+
+fn failure_of(state: TurnState, message: String) -> fsm::Transition {
+    fsm::transition(state, &Outcome::Fatal(message)).expect("a running state can always fail")
+}
+
+enum Flow {
+    Done,
+    Stale,
+    Continue,
+}
+
+/// Apply a transition's effects in order. `dedup`: the next step's deduplication id.
+async fn apply_all<P: Ports + ?Sized>(
+    ports: &P,
+    rec: &mut Record,
+    version: &mut u64,
+    effects: Vec<Effect>,
+    dedup: Option<String>,
+) -> Result<Flow, ErrorBody> {
+    for effect in effects {
+        match effect {
+            Effect::Save { durable } => {
+                if let Err(e) = save(ports, rec, version, durable).await {
+                    return match invocation_error(e) {
+                        Ok(_) => Ok(Flow::Stale),
+                        Err(e) => Err(e),
+                    };
+                }
+            }
+            Effect::Enqueue => {
+                // Entering function_awaiting_approval also queues one check: a decision
+                // written before this transition found no parked session to wake.
+                let dedup = dedup.clone().unwrap_or_default();
+                if let Err(StepError::Transient(e)) =
+                    StepQueue::enqueue(ports, &rec.session_id, rec.state, dedup).await
+                {
+                    return Err(e);
+                }
+            }
+            Effect::ContinueInline => return Ok(Flow::Continue),
+            other => apply(ports, rec, other).await,
+        }
+    }
+    Ok(Flow::Done)
+}
+
+/// The effects on the record and its events.
+async fn apply<P: Ports + ?Sized>(ports: &P, rec: &mut Record, effect: Effect) {
+    match effect {
+        Effect::SetError { kind, message } => rec.error = Some(TurnError { kind, message }),
+        Effect::PrepareBatch(calls) => {
+            rec.work = Some(Work {
+                prepared: calls,
+                executed: Default::default(),
+            });
+            rec.awaiting_approval = None;
+        }
+        Effect::CloseBatch(results) => {
+            rec.work = None;
+            rec.function_results = results;
+            rec.awaiting_approval = None;
+        }
+        Effect::EmitTurnEnd(results) => emit_turn_end(rec, results),
+        Effect::EmitFailure(message) => {
+            let failed = AgentMessage::Assistant {
+                content: Vec::new(),
+                stop_reason: StopReason::Error,
+                error_message: Some(message),
+                error_kind: Some(ErrorKind::Permanent),
+                usage: None,
+                model: String::new(),
+                provider: String::new(),
+                timestamp: now(),
+            };
+            emit(rec, "message_complete", json!({"message": failed}));
+        }
+        Effect::EmitAgentEnd => {
+            let messages = history_for_event(ports, rec).await;
+            emit(rec, "agent_end", json!({"messages": messages}));
+        }
+        Effect::EmitStateChanged => {
+            // Goes out with the step's other events, in the write just before the save: a
+            // delivery that loses the save to another delivery of the same step wrote the
+            // same items (same loaded record, same seqs).
+            let changed = state_changed(rec, "state:updated");
+            emit(rec, "turn_state_changed", changed);
+        }
+        Effect::FlushEvents => flush_events(ports, rec).await,
+        Effect::Save { .. } | Effect::Enqueue | Effect::ContinueInline => {}
+    }
+}
+
+/// Unexpected: the run fails with events the UI can show, and the message is acknowledged.
+/// What the step emitted before it failed is shown too; the failure is applied to the
+/// record as stored (not to what the step had changed in memory).
+async fn fail<P: Ports + ?Sized>(
+    ports: &P,
+    mut rec: Record,
+    expected: TurnState,
+    effects: Vec<Effect>,
+) -> Result<Value, ErrorBody> {
+    let message = effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::EmitFailure(m) => Some(m.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    flush_events(ports, &mut rec).await;
+    let (mut rec, mut version) = match RecordStore::load(ports, &rec.session_id).await {
+        Ok(Some(x)) => x,
+        _ => return Ok(json!({"ok": false, "error": message})),
+    };
+    rec.state = TurnState::Failed;
+    for effect in effects {
+        match effect {
+            Effect::Save { durable } => {
+                let _ = save(ports, &mut rec, &mut version, durable).await;
+            }
+            other => apply(ports, &mut rec, other).await,
+        }
+    }
+    Ok(json!({"ok": false, "from_state": expected, "to_state": "failed", "error": message}))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver on the in-memory ports, with scripted state outcomes: what it saves,
+    //! emits and queues for each kind of transition.
+    use super::*;
+    use crate::ports::Memory;
+    use std::sync::Mutex;
+
+    /// Answers each run of a state with the next scripted outcome (or error).
+    struct Scripted(Mutex<Vec<StepResult<Outcome>>>);
+
+    #[async_trait]
+    impl States for Scripted {
+        async fn run(&self, _: TurnState, _: &mut Record, _: &mut u64) -> StepResult<Outcome> {
+            self.0.lock().unwrap().remove(0)
+        }
+    }
+
+    fn record(state: TurnState) -> Record {
+        let mut rec: Record = serde_json::from_value(json!({
+            "session_id": "s1", "state": "provisioning", "turn_count": 1,
+            "started_at_ms": 1, "updated_at_ms": 1, "run_key": "r1"
+        }))
+        .expect("a minimal record");
+        rec.state = state;
+        rec
+    }
+
+    async fn run(state: TurnState, script: Vec<StepResult<Outcome>>) -> (Memory, Value) {
+        let ports = Memory::default();
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(state), 7));
+        let out = drive(&ports, &Scripted(Mutex::new(script)), state, "s1")
+            .await
+            .expect("the step answers");
+        (ports, out)
+    }
+
+    fn saved(m: &Memory) -> (Record, u64) {
+        m.records.lock().unwrap()["s1"].clone()
+    }
+
+    fn event_types(m: &Memory) -> Vec<String> {
+        m.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.0 == EVENTS)
+            .map(|e| e.3["type"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    fn call() -> Call {
+        Call {
+            function_call_id: "c1".into(),
+            function_id: "fs::list".into(),
+            args: json!({}),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_move_saves_the_new_state_emits_it_and_queues_its_step_once() {
+        let (m, out) = run(
+            TurnState::AssistantStreaming,
+            vec![Ok(Outcome::Answered {
+                calls: vec![call()],
+            })],
+        )
+        .await;
+        assert_eq!(out["to_state"], "function_execute", "{out}");
+        let (rec, version) = saved(&m);
+        assert_eq!((rec.state, version), (TurnState::FunctionExecute, 8));
+        assert_eq!(rec.work.unwrap().prepared, vec![call()]);
+        assert_eq!(event_types(&m), ["turn_state_changed"]);
+        assert_eq!(
+            *m.queued.lock().unwrap(),
+            [(
+                "s1".to_string(),
+                TurnState::FunctionExecute,
+                "s1-FunctionExecute-7".to_string()
+            )]
+        );
+        assert!(m.durable_saves.lock().unwrap().is_empty(), "deferred");
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_calls_runs_steering_in_the_same_step_and_stops() {
+        let (m, out) = run(
+            TurnState::AssistantStreaming,
+            vec![Ok(Outcome::Answered { calls: vec![] }), Ok(Outcome::Idle)],
+        )
+        .await;
+        assert_eq!(out["to_state"], "stopped", "{out}");
+        assert_eq!(saved(&m).0.state, TurnState::Stopped);
+        assert_eq!(
+            event_types(&m),
+            [
+                "turn_end",
+                "turn_state_changed",
+                "agent_end",
+                "turn_state_changed"
+            ]
+        );
+        assert!(m.queued.lock().unwrap().is_empty(), "nothing after the end");
+        assert_eq!(
+            *m.durable_saves.lock().unwrap(),
+            [("s1".to_string(), TurnState::Stopped)]
+        );
+        // turn_end also went to its own stream.
+        assert!(
+            m.events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| e.0 == TURN_END_STREAM)
+        );
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_decision_saves_nothing_and_parking_is_durable() {
+        let (m, out) = run(
+            TurnState::FunctionAwaitingApproval,
+            vec![Ok(Outcome::Undecided)],
+        )
+        .await;
+        assert_eq!(out["to_state"], "function_awaiting_approval");
+        assert_eq!(saved(&m).1, 7, "not saved");
+        let (m, _) = run(TurnState::FunctionExecute, vec![Ok(Outcome::Parked)]).await;
+        assert_eq!(
+            *m.durable_saves.lock().unwrap(),
+            [("s1".to_string(), TurnState::FunctionAwaitingApproval)]
+        );
+        assert_eq!(m.queued.lock().unwrap().len(), 1, "one wake-up check");
+    }
+
+    #[tokio::test]
+    async fn the_unexpected_fails_the_run_from_the_stored_record() {
+        let (m, out) = run(
+            TurnState::Provisioning,
+            vec![Err(StepError::Fatal("unreadable run request".into()))],
+        )
+        .await;
+        assert_eq!(out["to_state"], "failed", "{out}");
+        let (rec, _) = saved(&m);
+        assert_eq!(rec.state, TurnState::Failed);
+        let error = rec.error.unwrap();
+        assert_eq!(
+            (error.kind.as_str(), error.message.as_str()),
+            ("transition_error", "unreadable run request")
+        );
+        assert_eq!(event_types(&m), ["message_complete", "agent_end"]);
+        // An outcome that does not belong to the state fails it the same way.
+        let (m, out) = run(TurnState::SteeringCheck, vec![Ok(Outcome::Parked)]).await;
+        assert_eq!(out["to_state"], "failed");
+        assert!(
+            saved(&m)
+                .0
+                .error
+                .unwrap()
+                .message
+                .contains("no transition from SteeringCheck on Parked")
+        );
+    }
+
+    #[tokio::test]
+    async fn stale_deliveries_and_transient_errors() {
+        // The record is in another state: skipped, nothing written.
+        let ports = Memory::default();
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(TurnState::Stopped), 3));
+        let out = drive(
+            &ports,
+            &Scripted(Mutex::new(vec![])),
+            TurnState::Provisioning,
+            "s1",
+        )
+        .await
+        .unwrap();
+        assert_eq!(out["reason"], "stale");
+        // A transient error goes back to the queue (retried), the record untouched.
+        let ports = Memory::default();
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(TurnState::Provisioning), 3));
+        let err = drive(
+            &ports,
+            &Scripted(Mutex::new(vec![Err(StepError::Transient(ErrorBody::new(
+                "timeout", "slow",
+            )))])),
+            TurnState::Provisioning,
+            "s1",
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, "timeout");
+        assert_eq!(saved(&ports).1, 3);
+    }
+}

@@ -1,0 +1,261 @@
+//! What a step reads besides the record: the run's request and prompt, and the conversation
+//! (the session tree, or the record's own list), cached per orchestrator instance.
+
+use crate::prelude::*;
+
+/// The run's request, read once per run by this instance (it never changes during a run).
+pub(crate) async fn run_request(ctx: &Ctx, rec: &Record) -> StepResult<Arc<RunRequest>> {
+    let sid = &rec.session_id;
+    if let Ok(Some(hit)) = CACHE.try_with(|c| c.run(sid, rec).and_then(|r| r.request)) {
+        return Ok(hit);
+    }
+    let v = ctx.state_get(SCOPE, &request_key(sid)).await?;
+    let req: Arc<RunRequest> = Arc::new(
+        serde_json::from_value(v)
+            .map_err(|e| StepError::Fatal(format!("unreadable run request: {e}")))?,
+    );
+    let _ = CACHE.try_with(|c| c.update_run(sid, rec, |r| r.request = Some(req.clone())));
+    Ok(req)
+}
+
+/// The run's prompt (written at provisioning), read once per run by this instance.
+pub(crate) async fn run_prompt(ctx: &Ctx, rec: &Record) -> StepResult<Arc<Prompt>> {
+    let sid = &rec.session_id;
+    if let Ok(Some(hit)) = CACHE.try_with(|c| c.run(sid, rec).and_then(|r| r.prompt)) {
+        return Ok(hit);
+    }
+    let v = ctx.state_get(SCOPE, &prompt_key(sid)).await?;
+    let prompt: Prompt = serde_json::from_value(v)
+        .map_err(|e| StepError::Fatal(format!("unreadable run prompt: {e}")))?;
+    if prompt.run_key != rec.run_key {
+        return Err(StepError::Fatal(format!(
+            "the stored prompt belongs to run `{}`, not `{}`",
+            prompt.run_key, rec.run_key
+        )));
+    }
+    let prompt = Arc::new(prompt);
+    let _ = CACHE.try_with(|c| c.update_run(sid, rec, |r| r.prompt = Some(prompt.clone())));
+    Ok(prompt)
+}
+
+pub(crate) async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) -> Option<Value> {
+    ctx.trigger_timeout(function_id, payload, BEST_EFFORT_TIMEOUT)
+        .await
+        .ok()
+}
+
+/// What this orchestrator instance keeps between steps, by session, so a step does not re-read
+/// what cannot have changed:
+/// - the history it read or wrote last, with the leaf it ends at. A run appends only through
+///   this worker, so while the record's leaf is the cached one, the cache is the tree's path
+///   (an entry rewritten in place by `session-tree::update_part` is seen from the next run on);
+/// - the run's request and prompt, which are fixed for a run (keyed by the run's key and start
+///   time, so a new run on the session never sees the last one's).
+#[derive(Default)]
+pub struct InstanceCache {
+    inner: std::sync::Mutex<std::collections::HashMap<String, (String, History)>>,
+    runs: std::sync::Mutex<std::collections::HashMap<String, CachedRun>>,
+    /// The instance's compaction reserve (its [`Settings`]).
+    pub(crate) reserved_tokens: u64,
+}
+
+/// A conversation shared between the cache and the step using it (not copied per turn).
+pub(crate) type History = Arc<Vec<AgentMessage>>;
+
+#[derive(Clone, Default)]
+pub(crate) struct CachedRun {
+    run_key: String,
+    started_at_ms: u64,
+    request: Option<Arc<RunRequest>>,
+    pub(crate) prompt: Option<Arc<Prompt>>,
+}
+
+pub(crate) const CACHE_SESSIONS: usize = 256;
+
+impl InstanceCache {
+    pub fn new(reserved_tokens: u64) -> Self {
+        Self {
+            reserved_tokens,
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn run(&self, sid: &str, rec: &Record) -> Option<CachedRun> {
+        let runs = self.runs.lock().ok()?;
+        runs.get(sid)
+            .filter(|r| r.run_key == rec.run_key && r.started_at_ms == rec.started_at_ms)
+            .cloned()
+    }
+    pub(crate) fn update_run(&self, sid: &str, rec: &Record, f: impl FnOnce(&mut CachedRun)) {
+        if let Ok(mut runs) = self.runs.lock() {
+            if runs.len() >= CACHE_SESSIONS && !runs.contains_key(sid) {
+                runs.clear();
+            }
+            let entry = runs.entry(sid.to_string()).or_default();
+            if entry.run_key != rec.run_key || entry.started_at_ms != rec.started_at_ms {
+                *entry = CachedRun {
+                    run_key: rec.run_key.clone(),
+                    started_at_ms: rec.started_at_ms,
+                    ..Default::default()
+                };
+            }
+            f(entry);
+        }
+    }
+    pub(crate) fn get(&self, sid: &str, leaf: &str) -> Option<History> {
+        let inner = self.inner.lock().ok()?;
+        inner
+            .get(sid)
+            .filter(|(l, _)| l == leaf)
+            .map(|(_, m)| m.clone())
+    }
+    pub(crate) fn put(&self, sid: &str, leaf: &str, messages: History) {
+        if let Ok(mut inner) = self.inner.lock() {
+            if inner.len() >= CACHE_SESSIONS && !inner.contains_key(sid) {
+                inner.clear();
+            }
+            inner.insert(sid.to_string(), (leaf.to_string(), messages));
+        }
+    }
+    /// The path grew from `old_leaf` to `new_leaf` by `appended`.
+    pub(crate) fn extend(
+        &self,
+        sid: &str,
+        old_leaf: Option<&str>,
+        new_leaf: &str,
+        appended: &[AgentMessage],
+    ) {
+        if let Ok(mut inner) = self.inner.lock() {
+            match inner.get_mut(sid) {
+                Some((leaf, messages)) if Some(leaf.as_str()) == old_leaf => {
+                    // Copies only if a step still holds the old list.
+                    Arc::make_mut(messages).extend(appended.iter().cloned());
+                    *leaf = new_leaf.to_string();
+                }
+                _ => {
+                    inner.remove(sid);
+                }
+            }
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The running step's instance cache (set by the step driver).
+    pub(crate) static CACHE: std::sync::Arc<InstanceCache>;
+}
+
+/// The conversation as the model will see it: the cached path while the run's leaf is the
+/// cached one, else from the session tree (compaction applied; this also moves the run onto
+/// the tree's current leaf), or the record's own list without a session store.
+pub(crate) async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
+    if rec.tree
+        && let Some(leaf) = &rec.tree_leaf
+        && let Ok(Some(hit)) = CACHE.try_with(|c| c.get(&rec.session_id, leaf))
+    {
+        return Ok(hit);
+    }
+    history_fresh(ctx, rec).await
+}
+
+/// The history read from the session tree, whatever the cache holds.
+pub(crate) async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
+    if !rec.tree {
+        return Ok(Arc::new(rec.messages.clone()));
+    }
+    let mut v = ctx
+        .trigger(
+            "session-tree::messages",
+            json!({"session_id": rec.session_id}),
+        )
+        .await?;
+    rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
+    let messages: History = Arc::new(
+        serde_json::from_value(v["messages"].take())
+            .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?,
+    );
+    if let Some(leaf) = &rec.tree_leaf {
+        let _ = CACHE.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
+    }
+    Ok(messages)
+}
+
+/// For events that show the history (agent_end): never fails the step.
+pub(crate) async fn history_for_event<C: Calls + ?Sized>(
+    calls: &C,
+    rec: &Record,
+) -> Vec<AgentMessage> {
+    if !rec.tree {
+        return rec.messages.clone();
+    }
+    if let Some(leaf) = &rec.tree_leaf
+        && let Ok(Some(hit)) = CACHE.try_with(|c| c.get(&rec.session_id, leaf))
+    {
+        return hit.as_ref().clone();
+    }
+    match calls
+        .call(
+            "session-tree::messages",
+            json!({"session_id": rec.session_id}),
+            HISTORY_READ_TIMEOUT,
+        )
+        .await
+    {
+        Ok(mut v) => serde_json::from_value(v["messages"].take()).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// How long an event waits for the history it shows.
+const HISTORY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Append messages to the history → the messages as stored. In the tree each gets the id
+/// `<run_key>-t<turn>-<tag><i>`: a step that runs again appends nothing new and gets back
+/// what the first run stored (so it decides on the same messages).
+pub(crate) async fn append_history(
+    ctx: &Ctx,
+    rec: &mut Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+) -> StepResult<Vec<AgentMessage>> {
+    if !rec.tree {
+        rec.messages.extend(messages.iter().cloned());
+        return Ok(messages);
+    }
+    if messages.is_empty() {
+        return Ok(messages);
+    }
+    let entries: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            json!({"type": "message", "id": format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count), "message": m})
+        })
+        .collect();
+    let request = harness_sdk::fields([
+        ("session_id", rec.session_id.as_str().into()),
+        ("parent_id", json!(rec.tree_leaf)),
+        ("entries", Value::Array(entries)),
+    ]);
+    let mut out = ctx.trigger("session-tree::append_batch", request).await?;
+    let old_leaf = rec.tree_leaf.take();
+    rec.tree_leaf = out["leaf_id"].as_str().map(str::to_owned);
+    let stored = out["entries"]
+        .as_array_mut()
+        .map(|a| {
+            a.iter_mut()
+                .map(|e| serde_json::from_value(e["entry"]["message"].take()))
+                .collect::<Result<Vec<AgentMessage>, _>>()
+        })
+        .unwrap_or_else(|| Ok(Vec::new()))
+        .map_err(|e| {
+            StepError::Fatal(format!(
+                "the session store answered an unreadable entry: {e}"
+            ))
+        })?;
+    if let Some(new_leaf) = &rec.tree_leaf {
+        let _ =
+            CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+    }
+    Ok(stored)
+}

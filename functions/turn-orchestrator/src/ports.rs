@@ -1,0 +1,211 @@
+//! What the step driver needs from outside, as small traits: the record store, the step
+//! queue, the event stream and calls. [`Ctx`] (the bus) is the adapter the worker uses;
+//! [`Memory`] is the one the driver's tests use, without a bus. Also the error a step can
+//! end in.
+
+use crate::prelude::*;
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Why a step could not finish: transient errors are re-thrown so the queue retries with
+/// backoff (and dead-letters); anything else fails the run with events the UI can show.
+#[derive(Debug)]
+pub enum StepError {
+    Transient(ErrorBody),
+    Fatal(String),
+    Stale,
+}
+
+impl From<BusError> for StepError {
+    fn from(e: BusError) -> Self {
+        StepError::Transient(e.into())
+    }
+}
+
+pub type StepResult<T> = Result<T, StepError>;
+
+/// One stored UI event: (stream, group, item id, data).
+pub type EventItem = (String, String, String, Value);
+
+/// Turn records, versioned: a save names the version it loaded.
+#[async_trait]
+pub trait RecordStore: Send + Sync {
+    async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>>;
+    /// → the new version; `Stale` when another delivery saved first. `durable`: on disk at
+    /// once, not with the step's acknowledgement.
+    async fn save(&self, rec: &Record, version: u64, durable: bool) -> StepResult<u64>;
+}
+
+/// The `turn-steps` FIFO queue (grouped by session, deduplicated by id).
+#[async_trait]
+pub trait StepQueue: Send + Sync {
+    async fn enqueue(&self, sid: &str, state: TurnState, dedup: String) -> StepResult<()>;
+}
+
+/// `agent::events`: stored items, and pushes that are not stored (token deltas).
+#[async_trait]
+pub trait EventStream: Send + Sync {
+    async fn store(&self, items: Vec<EventItem>) -> Result<(), String>;
+    async fn push(&self, sid: &str, event_type: &str, data: Value);
+}
+
+/// Calls to other functions.
+#[async_trait]
+pub trait Calls: Send + Sync {
+    async fn call(
+        &self,
+        function_id: &str,
+        payload: Value,
+        timeout: Duration,
+    ) -> Result<Value, BusError>;
+}
+
+/// Everything the driver uses.
+pub trait Ports: RecordStore + StepQueue + EventStream + Calls {}
+impl<T: RecordStore + StepQueue + EventStream + Calls> Ports for T {}
+
+// ------------------------------------------------------------------ the bus
+
+#[async_trait]
+impl RecordStore for Ctx {
+    async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
+        let mut v = self.state_get_versioned(SCOPE, &record_key(sid)).await?;
+        if v.is_null() {
+            return Ok(None);
+        }
+        let version = v["version"].as_u64().unwrap_or(0);
+        let rec: Record = serde_json::from_value(v["value"].take())
+            .map_err(|e| StepError::Fatal(format!("unreadable turn record: {e}")))?;
+        Ok(Some((rec, version)))
+    }
+
+    async fn save(&self, rec: &Record, version: u64, durable: bool) -> StepResult<u64> {
+        let value = serde_json::to_value(rec).map_err(|e| StepError::Fatal(e.to_string()))?;
+        let ctx = if durable { durably(self) } else { self.clone() };
+        match ctx
+            .state_set_if(SCOPE, &record_key(&rec.session_id), value, version)
+            .await
+        {
+            Ok(out) => Ok(out["version"].as_u64().unwrap_or(version + 1)),
+            Err(BusError::VersionConflict(_)) => Err(StepError::Stale),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl StepQueue for Ctx {
+    async fn enqueue(&self, sid: &str, state: TurnState, dedup: String) -> StepResult<()> {
+        self.enqueue_with(
+            QUEUE,
+            &state.step_function(),
+            json!({"session_id": sid}),
+            EnqueueOptions {
+                message_group_id: Some(sid.to_string()),
+                deduplication_id: Some(dedup),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl EventStream for Ctx {
+    async fn store(&self, items: Vec<EventItem>) -> Result<(), String> {
+        self.stream_set_many(items)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    async fn push(&self, sid: &str, event_type: &str, data: Value) {
+        let _ = self.stream_send(EVENTS, sid, event_type, data).await;
+    }
+}
+
+#[async_trait]
+impl Calls for Ctx {
+    async fn call(
+        &self,
+        function_id: &str,
+        payload: Value,
+        timeout: Duration,
+    ) -> Result<Value, BusError> {
+        self.trigger_timeout(function_id, payload, timeout).await
+    }
+}
+
+// ------------------------------------------------------------------ in memory
+
+/// All four ports in memory: records with versions, the queued steps, the stored events,
+/// and calls that answer from a table (anything else: `function_not_found`).
+#[derive(Default)]
+pub struct Memory {
+    pub records: Mutex<HashMap<String, (Record, u64)>>,
+    /// Saves made durable at once, in order (session, state).
+    pub durable_saves: Mutex<Vec<(String, TurnState)>>,
+    pub queued: Mutex<Vec<(String, TurnState, String)>>,
+    pub events: Mutex<Vec<EventItem>>,
+    pub answers: Mutex<HashMap<String, Value>>,
+}
+
+#[async_trait]
+impl RecordStore for Memory {
+    async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
+        Ok(lock(&self.records).get(sid).cloned())
+    }
+    async fn save(&self, rec: &Record, version: u64, durable: bool) -> StepResult<u64> {
+        let mut records = lock(&self.records);
+        let current = records.get(&rec.session_id).map_or(0, |(_, v)| *v);
+        if current != version {
+            return Err(StepError::Stale);
+        }
+        records.insert(rec.session_id.clone(), (rec.clone(), version + 1));
+        if durable {
+            lock(&self.durable_saves).push((rec.session_id.clone(), rec.state));
+        }
+        Ok(version + 1)
+    }
+}
+
+#[async_trait]
+impl StepQueue for Memory {
+    async fn enqueue(&self, sid: &str, state: TurnState, dedup: String) -> StepResult<()> {
+        let mut q = lock(&self.queued);
+        if !q.iter().any(|(_, _, d)| *d == dedup) {
+            q.push((sid.to_string(), state, dedup));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl EventStream for Memory {
+    async fn store(&self, items: Vec<EventItem>) -> Result<(), String> {
+        let mut events = lock(&self.events);
+        for item in items {
+            // Same item id: rewritten, as the stream store does.
+            match events.iter_mut().find(|e| e.2 == item.2) {
+                Some(e) => *e = item,
+                None => events.push(item),
+            }
+        }
+        Ok(())
+    }
+    async fn push(&self, _sid: &str, _event_type: &str, _data: Value) {}
+}
+
+#[async_trait]
+impl Calls for Memory {
+    async fn call(&self, function_id: &str, _: Value, _: Duration) -> Result<Value, BusError> {
+        lock(&self.answers)
+            .get(function_id)
+            .cloned()
+            .ok_or_else(|| BusError::FunctionNotFound(function_id.to_string()))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

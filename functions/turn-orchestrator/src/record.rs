@@ -1,0 +1,87 @@
+//! The turn record: load and save (versioned), its UI events (held in the record's outbox,
+//! written with one call before the save) and the next step on the queue.
+
+use crate::prelude::*;
+
+pub(crate) fn now() -> u64 {
+    harness_sdk::messages::now_ms()
+}
+
+/// The same context, its writes durable on commit (ends a step's deferral).
+pub(crate) fn durably(ctx: &Ctx) -> Ctx {
+    ctx.with_baggage(DURABILITY_BAGGAGE, "immediate")
+}
+
+/// Save at `version` (updated to the new one); a conflict means another delivery moved on.
+/// The events held so far are written first: a reader that sees the saved record finds them.
+pub(crate) async fn save<P: RecordStore + EventStream + ?Sized>(
+    ports: &P,
+    rec: &mut Record,
+    version: &mut u64,
+    durable: bool,
+) -> StepResult<()> {
+    flush_events(ports, rec).await;
+    rec.updated_at_ms = now();
+    *version = ports.save(rec, *version, durable).await?;
+    Ok(())
+}
+
+/// One UI event on `agent::events` (item `<sid>-<seq>`). Seq numbers come from the record, so
+/// a redelivered step rewrites the same items instead of adding new ones. Held in the
+/// record's outbox until the next flush.
+pub(crate) fn emit(rec: &mut Record, event_type: &str, data: Value) {
+    rec.event_seq += 1;
+    emit_at(rec, rec.event_seq, event_type, data);
+}
+
+/// An event at a seq reserved earlier (saved with the record before the event is written).
+pub(crate) fn emit_at(rec: &mut Record, seq: u64, event_type: &str, mut data: Value) {
+    data["type"] = json!(event_type);
+    let item = format!("{}-{:012}", rec.session_id, seq);
+    let sid = rec.session_id.clone();
+    rec.outbox.push((EVENTS.to_string(), sid, item, data));
+}
+
+/// A `turn_state_changed` event's data: the record's view (never the work list).
+pub(crate) fn state_changed(rec: &Record, event_type: &str) -> Value {
+    json!({"event_type": event_type, "new_value": rec.view()})
+}
+
+/// Write the outbox's events in one call. A failure is logged, as a lost push would be: the
+/// events are the UI's view, the record and the session tree are the truth.
+pub(crate) async fn flush_events<E: EventStream + ?Sized>(events: &E, rec: &mut Record) {
+    if rec.outbox.is_empty() {
+        return;
+    }
+    let items = std::mem::take(&mut rec.outbox);
+    let count = items.len();
+    if let Err(e) = events.store(items).await {
+        tracing::warn!(error = %e, count, "events not stored");
+    }
+}
+
+/// High-volume events are pushed, not stored.
+pub(crate) async fn emit_transient<E: EventStream + ?Sized>(
+    events: &E,
+    rec: &Record,
+    event_type: &str,
+    mut data: Value,
+) {
+    data["type"] = json!(event_type);
+    events.push(&rec.session_id, event_type, data).await;
+}
+
+pub(crate) fn emit_turn_end(rec: &mut Record, results: Vec<AgentMessage>) {
+    if rec.turn_end_emitted {
+        return;
+    }
+    rec.turn_end_emitted = true;
+    let data = json!({"message": rec.last_assistant, "function_results": results});
+    emit(rec, "turn_end", data.clone());
+    let item = format!("{}-{}", rec.session_id, rec.turn_count);
+    let mut end = data;
+    end["type"] = json!("turn_end");
+    let sid = rec.session_id.clone();
+    rec.outbox
+        .push((TURN_END_STREAM.to_string(), sid, item, end));
+}

@@ -1,0 +1,81 @@
+//! `function_awaiting_approval`: apply the decisions made for the parked calls (bound to
+//! the call's function and arguments), once each.
+
+use crate::prelude::*;
+
+pub(crate) async fn function_awaiting_approval(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    version: &mut u64,
+) -> StepResult<Outcome> {
+    let parked = rec.awaiting_approval.clone().unwrap_or_default();
+    for call in parked {
+        let decision = ctx
+            .state_get(
+                APPROVALS,
+                &format!("{}/{}", rec.session_id, call.function_call_id),
+            )
+            .await?;
+        // A decision counts only for the call it was made for: same function, same
+        // arguments. Anything else under this id (a leftover of an earlier call) is ignored
+        // and the call stays parked until it is decided itself.
+        let bound = decision["function_id"] == call.function_id.as_str()
+            && decision["args_hash"] == args_hash(&call.args).as_str();
+        if decision.is_null() || !bound {
+            continue;
+        }
+        let reason = decision["reason"].as_str().unwrap_or("").to_string();
+        // The decision record is deleted once applied: the event log keeps who decided what.
+        emit(
+            rec,
+            "approval_applied",
+            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "decision": decision["decision"], "reason": reason, "decided_by": decision["decided_by"], "decided_at": decision["decided_at"]}),
+        );
+        let executed = match decision["decision"].as_str() {
+            // Approved: dispatched without asking the policy again.
+            Some("allow") => dispatch(ctx, hooks, rec, &call, false).await,
+            Some("deny") => {
+                let why = if reason.is_empty() {
+                    "denied by the user".to_string()
+                } else {
+                    reason
+                };
+                let env = denial("user", &call.function_id, None, None, &call.args, &why);
+                refused(rec, &call, env)
+            }
+            _ => {
+                let e = Executed {
+                    call: call.clone(),
+                    result: json!({"status": "aborted", "terminate": true, "reason": if reason.is_empty() { "aborted by the user".to_string() } else { reason }}),
+                    is_error: true,
+                    duration_ms: 0,
+                    terminate: true,
+                };
+                emit_execution_end(rec, &e);
+                e
+            }
+        };
+        if let Some(w) = rec.work.as_mut() {
+            w.executed.insert(call.function_call_id.clone(), executed);
+        }
+        if let Some(a) = rec.awaiting_approval.as_mut() {
+            a.retain(|c| c.function_call_id != call.function_call_id);
+        }
+        save(ctx, rec, version, true).await?;
+        // Consumed: the decision goes once the call's outcome is saved. (Should this delete
+        // be lost, the binding above still keeps it from applying to any other call.)
+        let key = format!("{}/{}", rec.session_id, call.function_call_id);
+        if let Err(e) = ctx.state_delete(APPROVALS, &key).await {
+            tracing::warn!(%key, error = %e, "a consumed approval could not be deleted");
+        }
+    }
+    if rec
+        .awaiting_approval
+        .as_ref()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Ok(Outcome::Undecided);
+    }
+    finalize_batch(ctx, rec).await
+}

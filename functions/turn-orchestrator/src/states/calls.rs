@@ -1,0 +1,160 @@
+//! Running one call for the model (hooks around it, the sandbox's network grant, its result
+//! announced) and closing a batch whose calls are all decided.
+
+use crate::prelude::*;
+
+/// Call the target with the routing envelope; a failing target is an error result.
+/// `announce`: emit `function_execution_start` (an approved call announced it when parked).
+pub(crate) async fn dispatch(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    call: &Call,
+    announce: bool,
+) -> Executed {
+    dispatch_with(ctx, hooks, rec, call, announce, false).await
+}
+
+/// `network`: the policy's allow rule opened the network to this call's sandbox. The model
+/// cannot ask for it: a `sandbox` field in its arguments is dropped.
+pub(crate) async fn dispatch_with(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    call: &Call,
+    announce: bool,
+    network: bool,
+) -> Executed {
+    if announce {
+        emit(
+            rec,
+            "function_execution_start",
+            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)}),
+        );
+    }
+    if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
+        return refused(rec, call, envelope);
+    }
+    let started = Instant::now();
+    let mut payload = call.args.clone();
+    if let Some(o) = payload.as_object_mut() {
+        o.remove("sandbox");
+        if network {
+            o.insert("sandbox".into(), json!({"network": true}));
+        }
+        o.insert("session_id".into(), json!(rec.session_id));
+        o.insert("function_call_id".into(), json!(call.function_call_id));
+        o.insert("function_id".into(), json!(call.function_id));
+    }
+    // The call's start is shown before it runs, however long it takes.
+    flush_events(ctx, rec).await;
+    let (result, is_error) = match ctx
+        .trigger_timeout(&call.function_id, payload, CALL_TIMEOUT)
+        .await
+    {
+        Ok(v) => (v, false),
+        Err(e) => (
+            json!({"error": {"code": e.code(), "message": e.message()}}),
+            true,
+        ),
+    };
+    let (result, is_error) =
+        hooks::after_call(ctx, hooks, &rec.session_id, call, result, is_error).await;
+    let executed = Executed {
+        call: call.clone(),
+        result,
+        is_error,
+        duration_ms: started.elapsed().as_millis() as u64,
+        terminate: false,
+    };
+    emit_execution_end(rec, &executed);
+    executed
+}
+
+pub(crate) fn emit_execution_end(rec: &mut Record, e: &Executed) {
+    emit(
+        rec,
+        "function_execution_end",
+        json!({"function_call_id": e.call.function_call_id, "function_id": e.call.function_id, "result": e.result, "is_error": e.is_error, "duration_ms": e.duration_ms}),
+    );
+}
+
+pub(crate) fn result_message(e: &Executed) -> AgentMessage {
+    AgentMessage::FunctionResult {
+        function_call_id: e.call.function_call_id.clone(),
+        function_id: e.call.function_id.clone(),
+        content: vec![ContentBlock::Text {
+            text: e.result.to_string(),
+        }],
+        details: e.result.clone(),
+        is_error: e.is_error,
+        timestamp: now(),
+    }
+}
+
+/// All calls of the batch are decided: append the results once, in call order.
+pub(crate) async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Outcome> {
+    let work = rec.work.clone().unwrap_or_default();
+    let mut results = Vec::new();
+    let mut terminate = false;
+    for call in &work.prepared {
+        if let Some(e) = work.executed.get(&call.function_call_id) {
+            results.push(result_message(e));
+            terminate |= e.terminate;
+        }
+    }
+    let results = append_history(ctx, rec, results, "r").await?;
+    Ok(Outcome::BatchDone {
+        results,
+        terminated: terminate,
+    })
+}
+
+/// Functions the orchestrator never dispatches for the model, whatever the policy answers: a
+/// swapped or buggy policy must not let the agent approve its own calls, rewrite the policy,
+/// start runs, change credentials, write state behind the record's back or drive the engine.
+pub(crate) const NEVER_FOR_THE_AGENT: &[&str] = &[
+    "approval::*",
+    "policy::*",
+    "run::start",
+    "auth::set_token",
+    "auth::delete_token",
+    "shell::cancel",
+    "state::set",
+    "state::update",
+    "state::delete",
+    "engine::*",
+    "iii::*",
+];
+
+pub(crate) fn never_for_the_agent(function_id: &str) -> Option<&'static str> {
+    NEVER_FOR_THE_AGENT
+        .iter()
+        .copied()
+        .find(|p| match p.strip_suffix('*') {
+            Some(prefix) => function_id.starts_with(prefix),
+            None => function_id == *p,
+        })
+}
+
+pub(crate) fn denied(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+    emit(
+        rec,
+        "function_execution_start",
+        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)}),
+    );
+    refused(rec, call, envelope)
+}
+
+/// A call that was not run: its denial envelope is the result (announced already).
+pub(crate) fn refused(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+    let e = Executed {
+        call: call.clone(),
+        result: envelope,
+        is_error: true,
+        duration_ms: 0,
+        terminate: false,
+    };
+    emit_execution_end(rec, &e);
+    e
+}

@@ -1,0 +1,114 @@
+//! `function_execute`: every prepared call through the policy: run, parked for approval, or
+//! denied; saved durably after each, so a redelivered step never runs one twice.
+
+use crate::prelude::*;
+
+pub(crate) async fn function_execute(
+    ctx: &Ctx,
+    hooks: &Hooks,
+    rec: &mut Record,
+    version: &mut u64,
+) -> StepResult<Outcome> {
+    let prepared = rec
+        .work
+        .as_ref()
+        .map(|w| w.prepared.clone())
+        .unwrap_or_default();
+    for call in prepared {
+        let done = rec
+            .work
+            .as_ref()
+            .is_some_and(|w| w.executed.contains_key(&call.function_call_id));
+        let parked = rec.awaiting_approval.as_ref().is_some_and(|a| {
+            a.iter()
+                .any(|c| c.function_call_id == call.function_call_id)
+        });
+        if done || parked {
+            continue;
+        }
+        if let Some(pattern) = never_for_the_agent(&call.function_id) {
+            let env = denial(
+                "permissions",
+                &call.function_id,
+                Some("harness.internal_only"),
+                Some(&json!(pattern)),
+                &call.args,
+                "this function is for humans and the harness itself; the orchestrator never calls it for the model, whatever the policy says",
+            );
+            let executed = denied(rec, &call, env);
+            if let Some(w) = rec.work.as_mut() {
+                w.executed.insert(call.function_call_id.clone(), executed);
+            }
+            save(ctx, rec, version, true).await?;
+            continue;
+        }
+        // The one choke point: the policy decides, and silence or slowness means deny.
+        let decision = ctx
+            .trigger_timeout(
+                "policy::check_permissions",
+                json!({"function_id": call.function_id, "args": call.args, "session_id": rec.session_id}),
+                POLICY_TIMEOUT,
+            )
+            .await;
+        let executed = match decision
+            .as_ref()
+            .map(|d| d["decision"].as_str().unwrap_or(""))
+        {
+            Ok("allow") => {
+                let network = decision.as_ref().is_ok_and(|d| d["network"] == true);
+                dispatch_with(ctx, hooks, rec, &call, true, network).await
+            }
+            Ok("needs_approval") => {
+                // Parked (and saved) before it is announced, so an approver who reacts to the
+                // event finds it pending.
+                rec.awaiting_approval
+                    .get_or_insert_with(Vec::new)
+                    .push(call.clone());
+                save(ctx, rec, version, false).await?;
+                emit(
+                    rec,
+                    "function_execution_start",
+                    json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true}),
+                );
+                continue;
+            }
+            Ok(_) => {
+                let d = decision.as_ref().ok().cloned().unwrap_or(Value::Null);
+                let env = denial(
+                    "permissions",
+                    &call.function_id,
+                    d["rule_id"].as_str(),
+                    d.get("matched_constraint"),
+                    &call.args,
+                    "the permissions policy denies this call",
+                );
+                denied(rec, &call, env)
+            }
+            Err(e) => {
+                let env = denial(
+                    "gate_unavailable",
+                    &call.function_id,
+                    None,
+                    None,
+                    &call.args,
+                    &format!("the policy could not be asked ({e}); denied to be safe"),
+                );
+                denied(rec, &call, env)
+            }
+        };
+        if let Some(w) = rec.work.as_mut() {
+            w.executed.insert(call.function_call_id.clone(), executed);
+        }
+        // Saved durably after every call (with whatever the call itself wrote): a
+        // redelivered step never runs it again.
+        save(ctx, rec, version, true).await?;
+    }
+    if rec
+        .awaiting_approval
+        .as_ref()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Ok(Outcome::Parked);
+    }
+    finalize_batch(ctx, rec).await
+}

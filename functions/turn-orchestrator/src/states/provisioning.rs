@@ -1,0 +1,86 @@
+//! `provisioning`: default skills, the system prompt and tools, the model's metadata, the
+//! budgets, and the session's history with this run's messages.
+
+use crate::prelude::*;
+
+pub(crate) async fn provisioning(
+    ctx: &Ctx,
+    rec: &mut Record,
+    req: &RunRequest,
+) -> StepResult<Outcome> {
+    // Default skills, best effort (the directory worker may not run).
+    let skills: Vec<String> = match &req.system_default_skills {
+        Some(ids) => ids.clone(),
+        None => DEFAULT_SKILLS.iter().map(|s| s.to_string()).collect(),
+    };
+    for id in &skills {
+        let _ = best_effort(ctx, "directory::skills::download", json!({ "id": id })).await;
+    }
+    let index = best_effort(ctx, "directory::skills::index", json!({})).await;
+    let index_text = index
+        .as_ref()
+        .and_then(|v| v["body"].as_str().or(v["index"].as_str()))
+        .map(str::to_owned);
+    // Where the tools worker works (best effort: it may not run).
+    let workdir = best_effort(ctx, "shell::sandbox", json!({}))
+        .await
+        .and_then(|v| v["workdir"].as_str().map(str::to_owned));
+    let system_prompt = Some(match &req.system_prompt {
+        Some(verbatim) => verbatim.clone(),
+        None => prompt::system_prompt(
+            req.mode.as_deref().unwrap_or("agent"),
+            index_text.as_deref(),
+            workdir.as_deref(),
+        ),
+    });
+    rec.model_meta = best_effort(
+        ctx,
+        "models::get",
+        json!({"provider": req.provider, "model_id": req.model}),
+    )
+    .await
+    .filter(|v| !v.is_null());
+    let catalogue = ctx.trigger("engine::functions::list", json!({})).await?;
+    let run_prompt = Prompt {
+        run_key: rec.run_key.clone(),
+        system_prompt,
+        tools: vec![prompt::agent_trigger_tool(&catalogue)],
+    };
+    ctx.state_set(
+        SCOPE,
+        &prompt_key(&rec.session_id),
+        serde_json::to_value(&run_prompt).map_err(|e| StepError::Fatal(e.to_string()))?,
+    )
+    .await?;
+    let run_prompt = Arc::new(run_prompt);
+    let _ = CACHE.try_with(|c| {
+        c.update_run(&rec.session_id, rec, |r| {
+            r.prompt = Some(run_prompt.clone())
+        })
+    });
+    // Budgets: the one named, and those governing this workspace/agent.
+    let mut budgets: Vec<String> = req.budget_id.iter().cloned().collect();
+    if (req.workspace_id.is_some() || req.agent_id.is_some())
+        && let Some(v) = best_effort(
+            ctx,
+            "budget::list",
+            json!({"workspace_id": req.workspace_id, "agent_id": req.agent_id}),
+        )
+        .await
+    {
+        for b in v["budgets"].as_array().into_iter().flatten() {
+            if let Some(id) = b["budget_id"].as_str()
+                && !budgets.iter().any(|x| x == id)
+            {
+                budgets.push(id.to_string());
+            }
+        }
+    }
+    rec.budget_ids = budgets;
+    // Resume from the session's current leaf, then add this run's messages.
+    if rec.tree {
+        history_fresh(ctx, rec).await?;
+        append_history(ctx, rec, req.messages.clone(), "u").await?;
+    }
+    Ok(Outcome::Provisioned)
+}

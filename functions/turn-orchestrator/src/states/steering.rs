@@ -1,0 +1,83 @@
+//! `steering_check`: stop at max_turns; else the steering and follow-up inboxes, then the
+//! function results, decide whether the model is called again.
+
+use crate::prelude::*;
+
+pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Outcome> {
+    let results_pending = !rec.function_results.is_empty();
+    rec.function_results.clear();
+    if rec.max_turns.is_some_and(|m| rec.turn_count >= m) {
+        if results_pending {
+            let note = AgentMessage::Custom {
+                custom_type: "max_turns".into(),
+                content: vec![ContentBlock::Text {
+                    text: format!(
+                        "max_turns reached ({} turns); the run stops here.",
+                        rec.turn_count
+                    ),
+                }],
+                display: Some("max_turns reached".into()),
+                details: json!({"max_turns": rec.max_turns}),
+                timestamp: now(),
+            };
+            for m in append_history(ctx, rec, vec![note], "m").await? {
+                emit(rec, "message_complete", json!({"message": m}));
+            }
+        }
+        return Ok(Outcome::MaxTurns {
+            turns: rec.turn_count,
+            results_pending,
+        });
+    }
+    // Steering first, then follow-ups (the inbox worker may not run). Peek, store, then
+    // drain exactly what was stored: a crash in between leaves the items in the inbox, and
+    // the retry's appends are no-ops (ids from each item's content and position).
+    for name in ["steering", "followup"] {
+        let Some(v) = best_effort(
+            ctx,
+            "session-inbox::peek",
+            json!({"name": name, "session_id": rec.session_id}),
+        )
+        .await
+        else {
+            continue;
+        };
+        let raw: Vec<Value> = v["items"].as_array().cloned().unwrap_or_default();
+        if raw.is_empty() {
+            continue;
+        }
+        for (i, item) in raw.iter().enumerate() {
+            let message = item
+                .as_str()
+                .map(harness_sdk::messages::user_text)
+                .or_else(|| serde_json::from_value(item.clone()).ok())
+                .unwrap_or_else(|| harness_sdk::messages::user_text(&item.to_string()));
+            let tag = format!("{name}-{:016x}-", content_hash(i, item));
+            append_history(ctx, rec, vec![message], &tag).await?;
+        }
+        ctx.trigger(
+            "session-inbox::drain",
+            json!({"name": name, "session_id": rec.session_id, "max": raw.len()}),
+        )
+        .await?;
+        return Ok(Outcome::Steered);
+    }
+    if results_pending {
+        return Ok(Outcome::ResultsPending);
+    }
+    Ok(Outcome::Idle)
+}
+
+/// FNV-1a of an inbox item and its position: a stable, content-derived entry id part.
+pub(crate) fn content_hash(position: usize, item: &Value) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in position
+        .to_le_bytes()
+        .iter()
+        .chain(item.to_string().as_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

@@ -1,0 +1,346 @@
+//! `assistant_streaming`: the budget check, the pre-flight compaction, one model call over a
+//! channel (token deltas pushed as they come) and the answer stored in the history.
+
+use crate::prelude::*;
+
+/// `Some(why)` when a budget of the run refuses another model call.
+pub(crate) async fn budget_refusal(
+    ctx: &Ctx,
+    rec: &Record,
+    req: &RunRequest,
+) -> StepResult<Option<String>> {
+    for id in &rec.budget_ids {
+        match ctx
+            .trigger_timeout(
+                "budget::check",
+                json!({"budget_id": id, "principal_id": req.agent_id}),
+                BEST_EFFORT_TIMEOUT,
+            )
+            .await
+        {
+            Ok(v) if v["allowed"] == false => {
+                return Ok(Some(format!(
+                    "budget `{id}` refuses another model call ({}): spent ${:.6} of ${:.6}",
+                    v["reason"].as_str().unwrap_or("not allowed"),
+                    v["spent_usd"].as_f64().unwrap_or(0.0),
+                    v["ceiling_usd"].as_f64().unwrap_or(0.0),
+                )));
+            }
+            Ok(_) => {}
+            // The budget worker left: optional workers are skipped.
+            Err(BusError::FunctionNotFound(_)) => {
+                tracing::warn!(budget = %id, "budget::check not available; not enforced");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) fn usable_tokens(window: u64) -> u64 {
+    let reserved = CACHE
+        .try_with(|c| c.reserved_tokens)
+        .unwrap_or(RESERVED_TOKENS);
+    window.saturating_sub(reserved.min(window / 2))
+}
+
+/// Pre-flight: over the model's usable window → compact now and reload the history.
+pub(crate) async fn preflight_compaction(
+    ctx: &Ctx,
+    rec: &mut Record,
+    req: &RunRequest,
+    messages: History,
+) -> StepResult<History> {
+    let Some(window) = rec
+        .model_meta
+        .as_ref()
+        .and_then(|m| m["context_window"].as_u64())
+    else {
+        return Ok(messages);
+    };
+    let prompt = run_prompt(ctx, rec).await?;
+    let chars = serde_json::to_string(&(&prompt.system_prompt, &*messages, &prompt.tools))
+        .map_or(0, |s| s.chars().count() as u64);
+    if !rec.tree || chars / 4 <= usable_tokens(window) {
+        return Ok(messages);
+    }
+    let out = ctx
+        .trigger_timeout(
+            "context-compaction::compact_now",
+            json!({"session_id": rec.session_id, "provider": req.provider, "model": req.model, "emit_event": false}),
+            COMPACTION_TIMEOUT,
+        )
+        .await;
+    match out {
+        Ok(v) if v["compacted"] == true => {
+            emit(
+                rec,
+                "compaction_done",
+                json!({"summary_text": v["summary_text"], "tokens_before": v["tokens_before"], "compaction_entry_id": v["compaction_entry_id"], "tail_start_id": v["tail_start_id"]}),
+            );
+            history_fresh(ctx, rec).await
+        }
+        Ok(_) => Ok(messages),
+        Err(e) => {
+            // The model call may still fit (the estimate is rough); if not, the provider
+            // reports context_overflow and the run ends with it.
+            tracing::warn!(session = %rec.session_id, error = %e, "pre-flight compaction failed");
+            Ok(messages)
+        }
+    }
+}
+
+/// Errors that mean the call never reached a handler that decided anything.
+pub(crate) fn is_unreachable(e: &BusError) -> bool {
+    matches!(
+        e,
+        BusError::FunctionNotFound(_) | BusError::InvocationStopped(_) | BusError::Disconnected(_)
+    )
+}
+
+pub(crate) fn error_message(req: &RunRequest, kind: ErrorKind, message: String) -> AgentMessage {
+    AgentMessage::Assistant {
+        content: Vec::new(),
+        stop_reason: StopReason::Error,
+        error_message: Some(message),
+        error_kind: Some(kind),
+        usage: None,
+        model: req.model.clone(),
+        provider: req.provider.clone(),
+        timestamp: now(),
+    }
+}
+
+pub(crate) async fn assistant_streaming(
+    ctx: &Ctx,
+    rec: &mut Record,
+    req: &RunRequest,
+) -> StepResult<Outcome> {
+    if let Some(why) = budget_refusal(ctx, rec, req).await? {
+        let note = AgentMessage::Custom {
+            custom_type: "budget_exceeded".into(),
+            content: vec![ContentBlock::Text {
+                text: format!("The run stops: {why}."),
+            }],
+            display: Some("budget exceeded".into()),
+            details: json!({"budget_ids": rec.budget_ids}),
+            timestamp: now(),
+        };
+        let stored = append_history(ctx, rec, vec![note], "b").await?;
+        for m in stored {
+            emit(rec, "message_complete", json!({"message": m}));
+        }
+        return Ok(Outcome::BudgetRefused { reason: why });
+    }
+    rec.turn_count += 1;
+    rec.turn_end_emitted = false;
+    let messages = history(ctx, rec).await?;
+    let messages = preflight_compaction(ctx, rec, req, messages).await?;
+    let prompt = run_prompt(ctx, rec).await?;
+    // The UI sees what happened so far (compaction) before the model answers.
+    flush_events(ctx, rec).await;
+    let (writer, reader) = ctx.create_channel(Some(64)).await?;
+    let mut reader = ctx.open_reader(&reader).await?;
+    let mut call = {
+        let ctx = ctx.clone();
+        let payload = json!({
+            "writer_ref": writer,
+            "system_prompt": prompt.system_prompt,
+            "model": req.model,
+            "messages": &*messages,
+            "tools": prompt.tools,
+            "budget_ids": rec.budget_ids,
+        });
+        // Released before this step appends to the cached list (which then needs no copy).
+        drop(messages);
+        let fid = format!("provider::{}::stream", req.provider);
+        tokio::spawn(async move { ctx.trigger_timeout(&fid, payload, PROVIDER_TIMEOUT).await })
+    };
+    let mut final_message: Option<AgentMessage> = None;
+    let mut call_result: Option<Result<Value, BusError>> = None;
+    let deadline = tokio::time::Instant::now() + PROVIDER_TIMEOUT + Duration::from_secs(5);
+    let mut timed_out = false;
+    loop {
+        tokio::select! {
+            frame = reader.next() => {
+                let Some(frame) = frame else { break };
+                // Frames already waiting are merged into one `message_update` (the latest
+                // partial holds every earlier delta), so a fast stream costs one push per
+                // batch instead of one per token.
+                let mut update: Option<Value> = None;
+                let mut closed = false;
+                let mut next = Some(frame);
+                while let Some(frame) = next.take() {
+                    if let ChannelFrame::Text(text) = frame
+                        && let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text)
+                    {
+                        match ev {
+                            AssistantMessageEvent::Done { message } | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
+                            other => {
+                                let mut llm_event = serde_json::to_value(&other).unwrap_or(Value::Null);
+                                let partial = llm_event.as_object_mut().and_then(|o| o.remove("partial"));
+                                if let Some(p) = partial {
+                                    update = Some(json!({"message": p, "llm_event": llm_event}));
+                                }
+                            }
+                        }
+                    }
+                    match reader.next().now_or_never() {
+                        Some(Some(more)) => next = Some(more),
+                        Some(None) => closed = true,
+                        None => {}
+                    }
+                }
+                if let Some(u) = update {
+                    emit_transient(ctx, rec, "message_update", u).await;
+                }
+                if closed {
+                    break;
+                }
+            }
+            // A provider that fails before attaching the writer (not registered, refused the
+            // request) must not leave us waiting for a stream that will never come.
+            r = &mut call, if call_result.is_none() => {
+                let r = r.map_err(|e| StepError::Fatal(e.to_string()))?;
+                let failed = r.is_err();
+                call_result = Some(r);
+                if failed {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                timed_out = true;
+                break;
+            }
+        }
+    }
+    if call_result.is_none() && !timed_out {
+        call_result = Some(call.await.map_err(|e| StepError::Fatal(e.to_string()))?);
+    }
+    // The bus could not reach the provider at all (not registered yet after a restart, its
+    // worker gone, the call lost): nothing was decided, so the step is retried with the
+    // queue's backoff, and dead-lettered with this reason if it never gets through. A
+    // provider that answered (even with an error) decided the turn; that is recorded below.
+    if final_message.is_none()
+        && let Some(Err(e)) = &call_result
+        && is_unreachable(e)
+    {
+        let why = format!("provider::{}::stream: {e}", req.provider);
+        emit_transient(
+            ctx,
+            rec,
+            "turn_step_retry",
+            json!({"state": "assistant_streaming", "error": why}),
+        )
+        .await;
+        return Err(StepError::Transient(ErrorBody::new(e.code(), why)));
+    }
+    let message = match (final_message, timed_out, call_result) {
+        (Some(m), _, _) => m,
+        (None, true, _) => error_message(
+            req,
+            ErrorKind::Transient,
+            "the provider stream did not finish in time".into(),
+        ),
+        (None, _, Some(Err(e))) => error_message(
+            req,
+            ErrorKind::Transient,
+            format!("provider::{}::stream: {e}", req.provider),
+        ),
+        (None, _, _) => error_message(
+            req,
+            ErrorKind::Transient,
+            "the provider closed the stream without a final message".into(),
+        ),
+    };
+    let message = with_usable_call_ids(message, rec.turn_count);
+    // The stored message is the one decided on (a re-run step gets the first run's back).
+    let message = append_history(ctx, rec, vec![message], "a")
+        .await?
+        .pop()
+        .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
+    emit(rec, "message_complete", json!({"message": message}));
+    rec.last_assistant = Some(message.clone());
+    let AgentMessage::Assistant {
+        stop_reason,
+        content,
+        error_kind,
+        error_message,
+        ..
+    } = &message
+    else {
+        return Err(StepError::Fatal(
+            "the provider answered with a non-assistant message".into(),
+        ));
+    };
+    match stop_reason {
+        StopReason::Error | StopReason::Aborted => Ok(Outcome::ModelFailed {
+            kind: error_kind
+                .map(|k| {
+                    serde_json::to_value(k)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                })
+                .unwrap_or_else(|| "aborted".into()),
+            message: error_message.clone().unwrap_or_default(),
+        }),
+        _ => {
+            let calls: Vec<Call> = content
+                .iter()
+                .filter_map(|c| match c {
+                    ContentBlock::FunctionCall {
+                        id,
+                        function_id,
+                        arguments,
+                    } if function_id == AGENT_TRIGGER => Some(Call {
+                        function_call_id: id.clone(),
+                        function_id: arguments["function"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        args: arguments
+                            .get("payload")
+                            .cloned()
+                            .unwrap_or_else(|| json!({})),
+                    }),
+                    ContentBlock::FunctionCall {
+                        id,
+                        function_id,
+                        arguments,
+                    } => Some(Call {
+                        function_call_id: id.clone(),
+                        function_id: function_id.clone(),
+                        args: arguments.clone(),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            Ok(Outcome::Answered { calls })
+        }
+    }
+}
+
+/// Call ids the orchestrator can key results and approvals by: a provider id that is empty,
+/// too long, holds `/` or repeats another of the same message is replaced by
+/// `call-<turn>-<index>`, in the stored message too, so the provider's round trip still pairs
+/// each result with its call.
+pub(crate) fn with_usable_call_ids(mut message: AgentMessage, turn: u32) -> AgentMessage {
+    if let AgentMessage::Assistant { content, .. } = &mut message {
+        let mut seen = std::collections::HashSet::new();
+        for (index, block) in content.iter_mut().enumerate() {
+            if let ContentBlock::FunctionCall { id, .. } = block {
+                let usable = !id.is_empty() && id.len() <= 128 && !id.contains('/');
+                if !usable || !seen.insert(id.clone()) {
+                    let mut fresh = format!("call-{turn}-{index}");
+                    while seen.contains(&fresh) {
+                        fresh.push('_');
+                    }
+                    seen.insert(fresh.clone());
+                    *id = fresh;
+                }
+            }
+        }
+    }
+    message
+}
