@@ -1,0 +1,155 @@
+//! The deployed router's unit tests (kept apart: the router itself stays readable).
+use super::*;
+
+#[test]
+fn state_triggers_match_globs_as_the_engine_does() {
+    // A stream record as DynamoDB Streams gives it (NEW_AND_OLD_IMAGES).
+    let rec = |scope: &str, key: &str, old: Option<Value>, new: Option<Value>| {
+        let image = |v: &Option<Value>| {
+            v.as_ref()
+                .map(|v| json!({"scope": {"S": scope}, "key": {"S": key}, "value": {"S": v.to_string()}}))
+        };
+        json!({"dynamodb": {"Keys": {"scope": {"S": scope}, "key": {"S": key}}, "OldImage": image(&old), "NewImage": image(&new)}})
+    };
+    let at = |scope: &str, key: &str| rec(scope, key, None, Some(json!({})));
+    let slack = json!({"scope": "agent", "key": "session/*/turn_state"});
+    assert!(state_trigger_picks(
+        &slack,
+        &at("agent", "session/s1/turn_state")
+    ));
+    assert!(!state_trigger_picks(
+        &slack,
+        &at("agent", "session/s1/request")
+    ));
+    assert!(!state_trigger_picks(
+        &slack,
+        &at("agents", "session/s1/turn_state")
+    ));
+    assert!(state_trigger_picks(
+        &json!({"scope": "w*"}),
+        &at("watch", "any")
+    ));
+    assert!(state_trigger_picks(&json!({}), &at("anything", "at/all")));
+    assert!(!state_trigger_picks(
+        &json!({}),
+        &at("$stream:agent::events", "k")
+    ));
+
+    // `changed`: only writes that change the value at the path.
+    let parked = json!({"scope": "agent", "changed": "awaiting_approval"});
+    let (k, calls) = ("session/s1/turn_state", json!([{"function_call_id": "c1"}]));
+    let write = |old: Value, new: Value| rec("agent", k, Some(old), Some(new));
+    assert!(!state_trigger_picks(
+        &parked,
+        &write(json!({"state": "a"}), json!({"state": "b"}))
+    ));
+    assert!(state_trigger_picks(
+        &parked,
+        &write(json!({"state": "a"}), json!({"awaiting_approval": calls}))
+    ));
+    assert!(!state_trigger_picks(
+        &parked,
+        &write(
+            json!({"awaiting_approval": calls, "n": 1}),
+            json!({"awaiting_approval": calls, "n": 2})
+        )
+    ));
+    assert!(state_trigger_picks(
+        &parked,
+        &write(
+            json!({"awaiting_approval": calls}),
+            json!({"awaiting_approval": null})
+        )
+    ));
+    assert!(
+        !state_trigger_picks(
+            &parked,
+            &write(json!({"awaiting_approval": null}), json!({}))
+        ),
+        "absent and null are the same"
+    );
+    assert!(
+        state_trigger_picks(
+            &parked,
+            &rec("agent", k, None, Some(json!({"awaiting_approval": calls})))
+        ),
+        "a first write"
+    );
+    let pointer = json!({"changed": "/work/prepared/0"});
+    assert!(state_trigger_picks(
+        &pointer,
+        &write(json!({}), json!({"work": {"prepared": ["x"]}}))
+    ));
+}
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A Lambda Invoke API that throttles `throttled` once, fails `broken` with a service
+/// error (the handler may have run), and counts every request.
+async fn invoke_api() -> (String, Arc<Mutex<HashMap<String, u32>>>) {
+    use axum::extract::{Path, State};
+    use axum::http::{HeaderMap, StatusCode};
+    let hits: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    async fn handle(
+        State(hits): State<Arc<Mutex<HashMap<String, u32>>>>,
+        Path(name): Path<String>,
+    ) -> (StatusCode, HeaderMap, String) {
+        let n = {
+            let mut h = hits.lock().unwrap();
+            let n = h.entry(name.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let mut headers = HeaderMap::new();
+        let error = |status: u16, kind: &str, headers: &mut HeaderMap| {
+            headers.insert("x-amzn-errortype", kind.parse().unwrap());
+            (
+                StatusCode::from_u16(status).unwrap(),
+                json!({"Type": "Service", "message": kind}).to_string(),
+            )
+        };
+        let (status, body) = match (name.as_str(), n) {
+            ("throttled", 1) => error(429, "TooManyRequestsException", &mut headers),
+            ("broken", _) => error(500, "ServiceException", &mut headers),
+            _ => (StatusCode::OK, json!({"ran": n}).to_string()),
+        };
+        (status, headers, body)
+    }
+    let app = axum::Router::new()
+        .route(
+            "/2015-03-31/functions/{name}/invocations",
+            axum::routing::post(handle),
+        )
+        .with_state(hits.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, hits)
+}
+
+#[tokio::test]
+async fn an_invoke_is_retried_only_when_lambda_says_it_did_not_start() {
+    let (url, hits) = invoke_api().await;
+    let cfg = aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_lambda::config::SharedCredentialsProvider::new(
+            aws_sdk_lambda::config::Credentials::new("test", "test", None, None, "static"),
+        ))
+        .http_client(super::super::https_client())
+        .build();
+    let clients = AwsClients::from_config(cfg).with_lambda_endpoint(&url);
+    // Throttled: it did not run, so it is sent again and runs once.
+    let r = invoke(&clients, "throttled", &json!({})).await.unwrap();
+    assert_eq!(r, json!({"ran": 2}));
+    // A service error may come after the handler ran: never sent twice.
+    let e = invoke(&clients, "broken", &json!({})).await.unwrap_err();
+    assert!(e.message.contains("ServiceException"), "{}", e.message);
+    let hits = hits.lock().unwrap().clone();
+    assert_eq!(hits.get("throttled"), Some(&2));
+    assert_eq!(
+        hits.get("broken"),
+        Some(&1),
+        "a call that may have run is not repeated"
+    );
+}

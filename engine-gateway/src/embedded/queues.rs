@@ -1,0 +1,339 @@
+//! The embedded backend's queues: durable messages in redb, scheduling in memory.
+
+use super::*;
+
+impl EmbeddedBackend {
+    fn with_queue<T>(&self, queue: &str, f: impl FnOnce(&mut MemQueue) -> T) -> T {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let q = queues
+            .entry(queue.to_string())
+            .or_insert_with(|| MemQueue::new(QueueConfig::standard(queue)));
+        f(q)
+    }
+
+    fn seq_of(d: &Delivery) -> Result<u64, QueueError> {
+        d.receipt
+            .parse()
+            .map_err(|_| QueueError::Invalid(format!("unknown receipt `{}`", d.receipt)))
+    }
+}
+
+#[async_trait]
+impl QueueBackend for EmbeddedBackend {
+    async fn declare(&self, cfg: &QueueConfig) -> Result<(), QueueError> {
+        let bytes = serde_json::to_vec(cfg).map_err(qstorage)?;
+        let name = cfg.name.clone();
+        self.commit(false, |txn, log| {
+            txn.open_table(QUEUE_CONFIGS)
+                .map_err(qstorage)?
+                .insert(name.as_str(), bytes.as_slice())
+                .map_err(qstorage)?;
+            log.push(Op::QueueConfigPut(name, bytes));
+            Ok::<_, QueueError>(())
+        })
+        .await?;
+        self.with_queue(&cfg.name, |q| {
+            q.cfg = cfg.clone();
+            q.notify.notify_one();
+        });
+        Ok(())
+    }
+
+    async fn config(&self, queue: &str) -> Option<QueueConfig> {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.get(queue).map(|q| q.cfg.clone())
+    }
+
+    async fn send(&self, msg: QueueMessage) -> Result<String, QueueError> {
+        if let Some(dedup) = &msg.deduplication_id {
+            let now = Instant::now();
+            let seen = self.with_queue(&msg.queue, |q| {
+                q.expire_dedup(now);
+                q.dedup.get(dedup).map(|(id, _)| id.clone())
+            });
+            if let Some(id) = seen {
+                return Ok(id);
+            }
+        }
+        let bytes = serde_json::to_vec(&msg).map_err(qstorage)?;
+        let queue = msg.queue.clone();
+        let seqs = self.queue_seq.clone();
+        let deferred = crate::state::baggage_defers(msg.baggage.as_deref());
+        let seq = self
+            .commit(deferred, |txn, log| {
+                let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
+                txn.open_table(QUEUE_MSGS)
+                    .map_err(qstorage)?
+                    .insert((queue.as_str(), seq), bytes.as_slice())
+                    .map_err(qstorage)?;
+                log.push(Op::MsgPut(queue, seq, bytes));
+                Ok::<_, QueueError>(seq)
+            })
+            .await?;
+        let id = msg.id.clone();
+        self.with_queue(&msg.queue.clone(), |q| {
+            if let Some(dedup) = &msg.deduplication_id {
+                let now = Instant::now();
+                q.dedup.insert(dedup.clone(), (id.clone(), now));
+                q.dedup_order.push_back((now, dedup.clone()));
+            }
+            q.msgs.insert(
+                seq,
+                MemMsg {
+                    message: msg,
+                    visible_at: Instant::now(),
+                    in_flight: false,
+                },
+            );
+            q.notify.notify_one();
+        });
+        Ok(id)
+    }
+
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let now = Instant::now();
+            let (batch, next_visible, notify) = self.with_queue(queue, |q| {
+                let fifo = q.cfg.kind == QueueKind::Fifo;
+                let mut blocked: HashSet<&str> = HashSet::new();
+                if fifo {
+                    for m in q.msgs.values() {
+                        if let (true, Some(g)) = (m.in_flight, m.message.group.as_deref()) {
+                            blocked.insert(g);
+                        }
+                    }
+                }
+                let mut picked = Vec::new();
+                let mut next_visible: Option<Instant> = None;
+                for (seq, m) in q.msgs.iter() {
+                    if picked.len() >= max {
+                        break;
+                    }
+                    let group = m.message.group.as_deref().filter(|_| fifo);
+                    if let Some(g) = group
+                        && blocked.contains(g)
+                    {
+                        continue;
+                    }
+                    if m.in_flight {
+                        continue;
+                    }
+                    if m.visible_at > now {
+                        next_visible =
+                            Some(next_visible.map_or(m.visible_at, |n| n.min(m.visible_at)));
+                        if let Some(g) = group {
+                            // The group's head is waiting out its backoff: the group waits too.
+                            blocked.insert(g);
+                        }
+                        continue;
+                    }
+                    if let Some(g) = group {
+                        blocked.insert(g);
+                    }
+                    picked.push(*seq);
+                }
+                let mut batch = Vec::with_capacity(picked.len());
+                for seq in picked {
+                    if let Some(m) = q.msgs.get_mut(&seq) {
+                        m.in_flight = true;
+                        batch.push(Delivery {
+                            message: m.message.clone(),
+                            receipt: seq.to_string(),
+                            attempt: m.message.attempts + 1,
+                        });
+                    }
+                }
+                (batch, next_visible, q.notify.clone())
+            });
+            if !batch.is_empty() {
+                return Ok(batch);
+            }
+            let mut wake = deadline;
+            if let Some(nv) = next_visible {
+                let nv = tokio::time::Instant::from_std(nv);
+                if nv < wake {
+                    wake = nv;
+                }
+            }
+            if tokio::time::timeout_at(wake, notify.notified())
+                .await
+                .is_err()
+                && tokio::time::Instant::now() >= deadline
+            {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    async fn ack(&self, d: &Delivery) -> Result<(), QueueError> {
+        let seq = Self::seq_of(d)?;
+        let queue = d.message.queue.clone();
+        // A message sent with deferred durability is acknowledged the same way: losing the
+        // acknowledgement in a crash redelivers a step whose writes were lost with it.
+        let deferred = crate::state::baggage_defers(d.message.baggage.as_deref());
+        // The handler is done: free its FIFO group for the next message now, while the
+        // acknowledgement commits. If that commit is lost, a restart delivers the message once
+        // more, as a crash between handler and acknowledgement always could (at least once).
+        self.with_queue(&d.message.queue, |q| {
+            q.msgs.remove(&seq);
+            q.notify.notify_one();
+        });
+        self.commit(deferred, |txn, log| {
+            txn.open_table(QUEUE_MSGS)
+                .map_err(qstorage)?
+                .remove((queue.as_str(), seq))
+                .map_err(qstorage)?;
+            log.push(Op::MsgDel(queue, seq));
+            Ok::<_, QueueError>(())
+        })
+        .await
+    }
+
+    async fn fail(
+        &self,
+        d: &Delivery,
+        error: &str,
+        delay: Duration,
+        dead_letter: bool,
+    ) -> Result<(), QueueError> {
+        let seq = Self::seq_of(d)?;
+        let mut message = d.message.clone();
+        message.attempts = d.attempt;
+        message.last_error = Some(error.chars().take(2000).collect());
+        let bytes = serde_json::to_vec(&message).map_err(qstorage)?;
+        let queue = message.queue.clone();
+        self.commit(false, |txn, log| {
+            let mut msgs = txn.open_table(QUEUE_MSGS).map_err(qstorage)?;
+            if dead_letter {
+                msgs.remove((queue.as_str(), seq)).map_err(qstorage)?;
+                txn.open_table(QUEUE_DEAD)
+                    .map_err(qstorage)?
+                    .insert((queue.as_str(), seq), bytes.as_slice())
+                    .map_err(qstorage)?;
+                log.push(Op::MsgDel(queue.clone(), seq));
+                log.push(Op::DeadPut(queue, seq, bytes));
+            } else {
+                msgs.insert((queue.as_str(), seq), bytes.as_slice())
+                    .map_err(qstorage)?;
+                log.push(Op::MsgPut(queue, seq, bytes));
+            }
+            Ok::<_, QueueError>(())
+        })
+        .await?;
+        self.with_queue(&d.message.queue, |q| {
+            if dead_letter {
+                q.msgs.remove(&seq);
+            } else if let Some(m) = q.msgs.get_mut(&seq) {
+                m.message = message;
+                m.in_flight = false;
+                m.visible_at = Instant::now() + delay;
+            }
+            q.notify.notify_one();
+        });
+        Ok(())
+    }
+
+    async fn release(&self, d: &Delivery, delay: Duration) -> Result<(), QueueError> {
+        let seq = Self::seq_of(d)?;
+        self.with_queue(&d.message.queue, |q| {
+            if let Some(m) = q.msgs.get_mut(&seq) {
+                m.in_flight = false;
+                m.visible_at = Instant::now() + delay;
+            }
+            q.notify.notify_one();
+        });
+        Ok(())
+    }
+
+    async fn redrive(&self, queue: &str) -> Result<usize, QueueError> {
+        let name = queue.to_string();
+        let seqs = self.queue_seq.clone();
+        let moved = self
+            .commit(false, |txn, log| {
+                let mut out = Vec::new();
+                {
+                    let mut dead = txn.open_table(QUEUE_DEAD).map_err(qstorage)?;
+                    let mut msgs = txn.open_table(QUEUE_MSGS).map_err(qstorage)?;
+                    let mut revived = Vec::new();
+                    for row in dead
+                        .range((name.as_str(), 0)..=(name.as_str(), u64::MAX))
+                        .map_err(qstorage)?
+                    {
+                        let (k, v) = row.map_err(qstorage)?;
+                        let mut m: QueueMessage =
+                            serde_json::from_slice(v.value()).map_err(qstorage)?;
+                        m.attempts = 0;
+                        revived.push((k.value().1, m));
+                    }
+                    for (old_seq, m) in revived {
+                        dead.remove((name.as_str(), old_seq)).map_err(qstorage)?;
+                        let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
+                        let bytes = serde_json::to_vec(&m).map_err(qstorage)?;
+                        msgs.insert((name.as_str(), seq), bytes.as_slice())
+                            .map_err(qstorage)?;
+                        log.push(Op::DeadDel(name.clone(), old_seq));
+                        log.push(Op::MsgPut(name.clone(), seq, bytes));
+                        out.push((seq, m));
+                    }
+                }
+                Ok::<_, QueueError>(out)
+            })
+            .await?;
+        let count = moved.len();
+        self.with_queue(queue, |q| {
+            let now = Instant::now();
+            for (seq, message) in moved {
+                q.msgs.insert(
+                    seq,
+                    MemMsg {
+                        message,
+                        visible_at: now,
+                        in_flight: false,
+                    },
+                );
+            }
+            q.notify.notify_one();
+        });
+        Ok(count)
+    }
+
+    async fn dead_letters(&self, queue: &str) -> Result<Vec<QueueMessage>, QueueError> {
+        let name = queue.to_string();
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(qstorage)?;
+            let dead = read.open_table(QUEUE_DEAD).map_err(qstorage)?;
+            let mut out = Vec::new();
+            for row in dead
+                .range((name.as_str(), 0)..=(name.as_str(), u64::MAX))
+                .map_err(qstorage)?
+            {
+                let (_, v) = row.map_err(qstorage)?;
+                out.push(serde_json::from_slice(v.value()).map_err(qstorage)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
+        let dead = self.dead_letters(queue).await?.len();
+        Ok(self.with_queue(queue, |q| QueueStats {
+            pending: q.msgs.values().filter(|m| !m.in_flight).count(),
+            in_flight: q.msgs.values().filter(|m| m.in_flight).count(),
+            dead,
+        }))
+    }
+
+    async fn queues(&self) -> Vec<QueueConfig> {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<QueueConfig> = queues.values().map(|q| q.cfg.clone()).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}

@@ -1,0 +1,333 @@
+//! The session tree in state: session heads, entries, sequence numbers (allocated with a
+//! memo of the last head this worker wrote), and chains of appends.
+
+use super::*;
+
+pub async fn load_meta(ctx: &Ctx, sid: &str) -> Result<Option<SessionMeta>, ErrorBody> {
+    let v = ctx.state_get(INDEX, sid).await.map_err(storage)?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))
+}
+
+pub(crate) async fn require_meta(ctx: &Ctx, sid: &str) -> Result<SessionMeta, ErrorBody> {
+    load_meta(ctx, sid).await?.ok_or_else(|| not_found(sid))
+}
+
+pub async fn load_entries(ctx: &Ctx, sid: &str) -> Result<Vec<Entry>, ErrorBody> {
+    let v = ctx
+        .state_list(ENTRIES, Some(&format!("{sid}/")))
+        .await
+        .map_err(storage)?;
+    let mut out = Vec::new();
+    for item in v["items"].as_array().into_iter().flatten() {
+        match serde_json::from_value::<Entry>(item["value"].clone()) {
+            Ok(e) => out.push(e),
+            Err(e) => {
+                tracing::warn!(key = %item["key"], error = %e, "unreadable session entry skipped")
+            }
+        }
+    }
+    out.sort_by_key(|e| e.seq);
+    Ok(out)
+}
+
+pub(crate) async fn load_entry(
+    ctx: &Ctx,
+    sid: &str,
+    eid: &str,
+) -> Result<Option<Entry>, ErrorBody> {
+    let v = ctx
+        .state_get(ENTRIES, &entry_key(sid, eid))
+        .await
+        .map_err(storage)?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable entry `{eid}`: {e}")))
+}
+
+/// A fresh session's meta, with the request's `title` and `metadata`.
+pub(crate) fn new_meta(sid: &str, data: &Value) -> SessionMeta {
+    let t = now();
+    SessionMeta {
+        session_id: sid.to_string(),
+        created_at_ms: t,
+        updated_at_ms: t,
+        seq: 0,
+        title: data["title"].as_str().map(str::to_owned),
+        copied_from: None,
+        metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
+    }
+}
+
+/// Create the session's meta if absent → (meta, created).
+pub(crate) async fn create_meta(
+    ctx: &Ctx,
+    meta: SessionMeta,
+) -> Result<(SessionMeta, bool), ErrorBody> {
+    let value = serde_json::to_value(&meta).map_err(|e| ErrorBody::invalid(e.to_string()))?;
+    match ctx.state_set_if(INDEX, &meta.session_id, value, 0).await {
+        Ok(_) => Ok((meta, true)),
+        Err(BusError::VersionConflict(_)) => {
+            let existing = require_meta(ctx, &meta.session_id).await?;
+            Ok((existing, false))
+        }
+        Err(e) => Err(storage(e)),
+    }
+}
+
+/// Reserve `n` entry seq numbers → the first one, and the index version written.
+pub(crate) async fn alloc_seq(
+    ctx: &Ctx,
+    sid: &str,
+    n: u64,
+) -> Result<(u64, Option<u64>), ErrorBody> {
+    let out = ctx
+        .state_update(
+            INDEX,
+            sid,
+            json!([{"type": "increment", "path": "seq", "by": n}, {"type": "set", "path": "updated_at_ms", "value": now()}]),
+        )
+        .await
+        .map_err(storage)?;
+    let last = out["new_value"]["seq"].as_f64().unwrap_or(0.0) as u64;
+    let version = out["version"].as_u64();
+    if let Some(version) = version {
+        memo::wrote_index(sid, out["new_value"].clone(), version);
+    }
+    Ok((last + 1 - n, version))
+}
+
+/// What this process last wrote to a session's index, and the entry it appended after.
+///
+/// An append whose parent is that entry (the orchestrator's next append, nearly always) writes
+/// the index conditionally on the remembered version, without reading it first and without
+/// reading the parent. The condition holding proves nobody wrote the index since (versions
+/// never repeat), so the remembered entry was written to this same store and still exists
+/// (entries are never deleted). Two reads fewer per append; any other writer of the index
+/// makes the condition fail, and the append takes the checked path.
+pub(crate) mod memo {
+    use serde_json::Value;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Sessions remembered; the map is emptied when it is full (a miss only costs the reads).
+    const SESSIONS: usize = 1024;
+
+    #[derive(Clone)]
+    pub struct Memo {
+        pub index: Value,
+        pub version: u64,
+        pub last_entry: Option<String>,
+    }
+
+    static MEMOS: Mutex<Option<HashMap<String, Memo>>> = Mutex::new(None);
+
+    fn with<T>(f: impl FnOnce(&mut HashMap<String, Memo>) -> T) -> T {
+        let mut g = MEMOS.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.get_or_insert_with(HashMap::new))
+    }
+
+    pub fn get(sid: &str) -> Option<Memo> {
+        with(|m| m.get(sid).cloned())
+    }
+
+    pub fn forget(sid: &str) {
+        with(|m| m.remove(sid));
+    }
+
+    pub fn wrote_index(sid: &str, index: Value, version: u64) {
+        with(|m| {
+            if m.len() >= SESSIONS && !m.contains_key(sid) {
+                m.clear();
+            }
+            m.insert(
+                sid.to_string(),
+                Memo {
+                    index,
+                    version,
+                    last_entry: None,
+                },
+            );
+        })
+    }
+
+    /// `entry` is stored, after the index write at `version`.
+    pub fn appended(sid: &str, version: u64, entry: &str) {
+        with(|m| {
+            if let Some(memo) = m.get_mut(sid).filter(|memo| memo.version == version) {
+                memo.last_entry = Some(entry.to_string());
+            }
+        })
+    }
+}
+
+/// The fast path of an append after `parent`: `Some(first seq)` when this process's memo of
+/// the session says `parent` is the entry it appended last and the index is unchanged since.
+pub(crate) async fn alloc_seq_after(
+    ctx: &Ctx,
+    sid: &str,
+    parent: &str,
+    n: u64,
+) -> Result<Option<(u64, u64)>, ErrorBody> {
+    let Some(m) = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) else {
+        return Ok(None);
+    };
+    let mut index = m.index;
+    let last = index["seq"].as_u64().unwrap_or(0) + n;
+    index["seq"] = json!(last);
+    index["updated_at_ms"] = json!(now());
+    match ctx.state_set_if(INDEX, sid, index.clone(), m.version).await {
+        Ok(out) => {
+            let version = out["version"].as_u64().unwrap_or(m.version + 1);
+            memo::wrote_index(sid, index, version);
+            Ok(Some((last + 1 - n, version)))
+        }
+        Err(BusError::VersionConflict(_)) => {
+            memo::forget(sid);
+            Ok(None)
+        }
+        Err(e) => Err(storage(e)),
+    }
+}
+
+/// Where an append attaches.
+pub enum Parent {
+    /// The session's current leaf (`parent_id` absent).
+    Leaf,
+    /// A new root (`parent_id: null`).
+    Root,
+    Id(String),
+}
+
+impl Parent {
+    pub(crate) fn from_request(data: &Value) -> Result<Parent, ErrorBody> {
+        match data.get("parent_id") {
+            None => Ok(Parent::Leaf),
+            Some(Value::Null) => Ok(Parent::Root),
+            Some(Value::String(s)) => Ok(Parent::Id(s.clone())),
+            Some(_) => Err(ErrorBody::invalid("`parent_id` must be a string or null")),
+        }
+    }
+}
+
+/// Append entries as a chain (each the parent of the next) → each stored entry and whether
+/// this call created it.
+pub async fn append_chain(
+    ctx: &Ctx,
+    sid: &str,
+    parent: Parent,
+    inputs: Vec<EntryInput>,
+) -> Result<Vec<(Entry, bool)>, ErrorBody> {
+    for input in &inputs {
+        if let Some(id) = &input.id {
+            valid_id("id", id)?;
+        }
+    }
+    let fast = match &parent {
+        Parent::Id(p) if !inputs.is_empty() => alloc_seq_after(ctx, sid, p, inputs.len() as u64)
+            .await?
+            .map(|(first, version)| (first, Some(p.clone()), Some(version))),
+        _ => None,
+    };
+    let (first_seq, mut parent, index_version) = match fast {
+        Some(reserved) => reserved,
+        None => match checked_alloc(ctx, sid, parent, inputs.len()).await? {
+            Some(reserved) => reserved,
+            None => return Ok(Vec::new()),
+        },
+    };
+    let mut out = Vec::with_capacity(inputs.len());
+    for (i, input) in inputs.into_iter().enumerate() {
+        let entry = Entry {
+            id: input.id.unwrap_or_else(new_id),
+            parent_id: parent.clone(),
+            timestamp: input.timestamp.unwrap_or_else(now),
+            seq: first_seq + i as u64,
+            body: input.body,
+        };
+        let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
+        let stored = match ctx
+            .state_set_if(ENTRIES, &entry_key(sid, &entry.id), value, 0)
+            .await
+        {
+            Ok(_) => (entry, true),
+            // Already appended (a retried step): the stored entry is the truth.
+            Err(BusError::VersionConflict(_)) => (
+                load_entry(ctx, sid, &entry.id)
+                    .await?
+                    .ok_or_else(|| entry_not_found(sid, &entry.id))?,
+                false,
+            ),
+            Err(e) => return Err(storage(e)),
+        };
+        parent = Some(stored.0.id.clone());
+        out.push(stored);
+    }
+    if let (Some(version), Some(last)) = (index_version, out.last()) {
+        memo::appended(sid, version, &last.0.id);
+    }
+    Ok(out)
+}
+
+/// The checked path of an append: the session and the parent exist → (the first of `n` seq
+/// numbers reserved, the parent, the index version written), or None when there is nothing
+/// to append.
+pub(crate) async fn checked_alloc(
+    ctx: &Ctx,
+    sid: &str,
+    parent: Parent,
+    n: usize,
+) -> Result<Option<(u64, Option<String>, Option<u64>)>, ErrorBody> {
+    // The session and the parent are checked at once (two reads, one round trip of latency).
+    // A parent named by id that exists proves the session does too (entries are written
+    // only into sessions that exist, and sessions are never deleted): one read, not two.
+    let named_parent = matches!(parent, Parent::Id(_));
+    let parent_check = async {
+        match parent {
+            Parent::Root => Ok(None),
+            Parent::Id(p) => {
+                if load_entry(ctx, sid, &p).await?.is_none() {
+                    return Err(entry_not_found(sid, &p));
+                }
+                Ok(Some(p))
+            }
+            Parent::Leaf => Ok(tree::leaf(&load_entries(ctx, sid).await?).map(|e| e.id.clone())),
+        }
+    };
+    let session_check = async {
+        if named_parent {
+            Ok(())
+        } else {
+            require_meta(ctx, sid).await.map(|_| ())
+        }
+    };
+    let (meta, parent) = tokio::join!(session_check, parent_check);
+    meta?;
+    let parent = parent?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let (first_seq, version) = alloc_seq(ctx, sid, n as u64).await?;
+    Ok(Some((first_seq, parent, version)))
+}
+
+pub(crate) fn entry_input(mut v: Value) -> Result<EntryInput, ErrorBody> {
+    // Shorthand: a bare AgentMessage under `message`.
+    if v.get("type").is_none() && v.get("message").is_some() {
+        v["type"] = json!("message");
+    }
+    serde_json::from_value(v).map_err(|e| ErrorBody::invalid(format!("invalid entry: {e}")))
+}
+
+pub(crate) fn stored_json(stored: &(Entry, bool)) -> Value {
+    json!({"entry_id": stored.0.id, "created": stored.1, "entry": stored.0})
+}
+
+// ------------------------------------------------------------------ session-tree::*
