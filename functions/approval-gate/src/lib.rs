@@ -8,7 +8,13 @@
 //! deletes it (consumed once). A leftover decision of another call under the same id is
 //! replaced, never reused.
 
-use harness_sdk::{BusError, Ctx, ErrorBody, RegisterFunction, Worker};
+use harness_sdk::contracts::{
+    self,
+    approval::{
+        DecisionRecord, ListPendingAnswer, ListPendingRequest, ResolveAnswer, ResolveRequest,
+    },
+};
+use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, RegisterFunction, Worker};
 use serde_json::{Value, json};
 
 fn invalid(why: &str) -> Value {
@@ -27,19 +33,19 @@ fn parked(record: &Value) -> Vec<Value> {
 }
 
 pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
-    let Some(sid) = id_ok(data["session_id"].as_str()) else {
+    let req: ResolveRequest = match contracts::parse("approval::resolve", data) {
+        Ok(r) => r,
+        Err(e) => return Ok(invalid(&e)),
+    };
+    let Some(sid) = id_ok(Some(&req.session_id)) else {
         return Ok(invalid(
             "`session_id` must be a non-empty string without `/`",
         ));
     };
-    let Some(cid) = id_ok(data["function_call_id"].as_str()) else {
+    let Some(cid) = id_ok(Some(&req.function_call_id)) else {
         return Ok(invalid(
             "`function_call_id` must be a non-empty string without `/`",
         ));
-    };
-    let decision = match data["decision"].as_str() {
-        Some(d @ ("allow" | "deny" | "aborted")) => d,
-        _ => return Ok(invalid("`decision` must be allow, deny or aborted")),
     };
     let record = ctx
         .state_get("agent", &format!("session/{sid}/turn_state"))
@@ -60,14 +66,16 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     };
     let function_id = call["function_id"].as_str().unwrap_or_default();
     let hash = harness_sdk::messages::args_hash(&call["args"]);
-    let value = json!({
-        "decision": decision,
-        "reason": data["reason"].as_str().unwrap_or(""),
-        "decided_by": data["decided_by"].as_str().unwrap_or("unknown"),
-        "decided_at": engine_gateway::trace::now_ms(),
-        "function_id": function_id,
-        "args_hash": hash,
-    });
+    let value = DecisionRecord {
+        decision: req.decision,
+        reason: req.reason.unwrap_or_default(),
+        decided_by: req.decided_by.unwrap_or_else(|| "unknown".into()),
+        decided_at: engine_gateway::trace::now_ms(),
+        function_id: function_id.to_string(),
+        args_hash: hash.clone(),
+    };
+    let value = serde_json::to_value(&value)
+        .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))?;
     let key = format!("{sid}/{cid}");
     // A record may already be there: this call's decision (someone decided first), or one
     // left by an earlier call under the same id that was never consumed (a crash between
@@ -117,10 +125,14 @@ pub async fn list_pending(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 pub fn worker() -> Worker {
     let mut w = Worker::new("approval-gate");
-    let mut d = RegisterFunction::new("approval::resolve").public();
+    let mut d = RegisterFunction::new("approval::resolve")
+        .public()
+        .contract::<ResolveRequest, ResolveAnswer>();
     d.description = Some("Decide a parked call: {session_id, function_call_id, decision: allow|deny|aborted, reason?, decided_by?} → {ok} | {ok:false, error: invalid_payload|not_pending|resume_failed}.".into());
     w.register_function(d, resolve);
-    let mut d = RegisterFunction::new("approval::list_pending").public();
+    let mut d = RegisterFunction::new("approval::list_pending")
+        .public()
+        .contract::<ListPendingRequest, ListPendingAnswer>();
     d.description = Some("Parked calls, optionally of one session.".into());
     w.register_function(d, list_pending);
     w

@@ -162,11 +162,14 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     let mut w = Worker::new("auth-credentials");
     let a = auth.clone();
     w.register_function(
-        def(
+        harness_sdk::DefExt::contract::<
+            harness_sdk::contracts::auth::GetTokenRequest,
+            harness_sdk::contracts::auth::GetTokenAnswer,
+        >(def(
             "auth::get_token",
             "The provider's credential: stored first, then its environment variable; null if none.",
             &["provider"],
-        ),
+        )),
         move |_c, d: Value| {
             let a = a.clone();
             async move {

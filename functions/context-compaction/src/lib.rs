@@ -45,6 +45,26 @@ impl Default for Settings {
     }
 }
 
+/// The session's model context and the entry each message came from.
+async fn session_messages(
+    ctx: &Ctx,
+    sid: &str,
+) -> Result<(Vec<AgentMessage>, Vec<String>), ErrorBody> {
+    use harness_sdk::contracts::session_tree::{MESSAGES, MessagesAnswer, MessagesRequest};
+    let v = ctx
+        .trigger(
+            MESSAGES,
+            json!(MessagesRequest {
+                session_id: sid.to_string(),
+                leaf_id: None,
+            }),
+        )
+        .await?;
+    let answer: MessagesAnswer = harness_sdk::contracts::parse(MESSAGES, v)
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable session messages: {e}")))?;
+    Ok((answer.messages, answer.entry_ids))
+}
+
 fn now() -> u64 {
     harness_sdk::messages::now_ms()
 }
@@ -144,13 +164,7 @@ async fn compact_locked(
     let (provider, model) = model_of(ctx, sid, data).await?;
     let window = context_window(ctx, &provider, &model).await;
     let usable = plan::usable_with(window, s.reserved_tokens);
-    let tree = ctx
-        .trigger("session-tree::messages", json!({"session_id": sid}))
-        .await?;
-    let messages: Vec<AgentMessage> = serde_json::from_value(tree["messages"].clone())
-        .map_err(|e| ErrorBody::new("storage", format!("unreadable session messages: {e}")))?;
-    let entry_ids: Vec<String> =
-        serde_json::from_value(tree["entry_ids"].clone()).unwrap_or_default();
+    let (messages, entry_ids) = session_messages(ctx, sid).await?;
     let tokens_before = plan::estimate(&messages);
     if !force && tokens_before <= usable {
         return Ok(
@@ -266,13 +280,7 @@ async fn prune_tool_outputs(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<V
     let over = data["max_chars"]
         .as_u64()
         .map_or(s.prune_over_chars, |n| n as usize);
-    let tree = ctx
-        .trigger("session-tree::messages", json!({"session_id": sid}))
-        .await?;
-    let messages: Vec<AgentMessage> =
-        serde_json::from_value(tree["messages"].clone()).unwrap_or_default();
-    let entry_ids: Vec<String> =
-        serde_json::from_value(tree["entry_ids"].clone()).unwrap_or_default();
+    let (messages, entry_ids) = session_messages(&ctx, &sid).await?;
     // The last turns stay whole.
     let protected_from = messages
         .iter()
@@ -375,8 +383,7 @@ pub fn worker_with(settings: Settings) -> Worker {
     let mut w = Worker::new("context-compaction");
     w.register_function(
         def("context-compaction::compact_now", "Compact the session if its context is over the model's usable window (window − reserved_tokens, 20 000 unless configured).")
-            .request(json!({"session_id": "string", "provider": "optional (default: the run's)", "model": "optional", "force": "optional bool", "emit_event": "optional bool (default true): emit compaction_done"}))
-            .response(json!({"status": status, "tokens_before": "number", "tokens_after": "number", "compaction_entry_id": "string", "tail_start_id": "string", "summary_text": "string"}))
+            .contract::<harness_sdk::contracts::compaction::CompactRequest, harness_sdk::contracts::compaction::CompactAnswer>()
             .errors(errs),
         with(&s, |s, c, d| Box::pin(compact_now(s, c, d))),
     );

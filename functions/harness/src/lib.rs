@@ -2,9 +2,10 @@
 //! for operators); `harness::trigger` and the UI plane (`ui::subscribe`) come with the turn.
 
 pub mod policy;
+pub mod types;
 
 use engine_gateway::secrets::SecretStore;
-use harness_sdk::{ErrorBody, RegisterFunction, Worker};
+use harness_sdk::{DefExt, ErrorBody, RegisterFunction, Worker};
 use policy::{Policy, PolicyError};
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -268,35 +269,28 @@ impl PolicyHolder {
 
 /// The policy worker over `holder`.
 pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
-    let mut def = RegisterFunction::new("policy::check_permissions");
+    use harness_sdk::contracts::policy::{CheckAnswer, CheckRequest};
+    let mut def =
+        RegisterFunction::new("policy::check_permissions").contract::<CheckRequest, CheckAnswer>();
     def.description = Some(
         "Decide allow / deny / needs_approval for one function call, from iii-permissions.yaml."
             .into(),
-    );
-    def.request_format = Some(
-        json!({"type": "object", "required": ["function_id"], "properties": {"function_id": {"type": "string"}, "args": {}, "session_id": {"type": "string"}}}),
-    );
-    def.response_format = Some(
-        json!({"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["allow", "deny", "needs_approval"]}, "rule_id": {"type": "string"}, "matched_constraint": {}}}),
     );
     let h = holder.clone();
     let mut w = Worker::new("harness");
     w.register_function(def, move |_ctx, data: Value| {
         let h = h.clone();
         async move {
-            let function_id = engine_gateway::builtins::req_str(&data, "function_id")?;
-            let args = data.get("args").cloned().unwrap_or(Value::Null);
-            let session = data.get("session_id").and_then(Value::as_str);
+            let req: CheckRequest =
+                harness_sdk::contracts::parse("policy::check_permissions", data)
+                    .map_err(ErrorBody::invalid)?;
             h.refresh().await;
-            let decision = h.decide_in(&function_id, &args, session);
+            let decision = h.decide_in(&req.function_id, &req.args, req.session_id.as_deref());
             let network = matches!(decision, policy::Decision::Allow { .. })
-                && h.network_granted(&function_id, &args);
-            let mut out = serde_json::to_value(decision)
-                .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))?;
-            if network {
-                out["network"] = json!(true);
-            }
-            Ok(out)
+                && h.network_granted(&req.function_id, &req.args);
+            let answer = policy::answer(decision, network);
+            serde_json::to_value(answer)
+                .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
         }
     });
     let mut status = RegisterFunction::new("policy::status");
@@ -356,7 +350,10 @@ async fn trigger_with_defaults(
         .with_baggage(engine_gateway::trace::ATTR_MESSAGE_ID, &message_id);
     let body = ctx.trigger("run::start", payload).await?;
     let status = if body["started"] == true { 200 } else { 409 };
-    Ok(json!({"status_code": status, "body": body}))
+    Ok(json!(types::TriggerAnswer {
+        status_code: status,
+        body,
+    }))
 }
 
 /// The harness entry function, to add to a harness worker.
@@ -367,7 +364,9 @@ pub fn add_trigger(w: &mut Worker) {
 /// The entry function with run defaults: `{provider, model, max_turns, mode, …}` fill what a
 /// payload leaves out.
 pub fn add_trigger_with(w: &mut Worker, defaults: Value) {
-    let mut d = RegisterFunction::new("harness::trigger").public();
+    let mut d = RegisterFunction::new("harness::trigger")
+        .public()
+        .contract::<types::TriggerRequest, types::TriggerAnswer>();
     d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
     let defaults = Arc::new(defaults);
     w.register_function(d, move |ctx, data| {
@@ -445,7 +444,12 @@ async fn ui_change(
         )
         .await?;
     }
-    Ok(json!({"ok": true, "browser_id": browser, "all": sub.all, "sessions": sub.sessions}))
+    Ok(json!(types::UiAnswer {
+        ok: true,
+        browser_id: browser,
+        all: sub.all,
+        sessions: sub.sessions,
+    }))
 }
 
 async fn ui_on_event(
@@ -493,13 +497,17 @@ async fn ui_on_event(
 /// Add `ui::subscribe`, `ui::unsubscribe` and the `agent::events` push to a harness worker.
 pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::subscribe").public();
+    let mut d = RegisterFunction::new("ui::subscribe")
+        .public()
+        .contract::<types::UiRequest, types::UiAnswer>();
     d.description = Some("Push a session's agent::events (or every session's, session_id null) to a browser connection: {browser_id, session_id|null}.".into());
     w.register_function(d, move |ctx, data: Value| {
         ui_change(h.clone(), ctx, data, true)
     });
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::unsubscribe").public();
+    let mut d = RegisterFunction::new("ui::unsubscribe")
+        .public()
+        .contract::<types::UiRequest, types::UiAnswer>();
     d.description = Some("Stop pushes to a browser: {browser_id, session_id|null (all)}.".into());
     w.register_function(d, move |ctx, data: Value| {
         ui_change(h.clone(), ctx, data, false)

@@ -28,6 +28,25 @@ pub enum Decision {
     NeedsApproval,
 }
 
+/// A decision as `policy::check_permissions` answers it.
+pub fn answer(d: Decision, network: bool) -> harness_sdk::contracts::policy::CheckAnswer {
+    use harness_sdk::contracts::policy::{CheckAnswer, Decision as D};
+    let (decision, rule_id, matched_constraint) = match d {
+        Decision::Allow { rule_id } => (D::Allow, Some(rule_id), None),
+        Decision::Deny {
+            rule_id,
+            matched_constraint,
+        } => (D::Deny, Some(rule_id), matched_constraint),
+        Decision::NeedsApproval => (D::NeedsApproval, None, None),
+    };
+    CheckAnswer {
+        decision,
+        rule_id,
+        matched_constraint,
+        network,
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Allow,

@@ -11,7 +11,7 @@
 use engine_gateway::builtins::req_str;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, def};
+use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, contracts, def};
 use serde_json::{Map, Value, json};
 use std::time::{Duration, Instant};
 
@@ -231,8 +231,7 @@ pub fn worker() -> Worker {
     let mut w = Worker::new("hook-fanout");
     w.register_function(
         def("hook-fanout::publish_collect", "Publish to a hook topic and collect the subscribers' replies, merged.")
-            .request(json!({"topic": "string", "payload": "any", "merge_rule": "first_block_wins|field_merge|pipeline_last_wins", "timeout_ms": "default 10000, minimum 50", "expected_replies": "default: every subscriber", "quiescence_ms": "default 200"}))
-            .response(json!({"event_id": "string", "replies": [{"subscriber": "function id", "reply": "any", "duration_ms": "number"}], "merged": "first_block_wins: {block, reason?, subscriber?}; field_merge: the replies' fields merged, later wins; pipeline_last_wins: the last output", "publish": {"ok": "bool", "subscribers": "number"}, "publish_failed": "true when a subscriber failed: gating callers must deny"}))
+            .contract::<contracts::hooks::PublishCollectRequest, contracts::hooks::PublishCollectAnswer>()
             .errors(&[("invalid_message", "missing topic or unknown merge_rule")])
             .notes("Subscribe a function with a `durable:subscriber` trigger `{topic}`. It receives `{event_id, topic, payload}`; to block (first_block_wins) reply `{block: true, reason}`."),
         publish_collect,

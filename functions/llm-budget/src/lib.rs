@@ -12,7 +12,7 @@ pub mod period;
 
 use budget::*;
 use engine_gateway::builtins::req_str;
-use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
+use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, contracts, def};
 use period::Period;
 use serde_json::{Value, json};
 
@@ -460,7 +460,15 @@ pub fn worker() -> Worker {
             .errors(errs),
         delete,
     );
-    w.register_function(def("budget::check", "May this principal spend (estimated_cost_usd more)?").request(json!({"budget_id": "string", "estimated_cost_usd": "optional", "principal_id": "optional"})).response(json!({"allowed": "bool", "remaining_usd": "number", "reason": "paused|not_enforced|exempt|ceiling_exceeded"})).errors(errs), check);
+    w.register_function(
+        def(
+            "budget::check",
+            "May this principal spend (estimated_cost_usd more)?",
+        )
+        .contract::<contracts::budget::CheckRequest, contracts::budget::CheckAnswer>()
+        .errors(errs),
+        check,
+    );
     w.register_function(
         def(
             "budget::record",

@@ -143,18 +143,19 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 }
 
 async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (ErrorKind, String)> {
+    use harness_sdk::contracts::auth;
     let token = ctx
-        .trigger("auth::get_token", json!({"provider": dialect.name()}))
+        .trigger(
+            auth::GET_TOKEN,
+            json!(auth::GetTokenRequest {
+                provider: dialect.name().to_string()
+            }),
+        )
         .await
         .map_err(|e| (ErrorKind::Transient, format!("auth::get_token failed: {e}")))?;
-    let key = match token.get("type").and_then(Value::as_str) {
-        Some("api_key") => token.get("key").and_then(Value::as_str).map(str::to_owned),
-        Some("oauth") => token
-            .get("access_token")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        _ => None,
-    };
+    let token: auth::GetTokenAnswer = harness_sdk::contracts::parse(auth::GET_TOKEN, token)
+        .map_err(|e| (ErrorKind::Transient, e))?;
+    let key = token.as_ref().map(|t| t.secret().to_string());
     if key.is_none() && !dialect.credentials_optional() {
         return Err((
             ErrorKind::AuthMissing,

@@ -191,9 +191,18 @@ pub trait DefExt: Sized {
     /// `(code, when)` pairs.
     fn errors(self, errors: &[(&str, &str)]) -> Self;
     fn notes(self, notes: &str) -> Self;
+    /// The request's and the answer's JSON Schemas, from their contract types
+    /// ([`crate::contracts`]).
+    fn contract<Req: schemars::JsonSchema, Resp: schemars::JsonSchema>(self) -> Self;
 }
 
 impl DefExt for RegisterFunction {
+    fn contract<Req: schemars::JsonSchema, Resp: schemars::JsonSchema>(mut self) -> Self {
+        self.request_format = Some(crate::contracts::schema_of::<Req>());
+        self.response_format = Some(crate::contracts::schema_of::<Resp>());
+        self
+    }
+
     fn request(mut self, shape: Value) -> Self {
         self.request_format = Some(shape);
         self

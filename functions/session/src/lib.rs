@@ -16,6 +16,7 @@ use store::*;
 pub use store::{Parent, append_chain, load_entries, load_meta};
 
 use engine_gateway::builtins::req_str;
+use harness_sdk::contracts::session_tree;
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
 use serde_json::{Value, json};
 use tree::TreeError;
@@ -154,12 +155,13 @@ async fn messages(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
     let leaf = data["leaf_id"].as_str();
     let (leaf, path, context) = context_of(&ctx, &sid, leaf).await?;
-    Ok(json!({
-        "session_id": sid,
-        "leaf_id": leaf,
-        "path_length": path.len(),
-        "entry_ids": context.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(),
-        "messages": context.into_iter().map(|(_, m)| m).collect::<Vec<_>>(),
+    let (entry_ids, messages) = context.into_iter().unzip();
+    Ok(json!(session_tree::MessagesAnswer {
+        session_id: sid,
+        leaf_id: leaf,
+        path_length: path.len() as u64,
+        entry_ids,
+        messages,
     }))
 }
 
@@ -517,8 +519,7 @@ pub fn worker() -> Worker {
     );
     w.register_function(
         def("session-tree::messages", "The model context of a branch: leaf → root walk, compaction applied (summary + kept tail).")
-            .request(json!({"session_id": SID, "leaf_id": "optional (default: current leaf)"}))
-            .response(json!({"leaf_id": "string|null", "messages": ["AgentMessage"], "entry_ids": ["string"], "path_length": "number"}))
+            .contract::<session_tree::MessagesRequest, session_tree::MessagesAnswer>()
             .errors(errors)
         .public(),
         messages,

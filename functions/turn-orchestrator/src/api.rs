@@ -32,7 +32,11 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         }
     }
     let sid = req.session_id.clone();
-    let busy = json!({"session_id": sid, "started": false, "reason": "session_busy"});
+    let busy = json!(RunStartAnswer {
+        session_id: sid.clone(),
+        started: false,
+        reason: Some("session_busy".into()),
+    });
     let existing = RecordStore::load(&ctx, &sid).await.map_err(|e| match e {
         StepError::Transient(e) => e,
         StepError::Fatal(m) => ErrorBody::new("invocation_error", m),
@@ -115,20 +119,32 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         StepError::Transient(e) => e,
         _ => ErrorBody::new("enqueue_error", "could not enqueue the first step"),
     })?;
-    Ok(json!({"session_id": sid, "started": true}))
+    Ok(json!(RunStartAnswer {
+        session_id: sid,
+        started: true,
+        reason: None,
+    }))
 }
 
 pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = req_str(&data, "session_id")?;
+    let answer = |aborted, state, commands_killed| {
+        json!(RunAbortAnswer {
+            session_id: sid.clone(),
+            aborted,
+            state,
+            commands_killed,
+        })
+    };
     for _ in 0..5 {
         let Some((mut rec, mut version)) = RecordStore::load(&ctx, &sid)
             .await
             .map_err(|_| ErrorBody::new("storage_error", "cannot read the turn record"))?
         else {
-            return Ok(json!({"session_id": sid, "aborted": false, "state": null}));
+            return Ok(answer(false, None, None));
         };
         if rec.state.terminal() {
-            return Ok(json!({"session_id": sid, "aborted": false, "state": rec.state}));
+            return Ok(answer(false, Some(rec.state), None));
         }
         rec.state = TurnState::Stopped;
         rec.error = Some(TurnError {
@@ -149,9 +165,7 @@ pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
                     .await
                     .and_then(|v| v["killed"].as_u64())
                     .unwrap_or(0);
-                return Ok(
-                    json!({"session_id": sid, "aborted": true, "state": "stopped", "commands_killed": killed}),
-                );
+                return Ok(answer(true, Some(TurnState::Stopped), Some(killed)));
             }
             Err(StepError::Stale) => continue,
             Err(StepError::Transient(e)) => return Err(e),

@@ -163,17 +163,19 @@ pub(crate) async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<His
     if !rec.tree {
         return Ok(Arc::new(rec.messages.clone()));
     }
-    let mut v = ctx
+    let v = ctx
         .trigger(
-            "session-tree::messages",
-            json!({"session_id": rec.session_id}),
+            session_tree::MESSAGES,
+            json!(session_tree::MessagesRequest {
+                session_id: rec.session_id.clone(),
+                leaf_id: None,
+            }),
         )
         .await?;
-    rec.tree_leaf = v["leaf_id"].as_str().map(str::to_owned);
-    let messages: History = Arc::new(
-        serde_json::from_value(v["messages"].take())
-            .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?,
-    );
+    let answer: session_tree::MessagesAnswer = contracts::parse(session_tree::MESSAGES, v)
+        .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?;
+    rec.tree_leaf = answer.leaf_id;
+    let messages: History = Arc::new(answer.messages);
     if let Some(leaf) = &rec.tree_leaf {
         let _ = CACHE.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
     }
@@ -195,13 +197,18 @@ pub(crate) async fn history_for_event<C: Calls + ?Sized>(
     }
     match calls
         .call(
-            "session-tree::messages",
-            json!({"session_id": rec.session_id}),
+            session_tree::MESSAGES,
+            json!(session_tree::MessagesRequest {
+                session_id: rec.session_id.clone(),
+                leaf_id: None,
+            }),
             HISTORY_READ_TIMEOUT,
         )
         .await
     {
-        Ok(mut v) => serde_json::from_value(v["messages"].take()).unwrap_or_default(),
+        Ok(v) => contracts::parse::<session_tree::MessagesAnswer>(session_tree::MESSAGES, v)
+            .map(|a| a.messages)
+            .unwrap_or_default(),
         Err(_) => Vec::new(),
     }
 }

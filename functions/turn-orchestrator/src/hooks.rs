@@ -5,6 +5,9 @@
 
 use crate::types::{AFTER_CALL_TOPIC, BEFORE_CALL_TOPIC, Call, denial};
 use harness_sdk::Ctx;
+use harness_sdk::contracts::hooks::{
+    MergeRule, PUBLISH_COLLECT, PublishCollectAnswer, PublishCollectRequest,
+};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -62,24 +65,30 @@ async fn publish(
     ctx: &Ctx,
     topic: &str,
     payload: Value,
-    rule: &str,
+    merge_rule: MergeRule,
     timeout_ms: u64,
 ) -> Result<Value, String> {
+    let request = PublishCollectRequest {
+        topic: topic.to_string(),
+        payload,
+        merge_rule,
+        timeout_ms: Some(timeout_ms),
+        expected_replies: None,
+        quiescence_ms: None,
+    };
     let out = ctx
         .trigger_timeout(
-            "hook-fanout::publish_collect",
-            json!({"topic": topic, "payload": payload, "merge_rule": rule, "timeout_ms": timeout_ms}),
+            PUBLISH_COLLECT,
+            json!(request),
             Duration::from_millis(timeout_ms + 2_000),
         )
         .await
         .map_err(|e| e.to_string())?;
-    if out["publish_failed"] == true {
-        return Err(format!(
-            "a subscriber failed: {}",
-            out["publish"]["failures"]
-        ));
+    let out: PublishCollectAnswer = harness_sdk::contracts::parse(PUBLISH_COLLECT, out)?;
+    if out.publish_failed {
+        return Err(format!("a subscriber failed: {}", out.publish["failures"]));
     }
-    Ok(out["merged"].clone())
+    Ok(out.merged)
 }
 
 /// `Some(denial)` when a subscriber blocks the call (or the hook cannot be asked).
@@ -92,7 +101,7 @@ pub async fn before_call(ctx: &Ctx, hooks: &Hooks, sid: &str, call: &Call) -> Op
         ctx,
         BEFORE_CALL_TOPIC,
         payload,
-        "first_block_wins",
+        MergeRule::FirstBlockWins,
         hooks.before_timeout_ms,
     )
     .await
@@ -136,7 +145,7 @@ pub async fn after_call(
         ctx,
         AFTER_CALL_TOPIC,
         payload,
-        "field_merge",
+        MergeRule::FieldMerge,
         hooks.after_timeout_ms,
     )
     .await

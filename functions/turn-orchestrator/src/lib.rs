@@ -23,7 +23,7 @@ pub use history::InstanceCache;
 
 use api::{get_state, on_approval, run_abort, run_start};
 use driver::step;
-use harness_sdk::{RegisterFunction, Worker};
+use harness_sdk::{DefExt, RegisterFunction, Worker};
 use history::CACHE;
 use hooks::Hooks;
 use serde_json::{Value, json};
@@ -50,6 +50,9 @@ mod prelude {
     pub(crate) use engine_gateway::builtins::req_str;
     pub(crate) use engine_gateway::state::DURABILITY_BAGGAGE;
     pub(crate) use futures_util::FutureExt;
+    pub(crate) use harness_sdk::contracts::{
+        self, approval, budget, compaction, policy, session_tree,
+    };
     pub(crate) use harness_sdk::messages::{
         AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason, args_hash,
     };
@@ -139,9 +142,15 @@ pub fn worker_with(settings: Settings) -> Worker {
     ));
     let cache = Arc::new(InstanceCache::new(settings.reserved_tokens));
     let mut w = Worker::new("turn-orchestrator");
-    w.register_function(def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}."), run_start);
     w.register_function(
-        def("run::abort", "Stop a run now: {session_id}.").public(),
+        def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}.")
+            .contract::<RunRequest, RunStartAnswer>(),
+        run_start,
+    );
+    w.register_function(
+        def("run::abort", "Stop a run now: {session_id}.")
+            .public()
+            .contract::<SessionRequest, RunAbortAnswer>(),
         run_abort,
     );
     w.register_function(
@@ -149,7 +158,8 @@ pub fn worker_with(settings: Settings) -> Worker {
             "turn::get_state",
             "The TurnStateView of a session, or null.",
         )
-        .public(),
+        .public()
+        .contract::<SessionRequest, Option<TurnStateView>>(),
         get_state,
     );
     for state in [

@@ -1,6 +1,7 @@
 //! Wire contracts of the turn (SPEC §3 turn-orchestrator).
 
 use harness_sdk::messages::AgentMessage;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -37,7 +38,7 @@ pub struct Prompt {
     pub tools: Vec<harness_sdk::messages::ToolSpec>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnState {
     Provisioning,
@@ -69,7 +70,7 @@ impl TurnState {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct RunRequest {
     pub session_id: String,
     #[serde(default)]
@@ -103,7 +104,7 @@ pub const DEFAULT_SKILLS: &[&str] = &["iii://iii-directory/index"];
 pub const MAX_DEFAULT_SKILLS: usize = 16;
 pub const MAX_SKILL_ID_LEN: usize = 256;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Call {
     pub function_call_id: String,
     /// The function the agent asked for (`agent_trigger`'s `function`).
@@ -128,7 +129,7 @@ pub struct Work {
     pub executed: std::collections::BTreeMap<String, Executed>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TurnError {
     pub kind: String,
     pub message: String,
@@ -185,15 +186,60 @@ pub struct Record {
 impl Record {
     /// What the UI sees (never the work list).
     pub fn view(&self) -> Value {
-        serde_json::json!({
-            "session_id": self.session_id,
-            "state": self.state,
-            "turn_count": self.turn_count,
-            "max_turns": self.max_turns,
-            "awaiting_approval": self.awaiting_approval,
-            "error": self.error,
-        })
+        serde_json::to_value(self.state_view()).unwrap_or(Value::Null)
     }
+
+    pub fn state_view(&self) -> TurnStateView {
+        TurnStateView {
+            session_id: self.session_id.clone(),
+            state: self.state,
+            turn_count: self.turn_count,
+            max_turns: self.max_turns,
+            awaiting_approval: self.awaiting_approval.clone(),
+            error: self.error.clone(),
+        }
+    }
+}
+
+/// SPEC `TurnStateView`: a session's turn as `turn::get_state` and `turn_state_changed` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TurnStateView {
+    pub session_id: String,
+    pub state: TurnState,
+    pub turn_count: u32,
+    pub max_turns: Option<u32>,
+    /// The calls waiting for a human.
+    pub awaiting_approval: Option<Vec<Call>>,
+    /// Why the run ended, when it did not end by itself.
+    pub error: Option<TurnError>,
+}
+
+/// `run::abort`, `turn::get_state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionRequest {
+    pub session_id: String,
+}
+
+/// `run::start`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunStartAnswer {
+    pub session_id: String,
+    pub started: bool,
+    /// `session_busy` when a run is live on the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `run::abort`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunAbortAnswer {
+    pub session_id: String,
+    pub aborted: bool,
+    /// The state the run is in afterwards (null: no run).
+    pub state: Option<TurnState>,
+    /// Commands of the run the tools worker killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commands_killed: Option<u64>,
 }
 
 /// SPEC `DenialEnvelope`.

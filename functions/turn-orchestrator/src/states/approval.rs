@@ -11,31 +11,37 @@ pub(crate) async fn function_awaiting_approval(
 ) -> StepResult<Outcome> {
     let parked = rec.awaiting_approval.clone().unwrap_or_default();
     for call in parked {
-        let decision = ctx
+        let stored = ctx
             .state_get(
                 APPROVALS,
                 &format!("{}/{}", rec.session_id, call.function_call_id),
             )
             .await?;
-        // A decision counts only for the call it was made for: same function, same
-        // arguments. Anything else under this id (a leftover of an earlier call) is ignored
-        // and the call stays parked until it is decided itself.
-        let bound = decision["function_id"] == call.function_id.as_str()
-            && decision["args_hash"] == args_hash(&call.args).as_str();
-        if decision.is_null() || !bound {
+        if stored.is_null() {
             continue;
         }
-        let reason = decision["reason"].as_str().unwrap_or("").to_string();
+        // A decision counts only for the call it was made for: same function, same
+        // arguments. Anything else under this id (a leftover of an earlier call, or a record
+        // that is not a decision) is ignored and the call stays parked until it is decided.
+        let Ok(decision) =
+            contracts::parse::<approval::DecisionRecord>("an approval record", stored)
+        else {
+            continue;
+        };
+        if decision.function_id != call.function_id || decision.args_hash != args_hash(&call.args) {
+            continue;
+        }
+        let reason = decision.reason.clone();
         // The decision record is deleted once applied: the event log keeps who decided what.
         emit(
             rec,
             "approval_applied",
-            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "decision": decision["decision"], "reason": reason, "decided_by": decision["decided_by"], "decided_at": decision["decided_at"]}),
+            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "decision": decision.decision, "reason": reason, "decided_by": decision.decided_by, "decided_at": decision.decided_at}),
         );
-        let executed = match decision["decision"].as_str() {
+        let executed = match decision.decision {
             // Approved: dispatched without asking the policy again.
-            Some("allow") => dispatch(ctx, hooks, rec, &call, false).await,
-            Some("deny") => {
+            approval::Verdict::Allow => dispatch(ctx, hooks, rec, &call, false).await,
+            approval::Verdict::Deny => {
                 let why = if reason.is_empty() {
                     "denied by the user".to_string()
                 } else {
@@ -44,7 +50,7 @@ pub(crate) async fn function_awaiting_approval(
                 let env = denial("user", &call.function_id, None, None, &call.args, &why);
                 refused(rec, &call, env)
             }
-            _ => {
+            approval::Verdict::Aborted => {
                 let e = Executed {
                     call: call.clone(),
                     result: json!({"status": "aborted", "terminate": true, "reason": if reason.is_empty() { "aborted by the user".to_string() } else { reason }}),

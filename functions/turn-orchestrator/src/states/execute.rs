@@ -43,44 +43,58 @@ pub(crate) async fn function_execute(
             continue;
         }
         // The one choke point: the policy decides, and silence or slowness means deny.
-        let decision = ctx
-            .trigger_timeout(
-                "policy::check_permissions",
-                json!({"function_id": call.function_id, "args": call.args, "session_id": rec.session_id}),
-                POLICY_TIMEOUT,
-            )
+        let request = policy::CheckRequest {
+            function_id: call.function_id.clone(),
+            args: call.args.clone(),
+            session_id: Some(rec.session_id.clone()),
+        };
+        let asked = ctx
+            .trigger_timeout(policy::CHECK, json!(request), POLICY_TIMEOUT)
             .await;
-        let executed = match decision
-            .as_ref()
-            .map(|d| d["decision"].as_str().unwrap_or(""))
+        let executed = match asked
+            .map(|v| contracts::parse::<policy::CheckAnswer>(policy::CHECK, v))
         {
-            Ok("allow") => {
-                let network = decision.as_ref().is_ok_and(|d| d["network"] == true);
-                dispatch_with(ctx, hooks, rec, &call, true, network).await
-            }
-            Ok("needs_approval") => {
-                // Parked (and saved) before it is announced, so an approver who reacts to the
-                // event finds it pending.
-                rec.awaiting_approval
-                    .get_or_insert_with(Vec::new)
-                    .push(call.clone());
-                save(ctx, rec, version, false).await?;
-                emit(
-                    rec,
-                    "function_execution_start",
-                    json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true}),
-                );
-                continue;
-            }
-            Ok(_) => {
-                let d = decision.as_ref().ok().cloned().unwrap_or(Value::Null);
+            Ok(Ok(answer)) => match answer.decision {
+                policy::Decision::Allow => {
+                    dispatch_with(ctx, hooks, rec, &call, true, answer.network).await
+                }
+                policy::Decision::NeedsApproval => {
+                    // Parked (and saved) before it is announced, so an approver who reacts
+                    // to the event finds it pending.
+                    rec.awaiting_approval
+                        .get_or_insert_with(Vec::new)
+                        .push(call.clone());
+                    save(ctx, rec, version, false).await?;
+                    emit(
+                        rec,
+                        "function_execution_start",
+                        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true}),
+                    );
+                    continue;
+                }
+                policy::Decision::Deny => {
+                    let env = denial(
+                        "permissions",
+                        &call.function_id,
+                        answer.rule_id.as_deref(),
+                        answer.matched_constraint.as_ref(),
+                        &call.args,
+                        "the permissions policy denies this call",
+                    );
+                    denied(rec, &call, env)
+                }
+            },
+            // An answer that is not a decision decides nothing: denied.
+            Ok(Err(unreadable)) => {
                 let env = denial(
                     "permissions",
                     &call.function_id,
-                    d["rule_id"].as_str(),
-                    d.get("matched_constraint"),
+                    None,
+                    None,
                     &call.args,
-                    "the permissions policy denies this call",
+                    &format!(
+                        "the permissions policy answered something that is not a decision ({unreadable}); denied to be safe"
+                    ),
                 );
                 denied(rec, &call, env)
             }

@@ -12,21 +12,34 @@ pub(crate) async fn budget_refusal(
     for id in &rec.budget_ids {
         match ctx
             .trigger_timeout(
-                "budget::check",
-                json!({"budget_id": id, "principal_id": req.agent_id}),
+                budget::CHECK,
+                json!(budget::CheckRequest {
+                    budget_id: id.clone(),
+                    estimated_cost_usd: None,
+                    principal_id: req.agent_id.clone(),
+                }),
                 BEST_EFFORT_TIMEOUT,
             )
             .await
         {
-            Ok(v) if v["allowed"] == false => {
-                return Ok(Some(format!(
-                    "budget `{id}` refuses another model call ({}): spent ${:.6} of ${:.6}",
-                    v["reason"].as_str().unwrap_or("not allowed"),
-                    v["spent_usd"].as_f64().unwrap_or(0.0),
-                    v["ceiling_usd"].as_f64().unwrap_or(0.0),
-                )));
+            Ok(v) => {
+                // An answer that is not a check enforces nothing, as a missing worker does.
+                let answer = match contracts::parse::<budget::CheckAnswer>(budget::CHECK, v) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(budget = %id, error = %e, "budget::check answered no check; not enforced");
+                        continue;
+                    }
+                };
+                if !answer.allowed {
+                    return Ok(Some(format!(
+                        "budget `{id}` refuses another model call ({}): spent ${:.6} of ${:.6}",
+                        answer.reason.as_deref().unwrap_or("not allowed"),
+                        answer.spent_usd,
+                        answer.ceiling_usd,
+                    )));
+                }
             }
-            Ok(_) => {}
             // The budget worker left: optional workers are skipped.
             Err(BusError::FunctionNotFound(_)) => {
                 tracing::warn!(budget = %id, "budget::check not available; not enforced");
@@ -66,17 +79,31 @@ pub(crate) async fn preflight_compaction(
     }
     let out = ctx
         .trigger_timeout(
-            "context-compaction::compact_now",
-            json!({"session_id": rec.session_id, "provider": req.provider, "model": req.model, "emit_event": false}),
+            compaction::COMPACT_NOW,
+            json!(compaction::CompactRequest {
+                session_id: rec.session_id.clone(),
+                provider: Some(req.provider.clone()),
+                model: Some(req.model.clone()),
+                force: false,
+                emit_event: Some(false),
+            }),
             COMPACTION_TIMEOUT,
         )
         .await;
+    let out = out.and_then(|v| {
+        contracts::parse::<compaction::CompactAnswer>(compaction::COMPACT_NOW, v).map_err(|e| {
+            BusError::Other {
+                code: "invalid_answer".into(),
+                message: e,
+            }
+        })
+    });
     match out {
-        Ok(v) if v["compacted"] == true => {
+        Ok(v) if v.compacted => {
             emit(
                 rec,
                 "compaction_done",
-                json!({"summary_text": v["summary_text"], "tokens_before": v["tokens_before"], "compaction_entry_id": v["compaction_entry_id"], "tail_start_id": v["tail_start_id"]}),
+                json!({"summary_text": v.summary_text, "tokens_before": v.tokens_before, "compaction_entry_id": v.compaction_entry_id, "tail_start_id": v.tail_start_id}),
             );
             history_fresh(ctx, rec).await
         }

@@ -1,0 +1,367 @@
+//! Wire contracts of the function IDs one worker calls on another (SPEC §3), as serde types
+//! with JSON Schemas. The callee registers them ([`crate::DefExt::contract`]) so
+//! `engine::functions::list` documents the function; the caller reads the answer into the
+//! same type instead of indexing JSON. Each worker's `types` module re-exports its own.
+//!
+//! Fields a newer callee may add are ignored (no `deny_unknown_fields` on answers); requests
+//! refuse what they do not know only where a typo would change the meaning.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `serde_json::from_value` with an error that names the contract.
+pub fn parse<T: serde::de::DeserializeOwned>(what: &str, v: Value) -> Result<T, String> {
+    serde_json::from_value(v).map_err(|e| format!("{what}: {e}"))
+}
+
+/// The JSON Schema of `T`, as registered in `request_format` / `response_format`.
+pub fn schema_of<T: JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
+}
+
+/// `policy::check_permissions`.
+pub mod policy {
+    use super::*;
+
+    pub const CHECK: &str = "policy::check_permissions";
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct CheckRequest {
+        pub function_id: String,
+        #[serde(default)]
+        pub args: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub session_id: Option<String>,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Decision {
+        Allow,
+        Deny,
+        NeedsApproval,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct CheckAnswer {
+        pub decision: Decision,
+        /// The rule that decided (allow and deny).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rule_id: Option<String>,
+        /// The argument constraint that made a deny.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub matched_constraint: Option<Value>,
+        /// The allow rule opens the network to this call's sandbox.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub network: bool,
+    }
+}
+
+/// `approval::resolve`, and the decision record it writes at `approvals/<sid>/<cid>`.
+pub mod approval {
+    use super::*;
+
+    pub const RESOLVE: &str = "approval::resolve";
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Verdict {
+        Allow,
+        Deny,
+        /// The call is not run and the run stops.
+        Aborted,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct ResolveRequest {
+        pub session_id: String,
+        pub function_call_id: String,
+        pub decision: Verdict,
+        #[serde(default)]
+        pub reason: Option<String>,
+        #[serde(default)]
+        pub decided_by: Option<String>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ResolveAnswer {
+        pub ok: bool,
+        /// `invalid_payload | not_pending | resume_failed`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub error: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub message: Option<String>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ListPendingRequest {
+        /// Only this session's parked calls.
+        #[serde(default)]
+        pub session_id: Option<String>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PendingCall {
+        pub session_id: String,
+        pub function_call_id: String,
+        pub function_id: String,
+        #[serde(default)]
+        pub args: Value,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ListPendingAnswer {
+        pub pending: Vec<PendingCall>,
+    }
+
+    /// What `approvals/<sid>/<cid>` holds: bound to the parked call's function and arguments.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct DecisionRecord {
+        pub decision: Verdict,
+        #[serde(default)]
+        pub reason: String,
+        #[serde(default)]
+        pub decided_by: String,
+        #[serde(default)]
+        pub decided_at: u64,
+        pub function_id: String,
+        /// `messages::args_hash` of the call's arguments.
+        pub args_hash: String,
+    }
+}
+
+/// `auth::get_token`.
+pub mod auth {
+    use super::*;
+
+    pub const GET_TOKEN: &str = "auth::get_token";
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct GetTokenRequest {
+        pub provider: String,
+    }
+
+    /// A credential (`null` when there is none).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum Token {
+        ApiKey {
+            key: String,
+        },
+        Oauth {
+            access_token: String,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            refresh_token: Option<String>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            expires_at: Option<u64>,
+        },
+    }
+
+    impl Token {
+        /// What goes in the request's credential header.
+        pub fn secret(&self) -> &str {
+            match self {
+                Token::ApiKey { key } => key,
+                Token::Oauth { access_token, .. } => access_token,
+            }
+        }
+    }
+
+    pub type GetTokenAnswer = Option<Token>;
+}
+
+/// `budget::check`.
+pub mod budget {
+    use super::*;
+
+    pub const CHECK: &str = "budget::check";
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct CheckRequest {
+        pub budget_id: String,
+        /// What the caller is about to spend.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub estimated_cost_usd: Option<f64>,
+        /// Who spends (an exemption may let them through).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub principal_id: Option<String>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct CheckAnswer {
+        pub budget_id: String,
+        pub allowed: bool,
+        pub remaining_usd: f64,
+        pub spent_usd: f64,
+        pub ceiling_usd: f64,
+        /// Why not (or why despite the ceiling: exempt, not enforced, paused).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub reason: Option<String>,
+    }
+}
+
+/// `hook-fanout::publish_collect`.
+pub mod hooks {
+    use super::*;
+
+    pub const PUBLISH_COLLECT: &str = "hook-fanout::publish_collect";
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum MergeRule {
+        FirstBlockWins,
+        FieldMerge,
+        PipelineLastWins,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PublishCollectRequest {
+        pub topic: String,
+        pub payload: Value,
+        pub merge_rule: MergeRule,
+        /// Default 10 000, at least 50.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub timeout_ms: Option<u64>,
+        /// Default: every subscriber.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub expected_replies: Option<u64>,
+        /// Default 200.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub quiescence_ms: Option<u64>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PublishCollectAnswer {
+        #[serde(default)]
+        pub event_id: String,
+        #[serde(default)]
+        pub replies: Vec<Value>,
+        /// The replies merged by the rule.
+        #[serde(default)]
+        pub merged: Value,
+        /// `{ok, failures?}`: how the publish itself went.
+        #[serde(default)]
+        pub publish: Value,
+        /// Callers that gate on the hook treat this as a deny.
+        #[serde(default)]
+        pub publish_failed: bool,
+    }
+}
+
+/// `context-compaction::compact_now` (and `compact_session`).
+pub mod compaction {
+    use super::*;
+
+    pub const COMPACT_NOW: &str = "context-compaction::compact_now";
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct CompactRequest {
+        pub session_id: String,
+        /// Default: the run's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub provider: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub model: Option<String>,
+        /// Compact whatever the size.
+        #[serde(default)]
+        pub force: bool,
+        /// Emit `compaction_done` (default true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub emit_event: Option<bool>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct CompactAnswer {
+        /// `ok | busy | overflow | empty`.
+        pub status: String,
+        #[serde(default)]
+        pub compacted: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tokens_before: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tokens_after: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub compaction_entry_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tail_start_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub summary_text: Option<String>,
+    }
+}
+
+/// `session-tree::messages`.
+pub mod session_tree {
+    use super::*;
+    use crate::messages::AgentMessage;
+
+    pub const MESSAGES: &str = "session-tree::messages";
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct MessagesRequest {
+        pub session_id: String,
+        /// Default: the current leaf.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub leaf_id: Option<String>,
+    }
+
+    /// The model context of a branch: leaf → root, compaction applied.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct MessagesAnswer {
+        pub session_id: String,
+        pub leaf_id: Option<String>,
+        pub path_length: u64,
+        /// The entry each message came from, in the same order.
+        pub entry_ids: Vec<String>,
+        pub messages: Vec<AgentMessage>,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn answers_read_what_the_workers_write() {
+        let a: policy::CheckAnswer =
+            parse("policy", json!({"decision": "needs_approval"})).unwrap();
+        assert_eq!(a.decision, policy::Decision::NeedsApproval);
+        assert!(!a.network);
+        let a: policy::CheckAnswer = parse(
+            "policy",
+            json!({"decision": "allow", "rule_id": "r1", "network": true, "extra": 1}),
+        )
+        .unwrap();
+        assert!(a.network && a.rule_id.as_deref() == Some("r1"));
+        let e =
+            parse::<policy::CheckAnswer>("policy::check_permissions", json!({"decision": "maybe"}))
+                .unwrap_err();
+        assert!(
+            e.starts_with("policy::check_permissions: ") && e.contains("maybe"),
+            "{e}"
+        );
+        let t: auth::GetTokenAnswer = parse("auth", json!(null)).unwrap();
+        assert!(t.is_none());
+        let t: auth::GetTokenAnswer =
+            parse("auth", json!({"type": "oauth", "access_token": "a"})).unwrap();
+        assert_eq!(t.unwrap().secret(), "a");
+        let e = parse::<approval::ResolveRequest>(
+            "approval::resolve",
+            json!({"session_id": "s", "function_call_id": "c", "decision": "allow", "decison": "deny"}),
+        )
+        .unwrap_err();
+        assert!(e.contains("decison"), "a typo is refused by name: {e}");
+    }
+
+    #[test]
+    fn schemas_are_json_schemas_of_the_fields() {
+        let s = schema_of::<policy::CheckRequest>();
+        assert_eq!(s["type"], "object");
+        assert!(s["properties"]["function_id"].is_object(), "{s}");
+        assert_eq!(s["required"], json!(["function_id"]));
+        let s = schema_of::<auth::GetTokenAnswer>();
+        assert!(s.to_string().contains("api_key"), "{s}");
+    }
+}
