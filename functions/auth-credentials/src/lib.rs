@@ -7,6 +7,7 @@ pub mod types;
 
 use engine_gateway::builtins::req_str;
 use engine_gateway::secrets::SecretStore;
+use harness_sdk::contracts::auth;
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -162,10 +163,7 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     let mut w = Worker::new("auth-credentials");
     let a = auth.clone();
     w.register_function(
-        harness_sdk::DefExt::contract::<
-            harness_sdk::contracts::auth::GetTokenRequest,
-            harness_sdk::contracts::auth::GetTokenAnswer,
-        >(def(
+        harness_sdk::DefExt::contract::<auth::GetTokenRequest, auth::GetTokenAnswer>(def(
             "auth::get_token",
             "The provider's credential: stored first, then its environment variable; null if none.",
             &["provider"],
@@ -181,7 +179,7 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     );
     let a = auth.clone();
     w.register_function(
-        def("auth::set_token", "Store a provider credential: {provider, type: api_key, key} or {provider, type: oauth, access_token, refresh_token?, expires_at?}.", &["provider"]),
+        harness_sdk::DefExt::contract::<auth::SetTokenRequest, auth::SetTokenAnswer>(def("auth::set_token", "Store a provider credential: {provider, type: api_key, key} or {provider, type: oauth, access_token, refresh_token?, expires_at?}.", &["provider"])),
         move |_c, d: Value| {
             let a = a.clone();
             async move {
@@ -193,11 +191,11 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     );
     let a = auth.clone();
     w.register_function(
-        def(
+        harness_sdk::DefExt::contract::<auth::ProviderRequest, auth::DeleteTokenAnswer>(def(
             "auth::delete_token",
             "Remove a stored credential (the environment variable, if any, still applies).",
             &["provider"],
-        ),
+        )),
         move |_c, d: Value| {
             let a = a.clone();
             async move {
@@ -213,21 +211,23 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     );
     let a = auth.clone();
     w.register_function(
-        def(
+        harness_sdk::DefExt::contract::<auth::ProviderRequest, auth::Status>(def(
             "auth::status",
             "Whether a provider is configured and from where (never the secret).",
             &["provider"],
-        ),
+        )),
         move |_c, d: Value| {
             let a = a.clone();
             async move { a.status(&provider_of(&d)?).await }
         },
     );
     w.register_function(
-        def(
-            "auth::list_providers",
-            "Known and stored providers with their status.",
-            &[],
+        harness_sdk::DefExt::contract::<auth::ListProvidersRequest, auth::ListProvidersAnswer>(
+            def(
+                "auth::list_providers",
+                "Known and stored providers with their status.",
+                &[],
+            ),
         ),
         move |_c, _d: Value| {
             let a = auth.clone();

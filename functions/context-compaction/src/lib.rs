@@ -379,7 +379,6 @@ pub fn worker_with(settings: Settings) -> Worker {
         ("not_found", "no such session"),
         ("storage", "state store failure"),
     ];
-    let status = "ok (compacted: bool) | busy (another compactor holds the lease) | overflow (still over the window after compaction, or the summary call overflowed) | empty (nothing old enough to summarize)";
     let mut w = Worker::new("context-compaction");
     w.register_function(
         def("context-compaction::compact_now", "Compact the session if its context is over the model's usable window (window − reserved_tokens, 20 000 unless configured).")
@@ -392,8 +391,7 @@ pub fn worker_with(settings: Settings) -> Worker {
             "context-compaction::compact_session",
             "Compact the session now, whatever its size.",
         )
-        .request(json!({"session_id": "string", "provider": "optional", "model": "optional"}))
-        .response(json!({"status": status}))
+        .contract::<harness_sdk::contracts::compaction::CompactRequest, harness_sdk::contracts::compaction::CompactAnswer>()
         .errors(errs),
         with(&s, |s, c, d| Box::pin(compact_session(s, c, d))),
     );
@@ -402,8 +400,7 @@ pub fn worker_with(settings: Settings) -> Worker {
             "context-compaction::prune_tool_outputs",
             "Shorten large tool results outside the kept turns (two unless configured), in place.",
         )
-        .request(json!({"session_id": "string", "max_chars": "optional (default 2000)"}))
-        .response(json!({"status": "ok|empty", "pruned": "number", "tokens_saved": "number"}))
+        .contract::<harness_sdk::contracts::compaction::PruneRequest, harness_sdk::contracts::compaction::PruneAnswer>()
         .errors(errs),
         with(&s, |s, c, d| Box::pin(prune_tool_outputs(s, c, d))),
     );

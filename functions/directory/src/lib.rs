@@ -8,6 +8,8 @@
 //! stands for all of them. `download` caches a namespace's skills in state (scope `skills`),
 //! so they are served even while their worker is away.
 
+pub mod types;
+
 use engine_gateway::builtins::req_str;
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, def};
 use serde_json::{Value, json};
@@ -257,16 +259,17 @@ pub fn worker() -> Worker {
     let mut w = Worker::new("directory");
     w.register_function(
         def("directory::skills::get", "A function's skill: what it does, request and response shapes, error codes, usage. Read it before first use.")
-            .request(json!({"id": "iii://<worker>/<function> (or iii://iii-directory/index)"}))
-            .response(json!({"id": "string", "worker": "string", "function_id": "string", "body": "markdown"}))
+            .contract::<types::SkillRequest, types::Skill>()
             .errors(errs),
         get,
     );
     w.register_function(
-        def("directory::skills::list", "Every skill id (live and cached), optionally of one namespace.")
-            .request(json!({"namespace": "optional: iii://<worker> or <worker>"}))
-            .response(json!({"skills": [{"id": "string", "worker": "string", "function_id": "string", "description": "string", "live": "bool"}]}))
-            .errors(errs),
+        def(
+            "directory::skills::list",
+            "Every skill id (live and cached), optionally of one namespace.",
+        )
+        .contract::<types::ListRequest, types::ListAnswer>()
+        .errors(errs),
         list,
     );
     w.register_function(
@@ -274,7 +277,7 @@ pub fn worker() -> Worker {
             "directory::skills::index",
             "One line per namespace with its functions (what the system prompt includes).",
         )
-        .response(json!({"body": "markdown", "namespaces": ["string"]}))
+        .contract::<types::IndexRequest, types::IndexAnswer>()
         .errors(errs),
         index,
     );
@@ -283,8 +286,7 @@ pub fn worker() -> Worker {
             "directory::skills::download",
             "Cache a namespace's skills (iii://<worker>, or iii://iii-directory/index for all).",
         )
-        .request(json!({"id": "namespace"}))
-        .response(json!({"downloaded": "number", "ids": ["string"]}))
+        .contract::<types::SkillRequest, types::DownloadAnswer>()
         .errors(errs),
         download,
     );

@@ -9,10 +9,11 @@
 
 pub mod budget;
 pub mod period;
+pub mod types;
 
 use budget::*;
 use engine_gateway::builtins::req_str;
-use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, contracts, def};
+use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
 use period::Period;
 use serde_json::{Value, json};
 
@@ -429,34 +430,43 @@ pub fn worker() -> Worker {
         ),
         ("storage", "the state store failed; safe to retry"),
     ];
-    let bid = json!({"budget_id": "string"});
     let mut w = Worker::new("llm-budget");
-    w.register_function(def("budget::create", "Create a spend ceiling for a UTC day, week (from Monday) or month.").request(json!({"ceiling_usd": "> 0", "period": "day|week|month", "workspace_id": "optional scope", "agent_id": "optional scope", "name": "optional", "budget_id": "optional (generated)"})).response(json!({"budget_id": "string", "budget": "Budget"})).errors(errs), create);
+    w.register_function(
+        def(
+            "budget::create",
+            "Create a spend ceiling for a UTC day, week (from Monday) or month.",
+        )
+        .contract::<types::CreateRequest, types::CreateAnswer>()
+        .errors(errs),
+        create,
+    );
     w.register_function(
         def(
             "budget::list",
             "Budgets; with workspace_id/agent_id, only those that govern such a run.",
         )
-        .request(json!({"workspace_id": "optional", "agent_id": "optional"}))
-        .response(json!({"budgets": ["Budget"]}))
+        .contract::<types::ListRequest, types::ListAnswer>()
         .errors(errs),
         list,
     );
-    w.register_function(def("budget::get", "One budget with its current window.").request(bid.clone()).response(json!({"budget_id": "string", "ceiling_usd": "number", "spent_usd": "number", "remaining_usd": "number", "window": {}})).errors(errs), get);
+    w.register_function(
+        def("budget::get", "One budget with its current window.")
+            .contract::<types::BudgetRef, types::BudgetView>()
+            .errors(errs),
+        get,
+    );
     w.register_function(
         def(
             "budget::update",
             "Change name, scope, ceiling_usd, period, enforced or paused.",
         )
-        .request(json!({"budget_id": "string", "patch": {}}))
-        .response(json!({"budget": "Budget"}))
+        .contract::<types::UpdateRequest, types::BudgetView>()
         .errors(errs),
         update,
     );
     w.register_function(
         def("budget::delete", "Delete a budget.")
-            .request(bid.clone())
-            .response(json!({"deleted": "bool"}))
+            .contract::<types::BudgetRef, types::DeleteAnswer>()
             .errors(errs),
         delete,
     );
@@ -465,7 +475,7 @@ pub fn worker() -> Worker {
             "budget::check",
             "May this principal spend (estimated_cost_usd more)?",
         )
-        .contract::<contracts::budget::CheckRequest, contracts::budget::CheckAnswer>()
+        .contract::<types::CheckRequest, types::CheckAnswer>()
         .errors(errs),
         check,
     );
@@ -474,10 +484,7 @@ pub fn worker() -> Worker {
             "budget::record",
             "Add spend; fires threshold alerts once per period.",
         )
-        .request(json!({"budget_id": "string", "cost_usd": ">= 0"}))
-        .response(
-            json!({"spent_usd": "number", "remaining_usd": "number", "alerts_fired": ["alert id"]}),
-        )
+        .contract::<types::RecordRequest, types::RecordAnswer>()
         .errors(errs),
         record,
     );
@@ -486,37 +493,41 @@ pub fn worker() -> Worker {
             "budget::reset",
             "Zero the current window's spend and re-arm its alerts.",
         )
-        .request(bid.clone())
-        .response(json!({"budget": "Budget"}))
+        .contract::<types::BudgetRef, types::BudgetView>()
         .errors(errs),
         reset,
     );
-    w.register_function(def("budget::alert_set", "Call callback_function_id once per period when spend reaches threshold_pct of the ceiling.").request(json!({"budget_id": "string", "threshold_pct": "(0, 1]", "callback_function_id": "string", "callback_payload": "optional"})).response(json!({"alert_id": "string"})).errors(errs), alert_set);
+    w.register_function(def("budget::alert_set", "Call callback_function_id once per period when spend reaches threshold_pct of the ceiling.").contract::<types::AlertRequest, types::AlertAnswer>().errors(errs), alert_set);
     w.register_function(
         def(
             "budget::usage",
             "The current (or previous) window and every archived one.",
         )
-        .request(json!({"budget_id": "string", "window": "current|previous"}))
-        .response(json!({"window": {}, "history": []}))
+        .contract::<types::UsageRequest, types::UsageAnswer>()
         .errors(errs),
         usage,
     );
-    w.register_function(def("budget::forecast", "Spend extrapolated from this window's rate.").request(bid.clone()).response(json!({"projected_month_usd": "number", "on_track": "bool", "days_until_breach": "number|null"})).errors(errs), forecast);
+    w.register_function(
+        def(
+            "budget::forecast",
+            "Spend extrapolated from this window's rate.",
+        )
+        .contract::<types::BudgetRef, types::ForecastAnswer>()
+        .errors(errs),
+        forecast,
+    );
     w.register_function(
         def(
             "budget::enforce",
             "Turn enforcement on or off (off: check always allows, reason not_enforced).",
         )
-        .request(json!({"budget_id": "string", "enforced": "bool"}))
-        .response(json!({"enforced": "bool"}))
+        .contract::<types::EnforceRequest, types::EnforceAnswer>()
         .errors(errs),
         enforce,
     );
     w.register_function(
         def("budget::exempt", "Exempt a principal for 24 hours.")
-            .request(json!({"budget_id": "string", "principal_id": "string", "reason": "string"}))
-            .response(json!({"until_ms": "number"}))
+            .contract::<types::ExemptRequest, types::ExemptAnswer>()
             .errors(errs),
         exempt,
     );
@@ -525,8 +536,7 @@ pub fn worker() -> Worker {
             "budget::pause",
             "Pause (check denies everything, reason paused) or resume.",
         )
-        .request(json!({"budget_id": "string", "paused": "bool"}))
-        .response(json!({"paused": "bool"}))
+        .contract::<types::PauseRequest, types::PauseAnswer>()
         .errors(errs),
         pause,
     );

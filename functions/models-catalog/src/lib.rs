@@ -5,14 +5,16 @@
 //! The data is `catalog.json` (sources and dates inside), or the file `MODELS_CATALOG`.
 
 use engine_gateway::builtins::{opt_str, req_str};
+use harness_sdk::DefExt;
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
 pub const BUILTIN: &str = include_str!("../catalog.json");
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Pricing {
     pub input_per_1m: f64,
     pub output_per_1m: f64,
@@ -22,7 +24,7 @@ pub struct Pricing {
     pub cache_write_per_1m: Option<f64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Model {
     pub id: String,
     pub provider: String,
@@ -40,7 +42,7 @@ pub struct Model {
 }
 
 /// Token counts of one completion (SPEC `usage`): `input` excludes cached tokens.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
     #[serde(default)]
     pub input: u64,
@@ -131,6 +133,41 @@ fn found(c: &Catalog, data: &Value) -> Result<Model, ErrorBody> {
     })
 }
 
+/// `models::list`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ListRequest {
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// `tools`, `vision`, `thinking`, `thinking:low|medium|high|xhigh`, `cache`.
+    #[serde(default)]
+    pub capability: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ListAnswer {
+    pub models: Vec<Model>,
+}
+
+/// `models::get`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct GetRequest {
+    pub provider: String,
+    pub model_id: String,
+}
+
+/// `models::supports`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SupportsRequest {
+    pub provider: String,
+    pub model_id: String,
+    pub capability: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SupportsAnswer {
+    pub supported: bool,
+}
+
 fn def(id: &str, description: &str, required: &[&str]) -> RegisterFunction {
     let mut d = RegisterFunction::new(id);
     d.description = Some(description.to_string());
@@ -146,7 +183,8 @@ pub fn worker(catalog: Arc<Catalog>) -> Worker {
             "models::list",
             "Models, optionally of one provider and/or with one capability.",
             &[],
-        ),
+        )
+        .contract::<ListRequest, ListAnswer>(),
         move |_x, d: Value| {
             let c = c.clone();
             async move {
@@ -174,7 +212,8 @@ pub fn worker(catalog: Arc<Catalog>) -> Worker {
             "models::get",
             "One model, or null.",
             &["provider", "model_id"],
-        ),
+        )
+        .contract::<GetRequest, Option<Model>>(),
         move |_x, d: Value| {
             let c = c.clone();
             async move {
@@ -189,7 +228,8 @@ pub fn worker(catalog: Arc<Catalog>) -> Worker {
             "models::supports",
             "Whether a model has a capability.",
             &["provider", "model_id", "capability"],
-        ),
+        )
+        .contract::<SupportsRequest, SupportsAnswer>(),
         move |_x, d: Value| {
             let c = c.clone();
             async move {

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use harness_sdk::messages::{
     AgentMessage, AssistantBuilder, AssistantMessageEvent, ErrorKind, StopReason, ToolSpec,
 };
-use harness_sdk::{ChannelRef, ChannelWriter, Ctx, ErrorBody, RegisterFunction, Worker};
+use harness_sdk::{ChannelRef, ChannelWriter, Ctx, DefExt, ErrorBody, RegisterFunction, Worker};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -23,9 +23,11 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 pub const MAX_RATE_LIMIT_RETRIES: u32 = 2;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct StreamRequest {
+    /// The channel's writer end (`engine::channels::create`); `stream` only.
     #[serde(default)]
+    #[schemars(with = "Option<Value>")]
     pub writer_ref: Option<ChannelRef>,
     #[serde(default)]
     pub system_prompt: Option<String>,
@@ -39,6 +41,13 @@ pub struct StreamRequest {
     /// Budgets to charge the completion's cost to (`budget::record`), before `done`.
     #[serde(default)]
     pub budget_ids: Vec<String>,
+}
+
+/// `provider::<name>::stream`'s answer (the message itself goes on the channel).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct StreamAnswer {
+    pub ok: bool,
+    pub stop_reason: Option<harness_sdk::messages::StopReason>,
 }
 
 /// The outcome of one upstream call, as a provider sees it.
@@ -348,13 +357,11 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
     });
     let name = dialect.name().to_string();
     let mut w = Worker::new(&format!("provider-{name}"));
-    let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"));
+    let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"))
+        .contract::<StreamRequest, StreamAnswer>();
     stream_def.description = Some(format!(
         "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
     ));
-    stream_def.request_format = Some(
-        json!({"type": "object", "required": ["writer_ref", "model", "messages"], "properties": {"writer_ref": {"type": "object"}, "system_prompt": {"type": "string"}, "model": {"type": "string"}, "messages": {"type": "array"}, "tools": {"type": "array"}}}),
-    );
     let (d, c) = (dialect.clone(), client.clone());
     w.register_function(stream_def, move |ctx, data: Value| {
         let (d, c) = (d.clone(), c.clone());
@@ -366,14 +373,18 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
                 .ok_or_else(|| ErrorBody::invalid("missing required field `writer_ref`"))?;
             let writer = ctx.open_writer(&writer_ref).await?;
             let message = run(&ctx, d.as_ref(), c.get(), &req, Some(writer)).await;
-            let stop = match &message {
-                AgentMessage::Assistant { stop_reason, .. } => json!(stop_reason),
-                _ => Value::Null,
+            let stop_reason = match &message {
+                AgentMessage::Assistant { stop_reason, .. } => Some(*stop_reason),
+                _ => None,
             };
-            Ok(json!({"ok": true, "stop_reason": stop}))
+            Ok(json!(StreamAnswer {
+                ok: true,
+                stop_reason
+            }))
         }
     });
-    let mut complete_def = RegisterFunction::new(format!("provider::{name}::complete"));
+    let mut complete_def = RegisterFunction::new(format!("provider::{name}::complete"))
+        .contract::<StreamRequest, AgentMessage>();
     complete_def.description = Some(format!(
         "A completion from {name}, answered as the final assistant message."
     ));

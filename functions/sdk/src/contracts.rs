@@ -170,6 +170,52 @@ pub mod auth {
     }
 
     pub type GetTokenAnswer = Option<Token>;
+
+    /// `auth::set_token`: the provider and its credential.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct SetTokenRequest {
+        pub provider: String,
+        #[serde(flatten)]
+        pub token: Token,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct SetTokenAnswer {
+        pub ok: bool,
+        pub provider: String,
+    }
+
+    /// `auth::delete_token`, `auth::status`.
+    pub type ProviderRequest = GetTokenRequest;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct DeleteTokenAnswer {
+        /// False: nothing was stored.
+        pub deleted: bool,
+        pub provider: String,
+    }
+
+    /// `auth::status` (never the secret).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct Status {
+        pub provider: String,
+        pub configured: bool,
+        /// `stored | env | none`.
+        pub source: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub expires_at: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub expired: Option<bool>,
+    }
+
+    /// `auth::list_providers` takes nothing.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ListProvidersRequest {}
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ListProvidersAnswer {
+        pub providers: Vec<Status>,
+    }
 }
 
 /// `budget::check`.
@@ -274,7 +320,9 @@ pub mod compaction {
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct CompactAnswer {
-        /// `ok | busy | overflow | empty`.
+        /// `ok` (see `compacted`), `busy` (another compactor holds the lease), `overflow`
+        /// (still over the window after compaction, or the summary call overflowed), `empty`
+        /// (nothing old enough to summarize).
         pub status: String,
         #[serde(default)]
         pub compacted: bool,
@@ -288,6 +336,69 @@ pub mod compaction {
         pub tail_start_id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub summary_text: Option<String>,
+    }
+
+    /// `context-compaction::prune_tool_outputs`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PruneRequest {
+        pub session_id: String,
+        /// Results longer than this are shortened (default 2 000).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_chars: Option<u64>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PruneAnswer {
+        /// `ok | empty`.
+        pub status: String,
+        #[serde(default)]
+        pub pruned: u64,
+        #[serde(default)]
+        pub tokens_saved: u64,
+    }
+}
+
+/// `session-inbox::*`: per-session queues (`steering`, `followup`, …).
+pub mod inbox {
+    use super::*;
+
+    pub const PUSH: &str = "session-inbox::push";
+    pub const PEEK: &str = "session-inbox::peek";
+    pub const DRAIN: &str = "session-inbox::drain";
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PushRequest {
+        pub name: String,
+        pub session_id: String,
+        /// A string (a user message) or an AgentMessage.
+        pub item: Value,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PushAnswer {
+        pub ok: bool,
+        /// Items queued now.
+        pub depth: u64,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct PeekRequest {
+        pub name: String,
+        pub session_id: String,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct DrainRequest {
+        pub name: String,
+        pub session_id: String,
+        /// The first `max` items (default: all).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max: Option<u64>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ItemsAnswer {
+        pub items: Vec<Value>,
     }
 }
 

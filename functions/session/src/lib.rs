@@ -16,7 +16,7 @@ use store::*;
 pub use store::{Parent, append_chain, load_entries, load_meta};
 
 use engine_gateway::builtins::req_str;
-use harness_sdk::contracts::session_tree;
+use harness_sdk::contracts::{inbox, session_tree};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
 use serde_json::{Value, json};
 use tree::TreeError;
@@ -469,8 +469,6 @@ async fn inbox_drain(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 // ------------------------------------------------------------------ the worker
 
-const SID: &str = "session id: non-empty, no `/`";
-
 pub fn worker() -> Worker {
     let errors: &[(&str, &str)] = &[
         ("not_found", "the session does not exist"),
@@ -484,13 +482,17 @@ pub fn worker() -> Worker {
             "a field is missing or malformed; the message names it",
         ),
     ];
-    let entry_shape = json!({"type": "message|custom_message|branch_summary|compaction", "id": "optional; a deterministic id makes the append idempotent", "message": "AgentMessage (type message)"});
     let mut w = Worker::new("session");
     w.register_function(
         def("session-tree::create", "Create a session.")
-            .request(json!({"session_id": "optional (generated)", "title": "optional", "metadata": "optional"}))
-            .response(json!({"session_id": "string", "created": true, "session": "SessionMeta"}))
-            .errors(&[("already_exists", "a session with that id exists (use ensure)"), ("storage", "state store failure")]),
+            .contract::<CreateRequest, SessionAnswer>()
+            .errors(&[
+                (
+                    "already_exists",
+                    "a session with that id exists (use ensure)",
+                ),
+                ("storage", "state store failure"),
+            ]),
         create,
     );
     w.register_function(
@@ -498,23 +500,23 @@ pub fn worker() -> Worker {
             "session-tree::ensure",
             "Create the session unless it exists.",
         )
-        .request(json!({"session_id": SID}))
-        .response(json!({"session_id": "string", "created": "bool", "session": "SessionMeta"}))
+        .contract::<SessionRef, SessionAnswer>()
         .errors(errors),
         ensure,
     );
     w.register_function(
         def("session-tree::append", "Append one entry. parent_id absent: the current leaf; null: a new root; an older entry: starts a branch.")
-            .request(json!({"session_id": SID, "entry": entry_shape, "parent_id": "optional"}))
-            .response(json!({"entry_id": "string", "created": "false when an entry with that id already existed (idempotent retry)", "entry": "Entry"}))
+            .contract::<AppendRequest, StoredEntry>()
             .errors(errors),
         append,
     );
     w.register_function(
-        def("session-tree::append_batch", "Append entries as a chain (each the parent of the next).")
-            .request(json!({"session_id": SID, "entries": [entry_shape], "parent_id": "optional"}))
-            .response(json!({"entry_ids": ["string"], "leaf_id": "string", "entries": [{"entry_id": "string", "created": "bool", "entry": "Entry"}]}))
-            .errors(errors),
+        def(
+            "session-tree::append_batch",
+            "Append entries as a chain (each the parent of the next).",
+        )
+        .contract::<AppendBatchRequest, AppendBatchAnswer>()
+        .errors(errors),
         append_batch,
     );
     w.register_function(
@@ -526,8 +528,7 @@ pub fn worker() -> Worker {
     );
     w.register_function(
         def("session-tree::fork", "A new session holding the path root → from_entry_id (over 50 entries: older ones become one branch_summary root). The source is untouched.")
-            .request(json!({"source_session_id": SID, "from_entry_id": "string", "new_session_id": "optional"}))
-            .response(json!({"session_id": "string", "leaf_id": "string", "copied": "number", "summarized": "number"}))
+            .contract::<ForkRequest, ForkAnswer>()
             .errors(errors),
         fork,
     );
@@ -536,16 +537,17 @@ pub fn worker() -> Worker {
             "session-tree::clone",
             "A new session with every branch of the source.",
         )
-        .request(json!({"source_session_id": SID, "new_session_id": "optional"}))
-        .response(json!({"session_id": "string", "leaf_id": "string|null", "copied": "number"}))
+        .contract::<CloneRequest, ForkAnswer>()
         .errors(errors),
         clone,
     );
     w.register_function(
-        def("session-tree::compact", "Append a compaction entry: the context becomes summary + the tail from tail_start_id.")
-            .request(json!({"session_id": SID, "summary": "string", "tail_start_id": "entry id on the path", "tokens_before": "number", "parent_id": "optional"}))
-            .response(json!({"entry_id": "string", "created": "bool", "entry": "Entry"}))
-            .errors(errors),
+        def(
+            "session-tree::compact",
+            "Append a compaction entry: the context becomes summary + the tail from tail_start_id.",
+        )
+        .contract::<CompactRequest, StoredEntry>()
+        .errors(errors),
         compact,
     );
     w.register_function(
@@ -553,17 +555,18 @@ pub fn worker() -> Worker {
             "session-tree::compactions",
             "Every compaction entry of a session.",
         )
-        .request(json!({"session_id": SID}))
-        .response(json!({"compactions": ["Entry"]}))
+        .contract::<SessionRef, CompactionsAnswer>()
         .errors(errors)
         .public(),
         compactions,
     );
     w.register_function(
-        def("session-tree::tree", "Every entry with its children and a short label; the current leaf.")
-            .request(json!({"session_id": SID}))
-            .response(json!({"leaf_id": "string|null", "entries": [{"id": "string", "parent_id": "string|null", "type": "string", "children": ["string"], "label": "string"}]}))
-            .errors(errors)
+        def(
+            "session-tree::tree",
+            "Every entry with its children and a short label; the current leaf.",
+        )
+        .contract::<SessionRef, TreeAnswer>()
+        .errors(errors)
         .public(),
         tree_fn,
     );
@@ -572,7 +575,7 @@ pub fn worker() -> Worker {
             "session-tree::list",
             "Every session, most recently updated first.",
         )
-        .response(json!({"sessions": ["SessionMeta"]}))
+        .contract::<ListRequest, ListAnswer>()
         .errors(&[("storage", "state store failure")])
         .public(),
         list,
@@ -582,17 +585,18 @@ pub fn worker() -> Worker {
             "session-tree::export_html",
             "A readable HTML page of one branch.",
         )
-        .request(json!({"session_id": SID, "leaf_id": "optional"}))
-        .response(json!({"html": "string", "leaf_id": "string|null"}))
+        .contract::<ExportRequest, ExportAnswer>()
         .errors(errors)
         .public(),
         export_html,
     );
     w.register_function(
-        def("session-tree::update_part", "Replace one content block of a message entry (e.g. prune a large tool output).")
-            .request(json!({"session_id": SID, "entry_id": "string", "part_index": "number", "part": "ContentBlock"}))
-            .response(json!({"ok": true, "entry": "Entry"}))
-            .errors(errors),
+        def(
+            "session-tree::update_part",
+            "Replace one content block of a message entry (e.g. prune a large tool output).",
+        )
+        .contract::<UpdatePartRequest, UpdatePartAnswer>()
+        .errors(errors),
         update_part,
     );
     let inbox_errors: &[(&str, &str)] = &[
@@ -601,15 +605,13 @@ pub fn worker() -> Worker {
     ];
     w.register_function(
         def("session-inbox::push", "Queue an item (a string or an AgentMessage) in a session's inbox (`steering` is taken before the next model call, `followup` when the run would stop).")
-            .request(json!({"name": "steering|followup|…", "session_id": SID, "item": "any"}))
-            .response(json!({"ok": true, "depth": "number"}))
+            .contract::<inbox::PushRequest, inbox::PushAnswer>()
             .errors(inbox_errors),
         inbox_push,
     );
     w.register_function(
         def("session-inbox::peek", "The queued items, left in place.")
-            .request(json!({"name": "string", "session_id": SID}))
-            .response(json!({"items": ["any"]}))
+            .contract::<inbox::PeekRequest, inbox::ItemsAnswer>()
             .errors(inbox_errors),
         inbox_peek,
     );
@@ -618,8 +620,7 @@ pub fn worker() -> Worker {
             "session-inbox::drain",
             "Take the queued items (the first `max`, default all) atomically.",
         )
-        .request(json!({"name": "string", "session_id": SID, "max": "optional"}))
-        .response(json!({"items": ["any"]}))
+        .contract::<inbox::DrainRequest, inbox::ItemsAnswer>()
         .errors(inbox_errors),
         inbox_drain,
     );

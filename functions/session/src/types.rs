@@ -1,6 +1,7 @@
 //! Wire contracts of the session store (SPEC §3 session).
 
 use harness_sdk::messages::{AgentMessage, ContentBlock};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -17,7 +18,7 @@ pub fn entry_key(sid: &str, entry_id: &str) -> String {
     format!("{sid}/{entry_id}")
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionMeta {
     pub session_id: String,
     pub created_at_ms: u64,
@@ -36,7 +37,7 @@ pub struct SessionMeta {
 }
 
 /// One node of the tree.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Entry {
     pub id: String,
     pub parent_id: Option<String>,
@@ -48,7 +49,7 @@ pub struct Entry {
     pub body: EntryBody,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EntryBody {
     Message {
@@ -96,12 +97,185 @@ impl EntryBody {
 
 /// An entry as a caller hands it in: `id` (deterministic ids make appends idempotent) and
 /// `parent_id` are optional.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct EntryInput {
+    /// A deterministic id makes the append idempotent.
     #[serde(default)]
     pub id: Option<String>,
     #[serde(default)]
     pub timestamp: Option<u64>,
     #[serde(flatten)]
     pub body: EntryBody,
+}
+
+// ------------------------------------------------------------------ requests and answers
+
+/// Where an append attaches: absent → the current leaf; null → a new root; an id → that entry.
+type ParentField = Option<Value>;
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SessionRef {
+    /// Non-empty, without `/`.
+    pub session_id: String,
+}
+
+/// `session-tree::create`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CreateRequest {
+    /// Default: generated.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub metadata: Value,
+}
+
+/// `session-tree::create`, `session-tree::ensure`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SessionAnswer {
+    pub session_id: String,
+    /// False: it existed already.
+    pub created: bool,
+    pub session: SessionMeta,
+}
+
+/// `session-tree::append`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct AppendRequest {
+    pub session_id: String,
+    pub entry: EntryInput,
+    #[serde(default)]
+    #[schemars(with = "Option<Option<String>>")]
+    pub parent_id: ParentField,
+}
+
+/// One entry as an append stored it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct StoredEntry {
+    pub entry_id: String,
+    /// False when an entry with that id already existed (an idempotent retry).
+    pub created: bool,
+    pub entry: Entry,
+}
+
+/// `session-tree::append_batch`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct AppendBatchRequest {
+    pub session_id: String,
+    pub entries: Vec<EntryInput>,
+    #[serde(default)]
+    #[schemars(with = "Option<Option<String>>")]
+    pub parent_id: ParentField,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct AppendBatchAnswer {
+    pub entry_ids: Vec<String>,
+    pub leaf_id: Option<String>,
+    pub entries: Vec<StoredEntry>,
+}
+
+/// `session-tree::fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ForkRequest {
+    pub source_session_id: String,
+    pub from_entry_id: String,
+    #[serde(default)]
+    pub new_session_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ForkAnswer {
+    pub session_id: String,
+    pub leaf_id: Option<String>,
+    pub copied: u64,
+    /// Older entries folded into one branch_summary root.
+    #[serde(default)]
+    pub summarized: u64,
+}
+
+/// `session-tree::clone`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CloneRequest {
+    pub source_session_id: String,
+    #[serde(default)]
+    pub new_session_id: Option<String>,
+}
+
+/// `session-tree::compact`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CompactRequest {
+    pub session_id: String,
+    pub summary: String,
+    /// An entry on the path: the context keeps it and what follows.
+    #[serde(default)]
+    pub tail_start_id: Option<String>,
+    #[serde(default)]
+    pub tokens_before: u64,
+    #[serde(default)]
+    pub details: Value,
+    #[serde(default)]
+    #[schemars(with = "Option<Option<String>>")]
+    pub parent_id: ParentField,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CompactionsAnswer {
+    pub compactions: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct TreeNode {
+    pub id: String,
+    pub parent_id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub children: Vec<String>,
+    pub label: String,
+}
+
+/// `session-tree::tree`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct TreeAnswer {
+    pub leaf_id: Option<String>,
+    pub entries: Vec<TreeNode>,
+}
+
+/// `session-tree::list` takes nothing.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ListRequest {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ListAnswer {
+    pub sessions: Vec<SessionMeta>,
+}
+
+/// `session-tree::export_html`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ExportRequest {
+    pub session_id: String,
+    #[serde(default)]
+    pub leaf_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ExportAnswer {
+    pub html: String,
+    pub leaf_id: Option<String>,
+}
+
+/// `session-tree::update_part`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct UpdatePartRequest {
+    pub session_id: String,
+    pub entry_id: String,
+    pub part_index: u64,
+    pub part: ContentBlock,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct UpdatePartAnswer {
+    pub ok: bool,
+    pub entry: Entry,
 }

@@ -51,7 +51,7 @@ mod prelude {
     pub(crate) use engine_gateway::state::DURABILITY_BAGGAGE;
     pub(crate) use futures_util::FutureExt;
     pub(crate) use harness_sdk::contracts::{
-        self, approval, budget, compaction, policy, session_tree,
+        self, approval, budget, compaction, inbox, policy, session_tree,
     };
     pub(crate) use harness_sdk::messages::{
         AgentMessage, AssistantMessageEvent, ContentBlock, ErrorKind, StopReason, args_hash,

@@ -35,14 +35,20 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     for name in ["steering", "followup"] {
         let Some(v) = best_effort(
             ctx,
-            "session-inbox::peek",
-            json!({"name": name, "session_id": rec.session_id}),
+            inbox::PEEK,
+            json!(inbox::PeekRequest {
+                name: name.into(),
+                session_id: rec.session_id.clone(),
+            }),
         )
         .await
         else {
             continue;
         };
-        let raw: Vec<Value> = v["items"].as_array().cloned().unwrap_or_default();
+        // An answer that is not a list of items is an empty inbox (the inbox is optional).
+        let raw = contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, v)
+            .map(|a| a.items)
+            .unwrap_or_default();
         if raw.is_empty() {
             continue;
         }
@@ -56,8 +62,12 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
             append_history(ctx, rec, vec![message], &tag).await?;
         }
         ctx.trigger(
-            "session-inbox::drain",
-            json!({"name": name, "session_id": rec.session_id, "max": raw.len()}),
+            inbox::DRAIN,
+            json!(inbox::DrainRequest {
+                name: name.into(),
+                session_id: rec.session_id.clone(),
+                max: Some(raw.len() as u64),
+            }),
         )
         .await?;
         return Ok(Outcome::Steered);
