@@ -402,12 +402,13 @@ pub mod inbox {
     }
 }
 
-/// `session-tree::messages`.
+/// `session-tree::messages`, `session-tree::append_batch` and the entries they carry.
 pub mod session_tree {
     use super::*;
-    use crate::messages::AgentMessage;
+    use crate::messages::{AgentMessage, ContentBlock};
 
     pub const MESSAGES: &str = "session-tree::messages";
+    pub const APPEND_BATCH: &str = "session-tree::append_batch";
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct MessagesRequest {
@@ -415,6 +416,103 @@ pub mod session_tree {
         /// Default: the current leaf.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub leaf_id: Option<String>,
+    }
+
+    /// One node of the tree.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct Entry {
+        pub id: String,
+        pub parent_id: Option<String>,
+        pub timestamp: u64,
+        /// Order of creation within the session (ties in `timestamp` are common).
+        #[serde(default)]
+        pub seq: u64,
+        #[serde(flatten)]
+        pub body: EntryBody,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    pub enum EntryBody {
+        Message {
+            message: AgentMessage,
+        },
+        CustomMessage {
+            custom_type: String,
+            #[serde(default)]
+            content: Vec<ContentBlock>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            display: Option<String>,
+            #[serde(default)]
+            details: Value,
+        },
+        /// Stands for the part of a path a fork did not copy.
+        BranchSummary {
+            summary: String,
+            #[serde(default)]
+            entries_summarized: usize,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            from_session_id: Option<String>,
+        },
+        /// Everything on the path before `tail_start_id` is replaced by `summary` in the context.
+        Compaction {
+            summary: String,
+            #[serde(default)]
+            tail_start_id: Option<String>,
+            #[serde(default)]
+            tokens_before: u64,
+            #[serde(default)]
+            details: Value,
+        },
+    }
+
+    impl EntryBody {
+        pub fn kind(&self) -> &'static str {
+            match self {
+                EntryBody::Message { .. } => "message",
+                EntryBody::CustomMessage { .. } => "custom_message",
+                EntryBody::BranchSummary { .. } => "branch_summary",
+                EntryBody::Compaction { .. } => "compaction",
+            }
+        }
+    }
+
+    /// An entry as a caller hands it in: `id` (deterministic ids make appends idempotent) and
+    /// `parent_id` are optional.
+    #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+    pub struct EntryInput {
+        /// A deterministic id makes the append idempotent.
+        #[serde(default)]
+        pub id: Option<String>,
+        #[serde(default)]
+        pub timestamp: Option<u64>,
+        #[serde(flatten)]
+        pub body: EntryBody,
+    }
+
+    /// One entry as an append stored it.
+    #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+    pub struct StoredEntry {
+        pub entry_id: String,
+        /// False when an entry with that id already existed (an idempotent retry).
+        pub created: bool,
+        pub entry: Entry,
+    }
+    /// `session-tree::append_batch`.
+    #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+    pub struct AppendBatchRequest {
+        pub session_id: String,
+        pub entries: Vec<EntryInput>,
+        /// Absent: the current leaf; null: a new root; an id: that entry.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(with = "Option<Option<String>>")]
+        pub parent_id: Option<Value>,
+    }
+    #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+    pub struct AppendBatchAnswer {
+        pub entry_ids: Vec<String>,
+        pub leaf_id: Option<String>,
+        pub entries: Vec<StoredEntry>,
     }
 
     /// The model context of a branch: leaf → root, compaction applied.

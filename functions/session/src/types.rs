@@ -1,6 +1,6 @@
 //! Wire contracts of the session store (SPEC §3 session).
 
-use harness_sdk::messages::{AgentMessage, ContentBlock};
+use harness_sdk::messages::ContentBlock;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -36,82 +36,14 @@ pub struct SessionMeta {
     pub metadata: Value,
 }
 
-/// One node of the tree.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Entry {
-    pub id: String,
-    pub parent_id: Option<String>,
-    pub timestamp: u64,
-    /// Order of creation within the session (ties in `timestamp` are common).
-    #[serde(default)]
-    pub seq: u64,
-    #[serde(flatten)]
-    pub body: EntryBody,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum EntryBody {
-    Message {
-        message: AgentMessage,
-    },
-    CustomMessage {
-        custom_type: String,
-        #[serde(default)]
-        content: Vec<ContentBlock>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        display: Option<String>,
-        #[serde(default)]
-        details: Value,
-    },
-    /// Stands for the part of a path a fork did not copy.
-    BranchSummary {
-        summary: String,
-        #[serde(default)]
-        entries_summarized: usize,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        from_session_id: Option<String>,
-    },
-    /// Everything on the path before `tail_start_id` is replaced by `summary` in the context.
-    Compaction {
-        summary: String,
-        #[serde(default)]
-        tail_start_id: Option<String>,
-        #[serde(default)]
-        tokens_before: u64,
-        #[serde(default)]
-        details: Value,
-    },
-}
-
-impl EntryBody {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            EntryBody::Message { .. } => "message",
-            EntryBody::CustomMessage { .. } => "custom_message",
-            EntryBody::BranchSummary { .. } => "branch_summary",
-            EntryBody::Compaction { .. } => "compaction",
-        }
-    }
-}
-
-/// An entry as a caller hands it in: `id` (deterministic ids make appends idempotent) and
-/// `parent_id` are optional.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct EntryInput {
-    /// A deterministic id makes the append idempotent.
-    #[serde(default)]
-    pub id: Option<String>,
-    #[serde(default)]
-    pub timestamp: Option<u64>,
-    #[serde(flatten)]
-    pub body: EntryBody,
-}
-
 // ------------------------------------------------------------------ requests and answers
 
 /// Where an append attaches: absent → the current leaf; null → a new root; an id → that entry.
 type ParentField = Option<Value>;
+
+pub use harness_sdk::contracts::session_tree::{
+    AppendBatchAnswer, AppendBatchRequest, Entry, EntryBody, EntryInput, StoredEntry,
+};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SessionRef {
@@ -148,32 +80,6 @@ pub struct AppendRequest {
     #[serde(default)]
     #[schemars(with = "Option<Option<String>>")]
     pub parent_id: ParentField,
-}
-
-/// One entry as an append stored it.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct StoredEntry {
-    pub entry_id: String,
-    /// False when an entry with that id already existed (an idempotent retry).
-    pub created: bool,
-    pub entry: Entry,
-}
-
-/// `session-tree::append_batch`.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct AppendBatchRequest {
-    pub session_id: String,
-    pub entries: Vec<EntryInput>,
-    #[serde(default)]
-    #[schemars(with = "Option<Option<String>>")]
-    pub parent_id: ParentField,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct AppendBatchAnswer {
-    pub entry_ids: Vec<String>,
-    pub leaf_id: Option<String>,
-    pub entries: Vec<StoredEntry>,
 }
 
 /// `session-tree::fork`.

@@ -232,34 +232,42 @@ pub(crate) async fn append_history(
     if messages.is_empty() {
         return Ok(messages);
     }
-    let entries: Vec<Value> = messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            json!({"type": "message", "id": format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count), "message": m})
-        })
-        .collect();
-    let request = harness_sdk::fields([
-        ("session_id", rec.session_id.as_str().into()),
-        ("parent_id", json!(rec.tree_leaf)),
-        ("entries", Value::Array(entries)),
-    ]);
-    let mut out = ctx.trigger("session-tree::append_batch", request).await?;
-    let old_leaf = rec.tree_leaf.take();
-    rec.tree_leaf = out["leaf_id"].as_str().map(str::to_owned);
-    let stored = out["entries"]
-        .as_array_mut()
-        .map(|a| {
-            a.iter_mut()
-                .map(|e| serde_json::from_value(e["entry"]["message"].take()))
-                .collect::<Result<Vec<AgentMessage>, _>>()
-        })
-        .unwrap_or_else(|| Ok(Vec::new()))
+    let request = session_tree::AppendBatchRequest {
+        session_id: rec.session_id.clone(),
+        entries: messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, message)| session_tree::EntryInput {
+                id: Some(format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count)),
+                timestamp: None,
+                body: session_tree::EntryBody::Message { message },
+            })
+            .collect(),
+        // The run's leaf; none yet: a new root.
+        parent_id: Some(json!(rec.tree_leaf)),
+    };
+    let out = ctx
+        .trigger(session_tree::APPEND_BATCH, json!(request))
+        .await?;
+    let out: session_tree::AppendBatchAnswer = contracts::parse(session_tree::APPEND_BATCH, out)
         .map_err(|e| {
             StepError::Fatal(format!(
                 "the session store answered an unreadable entry: {e}"
             ))
         })?;
+    let old_leaf = rec.tree_leaf.take();
+    rec.tree_leaf = out.leaf_id;
+    let stored = out
+        .entries
+        .into_iter()
+        .map(|e| match e.entry.body {
+            session_tree::EntryBody::Message { message } => Ok(message),
+            other => Err(StepError::Fatal(format!(
+                "the session store answered a `{}` entry for a message",
+                other.kind()
+            ))),
+        })
+        .collect::<StepResult<Vec<AgentMessage>>>()?;
     if let Some(new_leaf) = &rec.tree_leaf {
         let _ =
             CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
