@@ -143,8 +143,8 @@ pub mod auth {
         pub provider: String,
     }
 
-    /// A credential (`null` when there is none).
-    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    /// A credential (`null` when there is none). Its `Debug` never shows the secret.
+    #[derive(Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
     #[serde(tag = "type", rename_all = "snake_case")]
     pub enum Token {
         ApiKey {
@@ -154,9 +154,23 @@ pub mod auth {
             access_token: String,
             #[serde(default, skip_serializing_if = "Option::is_none")]
             refresh_token: Option<String>,
+            /// Unix milliseconds.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             expires_at: Option<u64>,
         },
+    }
+
+    // Never print a secret, even in a debug log.
+    impl std::fmt::Debug for Token {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Token::ApiKey { .. } => f.write_str("Token::ApiKey { key: <redacted> }"),
+                Token::Oauth { expires_at, .. } => write!(
+                    f,
+                    "Token::Oauth {{ <redacted>, expires_at: {expires_at:?} }}"
+                ),
+            }
+        }
     }
 
     impl Token {
@@ -555,7 +569,14 @@ mod tests {
         assert!(t.is_none());
         let t: auth::GetTokenAnswer =
             parse("auth", json!({"type": "oauth", "access_token": "a"})).unwrap();
-        assert_eq!(t.unwrap().secret(), "a");
+        assert_eq!(t.as_ref().unwrap().secret(), "a");
+        let shown = format!(
+            "{:?}",
+            auth::Token::ApiKey {
+                key: "sk-live-1".into()
+            }
+        );
+        assert!(!shown.contains("sk-live-1"), "{shown}");
         let e = parse::<approval::ResolveRequest>(
             "approval::resolve",
             json!({"session_id": "s", "function_call_id": "c", "decision": "allow", "decison": "deny"}),
