@@ -7,7 +7,7 @@ mod common;
 use agent_harness::config::{Config, Placement};
 use common::*;
 use harness_sdk::{RegisterFunction, RemoteOptions, Worker, run_remote};
-use scripted_model::Cassette;
+use scripted_model::{Cassette, Turn};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -263,4 +263,62 @@ async fn budgets_in_the_configuration_exist_after_start_up_and_are_brought_up_to
         .await
         .unwrap();
     assert_eq!(b["ceiling_usd"], 7.5, "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_thin_preset_ends_runs_on_max_turns_provider_errors_and_abort() {
+    let s = stack_from("thin", PERMISSIONS, models_catalog::Catalog::builtin()).await;
+    let ctx = s.client.ctx();
+    let inner = s.composition.workers[0].ctx();
+    let start = |sid: &'static str, max_turns: Option<u32>| {
+        let inner = inner.clone();
+        async move {
+            inner
+                .trigger(
+                    "run::start",
+                    json!({"session_id": sid, "provider": "scripted", "model": "scripted-demo", "max_turns": max_turns, "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    // max_turns: two model turns, each with a (denied) call, then the run stops.
+    s.model.load(Cassette {
+        turns: vec![
+            call("m1", "fs::list", json!({})),
+            call("m2", "fs::list", json!({})),
+            call("m3", "fs::list", json!({})),
+        ],
+        ..Default::default()
+    });
+    start("maxed", Some(2)).await;
+    let view = wait_state(&ctx, "maxed", "stopped").await;
+    assert_eq!(view["error"]["kind"], "max_turns", "{view}");
+    assert_eq!(view["turn_count"], 2);
+    // The provider fails: the run ends with its error kind.
+    s.model.load(Cassette {
+        turns: vec![Turn {
+            http_status: Some(429),
+            error_message: Some("slow down".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    start("limited", None).await;
+    let view = wait_state(&ctx, "limited", "stopped").await;
+    assert_eq!(view["error"]["kind"], "rate_limited", "{view}");
+    // run::abort stops a run, and a second start on a stopped session resumes it.
+    s.model.load(Cassette {
+        turns: vec![text("resumed")],
+        ..Default::default()
+    });
+    let aborted = ctx
+        .trigger("run::abort", json!({"session_id": "limited"}))
+        .await
+        .unwrap();
+    assert_eq!(aborted["aborted"], false, "already stopped: {aborted}");
+    let again = start("limited", None).await;
+    assert_eq!(again["started"], true, "{again}");
+    let view = wait_state(&ctx, "limited", "stopped").await;
+    assert!(view["error"].is_null(), "{view}");
 }

@@ -122,16 +122,9 @@ async fn a_client_reaches_the_public_functions_only_and_a_worker_its_namespaces(
         "{msg}"
     );
     let admin = connect_client("admin", RemoteOptions::new(&harness.url())).await;
-    let list = admin
-        .ctx()
-        .trigger("engine::functions::list", json!({}))
-        .await
-        .unwrap();
+    let list = admin.ctx().functions(false).await.unwrap();
     let owner_name = |id: &str| {
-        list["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
+        list.iter()
             .find(|f| f["function_id"] == id)
             .map(|f| f["worker_id"].clone())
     };

@@ -474,10 +474,8 @@ async fn no_policy_means_every_call_is_denied_as_gate_unavailable() {
     let policy_owner = s
         .client
         .ctx()
-        .trigger("engine::functions::list", json!({}))
+        .functions(false)
         .await
-        .unwrap()["functions"]
-        .as_array()
         .unwrap()
         .iter()
         .find(|f| f["function_id"] == "policy::check_permissions")

@@ -144,9 +144,20 @@ pub fn register(engine: &Arc<Engine>) {
     add(
         engine,
         "engine::functions::list",
-        "Every registered function with its schemas and owner.",
-        schema(&[], json!({})),
-        |e, _| async move { Ok(e.list_functions()) },
+        "Registered functions with their schemas and owners, by id, in pages of about 96 KiB: {prefix?, after? (the last page's `next`), limit? (1-1000), formats? (default true)} → {functions, next?}.",
+        schema(
+            &[],
+            json!({"prefix": s("string"), "after": s("string"), "limit": s("integer"), "formats": s("boolean")}),
+        ),
+        |e, inv| async move {
+            crate::paging::functions_page(
+                e.list_functions()["functions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+                &inv.data,
+            )
+        },
     );
     add(
         engine,

@@ -22,6 +22,7 @@ pub mod lambda_host;
 pub mod lambda_stream;
 pub mod logging;
 pub mod mappings;
+pub mod paging;
 pub mod prewarm;
 pub mod protocol;
 pub mod queue;

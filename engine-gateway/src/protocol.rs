@@ -19,6 +19,8 @@ pub mod codes {
     pub const VERSION_CONFLICT: &str = "version_conflict";
     pub const STORAGE_ERROR: &str = "storage_error";
     pub const GONE: &str = "gone";
+    /// An answer too large for the transport (a deployed WebSocket message holds 128 KiB).
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
 }
 
 /// Namespaces only the engine serves: no connection, embedded worker or Lambda may register

@@ -26,16 +26,17 @@ fn storage(e: String) -> ErrorBody {
 pub async fn answer(
     registry: &DynamoRegistry,
     function_id: &str,
+    data: &Value,
 ) -> Option<Result<Value, ErrorBody>> {
     match function_id {
-        "engine::functions::list" => Some(functions(registry).await),
+        "engine::functions::list" => Some(functions(registry, data).await),
         "engine::triggers::list" => Some(triggers(registry).await),
         "engine::workers::list" => Some(workers(registry).await),
         _ => None,
     }
 }
 
-async fn functions(registry: &DynamoRegistry) -> Result<Value, ErrorBody> {
+async fn functions(registry: &DynamoRegistry, data: &Value) -> Result<Value, ErrorBody> {
     let mut out: Vec<Value> = registry
         .list("function")
         .await
@@ -53,7 +54,7 @@ async fn functions(registry: &DynamoRegistry) -> Result<Value, ErrorBody> {
         })
         .collect();
     out.sort_by(|a, b| a["function_id"].as_str().cmp(&b["function_id"].as_str()));
-    Ok(json!({ "functions": out }))
+    crate::paging::functions_page(out, data)
 }
 
 async fn triggers(registry: &DynamoRegistry) -> Result<Value, ErrorBody> {

@@ -194,7 +194,7 @@ pub async fn call_function_as(
 ) -> Result<Value, ErrorBody> {
     if super::catalogue::FUNCTIONS.contains(&function_id) {
         principal.may_call(function_id, false)?;
-        if let Some(answer) = super::catalogue::answer(registry, function_id).await {
+        if let Some(answer) = super::catalogue::answer(registry, function_id, &data).await {
             return answer;
         }
     }
@@ -482,7 +482,7 @@ impl AwsRouter {
                 let reply = self
                     .route(connection, event["body"].as_str().unwrap_or(""))
                     .await;
-                if let Some(reply) = reply
+                if let Some(reply) = reply.map(fit_message)
                     && let Err(e) = self.post(connection, &reply).await
                 {
                     tracing::error!(error = %e, connection, "cannot post to the connection");
@@ -686,6 +686,30 @@ impl AwsRouter {
             None => json!({"batchItemFailures": []}),
         }
     }
+}
+
+/// What API Gateway accepts in one WebSocket message.
+pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
+
+/// An answer that would not fit one WebSocket message becomes an error answer naming its
+/// size, so the caller hears back instead of waiting out its timeout.
+pub fn fit_message(reply: Value) -> Value {
+    let size = reply.to_string().len();
+    if size <= MAX_MESSAGE_BYTES || reply["type"] != "invocationresult" {
+        return reply;
+    }
+    json!({
+        "type": "invocationresult",
+        "invocation_id": reply["invocation_id"],
+        "function_id": reply["function_id"],
+        "error": {
+            "code": codes::PAYLOAD_TOO_LARGE,
+            "message": format!(
+                "the answer of `{}` is {size} bytes; one WebSocket message holds at most {MAX_MESSAGE_BYTES}. Ask for less (a list function takes `limit` and `after`)",
+                reply["function_id"].as_str().unwrap_or("?")
+            ),
+        },
+    })
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ pub fn render(skill_id: &str, worker: &str, f: &Value) -> String {
 
 /// Every live function as a skill.
 pub async fn live_skills(ctx: &Ctx) -> Result<Vec<Skill>, BusError> {
-    let fns = ctx.trigger("engine::functions::list", json!({})).await?;
+    let fns = ctx.functions(true).await?;
     let workers = ctx.trigger("engine::workers::list", json!({})).await?;
     let names: HashMap<String, String> = workers["workers"]
         .as_array()
@@ -96,7 +96,7 @@ pub async fn live_skills(ctx: &Ctx) -> Result<Vec<Skill>, BusError> {
         })
         .collect();
     let mut out = Vec::new();
-    for f in fns["functions"].as_array().into_iter().flatten() {
+    for f in &fns {
         let Some(fid) = f["function_id"].as_str() else {
             continue;
         };

@@ -61,6 +61,30 @@ impl Ctx {
         self.bus.call(function_id, payload, &self.trace, None).await
     }
 
+    /// Every registered function (`engine::functions::list`, page after page); `formats`:
+    /// with their request and response schemas.
+    pub async fn functions(&self, formats: bool) -> Result<Vec<Value>, BusError> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        // A registry of a million functions would be 1 000 pages: stop well before.
+        for _ in 0..1000 {
+            let mut page = self
+                .trigger(
+                    "engine::functions::list",
+                    serde_json::json!({"formats": formats, "after": after}),
+                )
+                .await?;
+            if let Some(fs) = page["functions"].as_array_mut() {
+                out.append(fs);
+            }
+            match page["next"].as_str() {
+                Some(n) if after.as_deref() != Some(n) => after = Some(n.to_string()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
     pub async fn trigger_timeout(
         &self,
         function_id: &str,

@@ -17,6 +17,7 @@
 pub mod signature;
 
 use engine_gateway::secrets::SecretStore;
+use harness_sdk::contracts::approval::{ListPendingAnswer, ListPendingRequest, PendingCall};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, def};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -215,20 +216,21 @@ async fn locate(ctx: &Ctx, call: &str) -> Result<(String, String), String> {
         return Ok((sid.to_string(), cid.to_string()));
     }
     let pending = ctx
-        .trigger("approval::list_pending", json!({}))
+        .trigger(
+            "approval::list_pending",
+            json!(ListPendingRequest { session_id: None }),
+        )
         .await
         .map_err(|e| format!("cannot list parked calls: {e}"))?;
-    let matches: Vec<&Value> = pending["pending"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["function_call_id"] == call)
+    let pending: ListPendingAnswer =
+        harness_sdk::contracts::parse("approval::list_pending", pending)?;
+    let matches: Vec<&PendingCall> = pending
+        .pending
+        .iter()
+        .filter(|p| p.function_call_id == call)
         .collect();
     match matches.as_slice() {
-        [one] => Ok((
-            one["session_id"].as_str().unwrap_or("").to_string(),
-            call.to_string(),
-        )),
+        [one] => Ok((one.session_id.clone(), call.to_string())),
         [] => Err(format!("no parked call `{call}`")),
         _ => Err(format!(
             "`{call}` is parked in several sessions: use <session_id>/{call}"

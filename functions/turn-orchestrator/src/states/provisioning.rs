@@ -40,7 +40,8 @@ pub(crate) async fn provisioning(
     )
     .await
     .filter(|v| !v.is_null());
-    let catalogue = ctx.trigger("engine::functions::list", json!({})).await?;
+    // Ids and descriptions are all the tool's description needs.
+    let catalogue = json!({"functions": ctx.functions(false).await?});
     let run_prompt = Prompt {
         run_key: rec.run_key.clone(),
         system_prompt,
