@@ -322,3 +322,50 @@ async fn the_thin_preset_ends_runs_on_max_turns_provider_errors_and_abort() {
     let view = wait_state(&ctx, "limited", "stopped").await;
     assert!(view["error"].is_null(), "{view}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_run_defaults_and_sandbox_settings_reach_the_workers() {
+    let text_of_file = agent_harness::config::THICK
+        .replace("  mode: agent\n", "  mode: plan\n  max_turns: 3\n")
+        .replace("  max_turns: 12\n", "")
+        .replace("  isolation: auto ", "  isolation: process ");
+    let mut cfg = Config::parse(&text_of_file, "test").unwrap();
+    let s = stack_config(&mut cfg, PERMISSIONS, models_catalog::Catalog::builtin()).await;
+    s.model.load(Cassette {
+        turns: vec![
+            call("d1", "fs::list", json!({})),
+            call("d2", "fs::list", json!({})),
+            call("d3", "fs::list", json!({})),
+            call("d4", "fs::list", json!({})),
+        ],
+        ..Default::default()
+    });
+    // harness::trigger with neither mode nor max_turns: the file's run defaults fill them.
+    let ctx = s.client.ctx();
+    ctx.trigger(
+        "harness::trigger",
+        json!({"session_id": "defaults", "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": "plan it"}], "timestamp": 1}]}}),
+    )
+    .await
+    .unwrap();
+    let view = wait_state(&ctx, "defaults", "stopped").await;
+    assert_eq!(view["max_turns"], 3, "{view}");
+    assert_eq!(view["error"]["kind"], "max_turns", "{view}");
+    let first = &s.model.requests()[0];
+    assert!(
+        first["body"].to_string().contains("Mode: plan"),
+        "the plan paragraph: {}",
+        first["body"]
+    );
+    // The sandbox's isolation came from the file.
+    let report = s.composition.workers[0]
+        .ctx()
+        .trigger("shell::sandbox", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(report["isolation"], "process", "{report}");
+    assert_eq!(
+        report["workdir"],
+        s.work.canonicalize().unwrap().display().to_string()
+    );
+}
