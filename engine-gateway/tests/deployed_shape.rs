@@ -80,7 +80,18 @@ async fn a_client_reaches_the_workers_through_the_deployed_topology() {
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("{}/?token={}", d.url, d.token))
         .await
         .unwrap();
-    let list = call(&mut ws, "c1", "engine::functions::list", json!({})).await;
+    // With every function's schemas the list takes pages (each fits one WebSocket message);
+    // without them, the whole catalogue fits one.
+    let paged = call(&mut ws, "c0", "engine::functions::list", json!({})).await;
+    assert!(paged["result"]["next"].is_string(), "{paged}");
+    let list = call(
+        &mut ws,
+        "c1",
+        "engine::functions::list",
+        json!({"formats": false}),
+    )
+    .await;
+    assert!(list["result"]["next"].is_null(), "one page: {list}");
     let ids: Vec<&str> = list["result"]["functions"]
         .as_array()
         .unwrap_or_else(|| panic!("{list}"))
