@@ -150,13 +150,8 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"prefix": s("string"), "after": s("string"), "limit": s("integer"), "formats": s("boolean")}),
         ),
         |e, inv| async move {
-            crate::paging::functions_page(
-                e.list_functions()["functions"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default(),
-                &inv.data,
-            )
+            let formats = inv.data.get("formats") != Some(&Value::Bool(false));
+            crate::paging::functions_page(e.function_entries(formats), &inv.data)
         },
     );
     add(

@@ -268,22 +268,31 @@ impl Engine {
     }
 
     pub fn list_functions(&self) -> Value {
+        json!({ "functions": self.function_entries(true) })
+    }
+
+    /// Every function by id; `formats`: with the schemas (a run's tool catalogue needs none,
+    /// and copying them for every run start cost a tenth of 50 concurrent sessions' turns).
+    pub fn function_entries(&self, formats: bool) -> Vec<Value> {
         let mut out: Vec<Value> = read(&self.functions)
             .values()
             .map(|f| {
-                json!({
+                let mut entry = json!({
                     "function_id": f.def.id,
                     "description": f.def.description,
-                    "request_format": f.def.request_format,
-                    "response_format": f.def.response_format,
                     "metadata": f.def.metadata,
                     "worker_id": f.owner,
                     "registered_at_ms": f.registered_at_ms,
-                })
+                });
+                if formats {
+                    entry["request_format"] = json!(f.def.request_format);
+                    entry["response_format"] = json!(f.def.response_format);
+                }
+                entry
             })
             .collect();
         out.sort_by(|a, b| a["function_id"].as_str().cmp(&b["function_id"].as_str()));
-        json!({ "functions": out })
+        out
     }
 
     pub fn list_workers(&self) -> Value {
