@@ -14,6 +14,7 @@ use engine_gateway::builtins::req_str;
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, def};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 pub const SCOPE: &str = "skills";
 pub const INDEX_ID: &str = "iii://iii-directory/index";
@@ -82,7 +83,13 @@ pub fn render(skill_id: &str, worker: &str, f: &Value) -> String {
 
 /// Every live function as a skill.
 pub async fn live_skills(ctx: &Ctx) -> Result<Vec<Skill>, BusError> {
-    let fns = ctx.functions(true).await?;
+    live_skills_with(ctx, true).await
+}
+
+/// `bodies`: rendered with the functions' schemas; without, only ids and descriptions (what a
+/// listing needs: the schemas of the whole catalogue are hundreds of kilobytes).
+async fn live_skills_with(ctx: &Ctx, bodies: bool) -> Result<Vec<Skill>, BusError> {
+    let fns = ctx.functions(bodies).await?;
     let workers = ctx.trigger("engine::workers::list", json!({})).await?;
     let names: HashMap<String, String> = workers["workers"]
         .as_array()
@@ -107,7 +114,11 @@ pub async fn live_skills(ctx: &Ctx) -> Result<Vec<Skill>, BusError> {
             .unwrap_or_else(|| fid.split("::").next().unwrap_or(fid).to_string());
         let id = format!("{PREFIX}{worker}/{fid}");
         out.push(Skill {
-            body: render(&id, &worker, f),
+            body: if bodies {
+                render(&id, &worker, f)
+            } else {
+                String::new()
+            },
             id,
             worker,
             function_id: fid.to_string(),
@@ -184,7 +195,7 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
             by_id.insert(id.to_string(), json!({"id": id, "worker": c["worker"], "function_id": c["function_id"], "description": c["description"], "live": false}));
         }
     }
-    for s in live_skills(&ctx).await.map_err(storage)? {
+    for s in live_skills_with(&ctx, false).await.map_err(storage)? {
         by_id.insert(s.id.clone(), json!({"id": s.id, "worker": s.worker, "function_id": s.function_id, "description": s.description, "live": true}));
     }
     let skills: Vec<Value> = by_id
@@ -213,8 +224,64 @@ async fn index(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
     Ok(json!({"body": body, "namespaces": by_worker.keys().collect::<Vec<_>>()}))
 }
 
-async fn download(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+/// What this worker last downloaded: the catalogue it rendered (function, owner, registration
+/// time) and the skill ids. Every run's provisioning downloads the defaults; while the
+/// catalogue is the same, there is nothing to render, compare or write.
+#[derive(Default)]
+pub struct Downloads {
+    last: std::sync::Mutex<Option<LastDownload>>,
+}
+
+struct LastDownload {
+    id: String,
+    catalogue: Vec<Value>,
+    ids: Vec<String>,
+}
+
+/// The catalogue as it bears on the skills: who registered what, when.
+async fn fingerprint(ctx: &Ctx) -> Result<Vec<Value>, BusError> {
+    Ok(ctx
+        .functions(false)
+        .await?
+        .into_iter()
+        .map(|f| {
+            json!([
+                f["function_id"],
+                f["worker_id"],
+                f["registered_at_ms"],
+                f["description"]
+            ])
+        })
+        .collect())
+}
+
+async fn download(memo: Arc<Downloads>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = req_str(&data, "id")?;
+    // Known registration times only (the deployed catalogue has none): then compare.
+    let print = fingerprint(&ctx).await.map_err(storage)?;
+    let comparable = print.iter().all(|f| f[2].is_u64());
+    if comparable
+        && let Ok(last) = memo.last.lock()
+        && let Some(l) = last.as_ref()
+        && l.id == id
+        && l.catalogue == print
+    {
+        return Ok(json!({"id": id, "downloaded": l.ids.len(), "ids": l.ids}));
+    }
+    let out = download_now(&ctx, &id).await?;
+    if comparable && let Ok(mut last) = memo.last.lock() {
+        let ids: Vec<String> = serde_json::from_value(out["ids"].clone()).unwrap_or_default();
+        *last = Some(LastDownload {
+            id,
+            catalogue: print,
+            ids,
+        });
+    }
+    Ok(out)
+}
+
+async fn download_now(ctx: &Ctx, id: &str) -> Result<Value, ErrorBody> {
+    let id = id.to_string();
     let all = id == INDEX_ID;
     let ns = if all {
         None
@@ -228,13 +295,13 @@ async fn download(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         )
     };
     // Only what changed is written: every run's provisioning downloads the defaults.
-    let cached: HashMap<String, Value> = cached(&ctx)
+    let cached: HashMap<String, Value> = cached(ctx)
         .await?
         .into_iter()
         .filter_map(|v| Some((v["id"].as_str()?.to_string(), v)))
         .collect();
     let mut ids = Vec::new();
-    for s in live_skills(&ctx).await.map_err(storage)? {
+    for s in live_skills(ctx).await.map_err(storage)? {
         if ns.as_deref().is_some_and(|n| n != s.worker) {
             continue;
         }
@@ -288,7 +355,10 @@ pub fn worker() -> Worker {
         )
         .contract::<types::SkillRequest, types::DownloadAnswer>()
         .errors(errs),
-        download,
+        {
+            let memo = Arc::new(Downloads::default());
+            move |ctx, data| download(memo.clone(), ctx, data)
+        },
     );
     w
 }
