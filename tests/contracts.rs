@@ -340,3 +340,56 @@ async fn answers_read_back_into_their_contract_types() {
     let _: Option<turn_orchestrator::types::TurnStateView> =
         call(&ctx, "turn::get_state", json!({"session_id": "nobody"})).await;
 }
+
+/// A download at every run start does nothing while the catalogue is the same, and picks up
+/// a function registered since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skills_download_sees_a_function_registered_since_the_last_one() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.composition.workers[0].ctx();
+    let all = json!({"id": "iii://iii-directory/index"});
+    let first = ctx
+        .trigger("directory::skills::download", all.clone())
+        .await
+        .unwrap();
+    let again = ctx
+        .trigger("directory::skills::download", all.clone())
+        .await
+        .unwrap();
+    assert_eq!(first["ids"], again["ids"]);
+    let mut late = harness_sdk::Worker::new("late");
+    late.register_function(
+        harness_sdk::def("late::hello", "Registered after the first download."),
+        |_c, _d| async { Ok(json!({"hi": true})) },
+    );
+    let _late = harness_sdk::run_embedded(late, &s.srv.engine).unwrap();
+    let third = ctx
+        .trigger("directory::skills::download", all)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = third["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(ids.contains(&"iii://late/late::hello"), "{ids:?}");
+    assert_eq!(
+        third["downloaded"].as_u64(),
+        first["downloaded"].as_u64().map(|n| n + 1)
+    );
+    let skill = ctx
+        .trigger(
+            "directory::skills::get",
+            json!({"id": "iii://late/late::hello"}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        skill["body"]
+            .as_str()
+            .unwrap()
+            .contains("Registered after the first download."),
+        "{skill}"
+    );
+}
