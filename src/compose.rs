@@ -53,7 +53,9 @@ impl Drop for Composition {
 }
 
 fn embed(worker: Worker, engine: &Arc<Engine>) -> anyhow::Result<WorkerHandle> {
-    run_embedded(worker, engine).map_err(|e| anyhow::anyhow!("{}: {e}", "worker registration"))
+    let name = worker.name.clone();
+    run_embedded(worker, engine)
+        .map_err(|e| anyhow::anyhow!("the worker `{name}` could not register: {e}"))
 }
 
 /// `auto` → the provider whose key is set (Anthropic, then OpenAI), else the scripted model.
