@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use std::future::Future;
 use std::sync::{Arc, Weak};
 
-use crate::engine::{Engine, HandlerResult, Invocation, STREAM_SCOPE_PREFIX};
-use crate::protocol::{ErrorBody, Message, RegisterFunction, codes, kind_of};
+use crate::engine::{Engine, HandlerResult, Invocation};
+use crate::protocol::{ErrorBody, Message, RegisterFunction, codes};
 use crate::queue::QueueConfig;
 use crate::state::WriteMeta;
 use crate::state_api::take_value;
@@ -18,6 +18,7 @@ pub use crate::engine::ENGINE_OWNER;
 // Workers read their requests' fields with these; they live in `fields` (a leaf module, so
 // `state_api` needs nothing from here).
 pub use crate::fields::{opt_str, opt_u64, req_str};
+pub use crate::stream_item::{StreamItem, stream_addr, stream_items};
 
 fn req_value(data: &Value, field: &str) -> Result<Value, ErrorBody> {
     data.get(field)
@@ -71,72 +72,6 @@ fn schema(required: &[&str], props: Value) -> Value {
     json!({"type": "object", "required": required, "properties": props})
 }
 
-/// `(state scope, group)` of a stream call; the item key is `<group>\u{1}<item>`.
-pub fn stream_addr(data: &Value) -> Result<(String, String), ErrorBody> {
-    let name = req_str(data, "stream_name")?;
-    let group = req_str(data, "group_id")?;
-    if name.is_empty() || group.is_empty() || group.contains('\u{1}') || name.contains('\0') {
-        return Err(ErrorBody::invalid(
-            "`stream_name` and `group_id` must be non-empty and free of control characters",
-        ));
-    }
-    Ok((format!("{STREAM_SCOPE_PREFIX}{name}"), group))
-}
-
-/// One item of a `stream::set_many` call, checked.
-pub struct StreamItem {
-    pub stream_name: String,
-    /// The state scope and key it is stored under.
-    pub scope: String,
-    pub key: String,
-    pub group_id: String,
-    pub item_id: String,
-    pub data: Value,
-}
-
-/// `stream::set_many`'s `items`: each `{stream_name, group_id, item_id, data}`, at most
-/// `SET_MANY_MAX` of them; an error names the item that is wrong.
-pub fn stream_items(data: &mut Value) -> Result<Vec<StreamItem>, ErrorBody> {
-    let max = crate::state::SET_MANY_MAX;
-    let items = match data.get_mut("items").map(Value::take) {
-        Some(Value::Array(items)) => items,
-        None | Some(Value::Null) => {
-            return Err(ErrorBody::invalid("missing required field `items`"));
-        }
-        Some(other) => {
-            return Err(ErrorBody::invalid(format!(
-                "field `items` must be an array, got {}",
-                kind_of(&other)
-            )));
-        }
-    };
-    if items.len() > max {
-        return Err(ErrorBody::invalid(format!(
-            "`items` holds {} items; one call writes at most {max}",
-            items.len()
-        )));
-    }
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut item)| {
-            let at = |e: ErrorBody| ErrorBody::invalid(format!("`items[{i}]`: {}", e.message));
-            let (scope, group_id) = stream_addr(&item).map_err(at)?;
-            let stream_name = req_str(&item, "stream_name").map_err(at)?;
-            let item_id = req_str(&item, "item_id").map_err(at)?;
-            let data = take_value(&mut item, "data").map_err(at)?;
-            crate::state::check_value_depth(&format!("`items[{i}].data`"), &data)?;
-            Ok(StreamItem {
-                key: format!("{group_id}\u{1}{item_id}"),
-                stream_name,
-                scope,
-                group_id,
-                item_id,
-                data,
-            })
-        })
-        .collect()
-}
 
 pub fn register(engine: &Arc<Engine>) {
     let s = |t: &str| json!({"type": t});
@@ -392,6 +327,41 @@ pub fn register(engine: &Arc<Engine>) {
     );
     add(
         engine,
+        "state::transact",
+        "Write several records and stream items together: all commit or none does. Each write may name the version it expects; a conflict on one writes nothing and names it.",
+        schema(
+            &[],
+            json!({
+                "writes": {"type": "array", "maxItems": crate::state::TRANSACT_MAX_WRITES, "items": schema(
+                    &["scope", "key", "value"],
+                    json!({"scope": s("string"), "key": s("string"), "value": {}, "expected_version": s("integer")}),
+                )},
+                "stream_items": {"type": "array", "maxItems": crate::state::SET_MANY_MAX, "items": schema(
+                    &["stream_name", "group_id", "item_id", "data"],
+                    json!({"stream_name": s("string"), "group_id": s("string"), "item_id": s("string"), "data": {}}),
+                )},
+            }),
+        ),
+        |e, mut inv| async move {
+            let meta = meta_of(&inv);
+            let (answer, items) =
+                crate::state_api::transact(e.state.as_ref(), &mut inv.data, &meta).await?;
+            // Pushed only after the commit, in order; whether an item was new is not known.
+            for item in &items {
+                e.emit_stream_event(
+                    &item.stream_name,
+                    &item.group_id,
+                    &item.item_id,
+                    "create",
+                    &item.data,
+                    &inv.trace,
+                );
+            }
+            Ok(answer)
+        },
+    );
+    add(
+        engine,
         "stream::set_many",
         "Store several stream items in one write and push each to its subscribers, in order.",
         schema(
@@ -402,7 +372,7 @@ pub fn register(engine: &Arc<Engine>) {
             )}}),
         ),
         |e, mut inv| async move {
-            let items = stream_items(&mut inv.data)?;
+            let items = stream_items(&mut inv.data, "items")?;
             let writes = items
                 .iter()
                 .map(|i| (i.scope.clone(), i.key.clone(), i.data.clone()))

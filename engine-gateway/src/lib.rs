@@ -32,6 +32,7 @@ pub mod secrets;
 pub mod server;
 pub mod state;
 pub mod state_api;
+pub mod stream_item;
 pub mod trace;
 mod wal;
 

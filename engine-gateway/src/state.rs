@@ -159,6 +159,9 @@ impl WriteMeta {
     }
 }
 
+/// Stream items are stored in scope `$stream:<stream name>`.
+pub const STREAM_SCOPE_PREFIX: &str = "$stream:";
+
 /// Scopes starting with `$` are the engine's own (stream items, registries): they never fire
 /// state triggers.
 pub fn is_reserved_scope(scope: &str) -> bool {
@@ -235,6 +238,17 @@ pub trait StateStore: Send + Sync {
         Ok(existed)
     }
 
+    /// Several writes that commit together or not at all (DynamoDB: one
+    /// `TransactWriteItems`), each conditional as [`StateStore::set`] is; a version conflict
+    /// on any of them writes nothing and names that one. Checked by [`check_transaction`].
+    /// → each write's new version, where the backend knows it without another read
+    /// (DynamoDB does not for an unconditional write: `None`).
+    async fn transact(
+        &self,
+        writes: Vec<TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<u64>>, StateError>;
+
     /// Every record of a scope (page by page). For internal readers whose lists are bounded
     /// by retention; clients page through `state::list` themselves.
     async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {
@@ -254,6 +268,75 @@ pub trait StateStore: Send + Sync {
 
 /// The most items one `stream::set_many` call writes.
 pub const SET_MANY_MAX: usize = 100;
+
+/// One write of a [`StateStore::transact`]: `value` at (`scope`, `key`) if the record is at
+/// `expected_version` (`Some(0)`: absent; `None`: whatever it holds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxWrite {
+    pub scope: String,
+    pub key: String,
+    pub value: Value,
+    pub expected_version: Option<u64>,
+}
+
+/// The most writes one transaction holds (DynamoDB's `TransactWriteItems` limit).
+pub const TRANSACT_MAX_WRITES: usize = 100;
+/// The most JSON one transaction holds, keys included (DynamoDB's 4 MB, with room for the
+/// attribute names and versions each item repeats).
+pub const TRANSACT_MAX_BYTES: usize = 3_500_000;
+
+/// What every backend refuses before it writes anything: no writes, too many or too large,
+/// an address twice (DynamoDB refuses two operations on one item), a bad address or value.
+pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
+    if writes.is_empty() {
+        return Err(StateError::Invalid(
+            "a transaction needs at least one write".into(),
+        ));
+    }
+    if writes.len() > TRANSACT_MAX_WRITES {
+        return Err(StateError::Invalid(format!(
+            "a transaction holds {} writes; at most {TRANSACT_MAX_WRITES}",
+            writes.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(writes.len());
+    let mut bytes = 0usize;
+    for (i, w) in writes.iter().enumerate() {
+        validate_address(&w.scope, &w.key)
+            .map_err(|e| StateError::Invalid(format!("write {i}: {e}")))?;
+        if !seen.insert((w.scope.as_str(), w.key.as_str())) {
+            return Err(StateError::Invalid(format!(
+                "write {i}: {}/{} is written twice in one transaction",
+                w.scope, w.key
+            )));
+        }
+        check_value_depth(&format!("write {i}'s `value`"), &w.value)?;
+        bytes += w.scope.len() + w.key.len() + json_len(&w.value);
+        if bytes > TRANSACT_MAX_BYTES {
+            return Err(StateError::Invalid(format!(
+                "a transaction holds more than {TRANSACT_MAX_BYTES} bytes of JSON (at write {i})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The length of `v`'s JSON text, counted without building it.
+pub fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
 
 /// The most records one `state::list` page holds (also its default `limit`).
 pub const LIST_PAGE_MAX: usize = 1000;

@@ -5,7 +5,9 @@ use serde_json::{Map, Value, json};
 
 use crate::fields::{opt_str, opt_u64, req_str};
 use crate::protocol::ErrorBody;
-use crate::state::{LIST_PAGE_MAX, StateStore, UpdateOp, WriteMeta, WriteOutcome};
+use crate::protocol::kind_of;
+use crate::state::{LIST_PAGE_MAX, StateStore, TxWrite, UpdateOp, WriteMeta, WriteOutcome};
+use crate::stream_item::{StreamItem, stream_items};
 
 pub const FUNCTIONS: &[&str] = &[
     "state::get",
@@ -14,6 +16,7 @@ pub const FUNCTIONS: &[&str] = &[
     "state::update",
     "state::delete",
     "state::list",
+    "state::transact",
 ];
 
 /// Take `field` out of a request the caller owns (no copy of a large value).
@@ -46,6 +49,9 @@ pub async fn call(
         "state::update" => update(store, &mut data, meta).await,
         "state::delete" => delete(store, &data, meta).await,
         "state::list" => list(store, &data).await,
+        // Stored stream items reach subscribers from the store's change feed here (the
+        // engine's built-in pushes them itself).
+        "state::transact" => transact(store, &mut data, meta).await.map(|(v, _)| v),
         _ => return None,
     };
     Some(r)
@@ -121,4 +127,72 @@ async fn list(store: &dyn StateStore, data: &Value) -> Result<Value, ErrorBody> 
         .then(|| entries.last().map(|e| e.key.clone()))
         .flatten();
     Ok(json!({"items": entries, "next_cursor": next_cursor}))
+}
+
+/// `state::transact {writes: [{scope, key, value, expected_version?}], stream_items?: [...]}`:
+/// every write and every stream item commit together or none does (a version conflict on
+/// one names it) → `{versions: [version or null, per write], stream_items: n}`, and the
+/// stream items written (for the engine to push).
+pub async fn transact(
+    store: &dyn StateStore,
+    data: &mut Value,
+    meta: &WriteMeta,
+) -> Result<(Value, Vec<StreamItem>), ErrorBody> {
+    let mut writes = tx_writes(data)?;
+    let items = match data.get("stream_items") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(_) => stream_items(data, "stream_items")?,
+    };
+    let count = writes.len();
+    writes.extend(items.iter().map(|i| TxWrite {
+        scope: i.scope.clone(),
+        key: i.key.clone(),
+        value: i.data.clone(),
+        expected_version: None,
+    }));
+    let mut versions = store.transact(writes, meta).await?;
+    versions.truncate(count);
+    let answer = json!({"versions": versions, "stream_items": items.len()});
+    Ok((answer, items))
+}
+
+/// `state::transact`'s `writes` (may be empty when stream items are given); an error names
+/// the write that is wrong.
+fn tx_writes(data: &mut Value) -> Result<Vec<TxWrite>, ErrorBody> {
+    let writes = match data.get_mut("writes").map(Value::take) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(w)) => w,
+        Some(other) => {
+            return Err(ErrorBody::invalid(format!(
+                "field `writes` must be an array, got {}",
+                kind_of(&other)
+            )));
+        }
+    };
+    if writes.len() > crate::state::TRANSACT_MAX_WRITES {
+        return Err(ErrorBody::invalid(format!(
+            "`writes` holds {} writes; one transaction holds at most {}",
+            writes.len(),
+            crate::state::TRANSACT_MAX_WRITES
+        )));
+    }
+    writes
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut w)| {
+            let at = |e: ErrorBody| ErrorBody::invalid(format!("`writes[{i}]`: {}", e.message));
+            if !w.is_object() {
+                return Err(ErrorBody::invalid(format!(
+                    "`writes[{i}]` must be an object, got {}",
+                    kind_of(&w)
+                )));
+            }
+            Ok(TxWrite {
+                scope: req_str(&w, "scope").map_err(at)?,
+                key: req_str(&w, "key").map_err(at)?,
+                expected_version: opt_u64(&w, "expected_version").map_err(at)?,
+                value: take_value(&mut w, "value").map_err(at)?,
+            })
+        })
+        .collect()
 }

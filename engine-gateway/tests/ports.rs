@@ -314,3 +314,117 @@ async fn retention_deletes_only_what_outlived_its_scope() {
         "other scopes untouched"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_commits_every_write_or_none() {
+    use engine_gateway::state::{StateError, TxWrite};
+    let dir = tempfile::tempdir().unwrap();
+    let opts = common::options(dir.path());
+    let b = server::backends(&opts).await.unwrap();
+    let meta = WriteMeta::default();
+    let scope = format!("tx-{}", engine_gateway::trace::random_hex(4));
+    let w = |key: &str, value: serde_json::Value, expected: Option<u64>| TxWrite {
+        scope: scope.clone(),
+        key: key.into(),
+        value,
+        expected_version: expected,
+    };
+    // Created together, each only if absent.
+    let versions = b
+        .state
+        .transact(
+            vec![w("a", json!(1), Some(0)), w("b", json!(2), Some(0))],
+            &meta,
+        )
+        .await
+        .unwrap();
+    let a = b.state.get(&scope, "a").await.unwrap().unwrap();
+    let bv = b.state.get(&scope, "b").await.unwrap().unwrap();
+    assert_eq!((a.value.clone(), bv.value.clone()), (json!(1), json!(2)));
+    assert_eq!(versions, vec![Some(a.version), Some(bv.version)]);
+
+    // One stale condition: nothing is written, and the error names that write.
+    let err = b
+        .state
+        .transact(
+            vec![
+                w("a", json!(10), Some(a.version)),
+                w("c", json!(3), None),
+                w("b", json!(20), Some(bv.version + 7)),
+            ],
+            &meta,
+        )
+        .await
+        .unwrap_err();
+    match &err {
+        StateError::VersionConflict {
+            key,
+            expected,
+            found,
+            ..
+        } => assert_eq!(
+            (key.as_str(), *expected, *found),
+            ("b", bv.version + 7, Some(bv.version))
+        ),
+        other => panic!("a version conflict on b, not {other:?}"),
+    }
+    assert_eq!(b.state.get(&scope, "a").await.unwrap().unwrap(), a);
+    assert!(b.state.get(&scope, "c").await.unwrap().is_none(), "not half written");
+
+    // Conditional and unconditional writes together; stream items (reserved scope) too.
+    let versions = b
+        .state
+        .transact(
+            vec![
+                w("a", json!(11), Some(a.version)),
+                w("c", json!(3), None),
+                TxWrite {
+                    scope: "$stream:tx".into(),
+                    key: "g\u{1}i".into(),
+                    value: json!({"n": 1}),
+                    expected_version: None,
+                },
+            ],
+            &meta,
+        )
+        .await
+        .unwrap();
+    let a2 = b.state.get(&scope, "a").await.unwrap().unwrap();
+    assert_eq!((a2.value, Some(a2.version)), (json!(11), versions[0]));
+    assert!(a2.version > a.version);
+    assert_eq!(b.state.get(&scope, "c").await.unwrap().unwrap().value, json!(3));
+
+    // Refused before anything is written, naming what is wrong.
+    let many: Vec<TxWrite> = (0..101).map(|i| w(&format!("m{i}"), json!(i), None)).collect();
+    let big = json!("x".repeat(1_000_000));
+    let nested = (0..70).fold(json!(1), |v, _| json!([v]));
+    for (writes, says) in [
+        (Vec::new(), "at least one write"),
+        (many, "at most 100"),
+        (
+            vec![w("d", json!(1), None), w("d", json!(2), None)],
+            "written twice",
+        ),
+        (
+            (0..4).map(|i| w(&format!("big{i}"), big.clone(), None)).collect(),
+            "bytes",
+        ),
+        (vec![w("e", nested, None)], "nests deeper"),
+        (
+            vec![TxWrite {
+                scope: String::new(),
+                ..w("f", json!(1), None)
+            }],
+            "write 0",
+        ),
+    ] {
+        let err = b.state.transact(writes, &meta).await.unwrap_err();
+        assert!(
+            matches!(&err, StateError::Invalid(m) if m.contains(says)),
+            "should say {says}: {err:?}"
+        );
+    }
+    for key in ["m0", "d", "big0", "e"] {
+        assert!(b.state.get(&scope, key).await.unwrap().is_none(), "{key}");
+    }
+}

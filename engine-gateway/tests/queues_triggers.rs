@@ -856,6 +856,85 @@ async fn stream_set_many_stores_and_pushes_every_item_in_order_and_names_a_bad_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_transact_writes_records_and_stream_items_together_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut browser = Raw::connect(&srv.url()).await;
+    browser
+        .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "t1"}))
+        .await;
+    browser.barrier().await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    let item = |id: &str, n: u64| json!({"stream_name": "agent::events", "group_id": "t1", "item_id": id, "data": {"n": n}});
+    let r = raw
+        .call(
+            "state::transact",
+            json!({
+                "writes": [{"scope": "txs", "key": "rec", "value": {"state": "a"}, "expected_version": 0}],
+                "stream_items": [item("t1-1", 1), item("t1-2", 2)],
+            }),
+        )
+        .await;
+    assert_eq!(r["result"]["stream_items"], 2, "{r}");
+    let version = r["result"]["versions"][0].as_u64().expect("the record's version");
+    for n in 1..=2u64 {
+        let ev = browser.recv_until(|v| v["type"] == "streamevent").await;
+        assert_eq!(ev["item_id"], format!("t1-{n}"), "pushed in order after the commit: {ev}");
+    }
+    // A stale version: nothing is written, no item is pushed, the error names the record.
+    let r = raw
+        .call(
+            "state::transact",
+            json!({
+                "writes": [{"scope": "txs", "key": "rec", "value": {"state": "b"}, "expected_version": version + 1}],
+                "stream_items": [item("t1-3", 3)],
+            }),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], "version_conflict", "{r}");
+    assert!(r["error"]["message"].as_str().unwrap_or("").contains("txs/rec"), "{r}");
+    let r = raw
+        .call(
+            "stream::get",
+            json!({"stream_name": "agent::events", "group_id": "t1", "item_id": "t1-3"}),
+        )
+        .await;
+    assert_eq!(r["result"], Value::Null, "the refused transaction's item is not stored: {r}");
+    let r = raw
+        .call("state::get", json!({"scope": "txs", "key": "rec"}))
+        .await;
+    assert_eq!(r["result"], json!({"state": "a"}), "{r}");
+
+    // Hostile requests are refused whole, naming what is wrong.
+    for (req, says) in [
+        (json!({}), "at least one write"),
+        (json!({"writes": "x"}), "`writes` must be an array"),
+        (json!({"writes": [1]}), "`writes[0]` must be an object"),
+        (json!({"writes": [{"scope": "txs", "value": 1}]}), "`writes[0]`: missing required field `key`"),
+        (json!({"writes": [{"scope": "txs", "key": "k"}]}), "`writes[0]`: missing required field `value`"),
+        (
+            json!({"writes": [{"scope": "txs", "key": "k", "value": 1, "expected_version": "one"}]}),
+            "`writes[0]`",
+        ),
+        (json!({"stream_items": [{"stream_name": "agent::events"}]}), "`stream_items[0]`"),
+        (
+            json!({"writes": (0..60).map(|i| json!({"scope": "txs", "key": format!("k{i}"), "value": i})).collect::<Vec<_>>(),
+                   "stream_items": (0..60).map(|i| item(&format!("x{i}"), i)).collect::<Vec<_>>()}),
+            "at most 100",
+        ),
+    ] {
+        let r = raw.call("state::transact", req).await;
+        assert_eq!(r["error"]["code"], "invalid_message", "{says}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "`{msg}` should say {says}");
+    }
+    let r = raw
+        .call("state::list", json!({"scope": "txs"}))
+        .await;
+    assert_eq!(r["result"]["items"].as_array().map(Vec::len), Some(1), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_stream_frames_between_workers_over_websockets() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path()).await;

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use super::{AwsClients, AwsNames, err_code, err_text};
 use crate::state::{
-    Entry, StateError, StateStore, UpdateOp, Versioned, WriteMeta, WriteOutcome, apply_ops,
-    check_expected, next_version, validate_address,
+    Entry, StateError, StateStore, TxWrite, UpdateOp, Versioned, WriteMeta, WriteOutcome,
+    apply_ops, check_expected, check_transaction, next_version, validate_address,
 };
 
 /// How often a `state::update` retries after losing a race to another writer.
@@ -103,6 +103,13 @@ impl UnconditionalSet {
 const TRANSACT_MAX_ITEMS: usize = 100;
 const TRANSACT_MAX_BYTES: usize = 3_500_000;
 
+/// Why a transaction did not commit.
+enum TxFailed {
+    /// The condition of this item (by index) did not hold.
+    Condition(usize),
+    Storage(StateError),
+}
+
 impl DynamoState {
     pub fn new(clients: AwsClients, names: &AwsNames) -> Self {
         Self {
@@ -135,6 +142,21 @@ impl DynamoState {
         &self,
         items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
     ) -> Result<(), StateError> {
+        match self.transact_checked(items).await {
+            Ok(()) => Ok(()),
+            Err(TxFailed::Condition(i)) => Err(storage(format!(
+                "transaction item {i}: its condition failed"
+            ))),
+            Err(TxFailed::Storage(e)) => Err(e),
+        }
+    }
+
+    /// [`Self::transact`], telling a failed condition (the index of the first item whose
+    /// condition did not hold) from other failures.
+    async fn transact_checked(
+        &self,
+        items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Result<(), TxFailed> {
         let mut attempt = 0;
         loop {
             let out = self
@@ -146,16 +168,25 @@ impl DynamoState {
                 .await;
             let Err(e) = out else { return Ok(()) };
             use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-            let conflict = match e.as_service_error() {
-                Some(TransactWriteItemsError::TransactionCanceledException(c)) => c
-                    .cancellation_reasons()
-                    .iter()
-                    .all(|r| matches!(r.code(), None | Some("None" | "TransactionConflict"))),
-                _ => false,
+            let (canceled, reasons) = match e.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
+                    (true, c.cancellation_reasons().to_vec())
+                }
+                _ => (false, Vec::new()),
             };
+            if let Some(i) = reasons
+                .iter()
+                .position(|r| r.code() == Some("ConditionalCheckFailed"))
+            {
+                return Err(TxFailed::Condition(i));
+            }
+            let conflict = canceled
+                && reasons
+                    .iter()
+                    .all(|r| matches!(r.code(), None | Some("None" | "TransactionConflict")));
             attempt += 1;
             if !conflict || attempt >= 5 {
-                return Err(storage(err_text(&e)));
+                return Err(TxFailed::Storage(storage(err_text(&e))));
             }
             tokio::time::sleep(std::time::Duration::from_millis(20 << attempt)).await;
         }
@@ -309,6 +340,82 @@ impl StateStore for DynamoState {
         }
         // A transaction returns no old images: whether each record existed is not known.
         Ok(vec![None; count])
+    }
+
+    async fn transact(
+        &self,
+        writes: Vec<TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<u64>>, StateError> {
+        use aws_sdk_dynamodb::types::{Put, TransactWriteItem, Update};
+        check_transaction(&writes)?;
+        let mut items = Vec::with_capacity(writes.len());
+        let mut versions = Vec::with_capacity(writes.len());
+        for w in &writes {
+            let item = match w.expected_version {
+                // Conditional: a Put of the next version, if the record is still where the
+                // caller saw it.
+                Some(expected) => {
+                    let current = (expected != 0).then_some(expected);
+                    let version = next_version(current);
+                    versions.push(Some(version));
+                    let mut put = Put::builder()
+                        .table_name(&self.table)
+                        .item("scope", s(&w.scope))
+                        .item("key", s(&w.key))
+                        .item("value", s(&w.value.to_string()))
+                        .item("version", AttributeValue::N(version.to_string()));
+                    if let Some(tp) = &meta.traceparent {
+                        put = put.item("tp", s(tp));
+                    }
+                    if let Some(bg) = &meta.baggage {
+                        put = put.item("bg", s(bg));
+                    }
+                    put = match current {
+                        None => put
+                            .condition_expression("attribute_not_exists(#k)")
+                            .expression_attribute_names("#k", "key"),
+                        Some(v) => put
+                            .condition_expression("#v = :v")
+                            .expression_attribute_names("#v", "version")
+                            .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+                    };
+                    TransactWriteItem::builder()
+                        .put(put.build().map_err(storage)?)
+                        .build()
+                }
+                // Unconditional: the version bumped from wherever it is (not known here).
+                None => {
+                    versions.push(None);
+                    let write = UnconditionalSet::new(&w.value, meta);
+                    let update = Update::builder()
+                        .table_name(&self.table)
+                        .key("scope", s(&w.scope))
+                        .key("key", s(&w.key))
+                        .update_expression(write.expression)
+                        .set_expression_attribute_names(Some(write.names))
+                        .set_expression_attribute_values(Some(write.values))
+                        .build()
+                        .map_err(storage)?;
+                    TransactWriteItem::builder().update(update).build()
+                }
+            };
+            items.push(item);
+        }
+        match self.transact_checked(items).await {
+            Ok(()) => Ok(versions),
+            Err(TxFailed::Condition(i)) => {
+                let w = &writes[i];
+                let found = self.read(&w.scope, &w.key).await?.map(|v| v.version);
+                Err(Self::conflict(
+                    &w.scope,
+                    &w.key,
+                    w.expected_version.unwrap_or(0),
+                    found,
+                ))
+            }
+            Err(TxFailed::Storage(e)) => Err(e),
+        }
     }
 
     async fn update(

@@ -244,88 +244,145 @@ impl EmbeddedBackend {
         validate_address(scope, key)?;
         let seqs = &self.change_seq;
         let (outcome, change) = self
-            .commit(
-                meta.deferred(),
-                |txn, log| -> Result<(WriteOutcome, Option<ChangeRecord>), StateError> {
-                    let outcome;
-                    let mut change = None;
-                    {
-                        let mut table = txn.open_table(STATE).map_err(storage)?;
-                        let k = state_key(scope, key);
-                        let current = match table.get(k.as_str()).map_err(storage)? {
-                            Some(g) => Some(decode(g.value())?),
-                            None => None,
-                        };
-                        let current_version = current.as_ref().map(|c| c.version);
-                        check_expected(scope, key, expected_version, current_version)?;
-                        let new_value = compute(current.as_ref())?;
-                        let old_value = current.map(|c| c.value);
-                        let kind = match (&old_value, &new_value) {
-                            (None, Some(_)) => Some(ChangeKind::Created),
-                            (Some(_), Some(_)) => Some(ChangeKind::Updated),
-                            (Some(_), None) => Some(ChangeKind::Deleted),
-                            (None, None) => None,
-                        };
-                        let version = match &new_value {
-                            Some(v) => {
-                                let version = crate::state::next_version(current_version);
-                                let bytes = encode(version, v);
-                                table
-                                    .insert(k.as_str(), bytes.as_slice())
-                                    .map_err(storage)?;
-                                log.push(Op::StatePut(k, bytes));
-                                version
-                            }
-                            None => {
-                                if table.remove(k.as_str()).map_err(storage)?.is_some() {
-                                    log.push(Op::StateDel(k));
-                                }
-                                current_version.unwrap_or(0)
-                            }
-                        };
-                        if let (Some(kind), false, false) =
-                            (kind, is_reserved_scope(scope), meta.unwatched)
-                        {
-                            let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
-                            let record = ChangeRecord {
-                                seq,
-                                position: None,
-                                kind,
-                                scope: scope.to_string(),
-                                key: key.to_string(),
-                                old_value: old_value.clone(),
-                                new_value: new_value.clone(),
-                                traceparent: meta.traceparent.clone(),
-                                baggage: meta.baggage.clone(),
-                            };
-                            let bytes = serde_json::to_vec(&record).map_err(storage)?;
-                            txn.open_table(CHANGES)
-                                .map_err(storage)?
-                                .insert(seq, bytes.as_slice())
-                                .map_err(storage)?;
-                            log.push(Op::ChangePut(seq, bytes));
-                            change = Some(record);
-                        }
-                        outcome = WriteOutcome {
-                            old_value,
-                            new_value,
-                            version,
-                        };
-                    }
-                    Ok((outcome, change))
-                },
-            )
+            .commit(meta.deferred(), |txn, log| {
+                write_in(txn, log, seqs, scope, key, expected_version, meta, compute)
+            })
             .await?;
-        if let Some(record) = change {
-            // Only after the commit: a trigger never fires for a write that did not happen.
-            self.feed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(record.seq, record);
-            self.change_notify.notify_one();
-        }
+        self.publish(change.into_iter());
         Ok(outcome)
     }
+
+    /// Several conditional writes in one redb transaction: all commit or none does.
+    pub(crate) async fn write_all(
+        &self,
+        writes: Vec<crate::state::TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<u64>>, StateError> {
+        crate::state::check_transaction(&writes)?;
+        let seqs = &self.change_seq;
+        let (versions, changes) = self
+            .commit(meta.deferred(), |txn, log| {
+                let mut versions = Vec::with_capacity(writes.len());
+                let mut changes = Vec::new();
+                for w in writes {
+                    let value = w.value;
+                    let (out, change) = write_in(
+                        txn,
+                        log,
+                        seqs,
+                        &w.scope,
+                        &w.key,
+                        w.expected_version,
+                        meta,
+                        move |_| Ok(Some(value)),
+                    )?;
+                    versions.push(Some(out.version));
+                    changes.extend(change);
+                }
+                Ok::<_, StateError>((versions, changes))
+            })
+            .await?;
+        self.publish(changes.into_iter());
+        Ok(versions)
+    }
+
+    /// Hand committed changes to the feed. Only after the commit: a trigger never fires for
+    /// a write that did not happen.
+    fn publish(&self, changes: impl Iterator<Item = ChangeRecord>) {
+        let mut any = false;
+        {
+            let mut feed = self.feed.lock().unwrap_or_else(|p| p.into_inner());
+            for record in changes {
+                feed.insert(record.seq, record);
+                any = true;
+            }
+        }
+        if any {
+            self.change_notify.notify_one();
+        }
+    }
+}
+
+/// One record's write inside `txn`, with its change record (none for the engine's own scopes
+/// or an unwatched write): checked against `expected_version`, then `compute` maps the current
+/// record to the new value (`None` deletes).
+#[allow(clippy::too_many_arguments)]
+fn write_in<F>(
+    txn: &WriteTransaction,
+    log: &mut Vec<Op>,
+    seqs: &AtomicU64,
+    scope: &str,
+    key: &str,
+    expected_version: Option<u64>,
+    meta: &WriteMeta,
+    compute: F,
+) -> Result<(WriteOutcome, Option<ChangeRecord>), StateError>
+where
+    F: FnOnce(Option<&Versioned>) -> Result<Option<Value>, StateError>,
+{
+    let mut table = txn.open_table(STATE).map_err(storage)?;
+    let k = state_key(scope, key);
+    let current = match table.get(k.as_str()).map_err(storage)? {
+        Some(g) => Some(decode(g.value())?),
+        None => None,
+    };
+    let current_version = current.as_ref().map(|c| c.version);
+    check_expected(scope, key, expected_version, current_version)?;
+    let new_value = compute(current.as_ref())?;
+    let old_value = current.map(|c| c.value);
+    let kind = match (&old_value, &new_value) {
+        (None, Some(_)) => Some(ChangeKind::Created),
+        (Some(_), Some(_)) => Some(ChangeKind::Updated),
+        (Some(_), None) => Some(ChangeKind::Deleted),
+        (None, None) => None,
+    };
+    let version = match &new_value {
+        Some(v) => {
+            let version = crate::state::next_version(current_version);
+            let bytes = encode(version, v);
+            table
+                .insert(k.as_str(), bytes.as_slice())
+                .map_err(storage)?;
+            log.push(Op::StatePut(k, bytes));
+            version
+        }
+        None => {
+            if table.remove(k.as_str()).map_err(storage)?.is_some() {
+                log.push(Op::StateDel(k));
+            }
+            current_version.unwrap_or(0)
+        }
+    };
+    let mut change = None;
+    if let (Some(kind), false, false) = (kind, is_reserved_scope(scope), meta.unwatched) {
+        let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
+        let record = ChangeRecord {
+            seq,
+            position: None,
+            kind,
+            scope: scope.to_string(),
+            key: key.to_string(),
+            old_value: old_value.clone(),
+            new_value: new_value.clone(),
+            traceparent: meta.traceparent.clone(),
+            baggage: meta.baggage.clone(),
+        };
+        let bytes = serde_json::to_vec(&record).map_err(storage)?;
+        txn.open_table(CHANGES)
+            .map_err(storage)?
+            .insert(seq, bytes.as_slice())
+            .map_err(storage)?;
+        log.push(Op::ChangePut(seq, bytes));
+        change = Some(record);
+    }
+    Ok((
+        WriteOutcome {
+            old_value,
+            new_value,
+            version,
+        },
+        change,
+    ))
 }
 
 impl From<String> for StateError {

@@ -57,6 +57,14 @@ impl StateStore for EmbeddedBackend {
             .await
     }
 
+    async fn transact(
+        &self,
+        writes: Vec<crate::state::TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<u64>>, StateError> {
+        self.write_all(writes, meta).await
+    }
+
     async fn list_page(
         &self,
         scope: &str,

@@ -47,7 +47,7 @@ pub const ENGINE_OWNER: &str = "engine";
 /// The built-in queue that carries `durable:subscriber` copies.
 pub const DURABLE_QUEUE: &str = "iii::durable";
 /// Scope prefix of stream items in the state store (reserved: never fires state triggers).
-pub const STREAM_SCOPE_PREFIX: &str = "$stream:";
+pub use crate::state::STREAM_SCOPE_PREFIX;
 
 /// One call as a handler sees it.
 #[derive(Debug, Clone)]

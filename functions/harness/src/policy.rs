@@ -85,6 +85,7 @@ pub const DEFAULT_DENY: &[&str] = &[
     "state::set",
     "state::update",
     "state::delete",
+    "state::transact",
     // The UI's event stream is the harness's to write: an agent could forge events.
     "stream::set",
     "stream::set_many",
@@ -544,6 +545,8 @@ rules:
             "state::set",
             "state::update",
             "state::delete",
+            "state::transact",
+            "stream::set_many",
             "run::start",
             "auth::set_token",
             "auth::delete_token",

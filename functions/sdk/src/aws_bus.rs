@@ -186,7 +186,7 @@ impl AwsBus {
         }
         let run = async {
             if function_id == "stream::set_many" {
-                let items = engine_gateway::builtins::stream_items(&mut data.clone())?;
+                let items = engine_gateway::builtins::stream_items(&mut data.clone(), "items")?;
                 let count = items.len();
                 let writes = items
                     .into_iter()

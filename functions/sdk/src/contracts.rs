@@ -399,7 +399,14 @@ pub mod inbox {
     pub struct PeekRequest {
         pub name: String,
         pub session_id: String,
+        /// Several inboxes in one read: the answer is the first of them (in this order) that
+        /// holds items, and names it. A worker that does not know this field answers `name`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub names: Option<Vec<String>>,
     }
+
+    /// The most inboxes one peek names.
+    pub const PEEK_MAX_NAMES: usize = 8;
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct DrainRequest {
@@ -413,6 +420,20 @@ pub mod inbox {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct ItemsAnswer {
         pub items: Vec<Value>,
+        /// A peek of several `names`: the inbox the items come from (null: all are empty).
+        /// Absent from a peek of one inbox and from a worker that reads only `name`.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
+        #[schemars(with = "Option<String>")]
+        pub name: Option<Option<String>>,
+    }
+
+    /// A field that is present (`null` included) is `Some`; an absent one takes the default.
+    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+        Option::<String>::deserialize(d).map(Some)
     }
 }
 

@@ -175,6 +175,41 @@ impl Ctx {
         .await
     }
 
+    /// Writes and stream items that commit together or not at all (`state::transact`);
+    /// stream items as `(stream_name, group_id, item_id, data)`. → `{versions, stream_items}`;
+    /// a conflict on any write answers `version_conflict` and nothing is written.
+    pub async fn state_commit(
+        &self,
+        writes: Vec<engine_gateway::state::TxWrite>,
+        stream_items: Vec<(String, String, String, Value)>,
+    ) -> Result<Value, BusError> {
+        let writes: Vec<Value> = writes
+            .into_iter()
+            .map(|w| {
+                let mut o = fields([
+                    ("scope", w.scope.into()),
+                    ("key", w.key.into()),
+                    ("value", w.value),
+                ]);
+                if let Some(v) = w.expected_version {
+                    o["expected_version"] = v.into();
+                }
+                o
+            })
+            .collect();
+        let items: Vec<Value> = stream_items
+            .into_iter()
+            .map(|(stream_name, group_id, item_id, data)| {
+                json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data})
+            })
+            .collect();
+        self.trigger(
+            "state::transact",
+            json!({"writes": writes, "stream_items": items}),
+        )
+        .await
+    }
+
     pub async fn state_update(
         &self,
         scope: &str,

@@ -432,8 +432,46 @@ async fn inbox_push(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn inbox_peek(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let key = inbox_key(&data)?;
+    if let Some(names) = data.get("names").filter(|v| !v.is_null()) {
+        return inbox_peek_first(&ctx, &sid_of(&data, "session_id")?, names).await;
+    }
     let v = ctx.state_get(INBOX, &key).await.map_err(storage)?;
     Ok(json!({"items": v["items"].as_array().cloned().unwrap_or_default()}))
+}
+
+/// `names`: the first of these inboxes that holds items, found with one read of the
+/// session's inboxes → `{items, name}` (`name` null when all are empty).
+async fn inbox_peek_first(ctx: &Ctx, sid: &str, names: &Value) -> Result<Value, ErrorBody> {
+    let names: Vec<String> = serde_json::from_value(names.clone())
+        .map_err(|_| ErrorBody::invalid("`names` must be a list of inbox names"))?;
+    if names.is_empty() || names.len() > inbox::PEEK_MAX_NAMES {
+        return Err(ErrorBody::invalid(format!(
+            "`names` must name 1 to {} inboxes",
+            inbox::PEEK_MAX_NAMES
+        )));
+    }
+    for name in &names {
+        valid_id("names[]", name)?;
+    }
+    let prefix = format!("{sid}/");
+    // A session has a few inboxes: one page holds them.
+    let page = ctx
+        .state_list_page(INBOX, Some(&prefix), None, Some(64))
+        .await
+        .map_err(storage)?;
+    let rows = page["items"].as_array().cloned().unwrap_or_default();
+    for name in names {
+        let key = format!("{prefix}{name}");
+        let items = rows
+            .iter()
+            .find(|r| r["key"] == key.as_str())
+            .and_then(|r| r["value"]["items"].as_array().cloned())
+            .unwrap_or_default();
+        if !items.is_empty() {
+            return Ok(json!({"items": items, "name": name}));
+        }
+    }
+    Ok(json!({"items": [], "name": null}))
 }
 
 /// Take the items (the first `max`, default all) atomically: a push racing the drain lands

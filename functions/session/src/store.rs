@@ -168,26 +168,69 @@ pub(crate) mod memo {
     }
 }
 
-/// The fast path of an append after `parent`: `Some(first seq)` when this process's memo of
-/// the session says `parent` is the entry it appended last and the index is unchanged since.
-pub(crate) async fn alloc_seq_after(
+/// The fast path of an append after `parent`, when this process's memo of the session says
+/// `parent` is the entry it appended last and the index is unchanged since: the index (seq
+/// numbers reserved) and the new entries in one transaction, conditional on the remembered
+/// index version and on each entry being absent. `None` when the memo does not apply, the
+/// chain is too large for one transaction, or a condition failed (another writer, or a
+/// retried append whose entries exist): the checked path then decides.
+async fn fast_append(
     ctx: &Ctx,
     sid: &str,
     parent: &str,
-    n: u64,
-) -> Result<Option<(u64, u64)>, ErrorBody> {
+    inputs: &[EntryInput],
+) -> Result<Option<Vec<(Entry, bool)>>, ErrorBody> {
+    use engine_gateway::state::{TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len};
     let Some(m) = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) else {
         return Ok(None);
     };
+    if inputs.len() >= TRANSACT_MAX_WRITES {
+        return Ok(None);
+    }
     let mut index = m.index;
-    let last = index["seq"].as_u64().unwrap_or(0) + n;
-    index["seq"] = json!(last);
+    let first = index["seq"].as_u64().unwrap_or(0) + 1;
+    let n = inputs.len() as u64;
+    index["seq"] = json!(first + n - 1);
     index["updated_at_ms"] = json!(now());
-    match ctx.state_set_if(INDEX, sid, index.clone(), m.version).await {
+    let mut writes = vec![TxWrite {
+        scope: INDEX.into(),
+        key: sid.into(),
+        value: index.clone(),
+        expected_version: Some(m.version),
+    }];
+    let mut entries = Vec::with_capacity(inputs.len());
+    let mut bytes = 0;
+    let mut parent_id = Some(parent.to_string());
+    for (i, input) in inputs.iter().enumerate() {
+        let entry = Entry {
+            id: input.id.clone().unwrap_or_else(new_id),
+            parent_id: parent_id.take(),
+            timestamp: input.timestamp.unwrap_or_else(now),
+            seq: first + i as u64,
+            body: input.body.clone(),
+        };
+        parent_id = Some(entry.id.clone());
+        let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
+        bytes += json_len(&value);
+        writes.push(TxWrite {
+            scope: ENTRIES.into(),
+            key: entry_key(sid, &entry.id),
+            value,
+            expected_version: Some(0),
+        });
+        entries.push((entry, true));
+    }
+    if bytes >= TRANSACT_MAX_BYTES / 2 {
+        return Ok(None);
+    }
+    match ctx.state_commit(writes, Vec::new()).await {
         Ok(out) => {
-            let version = out["version"].as_u64().unwrap_or(m.version + 1);
+            let version = out["versions"][0].as_u64().unwrap_or(m.version + 1);
             memo::wrote_index(sid, index, version);
-            Ok(Some((last + 1 - n, version)))
+            if let Some((last, _)) = entries.last() {
+                memo::appended(sid, version, &last.id);
+            }
+            Ok(Some(entries))
         }
         Err(BusError::VersionConflict(_)) => {
             memo::forget(sid);
@@ -230,19 +273,17 @@ pub async fn append_chain(
             valid_id("id", id)?;
         }
     }
-    let fast = match &parent {
-        Parent::Id(p) if !inputs.is_empty() => alloc_seq_after(ctx, sid, p, inputs.len() as u64)
-            .await?
-            .map(|(first, version)| (first, Some(p.clone()), Some(version))),
-        _ => None,
-    };
-    let (first_seq, mut parent, index_version) = match fast {
-        Some(reserved) => reserved,
-        None => match checked_alloc(ctx, sid, parent, inputs.len()).await? {
+    if let Parent::Id(p) = &parent
+        && !inputs.is_empty()
+        && let Some(stored) = fast_append(ctx, sid, p, &inputs).await?
+    {
+        return Ok(stored);
+    }
+    let (first_seq, mut parent, index_version) =
+        match checked_alloc(ctx, sid, parent, inputs.len()).await? {
             Some(reserved) => reserved,
             None => return Ok(Vec::new()),
-        },
-    };
+        };
     let mut out = Vec::with_capacity(inputs.len());
     for (i, input) in inputs.into_iter().enumerate() {
         let entry = Entry {

@@ -74,7 +74,8 @@ fn invocation_error(e: StepError) -> Result<Value, ErrorBody> {
 }
 
 /// One step of session `sid` in state `expected`: a record in another state means the
-/// delivery is stale (skipped).
+/// delivery is stale (skipped), unless the state was entered inline by an earlier delivery
+/// of this step that died ([`fsm::resumes`]): then that state runs.
 pub async fn drive<P, S>(
     ports: &P,
     states: &S,
@@ -90,11 +91,10 @@ where
         Ok(None) => return Ok(stale()),
         Err(e) => return invocation_error(e),
     };
-    if rec.state != expected || expected.terminal() {
+    let Some(mut state) = fsm::resumes(expected, rec.state) else {
         return Ok(stale());
-    }
+    };
     let loaded_version = version;
-    let mut state = expected;
     loop {
         let outcome = match states.run(state, &mut rec, &mut version).await {
             Ok(o) => o,
@@ -108,7 +108,7 @@ where
         }
         let Some(to) = t.to else {
             apply_all(ports, &mut rec, &mut version, t.effects, None).await?;
-            return Ok(json!({"ok": true, "from_state": expected, "to_state": expected}));
+            return Ok(json!({"ok": true, "from_state": expected, "to_state": state}));
         };
         rec.state = to;
         let dedup = format!("{sid}-{to:?}-{loaded_version}");
@@ -254,12 +254,26 @@ mod tests {
     use crate::ports::Memory;
     use std::sync::Mutex;
 
-    /// Answers each run of a state with the next scripted outcome (or error).
-    struct Scripted(Mutex<Vec<StepResult<Outcome>>>);
+    /// Answers each run of a state with the next scripted outcome (or error), and notes
+    /// which states ran.
+    #[derive(Default)]
+    struct Scripted(Mutex<Vec<StepResult<Outcome>>>, Mutex<Vec<TurnState>>);
+
+    impl Scripted {
+        fn new(script: Vec<StepResult<Outcome>>) -> Self {
+            Scripted(Mutex::new(script), Mutex::default())
+        }
+    }
 
     #[async_trait]
     impl States for Scripted {
-        async fn run(&self, _: TurnState, _: &mut Record, _: &mut u64) -> StepResult<Outcome> {
+        async fn run(
+            &self,
+            state: TurnState,
+            _: &mut Record,
+            _: &mut u64,
+        ) -> StepResult<Outcome> {
+            self.1.lock().unwrap().push(state);
             self.0.lock().unwrap().remove(0)
         }
     }
@@ -281,7 +295,7 @@ mod tests {
             .lock()
             .unwrap()
             .insert("s1".into(), (record(state), 7));
-        let out = drive(&ports, &Scripted(Mutex::new(script)), state, "s1")
+        let out = drive(&ports, &Scripted::new(script), state, "s1")
             .await
             .expect("the step answers");
         (ports, out)
@@ -311,27 +325,86 @@ mod tests {
 
     #[tokio::test]
     async fn a_move_saves_the_new_state_emits_it_and_queues_its_step_once() {
-        let (m, out) = run(
-            TurnState::AssistantStreaming,
-            vec![Ok(Outcome::Answered {
-                calls: vec![call()],
-            })],
-        )
-        .await;
-        assert_eq!(out["to_state"], "function_execute", "{out}");
+        let (m, out) = run(TurnState::Provisioning, vec![Ok(Outcome::Provisioned)]).await;
+        assert_eq!(out["to_state"], "assistant_streaming", "{out}");
         let (rec, version) = saved(&m);
-        assert_eq!((rec.state, version), (TurnState::FunctionExecute, 8));
-        assert_eq!(rec.work.unwrap().prepared, vec![call()]);
+        assert_eq!((rec.state, version), (TurnState::AssistantStreaming, 8));
         assert_eq!(event_types(&m), ["turn_state_changed"]);
         assert_eq!(
             *m.queued.lock().unwrap(),
             [(
                 "s1".to_string(),
-                TurnState::FunctionExecute,
-                "s1-FunctionExecute-7".to_string()
+                TurnState::AssistantStreaming,
+                "s1-AssistantStreaming-7".to_string()
             )]
         );
         assert!(m.durable_saves.lock().unwrap().is_empty(), "deferred");
+    }
+
+    #[tokio::test]
+    async fn the_models_calls_are_saved_then_run_in_the_same_step() {
+        let script = Scripted::new(vec![
+            Ok(Outcome::Answered {
+                calls: vec![call()],
+            }),
+            Ok(Outcome::Parked),
+        ]);
+        let ports = Memory::default();
+        ports.records.lock().unwrap().insert(
+            "s1".into(),
+            (record(TurnState::AssistantStreaming), 7),
+        );
+        let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
+            .await
+            .expect("the step answers");
+        assert_eq!(out["to_state"], "function_awaiting_approval", "{out}");
+        assert_eq!(
+            *script.1.lock().unwrap(),
+            [TurnState::AssistantStreaming, TurnState::FunctionExecute],
+            "function_execute ran in the step that got the calls"
+        );
+        let (rec, version) = saved(&ports);
+        assert_eq!(rec.state, TurnState::FunctionAwaitingApproval);
+        assert_eq!(version, 9, "saved with the batch, then parked");
+        assert_eq!(rec.work.unwrap().prepared, vec![call()]);
+        assert_eq!(
+            event_types(&ports),
+            ["turn_state_changed", "turn_state_changed"]
+        );
+        // No step of function_execute's own: only the parked run's wake-up check.
+        let queued = ports.queued.lock().unwrap().clone();
+        assert_eq!(queued.len(), 1, "{queued:?}");
+        assert_eq!(queued[0].1, TurnState::FunctionAwaitingApproval);
+    }
+
+    #[tokio::test]
+    async fn a_redelivered_step_resumes_the_batch_its_first_delivery_saved() {
+        // The first delivery of assistant_streaming saved function_execute and died running
+        // the calls: the redelivery runs the batch (not the model again).
+        let script = Scripted::new(vec![Ok(Outcome::Parked)]);
+        let ports = Memory::default();
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(TurnState::FunctionExecute), 8));
+        let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
+            .await
+            .expect("the step answers");
+        assert_eq!(out["to_state"], "function_awaiting_approval", "{out}");
+        assert_eq!(*script.1.lock().unwrap(), [TurnState::FunctionExecute]);
+        // Any other state found is stale.
+        let script = Scripted::new(vec![]);
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(TurnState::SteeringCheck), 9));
+        let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
+            .await
+            .unwrap();
+        assert_eq!(out["reason"], "stale", "{out}");
+        assert!(script.1.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -424,7 +497,7 @@ mod tests {
             .insert("s1".into(), (record(TurnState::Stopped), 3));
         let out = drive(
             &ports,
-            &Scripted(Mutex::new(vec![])),
+            &Scripted::new(vec![]),
             TurnState::Provisioning,
             "s1",
         )
@@ -440,9 +513,9 @@ mod tests {
             .insert("s1".into(), (record(TurnState::Provisioning), 3));
         let err = drive(
             &ports,
-            &Scripted(Mutex::new(vec![Err(StepError::Transient(ErrorBody::new(
+            &Scripted::new(vec![Err(StepError::Transient(ErrorBody::new(
                 "timeout", "slow",
-            )))])),
+            )))]),
             TurnState::Provisioning,
             "s1",
         )

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! provisioning ──Provisioned──▶ assistant_streaming
-//! assistant_streaming ──Answered(calls)──▶ function_execute
+//! assistant_streaming ──Answered(calls)──▶ function_execute (saved, then in the same step)
 //!                     ──Answered(none)───▶ steering_check (in the same step)
 //!                     ──BudgetRefused / ModelFailed──▶ stopped
 //! function_execute ──Parked──▶ function_awaiting_approval
@@ -95,8 +95,9 @@ pub enum Effect {
     Save { durable: bool },
     /// Queue the new state's step.
     Enqueue,
-    /// Run the new state in this step (steering_check: a load, a save, a send and a receive
-    /// fewer per model turn).
+    /// Run the new state in this step (a load, a send, a receive and a delete fewer per
+    /// model turn). After a save, a redelivery of the step resumes the saved state
+    /// ([`resumes`]).
     ContinueInline,
 }
 
@@ -136,6 +137,31 @@ fn to(state: TurnState, mut effects: Vec<Effect>) -> Transition {
     Transition {
         to: Some(state),
         effects,
+    }
+}
+
+/// The model's calls are saved (the batch is the truth a crash resumes from) and run in the
+/// step that got them, instead of a step of their own.
+fn saved_then_inline(state: TurnState, mut effects: Vec<Effect>) -> Transition {
+    effects.extend([
+        Effect::EmitStateChanged,
+        Effect::Save { durable: false },
+        Effect::ContinueInline,
+    ]);
+    Transition {
+        to: Some(state),
+        effects,
+    }
+}
+
+/// A delivery of `expected`'s step that finds the record in `stored` runs `stored`: the state
+/// was entered inline and saved by an earlier delivery of the same step, which died before
+/// queuing anything (no other step is queued for it). `None`: the delivery is stale.
+pub fn resumes(expected: TurnState, stored: TurnState) -> Option<TurnState> {
+    match (expected, stored) {
+        _ if expected == stored && !expected.terminal() => Some(stored),
+        (TurnState::AssistantStreaming, TurnState::FunctionExecute) => Some(stored),
+        _ => None,
     }
 }
 
@@ -199,7 +225,7 @@ pub fn transition(from: TurnState, outcome: &Outcome) -> Result<Transition, Inva
             S::SteeringCheck,
             vec![Effect::EmitTurnEnd(Vec::new())],
         )),
-        (S::AssistantStreaming, O::Answered { calls }) => Some(to(
+        (S::AssistantStreaming, O::Answered { calls }) => Some(saved_then_inline(
             S::FunctionExecute,
             vec![Effect::PrepareBatch(calls.clone())],
         )),
@@ -322,7 +348,12 @@ mod tests {
                     calls: vec![call()],
                 },
                 Some(S::FunctionExecute),
-                cat(&[E::PrepareBatch(vec![call()])], &MOVES),
+                vec![
+                    E::PrepareBatch(vec![call()]),
+                    E::EmitStateChanged,
+                    E::Save { durable: false },
+                    E::ContinueInline,
+                ],
             ),
             (
                 S::FunctionExecute,
@@ -456,6 +487,30 @@ mod tests {
                     E::Save { durable: false },
                 ]
             );
+        }
+    }
+
+    #[test]
+    fn a_redelivered_step_resumes_only_a_state_its_own_step_entered_inline() {
+        assert_eq!(
+            resumes(S::AssistantStreaming, S::AssistantStreaming),
+            Some(S::AssistantStreaming)
+        );
+        assert_eq!(
+            resumes(S::AssistantStreaming, S::FunctionExecute),
+            Some(S::FunctionExecute)
+        );
+        for (expected, stored) in [
+            // Queued steps of their own, or not entered from the delivered step.
+            (S::AssistantStreaming, S::FunctionAwaitingApproval),
+            (S::AssistantStreaming, S::Stopped),
+            (S::FunctionExecute, S::AssistantStreaming),
+            (S::Provisioning, S::AssistantStreaming),
+            (S::SteeringCheck, S::FunctionExecute),
+            (S::Stopped, S::Stopped),
+            (S::Failed, S::Failed),
+        ] {
+            assert_eq!(resumes(expected, stored), None, "{expected:?} → {stored:?}");
         }
     }
 

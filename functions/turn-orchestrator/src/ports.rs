@@ -5,6 +5,7 @@
 
 use crate::prelude::*;
 use async_trait::async_trait;
+use engine_gateway::state::{SET_MANY_MAX, TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -32,9 +33,17 @@ pub type EventItem = (String, String, String, Value);
 #[async_trait]
 pub trait RecordStore: Send + Sync {
     async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>>;
-    /// → the new version; `Stale` when another delivery saved first. `durable`: on disk at
-    /// once, not with the step's acknowledgement.
-    async fn save(&self, rec: &Record, version: u64, durable: bool) -> StepResult<u64>;
+    /// Save the record and the UI events held with it, together: both or neither (a
+    /// delivery that loses the save to another wrote nothing; the winner wrote the same
+    /// items). → the new version; `Stale` when another delivery saved first. `durable`: on
+    /// disk at once, not with the step's acknowledgement.
+    async fn save(
+        &self,
+        rec: &Record,
+        version: u64,
+        durable: bool,
+        events: Vec<EventItem>,
+    ) -> StepResult<u64>;
 }
 
 /// The `turn-steps` FIFO queue (grouped by session, deduplicated by id).
@@ -80,17 +89,59 @@ impl RecordStore for Ctx {
         Ok(Some((rec, version)))
     }
 
-    async fn save(&self, rec: &Record, version: u64, durable: bool) -> StepResult<u64> {
+    async fn save(
+        &self,
+        rec: &Record,
+        version: u64,
+        durable: bool,
+        events: Vec<EventItem>,
+    ) -> StepResult<u64> {
         let value = serde_json::to_value(rec).map_err(|e| StepError::Fatal(e.to_string()))?;
         let ctx = if durable { durably(self) } else { self.clone() };
-        match ctx
-            .state_set_if(SCOPE, &record_key(&rec.session_id), value, version)
-            .await
-        {
-            Ok(out) => Ok(out["version"].as_u64().unwrap_or(version + 1)),
+        let key = record_key(&rec.session_id);
+        let fits = !events.is_empty()
+            && events.len() < TRANSACT_MAX_WRITES
+            && json_len(&value) + events.iter().map(|e| json_len(&e.3)).sum::<usize>()
+                < TRANSACT_MAX_BYTES / 2;
+        let saved = if fits {
+            // One write: the record and its events (one TransactWriteItems on DynamoDB).
+            let write = TxWrite {
+                scope: SCOPE.into(),
+                key,
+                value,
+                expected_version: Some(version),
+            };
+            ctx.state_commit(vec![write], events).await.map(|out| {
+                out["versions"][0]
+                    .as_u64()
+                    .unwrap_or(version + 1)
+            })
+        } else {
+            // Too many or too large for one transaction: the events first (a reader that
+            // sees the saved record finds them), then the record.
+            flush_in_chunks(&ctx, events).await;
+            ctx.state_set_if(SCOPE, &key, value, version)
+                .await
+                .map(|out| out["version"].as_u64().unwrap_or(version + 1))
+        };
+        match saved {
+            Ok(v) => Ok(v),
             Err(BusError::VersionConflict(_)) => Err(StepError::Stale),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Events in writes of at most `SET_MANY_MAX` items; a failure is logged (the events are the
+/// UI's view, the record and the session tree are the truth).
+async fn flush_in_chunks(ctx: &Ctx, mut events: Vec<EventItem>) {
+    while !events.is_empty() {
+        let rest = events.split_off(events.len().min(SET_MANY_MAX));
+        let count = events.len();
+        if let Err(e) = ctx.stream_set_many(events).await {
+            tracing::warn!(error = %e, count, "events not stored");
+        }
+        events = rest;
     }
 }
 
@@ -114,10 +165,8 @@ impl StepQueue for Ctx {
 #[async_trait]
 impl EventStream for Ctx {
     async fn store(&self, items: Vec<EventItem>) -> Result<(), String> {
-        self.stream_set_many(items)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        flush_in_chunks(self, items).await;
+        Ok(())
     }
     async fn push(&self, sid: &str, event_type: &str, data: Value) {
         let _ = self.stream_send(EVENTS, sid, event_type, data).await;
@@ -155,13 +204,20 @@ impl RecordStore for Memory {
     async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
         Ok(lock(&self.records).get(sid).cloned())
     }
-    async fn save(&self, rec: &Record, version: u64, durable: bool) -> StepResult<u64> {
+    async fn save(
+        &self,
+        rec: &Record,
+        version: u64,
+        durable: bool,
+        events: Vec<EventItem>,
+    ) -> StepResult<u64> {
         let mut records = lock(&self.records);
         let current = records.get(&rec.session_id).map_or(0, |(_, v)| *v);
         if current != version {
             return Err(StepError::Stale);
         }
         records.insert(rec.session_id.clone(), (rec.clone(), version + 1));
+        store_events(&mut lock(&self.events), events);
         if durable {
             lock(&self.durable_saves).push((rec.session_id.clone(), rec.state));
         }
@@ -183,14 +239,7 @@ impl StepQueue for Memory {
 #[async_trait]
 impl EventStream for Memory {
     async fn store(&self, items: Vec<EventItem>) -> Result<(), String> {
-        let mut events = lock(&self.events);
-        for item in items {
-            // Same item id: rewritten, as the stream store does.
-            match events.iter_mut().find(|e| e.2 == item.2) {
-                Some(e) => *e = item,
-                None => events.push(item),
-            }
-        }
+        store_events(&mut lock(&self.events), items);
         Ok(())
     }
     async fn push(&self, _sid: &str, _event_type: &str, _data: Value) {}
@@ -203,6 +252,16 @@ impl Calls for Memory {
             .get(function_id)
             .cloned()
             .ok_or_else(|| BusError::FunctionNotFound(function_id.to_string()))
+    }
+}
+
+fn store_events(events: &mut Vec<EventItem>, items: Vec<EventItem>) {
+    for item in items {
+        // Same item id: rewritten, as the stream store does.
+        match events.iter_mut().find(|e| e.2 == item.2) {
+            Some(e) => *e = item,
+            None => events.push(item),
+        }
     }
 }
 

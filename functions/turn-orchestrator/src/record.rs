@@ -13,16 +13,17 @@ pub(crate) fn durably(ctx: &Ctx) -> Ctx {
 }
 
 /// Save at `version` (updated to the new one); a conflict means another delivery moved on.
-/// The events held so far are written first: a reader that sees the saved record finds them.
-pub(crate) async fn save<P: RecordStore + EventStream + ?Sized>(
+/// The events held so far are written with it, in one write: a reader that sees the saved
+/// record finds them.
+pub(crate) async fn save<P: RecordStore + ?Sized>(
     ports: &P,
     rec: &mut Record,
     version: &mut u64,
     durable: bool,
 ) -> StepResult<()> {
-    flush_events(ports, rec).await;
+    let events = std::mem::take(&mut rec.outbox);
     rec.updated_at_ms = now();
-    *version = ports.save(rec, *version, durable).await?;
+    *version = ports.save(rec, *version, durable, events).await?;
     Ok(())
 }
 

@@ -177,8 +177,9 @@ pub struct Record {
     /// Counter for event item ids.
     #[serde(default)]
     pub event_seq: u64,
-    /// Events emitted since the last flush: written together (`stream::set_many`) before
-    /// the record is saved and before a call that may take a while. Never stored.
+    /// Events emitted since the last flush: written with the record's next save (one
+    /// `state::transact`), or on their own before a call that may take a while. Never stored
+    /// in the record.
     #[serde(skip)]
     pub outbox: Vec<(String, String, String, Value)>,
 }

@@ -123,6 +123,7 @@ pub(crate) const NEVER_FOR_THE_AGENT: &[&str] = &[
     "state::set",
     "state::update",
     "state::delete",
+    "state::transact",
     "engine::*",
     "iii::*",
 ];

@@ -32,26 +32,8 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     // Steering first, then follow-ups (the inbox worker may not run). Peek, store, then
     // drain exactly what was stored: a crash in between leaves the items in the inbox, and
     // the retry's appends are no-ops (ids from each item's content and position).
-    for name in ["steering", "followup"] {
-        let Some(v) = best_effort(
-            ctx,
-            inbox::PEEK,
-            json!(inbox::PeekRequest {
-                name: name.into(),
-                session_id: rec.session_id.clone(),
-            }),
-        )
-        .await
-        else {
-            continue;
-        };
-        // An answer that is not a list of items is an empty inbox (the inbox is optional).
-        let raw = contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, v)
-            .map(|a| a.items)
-            .unwrap_or_default();
-        if raw.is_empty() {
-            continue;
-        }
+    if let Some((name, raw)) = first_inbox_items(ctx, &rec.session_id).await {
+        let name = name.as_str();
         for (i, item) in raw.iter().enumerate() {
             let message = item
                 .as_str()
@@ -76,6 +58,54 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
         return Ok(Outcome::ResultsPending);
     }
     Ok(Outcome::Idle)
+}
+
+const INBOXES: [&str; 2] = ["steering", "followup"];
+
+/// The first inbox, in [`INBOXES`] order, that holds items, with its items: one peek of both
+/// (a worker that peeks only the inbox it is named answers without `name`, and the rest are
+/// peeked one by one). `None`: all are empty, or the inbox worker does not answer.
+async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)> {
+    let peek = |name: &str, names: Option<Vec<String>>| {
+        best_effort(
+            ctx,
+            inbox::PEEK,
+            json!(inbox::PeekRequest {
+                name: name.into(),
+                session_id: sid.to_string(),
+                names,
+            }),
+        )
+    };
+    let all = INBOXES.iter().map(|n| n.to_string()).collect();
+    // An answer that is not a list of items is an empty inbox (the inbox is optional).
+    let answer = contracts::parse::<inbox::ItemsAnswer>(
+        inbox::PEEK,
+        peek(INBOXES[0], Some(all)).await?,
+    )
+    .ok()?;
+    match answer.name {
+        Some(Some(name)) if !answer.items.is_empty() => {
+            // Only an inbox asked for: the name becomes entry ids and the drain's target.
+            return INBOXES
+                .contains(&name.as_str())
+                .then_some((name, answer.items));
+        }
+        Some(_) => return None,
+        None if !answer.items.is_empty() => return Some((INBOXES[0].into(), answer.items)),
+        None => {}
+    }
+    for name in &INBOXES[1..] {
+        let items = peek(name, None)
+            .await
+            .and_then(|v| contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, v).ok())
+            .map(|a| a.items)
+            .unwrap_or_default();
+        if !items.is_empty() {
+            return Some((name.to_string(), items));
+        }
+    }
+    None
 }
 
 /// FNV-1a of an inbox item and its position: a stable, content-derived entry id part.
