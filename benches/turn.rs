@@ -124,7 +124,8 @@ fn timeline(spans: &[serde_json::Value]) {
     let steps: Vec<usize> = engine
         .iter()
         .enumerate()
-        .filter(|(_, s)| s["name"] == "turn::function_execute")
+        // One model turn (and its tool call, run in the same step) per queued step.
+        .filter(|(_, s)| s["name"] == "turn::assistant_streaming")
         .map(|(i, _)| i)
         .collect();
     // How far apart consecutive tool calls start, over the whole session.
