@@ -70,19 +70,40 @@ fn item_label(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<
     } else if let Some(i) = input.downcast_ref::<DeleteItemInput>() {
         (i.table_name.as_deref(), scope_of(i.key.as_ref()))
     } else if let Some(i) = input.downcast_ref::<TransactWriteItemsInput>() {
-        // A transaction's first update: `set_many` writes one stream group's items.
-        let first = i.transact_items.as_deref().unwrap_or_default().first();
-        let update = first.and_then(|t| t.update.as_ref());
-        (
-            update.map(|u| u.table_name.as_str()),
-            update.and_then(|u| u.key.get("scope")?.as_s().ok().map(String::as_str)),
-        )
+        // Every scope a transaction writes, in order, once each (`agent + $stream:…`: a
+        // record saved with its events).
+        let mut table = None;
+        let mut scopes: Vec<&str> = Vec::new();
+        for t in i.transact_items.as_deref().unwrap_or_default() {
+            let (name, scope) = if let Some(u) = &t.update {
+                (u.table_name.as_str(), u.key.get("scope"))
+            } else if let Some(p) = &t.put {
+                (p.table_name.as_str(), p.item.get("scope"))
+            } else if let Some(d) = &t.delete {
+                (d.table_name.as_str(), d.key.get("scope"))
+            } else if let Some(c) = &t.condition_check {
+                (c.table_name.as_str(), c.key.get("scope"))
+            } else {
+                continue;
+            };
+            table.get_or_insert(name);
+            if let Some(scope) = scope.and_then(|v| v.as_s().ok())
+                && !scopes.contains(&scope.as_str())
+            {
+                scopes.push(scope);
+            }
+        }
+        if !scopes.is_empty() {
+            return Some(format!(" [{}]", scopes.join(" + ")));
+        }
+        (table, None)
     } else if let Some(i) = input.downcast_ref::<QueryInput>() {
-        // A query's key condition value: the scope (state) or the kind (registry).
-        let value = i
-            .expression_attribute_values
-            .as_ref()
-            .and_then(|m| m.values().find_map(|v| v.as_s().ok()))
+        // A query's key condition value: the scope (state, `:s`) or the kind (registry).
+        let values = i.expression_attribute_values.as_ref();
+        let value = values
+            .and_then(|m| m.get(":s"))
+            .or_else(|| values.and_then(|m| m.values().find(|v| v.is_s())))
+            .and_then(|v| v.as_s().ok())
             .map(String::as_str);
         (i.table_name.as_deref(), value)
     } else {
