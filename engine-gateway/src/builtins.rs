@@ -72,7 +72,6 @@ fn schema(required: &[&str], props: Value) -> Value {
     json!({"type": "object", "required": required, "properties": props})
 }
 
-
 pub fn register(engine: &Arc<Engine>) {
     let s = |t: &str| json!({"type": t});
 

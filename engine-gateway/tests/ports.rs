@@ -369,7 +369,10 @@ async fn a_transaction_commits_every_write_or_none() {
         other => panic!("a version conflict on b, not {other:?}"),
     }
     assert_eq!(b.state.get(&scope, "a").await.unwrap().unwrap(), a);
-    assert!(b.state.get(&scope, "c").await.unwrap().is_none(), "not half written");
+    assert!(
+        b.state.get(&scope, "c").await.unwrap().is_none(),
+        "not half written"
+    );
 
     // Conditional and unconditional writes together; stream items (reserved scope) too.
     let versions = b
@@ -392,10 +395,15 @@ async fn a_transaction_commits_every_write_or_none() {
     let a2 = b.state.get(&scope, "a").await.unwrap().unwrap();
     assert_eq!((a2.value, Some(a2.version)), (json!(11), versions[0]));
     assert!(a2.version > a.version);
-    assert_eq!(b.state.get(&scope, "c").await.unwrap().unwrap().value, json!(3));
+    assert_eq!(
+        b.state.get(&scope, "c").await.unwrap().unwrap().value,
+        json!(3)
+    );
 
     // Refused before anything is written, naming what is wrong.
-    let many: Vec<TxWrite> = (0..101).map(|i| w(&format!("m{i}"), json!(i), None)).collect();
+    let many: Vec<TxWrite> = (0..101)
+        .map(|i| w(&format!("m{i}"), json!(i), None))
+        .collect();
     let big = json!("x".repeat(1_000_000));
     let nested = (0..70).fold(json!(1), |v, _| json!([v]));
     for (writes, says) in [
@@ -406,7 +414,9 @@ async fn a_transaction_commits_every_write_or_none() {
             "written twice",
         ),
         (
-            (0..4).map(|i| w(&format!("big{i}"), big.clone(), None)).collect(),
+            (0..4)
+                .map(|i| w(&format!("big{i}"), big.clone(), None))
+                .collect(),
             "bytes",
         ),
         (vec![w("e", nested, None)], "nests deeper"),

@@ -876,10 +876,16 @@ async fn state_transact_writes_records_and_stream_items_together_or_not_at_all()
         )
         .await;
     assert_eq!(r["result"]["stream_items"], 2, "{r}");
-    let version = r["result"]["versions"][0].as_u64().expect("the record's version");
+    let version = r["result"]["versions"][0]
+        .as_u64()
+        .expect("the record's version");
     for n in 1..=2u64 {
         let ev = browser.recv_until(|v| v["type"] == "streamevent").await;
-        assert_eq!(ev["item_id"], format!("t1-{n}"), "pushed in order after the commit: {ev}");
+        assert_eq!(
+            ev["item_id"],
+            format!("t1-{n}"),
+            "pushed in order after the commit: {ev}"
+        );
     }
     // A stale version: nothing is written, no item is pushed, the error names the record.
     let r = raw
@@ -892,14 +898,24 @@ async fn state_transact_writes_records_and_stream_items_together_or_not_at_all()
         )
         .await;
     assert_eq!(r["error"]["code"], "version_conflict", "{r}");
-    assert!(r["error"]["message"].as_str().unwrap_or("").contains("txs/rec"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("txs/rec"),
+        "{r}"
+    );
     let r = raw
         .call(
             "stream::get",
             json!({"stream_name": "agent::events", "group_id": "t1", "item_id": "t1-3"}),
         )
         .await;
-    assert_eq!(r["result"], Value::Null, "the refused transaction's item is not stored: {r}");
+    assert_eq!(
+        r["result"],
+        Value::Null,
+        "the refused transaction's item is not stored: {r}"
+    );
     let r = raw
         .call("state::get", json!({"scope": "txs", "key": "rec"}))
         .await;
@@ -910,13 +926,22 @@ async fn state_transact_writes_records_and_stream_items_together_or_not_at_all()
         (json!({}), "at least one write"),
         (json!({"writes": "x"}), "`writes` must be an array"),
         (json!({"writes": [1]}), "`writes[0]` must be an object"),
-        (json!({"writes": [{"scope": "txs", "value": 1}]}), "`writes[0]`: missing required field `key`"),
-        (json!({"writes": [{"scope": "txs", "key": "k"}]}), "`writes[0]`: missing required field `value`"),
+        (
+            json!({"writes": [{"scope": "txs", "value": 1}]}),
+            "`writes[0]`: missing required field `key`",
+        ),
+        (
+            json!({"writes": [{"scope": "txs", "key": "k"}]}),
+            "`writes[0]`: missing required field `value`",
+        ),
         (
             json!({"writes": [{"scope": "txs", "key": "k", "value": 1, "expected_version": "one"}]}),
             "`writes[0]`",
         ),
-        (json!({"stream_items": [{"stream_name": "agent::events"}]}), "`stream_items[0]`"),
+        (
+            json!({"stream_items": [{"stream_name": "agent::events"}]}),
+            "`stream_items[0]`",
+        ),
         (
             json!({"writes": (0..60).map(|i| json!({"scope": "txs", "key": format!("k{i}"), "value": i})).collect::<Vec<_>>(),
                    "stream_items": (0..60).map(|i| item(&format!("x{i}"), i)).collect::<Vec<_>>()}),
@@ -928,10 +953,12 @@ async fn state_transact_writes_records_and_stream_items_together_or_not_at_all()
         let msg = r["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(says), "`{msg}` should say {says}");
     }
-    let r = raw
-        .call("state::list", json!({"scope": "txs"}))
-        .await;
-    assert_eq!(r["result"]["items"].as_array().map(Vec::len), Some(1), "{r}");
+    let r = raw.call("state::list", json!({"scope": "txs"})).await;
+    assert_eq!(
+        r["result"]["items"].as_array().map(Vec::len),
+        Some(1),
+        "{r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -267,12 +267,7 @@ mod tests {
 
     #[async_trait]
     impl States for Scripted {
-        async fn run(
-            &self,
-            state: TurnState,
-            _: &mut Record,
-            _: &mut u64,
-        ) -> StepResult<Outcome> {
+        async fn run(&self, state: TurnState, _: &mut Record, _: &mut u64) -> StepResult<Outcome> {
             self.1.lock().unwrap().push(state);
             self.0.lock().unwrap().remove(0)
         }
@@ -350,10 +345,11 @@ mod tests {
             Ok(Outcome::Parked),
         ]);
         let ports = Memory::default();
-        ports.records.lock().unwrap().insert(
-            "s1".into(),
-            (record(TurnState::AssistantStreaming), 7),
-        );
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(TurnState::AssistantStreaming), 7));
         let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
             .await
             .expect("the step answers");

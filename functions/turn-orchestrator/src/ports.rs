@@ -5,7 +5,9 @@
 
 use crate::prelude::*;
 use async_trait::async_trait;
-use engine_gateway::state::{SET_MANY_MAX, TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len};
+use engine_gateway::state::{
+    SET_MANY_MAX, TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len,
+};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -111,11 +113,9 @@ impl RecordStore for Ctx {
                 value,
                 expected_version: Some(version),
             };
-            ctx.state_commit(vec![write], events).await.map(|out| {
-                out["versions"][0]
-                    .as_u64()
-                    .unwrap_or(version + 1)
-            })
+            ctx.state_commit(vec![write], events)
+                .await
+                .map(|out| out["versions"][0].as_u64().unwrap_or(version + 1))
         } else {
             // Too many or too large for one transaction: the events first (a reader that
             // sees the saved record finds them), then the record.

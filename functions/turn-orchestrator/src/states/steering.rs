@@ -79,11 +79,9 @@ async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)>
     };
     let all = INBOXES.iter().map(|n| n.to_string()).collect();
     // An answer that is not a list of items is an empty inbox (the inbox is optional).
-    let answer = contracts::parse::<inbox::ItemsAnswer>(
-        inbox::PEEK,
-        peek(INBOXES[0], Some(all)).await?,
-    )
-    .ok()?;
+    let answer =
+        contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, peek(INBOXES[0], Some(all)).await?)
+            .ok()?;
     match answer.name {
         Some(Some(name)) if !answer.items.is_empty() => {
             // Only an inbox asked for: the name becomes entry ids and the drain's target.
