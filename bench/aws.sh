@@ -18,10 +18,10 @@ started=0
 if ! bash localstack/emu.sh status >/dev/null 2>&1; then bash localstack/emu.sh start >&2; started=1; fi
 trap '[ $started = 1 ] && bash localstack/emu.sh stop >/dev/null 2>&1 || true' EXIT
 command -v cargo-lambda >/dev/null || pip install -q cargo-lambda==1.9.2 >&2
-cargo lambda build --release --locked -p harness-sdk --bins >&2
-# Every deployed function with the real release profile (CI builds the cheaper ci-lambda one):
+cargo lambda build --profile lambda --locked -p harness-sdk --bins >&2
+# Every deployed function with the profile that deploys (CI builds the cheaper ci-lambda one):
 # sizes and glibc floor, then each bootstrap's cold start under the local Runtime API.
-LAMBDA_PROFILE=release bash scripts/lambda-builds.sh >&2
+LAMBDA_PROFILE=lambda bash scripts/lambda-builds.sh >&2
 cargo build -q --locked --workspace --bin engine-gateway >&2
 # Cold starts, three rounds, hello-lambda (a bare lambda_runtime bootstrap) first.
 bins=(hello-lambda engine-lambda turn-orchestrator harness-worker approval-gate session llm-budget
@@ -91,7 +91,7 @@ lambda=$(cargo bench -q --locked -p engine-gateway --bench lambda 2>/dev/null | 
   echo
   echo "$deployed"
   echo
-  echo "## Release \`bootstrap\` per function (\`cargo lambda build --release\`, stripped)"
+  echo "## Deployed \`bootstrap\` per function (\`cargo lambda build --profile lambda\`, stripped)"
   echo
   echo "| function | size | needs glibc |"
   echo "| --- | --- | --- |"

@@ -4,7 +4,7 @@
 # API, the engine router behind an emulated API Gateway WebSocket API, the template's
 # event-source mappings and the Slack webhook's Function URL (engine-gateway deployed).
 #   usage: localstack/deployed.sh up|down|status
-#   LAMBDA_PROFILE  the bootstraps' cargo profile (default release, as deployed; ci-lambda
+#   LAMBDA_PROFILE  the bootstraps' cargo profile (default lambda, as deployed; ci-lambda
 #                   builds several times faster)     HARNESS_AWS_PREFIX  (default harness-)
 #   ANTHROPIC_BASE_URL, OPENAI_BASE_URL and the providers' API keys are passed to the
 #   functions from this environment.
@@ -23,7 +23,7 @@ case "${1:-up}" in
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
       echo "already up (pid $(cat "$pidfile")):"; grep -E '^(websocket|token|slack webhook):' "$log"; exit 0
     fi
-    LAMBDA_PROFILE=${LAMBDA_PROFILE:-release} bash scripts/lambda-builds.sh
+    LAMBDA_PROFILE=${LAMBDA_PROFILE:-lambda} bash scripts/lambda-builds.sh
     cargo build --locked -q -p engine-gateway --bin engine-gateway
     bash localstack/emu.sh start
     source localstack/env.sh
