@@ -98,6 +98,59 @@ impl UnconditionalSet {
     }
 }
 
+/// A Put of `value` at `version`, conditional on the record being at `current` (None: absent),
+/// with the writer's trace context: the same for a `PutItem` and a transaction's item.
+struct ConditionalPut {
+    item: Item,
+    condition: &'static str,
+    names: HashMap<String, String>,
+    values: Option<HashMap<String, AttributeValue>>,
+}
+
+impl ConditionalPut {
+    fn new(
+        scope: &str,
+        key: &str,
+        value: &Value,
+        version: u64,
+        current: Option<u64>,
+        meta: &WriteMeta,
+    ) -> Self {
+        let mut item = Item::from([
+            ("scope".to_string(), s(scope)),
+            ("key".to_string(), s(key)),
+            ("value".to_string(), s(&value.to_string())),
+            (
+                "version".to_string(),
+                AttributeValue::N(version.to_string()),
+            ),
+        ]);
+        if let Some(tp) = &meta.traceparent {
+            item.insert("tp".into(), s(tp));
+        }
+        if let Some(bg) = &meta.baggage {
+            item.insert("bg".into(), s(bg));
+        }
+        match current {
+            None => Self {
+                item,
+                condition: "attribute_not_exists(#k)",
+                names: HashMap::from([("#k".to_string(), "key".to_string())]),
+                values: None,
+            },
+            Some(v) => Self {
+                item,
+                condition: "#v = :v",
+                names: HashMap::from([("#v".to_string(), "version".to_string())]),
+                values: Some(HashMap::from([(
+                    ":v".to_string(),
+                    AttributeValue::N(v.to_string()),
+                )])),
+            },
+        }
+    }
+}
+
 /// What one transaction may hold: DynamoDB's 100 items and 4 MB (with room for the
 /// attribute names and keys each item repeats).
 const TRANSACT_MAX_ITEMS: usize = 100;
@@ -212,31 +265,17 @@ impl DynamoState {
         meta: &WriteMeta,
     ) -> Result<Option<(Option<Versioned>, u64)>, StateError> {
         let new_version = next_version(current);
-        let mut req = self
+        let put = ConditionalPut::new(scope, key, value, new_version, current, meta);
+        let req = self
             .clients
             .dynamodb
             .put_item()
             .table_name(&self.table)
-            .item("scope", s(scope))
-            .item("key", s(key))
-            .item("value", s(&value.to_string()))
-            .item("version", AttributeValue::N(new_version.to_string()))
+            .set_item(Some(put.item))
+            .condition_expression(put.condition)
+            .set_expression_attribute_names(Some(put.names))
+            .set_expression_attribute_values(put.values)
             .return_values(ReturnValue::AllOld);
-        if let Some(tp) = &meta.traceparent {
-            req = req.item("tp", s(tp));
-        }
-        if let Some(bg) = &meta.baggage {
-            req = req.item("bg", s(bg));
-        }
-        req = match current {
-            None => req
-                .condition_expression("attribute_not_exists(#k)")
-                .expression_attribute_names("#k", "key"),
-            Some(v) => req
-                .condition_expression("#v = :v")
-                .expression_attribute_names("#v", "version")
-                .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
-        };
         match req.send().await {
             Ok(out) => match out.attributes() {
                 Some(item) if !item.is_empty() => Ok(Some((decode_item(item)?, new_version))),
@@ -359,30 +398,17 @@ impl StateStore for DynamoState {
                     let current = (expected != 0).then_some(expected);
                     let version = next_version(current);
                     versions.push(Some(version));
-                    let mut put = Put::builder()
+                    let put =
+                        ConditionalPut::new(&w.scope, &w.key, &w.value, version, current, meta);
+                    let put = Put::builder()
                         .table_name(&self.table)
-                        .item("scope", s(&w.scope))
-                        .item("key", s(&w.key))
-                        .item("value", s(&w.value.to_string()))
-                        .item("version", AttributeValue::N(version.to_string()));
-                    if let Some(tp) = &meta.traceparent {
-                        put = put.item("tp", s(tp));
-                    }
-                    if let Some(bg) = &meta.baggage {
-                        put = put.item("bg", s(bg));
-                    }
-                    put = match current {
-                        None => put
-                            .condition_expression("attribute_not_exists(#k)")
-                            .expression_attribute_names("#k", "key"),
-                        Some(v) => put
-                            .condition_expression("#v = :v")
-                            .expression_attribute_names("#v", "version")
-                            .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
-                    };
-                    TransactWriteItem::builder()
-                        .put(put.build().map_err(storage)?)
+                        .set_item(Some(put.item))
+                        .condition_expression(put.condition)
+                        .set_expression_attribute_names(Some(put.names))
+                        .set_expression_attribute_values(put.values)
                         .build()
+                        .map_err(storage)?;
+                    TransactWriteItem::builder().put(put).build()
                 }
                 // Unconditional: the version bumped from wherever it is (not known here).
                 None => {
