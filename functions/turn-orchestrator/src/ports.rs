@@ -101,11 +101,7 @@ impl RecordStore for Ctx {
         let value = serde_json::to_value(rec).map_err(|e| StepError::Fatal(e.to_string()))?;
         let ctx = if durable { durably(self) } else { self.clone() };
         let key = record_key(&rec.session_id);
-        let fits = !events.is_empty()
-            && events.len() < TRANSACT_MAX_WRITES
-            && json_len(&value) + events.iter().map(|e| json_len(&e.3)).sum::<usize>()
-                < TRANSACT_MAX_BYTES / 2;
-        let saved = if fits {
+        let saved = if one_write(&value, &events) {
             // One write: the record and its events (one TransactWriteItems on DynamoDB).
             let write = TxWrite {
                 scope: SCOPE.into(),
@@ -130,6 +126,29 @@ impl RecordStore for Ctx {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// The most JSON one event may hold to be written in the record's transaction. DynamoDB
+/// refuses an item over 400 KB, and with it the whole transaction: a larger event (a large
+/// tool result) is written on its own, best effort, so it never blocks the record's save.
+const EVENT_IN_TRANSACTION_MAX: usize = 256 * 1024;
+
+/// Whether the record and its events go in one `state::transact`: there are events, they fit
+/// one transaction with the record (count, and half its bytes), and none is too large to be
+/// an item of it.
+fn one_write(record: &Value, events: &[EventItem]) -> bool {
+    if events.is_empty() || events.len() >= TRANSACT_MAX_WRITES {
+        return false;
+    }
+    let mut bytes = json_len(record);
+    for e in events {
+        let n = json_len(&e.3);
+        if n > EVENT_IN_TRANSACTION_MAX {
+            return false;
+        }
+        bytes += n;
+    }
+    bytes < TRANSACT_MAX_BYTES / 2
 }
 
 /// Events in writes of at most `SET_MANY_MAX` items; a failure is logged (the events are the
@@ -267,4 +286,33 @@ fn store_events(events: &mut Vec<EventItem>, items: Vec<EventItem>) {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(bytes: usize) -> EventItem {
+        (
+            EVENTS.into(),
+            "s1".into(),
+            "s1-1".into(),
+            json!({"result": "x".repeat(bytes)}),
+        )
+    }
+
+    #[test]
+    fn events_go_with_the_record_unless_too_many_or_too_large() {
+        let rec = json!({"state": "function_execute"});
+        assert!(one_write(&rec, &[event(10), event(10)]));
+        assert!(!one_write(&rec, &[]), "nothing to write with it");
+        let many: Vec<EventItem> = (0..TRANSACT_MAX_WRITES).map(|_| event(1)).collect();
+        assert!(!one_write(&rec, &many), "no room for the record");
+        assert!(
+            !one_write(&rec, &[event(10), event(EVENT_IN_TRANSACTION_MAX)]),
+            "an event DynamoDB could refuse must not take the record's save with it"
+        );
+        let big: Vec<EventItem> = (0..8).map(|_| event(250 * 1024)).collect();
+        assert!(!one_write(&rec, &big), "over half a transaction's bytes");
+    }
 }
