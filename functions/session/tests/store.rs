@@ -469,3 +469,67 @@ async fn the_inbox_loses_and_duplicates_nothing_under_concurrency() {
     expected.sort();
     assert_eq!(all, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peek_finds_the_first_inbox_with_items_among_several() {
+    let client_store = store().await;
+    let ctx = client_store.client.ctx();
+    let peek = |names: Value| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.trigger(
+                "session-inbox::peek",
+                json!({"name": "steering", "session_id": "pk", "names": names}),
+            )
+            .await
+        }
+    };
+    // All empty: no items, and the answer says no inbox had any.
+    let r = peek(json!(["steering", "followup"])).await.unwrap();
+    assert_eq!(r, json!({"items": [], "name": null}));
+    for (name, item) in [("followup", "later"), ("other", "elsewhere")] {
+        ctx.trigger(
+            "session-inbox::push",
+            json!({"name": name, "session_id": "pk", "item": item}),
+        )
+        .await
+        .unwrap();
+    }
+    // Another session's inbox with a name that starts the same is not this session's.
+    ctx.trigger(
+        "session-inbox::push",
+        json!({"name": "steering", "session_id": "pk2", "item": "not mine"}),
+    )
+    .await
+    .unwrap();
+    let r = peek(json!(["steering", "followup"])).await.unwrap();
+    assert_eq!(r, json!({"items": ["later"], "name": "followup"}));
+    ctx.trigger(
+        "session-inbox::push",
+        json!({"name": "steering", "session_id": "pk", "item": "now"}),
+    )
+    .await
+    .unwrap();
+    let r = peek(json!(["steering", "followup"])).await.unwrap();
+    assert_eq!(
+        r,
+        json!({"items": ["now"], "name": "steering"}),
+        "in the order named"
+    );
+    // Peeking changes nothing.
+    let r = peek(json!(["followup"])).await.unwrap();
+    assert_eq!(r["items"], json!(["later"]));
+    // Hostile lists are refused, naming the field.
+    let many: Vec<String> = (0..9).map(|i| format!("n{i}")).collect();
+    for names in [
+        json!([]),
+        json!("steering"),
+        json!([1]),
+        json!(["a/b"]),
+        json!(many),
+    ] {
+        let e = peek(names.clone()).await.unwrap_err();
+        assert_eq!(e.code(), "invalid_message", "{names}: {e}");
+        assert!(e.message().contains("names"), "{names}: {e}");
+    }
+}
