@@ -164,6 +164,12 @@ async fn main() -> anyhow::Result<()> {
     for line in &composition.report {
         println!("  {line}");
     }
+    // The link carries a one-time code, not the token: it is spent by the first sign-in.
+    println!(
+        "console: {} (sign in with the token, or once with {})",
+        running.console_url(),
+        running.console_sign_in_link()
+    );
     if cli.serve_only {
         let _ = std::io::stdout().flush();
         tokio::signal::ctrl_c().await?;

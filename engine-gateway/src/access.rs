@@ -188,12 +188,14 @@ struct CredentialEntry {
     namespaces: Vec<String>,
 }
 
-/// The credentials `$connect` accepts: the admin token plus the access file's entries.
+/// The credentials `$connect` accepts: the admin token, the access file's entries, and the
+/// session tokens the engine issued at sign-in (shared by every clone).
 #[derive(Debug, Clone, Default)]
 pub struct Access {
     admin_token: Option<String>,
     /// (SHA-256 of the token, who it is)
     credentials: Vec<([u8; 32], Principal)>,
+    issued: std::sync::Arc<crate::sign_in::IssuedTokens>,
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -218,7 +220,13 @@ impl Access {
         Access {
             admin_token: admin_token.filter(|t| !t.is_empty()),
             credentials: Vec::new(),
+            issued: Default::default(),
         }
+    }
+
+    /// One-time sign-in codes and the session tokens issued for them.
+    pub fn issued(&self) -> &crate::sign_in::IssuedTokens {
+        &self.issued
     }
 
     /// Whether `$connect` asks for a credential at all.
@@ -311,6 +319,9 @@ impl Access {
             return Some(Principal::admin());
         }
         let presented = presented?;
+        if let Some(p) = self.issued.session(presented) {
+            return Some(p);
+        }
         if let Some(admin) = &self.admin_token
             && constant_time_eq(presented.as_bytes(), admin.as_bytes())
         {

@@ -1,12 +1,15 @@
 //! The WebSocket edge, with API Gateway WebSocket semantics: `$connect` (the only place auth
 //! happens), `$disconnect` clean-up, `$default` routing of protocol messages, 128 KB message
 //! and 32 KB frame limits (close 1009 when exceeded), idle and maximum lifetimes, and server
-//! push. Channel ends attach at `/ws/channels/{id}?key=…&dir=read|write`.
+//! push. Channel ends attach at `/ws/channels/{id}?key=…&dir=read|write`. A request on the
+//! same port that asks for no upgrade is plain HTTP: the console and the HTTP API
+//! ([`crate::http`]).
 
 use futures_util::{SinkExt, StreamExt};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
@@ -169,6 +172,18 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let cfg = Arc::new(cfg);
     let own: Arc<[String]> = own_origins(listener.local_addr()?).into();
+    let http = Arc::new(crate::http::HttpState {
+        engine: engine.clone(),
+        access: cfg.access.clone(),
+        origins: own
+            .iter()
+            .chain(cfg.allowed_origins.iter())
+            .cloned()
+            .collect(),
+        max_body_bytes: cfg.max_message_bytes,
+        max_queued_bytes: cfg.max_queued_bytes,
+        max_stream_lifetime: cfg.max_lifetime,
+    });
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     loop {
         let (stream, addr) = match listener.accept().await {
@@ -188,13 +203,100 @@ pub async fn serve(
         let engine = engine.clone();
         let cfg = cfg.clone();
         let own = own.clone();
+        let http = http.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = handle_connection(engine, cfg, own, stream, addr).await {
+            if let Err(e) = handle_connection(engine, cfg, own, http, stream, addr).await {
                 tracing::debug!(%addr, error = %e, "connection ended with an error");
             }
         });
     }
+}
+
+/// The most bytes of a request head read to tell an upgrade from plain HTTP.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// A connection whose first bytes were read already: they are read again, then the socket.
+pub struct Prefixed<S> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.pos < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.pos);
+            buf.put_slice(&this.prefix[this.pos..this.pos + n]);
+            this.pos += n;
+            if this.pos == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.pos = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Read until the end of the request head (or [`MAX_HEAD_BYTES`], or the peer stops).
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    while head.len() < MAX_HEAD_BYTES && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    Ok(head)
+}
+
+/// Whether a request head asks for a WebSocket upgrade (`Upgrade: websocket`).
+pub fn asks_for_upgrade(head: &[u8]) -> bool {
+    let end = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(head.len());
+    String::from_utf8_lossy(&head[..end])
+        .split("\r\n")
+        .skip(1)
+        .any(|line| {
+            line.split_once(':').is_some_and(|(name, value)| {
+                name.trim().eq_ignore_ascii_case("upgrade")
+                    && value
+                        .split(',')
+                        .any(|v| v.trim().eq_ignore_ascii_case("websocket"))
+            })
+        })
 }
 
 #[allow(clippy::result_large_err)]
@@ -202,10 +304,31 @@ async fn handle_connection(
     engine: Arc<Engine>,
     cfg: Arc<EdgeConfig>,
     own: Arc<[String]>,
-    stream: TcpStream,
+    http: Arc<crate::http::HttpState>,
+    mut stream: TcpStream,
     addr: SocketAddr,
 ) -> Result<(), WsError> {
     let _ = stream.set_nodelay(true);
+    // A peer that opens a socket and sends no request head in time must not hold a slot.
+    let head = match tokio::time::timeout(cfg.handshake_timeout, read_head(&mut stream)).await {
+        Ok(Ok(head)) if !head.is_empty() => head,
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) => return Err(WsError::Io(e)),
+        Err(_) => {
+            tracing::debug!(%addr, "no request head in time; closed");
+            return Ok(());
+        }
+    };
+    let upgrade = asks_for_upgrade(&head);
+    let stream = Prefixed {
+        prefix: head,
+        pos: 0,
+        inner: stream,
+    };
+    if !upgrade {
+        crate::http::serve_connection(http, stream, addr, cfg.handshake_timeout).await;
+        return Ok(());
+    }
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(cfg.max_message_bytes))
         .max_frame_size(Some(cfg.max_frame_bytes));
@@ -254,7 +377,7 @@ fn is_too_big(e: &WsError) -> bool {
 async fn run_worker_connection(
     engine: Arc<Engine>,
     cfg: Arc<EdgeConfig>,
-    ws: WebSocketStream<TcpStream>,
+    ws: WebSocketStream<Prefixed<TcpStream>>,
     addr: SocketAddr,
     principal: Principal,
 ) -> Result<(), WsError> {
@@ -458,7 +581,7 @@ pub fn handle_frame(engine: &Arc<Engine>, worker_id: &str, tx: &Outbox, text: &s
 
 async fn run_channel_end(
     engine: Arc<Engine>,
-    ws: WebSocketStream<TcpStream>,
+    ws: WebSocketStream<Prefixed<TcpStream>>,
     id: String,
     key: String,
     dir: Direction,

@@ -4,6 +4,7 @@
 //! - [`engine`]: router, invocations, triggers, queue consumers, streams.
 //! - [`edge`]: the WebSocket server with API Gateway WebSocket semantics.
 //! - [`state`], [`queue`]: the ports; [`embedded`]: the default redb backend.
+//! - [`http`]: the web console and the HTTP API, on the edge's port.
 //! - [`channels`], [`trace`], [`builtins`].
 
 pub mod access;
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod events;
 pub mod fields;
 pub mod function_url;
+pub mod http;
 pub mod lambda_host;
 pub mod lambda_stream;
 pub mod logging;
@@ -30,6 +32,7 @@ pub mod registry;
 pub mod retention;
 pub mod secrets;
 pub mod server;
+pub mod sign_in;
 pub mod state;
 pub mod state_api;
 pub mod stream_item;

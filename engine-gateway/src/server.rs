@@ -259,6 +259,8 @@ pub struct RunningServer {
     pub token: String,
     /// Where the generated token lives (`None` when it was given).
     pub token_file: Option<PathBuf>,
+    /// The credentials the edge accepts (sign-in codes are issued here).
+    pub access: crate::access::Access,
 }
 
 impl RunningServer {
@@ -271,6 +273,21 @@ impl RunningServer {
     /// `ws://host:port`, without the token: what may be printed.
     pub fn address(&self) -> String {
         format!("ws://{}", self.local_addr)
+    }
+
+    /// The web console's address, `http://host:port/`.
+    pub fn console_url(&self) -> String {
+        format!("http://{}/", self.local_addr)
+    }
+
+    /// A link that signs the console in as admin once, within 15 minutes (the code is in
+    /// the fragment, which a browser never sends to a server or in a `Referer`).
+    pub fn console_sign_in_link(&self) -> String {
+        let code = self
+            .access
+            .issued()
+            .issue_code(crate::access::Principal::admin());
+        format!("{}#code={code}", self.console_url())
     }
 
     /// Where the token comes from, for logs and banners (never the token itself).
@@ -443,7 +460,7 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
     let local_addr = listener.local_addr()?;
     let mut edge_config = opts.edge_config();
-    edge_config.access = access;
+    edge_config.access = access.clone();
     let edge = tokio::spawn(edge::serve(engine.clone(), listener, edge_config));
     // What a deployed Lambda gets from its configuration: how to reach the bus and where
     // its backend lives.
@@ -483,6 +500,7 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
         edge,
         token,
         token_file,
+        access,
     })
 }
 

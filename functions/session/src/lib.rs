@@ -327,7 +327,23 @@ async fn tree_fn(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     Ok(json!({"session_id": sid, "session": meta, "leaf_id": leaf, "entries": nodes}))
 }
 
-async fn list(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
+/// The most sessions one page of `session-tree::list` holds.
+pub const LIST_PAGE_MAX: u64 = 500;
+
+async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let number = |field: &str| match data.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| ErrorBody::invalid(format!("`{field}` must be a non-negative integer"))),
+    };
+    let (limit, offset) = (number("limit")?, number("offset")?.unwrap_or(0));
+    if limit.is_some_and(|l| l == 0 || l > LIST_PAGE_MAX) {
+        return Err(ErrorBody::invalid(format!(
+            "`limit` must be from 1 to {LIST_PAGE_MAX}"
+        )));
+    }
     let v = ctx.state_list(INDEX, None).await.map_err(storage)?;
     let mut sessions: Vec<Value> = v["items"]
         .as_array()
@@ -336,7 +352,21 @@ async fn list(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
         .map(|i| i["value"].clone())
         .collect();
     sessions.sort_by_key(|s| std::cmp::Reverse(s["updated_at_ms"].as_u64().unwrap_or(0)));
-    Ok(json!({"sessions": sessions}))
+    let total = sessions.len() as u64;
+    let Some(limit) = limit else {
+        return Ok(json!({"sessions": sessions, "total": total}));
+    };
+    let page: Vec<Value> = sessions
+        .into_iter()
+        .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+        .take(limit as usize)
+        .collect();
+    let end = offset.saturating_add(page.len() as u64);
+    let mut answer = json!({"sessions": page, "total": total});
+    if end < total {
+        answer["next_offset"] = json!(end);
+    }
+    Ok(answer)
 }
 
 async fn export_html(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
@@ -567,7 +597,9 @@ pub fn worker() -> Worker {
     w.register_function(
         def("session-tree::fork", "A new session holding the path root → from_entry_id (over 50 entries: older ones become one branch_summary root). The source is untouched.")
             .contract::<ForkRequest, ForkAnswer>()
-            .errors(errors),
+            .errors(errors)
+            // A new session from a copy: nothing of the source changes.
+            .public(),
         fork,
     );
     w.register_function(
@@ -611,7 +643,7 @@ pub fn worker() -> Worker {
     w.register_function(
         def(
             "session-tree::list",
-            "Every session, most recently updated first.",
+            "Every session, most recently updated first; or one page (`limit` ≤ 500, `offset`) with `total` and `next_offset`.",
         )
         .contract::<ListRequest, ListAnswer>()
         .errors(&[("storage", "state store failure")])
@@ -644,7 +676,9 @@ pub fn worker() -> Worker {
     w.register_function(
         def("session-inbox::push", "Queue an item (a string or an AgentMessage) in a session's inbox (`steering` is taken before the next model call, `followup` when the run would stop).")
             .contract::<inbox::PushRequest, inbox::PushAnswer>()
-            .errors(inbox_errors),
+            .errors(inbox_errors)
+            // A chat front end steers the turn it shows (the console's message box).
+            .public(),
         inbox_push,
     );
     w.register_function(

@@ -148,13 +148,26 @@ pub struct TreeAnswer {
     pub entries: Vec<TreeNode>,
 }
 
-/// `session-tree::list` takes nothing.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct ListRequest {}
+/// `session-tree::list`: every session, or one page of them (`limit`, from `offset`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ListRequest {
+    /// At most this many (1 to 500); absent: all of them.
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// How many of the newest to skip.
+    #[serde(default)]
+    pub offset: Option<u64>,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ListAnswer {
     pub sessions: Vec<SessionMeta>,
+    /// How many sessions there are in all.
+    #[serde(default)]
+    pub total: u64,
+    /// The `offset` of the next page, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
 }
 
 /// `session-tree::export_html`.

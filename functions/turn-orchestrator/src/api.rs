@@ -59,6 +59,12 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         Err(BusError::FunctionNotFound(_)) => false,
         Err(e) => return Err(e.into()),
     };
+    // A new run on a stopped session keeps counting: its events come after the last run's
+    // (item ids are `<sid>-<seq>`, which a client resuming a stream relies on), and its totals add up.
+    let (event_seq, totals) = existing
+        .as_ref()
+        .map(|(r, _)| (r.event_seq + 1, r.totals.clone()))
+        .unwrap_or((1, Default::default()));
     let (mut messages, expected) = match existing {
         Some((r, v)) => (if tree { Vec::new() } else { r.messages }, v),
         None => (Vec::new(), 0),
@@ -95,7 +101,8 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         budget_ids: Vec::new(),
         // The first event's seq, reserved: it is written once the record is (a busy session
         // keeps its own events).
-        event_seq: 1,
+        event_seq,
+        totals,
         outbox: Vec::new(),
     };
     let mut version = expected;

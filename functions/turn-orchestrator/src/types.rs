@@ -177,6 +177,9 @@ pub struct Record {
     /// Counter for event item ids.
     #[serde(default)]
     pub event_seq: u64,
+    /// What the session's runs have used so far (carried from one run to the next).
+    #[serde(default)]
+    pub totals: RunTotals,
     /// Events emitted since the last flush: written with the record's next save (one
     /// `state::transact`), or on their own before a call that may take a while. Never stored
     /// in the record.
@@ -198,6 +201,34 @@ impl Record {
             max_turns: self.max_turns,
             awaiting_approval: self.awaiting_approval.clone(),
             error: self.error.clone(),
+            totals: self.totals.clone(),
+            started_at_ms: self.started_at_ms,
+            updated_at_ms: self.updated_at_ms,
+        }
+    }
+}
+
+/// What a session's runs used, for consoles and lists: tool calls made (allowed, denied and
+/// decided alike) and the providers' reported tokens and cost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunTotals {
+    #[serde(default)]
+    pub tool_calls: u64,
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cost_usd: f64,
+}
+
+impl RunTotals {
+    /// Add one model call's usage (input counts cache reads and writes, as prices do).
+    pub fn add_usage(&mut self, u: &harness_sdk::messages::Usage) {
+        self.input_tokens += u.input + u.cache_read + u.cache_write;
+        self.output_tokens += u.output;
+        if u.cost_usd.is_finite() && u.cost_usd > 0.0 {
+            self.cost_usd += u.cost_usd;
         }
     }
 }
@@ -213,6 +244,14 @@ pub struct TurnStateView {
     pub awaiting_approval: Option<Vec<Call>>,
     /// Why the run ended, when it did not end by itself.
     pub error: Option<TurnError>,
+    /// What the session's runs used so far.
+    #[serde(default)]
+    pub totals: RunTotals,
+    /// When the current run started and when its record last changed.
+    #[serde(default)]
+    pub started_at_ms: u64,
+    #[serde(default)]
+    pub updated_at_ms: u64,
 }
 
 /// `run::abort`, `turn::get_state`.

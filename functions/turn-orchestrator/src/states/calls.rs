@@ -12,24 +12,26 @@ pub(crate) async fn dispatch(
     call: &Call,
     announce: bool,
 ) -> Executed {
-    dispatch_with(ctx, hooks, rec, call, announce, false).await
+    let decision = announce.then(|| json!({"decision": "allow"}));
+    dispatch_with(ctx, hooks, rec, call, decision, false).await
 }
 
 /// `network`: the policy's allow rule opened the network to this call's sandbox. The model
-/// cannot ask for it: a `sandbox` field in its arguments is dropped.
+/// cannot ask for it: a `sandbox` field in its arguments is dropped. `announce`: emit
+/// `function_execution_start` with this policy decision (`{decision, rule_id?}`), for the UI.
 pub(crate) async fn dispatch_with(
     ctx: &Ctx,
     hooks: &Hooks,
     rec: &mut Record,
     call: &Call,
-    announce: bool,
+    announce: Option<Value>,
     network: bool,
 ) -> Executed {
-    if announce {
+    if let Some(decision) = announce {
         emit(
             rec,
             "function_execution_start",
-            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)}),
+            json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "decision": decision}),
         );
     }
     if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
@@ -72,6 +74,7 @@ pub(crate) async fn dispatch_with(
 }
 
 pub(crate) fn emit_execution_end(rec: &mut Record, e: &Executed) {
+    rec.totals.tool_calls += 1;
     emit(
         rec,
         "function_execution_end",
@@ -139,10 +142,11 @@ pub(crate) fn never_for_the_agent(function_id: &str) -> Option<&'static str> {
 }
 
 pub(crate) fn denied(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+    let decision = json!({"decision": "deny", "denied_by": envelope["denied_by"], "rule_id": envelope["rule_id"]});
     emit(
         rec,
         "function_execution_start",
-        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args)}),
+        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "decision": decision}),
     );
     refused(rec, call, envelope)
 }

@@ -56,7 +56,8 @@ pub(crate) async fn function_execute(
         {
             Ok(Ok(answer)) => match answer.decision {
                 policy::Decision::Allow => {
-                    dispatch_with(ctx, hooks, rec, &call, true, answer.network).await
+                    let decision = json!({"decision": "allow", "rule_id": answer.rule_id});
+                    dispatch_with(ctx, hooks, rec, &call, Some(decision), answer.network).await
                 }
                 policy::Decision::NeedsApproval => {
                     // Parked (and saved) before it is announced, so an approver who reacts
@@ -68,7 +69,7 @@ pub(crate) async fn function_execute(
                     emit(
                         rec,
                         "function_execution_start",
-                        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true}),
+                        json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "awaiting_approval": true, "decision": {"decision": "needs_approval"}}),
                     );
                     continue;
                 }

@@ -287,6 +287,9 @@ pub(crate) async fn assistant_streaming(
         .pop()
         .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
     emit(rec, "message_complete", json!({"message": message}));
+    if let AgentMessage::Assistant { usage: Some(u), .. } = &message {
+        rec.totals.add_usage(u);
+    }
     rec.last_assistant = Some(message.clone());
     let AgentMessage::Assistant {
         stop_reason,

@@ -1,0 +1,257 @@
+//! Plain HTTP on the engine's own port: the web console's assets at `/`, and the HTTP API
+//! (`/api/…`) that chat front ends and scripts use besides the bus. A request that asks for
+//! a WebSocket upgrade never gets here (the edge hands it to the bus); everything else does.
+//!
+//! The API is a thin door onto the bus: each route authenticates like `$connect` does (the
+//! same tokens, the same roles), then calls the same function IDs a WebSocket client would
+//! (`harness::trigger`, `turn::get_state`, `approval::resolve`, `run::abort`, the session
+//! tree) under the caller's credential, so a client token reaches only public functions.
+//! Errors are JSON, `{"error": {"code", "message"}}`, with the bus's codes.
+
+mod api;
+pub use api::ROUTES;
+mod console;
+mod sse;
+
+use axum::Router;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::access::{Access, Principal};
+use crate::engine::Engine;
+use crate::protocol::{ErrorBody, codes};
+use crate::trace::TraceContext;
+
+/// The OpenAPI document of every route below (tested against the router).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// What every request handler shares.
+pub struct HttpState {
+    pub engine: Arc<Engine>,
+    pub access: Access,
+    /// Origins a browser may call from (the engine's own and `--allowed-origins`).
+    pub origins: Vec<String>,
+    /// Largest request body accepted (the bus's message limit).
+    pub max_body_bytes: usize,
+    /// Most bytes queued for one event stream before it is closed (the client reconnects).
+    pub max_queued_bytes: usize,
+    /// An event stream is closed after this long (the client reconnects with Last-Event-ID).
+    pub max_stream_lifetime: Duration,
+}
+
+/// An HTTP error with the bus's error body.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: ErrorBody::new(code, message),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, codes::INVALID_MESSAGE, message)
+    }
+}
+
+/// The HTTP status a bus error maps to.
+fn status_of(code: &str) -> StatusCode {
+    match code {
+        codes::FORBIDDEN => StatusCode::FORBIDDEN,
+        codes::FUNCTION_NOT_FOUND => StatusCode::NOT_IMPLEMENTED,
+        codes::INVALID_MESSAGE | codes::SERIALIZATION_ERROR => StatusCode::BAD_REQUEST,
+        codes::TIMEOUT => StatusCode::GATEWAY_TIMEOUT,
+        codes::VERSION_CONFLICT => StatusCode::CONFLICT,
+        codes::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
+        "not_found" | "entry_not_found" => StatusCode::NOT_FOUND,
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        codes::INVOCATION_STOPPED | codes::STORAGE_ERROR => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::BAD_GATEWAY,
+    }
+}
+
+impl From<ErrorBody> for ApiError {
+    fn from(body: ErrorBody) -> Self {
+        Self {
+            status: status_of(&body.code),
+            body,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(json!({"error": {"code": self.body.code, "message": self.body.message}})),
+        )
+            .into_response()
+    }
+}
+
+/// The token a request presents: `Authorization: Bearer …`, else `?token=…` (an
+/// `EventSource` cannot set headers).
+fn presented_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string())
+        .or_else(|| query_param(query, "token"))
+}
+
+pub(crate) fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| {
+            url::form_urlencoded::parse(format!("v={v}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        })
+    })
+}
+
+/// Who is calling: the credential the request presents, checked as `$connect` checks it
+/// (including the browser's Origin).
+pub struct Caller {
+    pub principal: Principal,
+    pub trace: TraceContext,
+}
+
+impl FromRequestParts<Arc<HttpState>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<HttpState>,
+    ) -> Result<Self, Self::Rejection> {
+        check_origin(&parts.headers, state)?;
+        let token = presented_token(&parts.headers, parts.uri.query());
+        let principal = state.access.authenticate(token.as_deref()).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong engine token (send `Authorization: Bearer <token>`)",
+            )
+        })?;
+        let header = |name: &str| parts.headers.get(name).and_then(|h| h.to_str().ok());
+        Ok(Caller {
+            principal,
+            trace: TraceContext::from_headers(header("traceparent"), header("baggage")),
+        })
+    }
+}
+
+/// A request from a browser page must come from an allowed origin, as on `$connect`.
+fn check_origin(headers: &HeaderMap, state: &HttpState) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(http::header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or("").trim_end_matches('/');
+    if state
+        .origins
+        .iter()
+        .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin))
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        codes::FORBIDDEN,
+        format!(
+            "origin `{origin}` is not allowed: start the engine with --allowed-origins to admit it"
+        ),
+    ))
+}
+
+impl HttpState {
+    /// Call a function on the bus as `caller`: refused as it would be over a WebSocket.
+    pub async fn call(
+        &self,
+        caller: &Caller,
+        function_id: &str,
+        data: Value,
+    ) -> Result<Value, ApiError> {
+        caller
+            .principal
+            .may_call(function_id, self.engine.is_public(function_id))?;
+        Ok(self
+            .engine
+            .invoke(function_id, data, &caller.trace, None, None)
+            .await?)
+    }
+}
+
+/// Every route: the console's pages and assets, and the API.
+pub fn router(state: Arc<HttpState>) -> Router {
+    api::routes()
+        .merge(console::routes())
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route (see /api/openapi.json)",
+            )
+        })
+        .with_state(state)
+}
+
+/// Serve one HTTP/1.1 connection (keep-alive included) until the peer or the engine closes it.
+pub async fn serve_connection<S>(
+    state: Arc<HttpState>,
+    stream: S,
+    addr: SocketAddr,
+    header_timeout: Duration,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut closing = state.engine.closing();
+    let service = hyper_util::service::TowerToHyperService::new(router(state));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(64 * 1024)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => if let Err(e) = r {
+            tracing::debug!(%addr, error = %e, "HTTP connection ended with an error");
+        },
+        _ = closing.wait_for(|c| *c) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params_are_decoded() {
+        assert_eq!(
+            query_param(Some("a=1&token=x%2By"), "token").as_deref(),
+            Some("x+y")
+        );
+        assert_eq!(query_param(Some("token"), "token").as_deref(), Some(""));
+        assert_eq!(query_param(None, "token"), None);
+    }
+
+    #[test]
+    fn bus_codes_map_to_statuses() {
+        assert_eq!(status_of(codes::FORBIDDEN), StatusCode::FORBIDDEN);
+        assert_eq!(status_of(codes::TIMEOUT), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(status_of("not_found"), StatusCode::NOT_FOUND);
+        assert_eq!(status_of("whatever"), StatusCode::BAD_GATEWAY);
+    }
+}

@@ -1,0 +1,190 @@
+// The web console in a real browser: Debian's chromium driven by playwright-core.
+// Starts the harness (`--serve-only`, embedded backend, the scripted model with this folder's
+// cassette), opens the console, signs in with the one-time link the harness prints, starts a
+// session, sees tokens stream, approves the parked call with the button, sees the turn finish,
+// forks it from the tree view and resumes the fork, opens its trace waterfall, and loads every
+// other page without a bus error. CONSOLE_SCREENSHOTS=<dir> saves a screenshot of each page.
+//
+//   HARNESS_BIN   the harness binary (default: $CARGO_TARGET_DIR/debug/harness)
+//   CHROMIUM      the browser (default: /usr/bin/chromium)
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync, existsSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, dirname, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = resolve(here, "../..");
+const bin = process.env.HARNESS_BIN || join(process.env.CARGO_TARGET_DIR || join(root, "target"), "debug", "harness");
+const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
+const shots = process.env.CONSOLE_SCREENSHOTS ? resolve(process.env.CONSOLE_SCREENSHOTS) : null;
+if (shots) mkdirSync(shots, { recursive: true });
+
+const dir = mkdtempSync(join(tmpdir(), "console-test-"));
+let harness;
+let browser;
+after(async () => {
+  if (browser) await browser.close().catch(() => {});
+  if (harness) harness.kill("SIGKILL");
+  rmSync(dir, { recursive: true, force: true });
+});
+
+// No real model, no configuration file from the caller's environment.
+function cleanEnv() {
+  const env = { ...process.env, RUST_LOG: "warn" };
+  for (const k of ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "MOONSHOT_API_KEY", "HARNESS_CONFIG", "ENGINE_TOKEN"]) delete env[k];
+  return env;
+}
+
+// Start the harness and read its banner: the console's address and the one-time link.
+function startHarness() {
+  assert.ok(existsSync(bin), `no harness binary at ${bin} (cargo build, or set HARNESS_BIN)`);
+  const child = spawn(bin, [
+    "--serve-only", "--listen", "127.0.0.1:0",
+    "--data-dir", join(dir, "data"), "--workdir", join(dir, "work"),
+    "--permissions", join(root, "iii-permissions.yaml"),
+    "--cassette", join(here, "cassette.json"),
+  ], { env: cleanEnv(), stdio: ["ignore", "pipe", "pipe"] });
+  harness = child;
+  let out = "";
+  child.stderr.on("data", (d) => { out += d; });
+  return new Promise((resolvePromise, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the harness printed no console link in 60 s:\n${out}`)), 60000);
+    child.stdout.on("data", (d) => {
+      out += d;
+      const m = out.match(/console: (http:\/\/[^ ]+) \(sign in with the token, or once with (http:\/\/\S+#code=[0-9a-f]+)\)/);
+      if (m) { clearTimeout(timer); resolvePromise({ url: m[1], link: m[2] }); }
+    });
+    child.on("exit", (code) => { clearTimeout(timer); reject(new Error(`the harness exited (${code}):\n${out}`)); });
+  });
+}
+
+async function shot(page, name) {
+  if (shots) await page.screenshot({ path: join(shots, `console-${name}.png`), fullPage: true });
+}
+
+// No bus error may be on screen.
+async function noErrors(page, where) {
+  const errors = await page.locator("#errors .error").allTextContents();
+  assert.deepEqual(errors, [], `${where}: errors shown`);
+}
+
+test("the console, end to end in a real browser", { timeout: 240000 }, async () => {
+  const { url, link } = await startHarness();
+  browser = await chromium.launch({
+    executablePath: browserPath,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const page = await context.newPage();
+  const consoleErrors = [];
+  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+
+  // 1–3. Open the console and sign in with the one-time link.
+  await page.goto(url);
+  await page.locator("#signin").waitFor({ state: "visible" });
+  await shot(page, "signin");
+  await page.goto(link);
+  await page.locator("#conn.online").waitFor({ timeout: 15000 });
+  await page.locator("#who").filter({ hasText: "admin" }).waitFor();
+  assert.ok(!page.url().includes("code="), "the code leaves the address bar");
+
+  // The link is spent: a second use is refused, and says so.
+  const second = await browser.newContext();
+  const again = await second.newPage();
+  await again.goto(link);
+  await again.locator("#errors .error").filter({ hasText: "sign-in link" }).waitFor({ timeout: 15000 });
+  await second.close();
+
+  // 4. Start a scripted session.
+  await page.locator("#task").fill("Summarize the working directory");
+  await page.getByRole("button", { name: "Start session" }).click();
+  await page.waitForURL(/#\/session\/web-/);
+  const sid = decodeURIComponent(page.url().split("#/session/")[1]);
+
+  // 5. Tokens appear as they stream (the bubble is there only while message_update events come).
+  const streaming = page.locator(".msg.assistant.streaming .text").first();
+  await streaming.waitFor({ timeout: 20000 });
+  const partial = await streaming.textContent();
+  assert.ok(partial.length > 0, "streamed text shows");
+  await page.locator(".msg.assistant:not(.streaming)").filter({ hasText: "Let me look at the working directory" }).waitFor({ timeout: 20000 });
+  await page.locator(".tool", { hasText: "fs::list" }).locator(".badge.allow").waitFor();
+
+  // 6. The write is parked: approve it with the button.
+  const allow = page.getByRole("button", { name: "Allow" });
+  await allow.waitFor({ timeout: 20000 });
+  await page.locator(".stats").filter({ hasText: "tool calls" }).waitFor();
+  await shot(page, "approval");
+  await allow.click();
+
+  // 7. The turn finishes.
+  await page.locator("h1 + .badge.stopped").waitFor({ timeout: 30000 });
+  await page.locator(".msg.assistant").filter({ hasText: "Done: I listed the directory" }).waitFor();
+  await page.locator(".tool", { hasText: "fs::write" }).locator("summary", { hasText: "result" }).waitFor();
+  assert.ok(existsSync(join(dir, "work", "SUMMARY.md")), "the approved write ran");
+  await noErrors(page, "session");
+  await shot(page, "session");
+
+  // The list shows it with its totals.
+  await page.getByRole("link", { name: "Sessions" }).click();
+  const row = page.locator(`tr[data-sid="${sid}"]`);
+  await row.waitFor();
+  assert.match(await row.textContent(), /stopped/);
+  await shot(page, "sessions");
+
+  // 8. Fork from the tree view, then resume the fork.
+  await page.goto(`${url}#/tree/${encodeURIComponent(sid)}`);
+  const leaf = page.locator(".node.leaf");
+  await leaf.waitFor();
+  await shot(page, "tree");
+  await leaf.getByRole("button", { name: /Fork from/ }).click();
+  await page.waitForURL((u) => u.hash.startsWith("#/session/") && !u.hash.endsWith(encodeURIComponent(sid)));
+  const forkId = decodeURIComponent(page.url().split("#/session/")[1]);
+  assert.notEqual(forkId, sid);
+  await page.locator(".msg.user").filter({ hasText: "Summarize the working directory" }).waitFor();
+  await page.locator("#say").fill("Thanks, that is all.");
+  await page.getByRole("button", { name: "Send" }).click();
+  await page.locator(".msg.user").filter({ hasText: "Thanks, that is all." }).waitFor({ timeout: 20000 });
+  await page.locator("h1 + .badge.stopped").waitFor({ timeout: 30000 });
+  await noErrors(page, "fork");
+
+  // 9. The first session's trace, as a waterfall.
+  await page.goto(`${url}#/session/${encodeURIComponent(sid)}`);
+  await page.getByRole("button", { name: "Trace" }).click();
+  await page.waitForURL(/#\/trace\//);
+  const rows = page.locator(".span-row");
+  await rows.first().waitFor({ timeout: 15000 });
+  assert.ok((await rows.count()) >= 5, "the turn's spans are drawn");
+  await shot(page, "trace");
+  await page.locator(".span-row button.name", { hasText: "run::start" }).first().click();
+  await page.locator("dl.attrs dt", { hasText: "iii.session.id" }).waitFor();
+  await shot(page, "trace");
+
+  // Every other page loads without a bus error.
+  for (const [name, check] of [["workers", "td button.name"], ["queues", "table"], ["budgets", "h1"], ["traces", "table"]]) {
+    await page.goto(`${url}#/${name}`);
+    await page.locator(`#view ${check}`).first().waitFor({ timeout: 15000 });
+    await noErrors(page, name);
+    await shot(page, name);
+  }
+  await page.emulateMedia({ colorScheme: "dark" });
+  await page.goto(`${url}#/session/${encodeURIComponent(sid)}`);
+  await page.locator(".msg.assistant").first().waitFor();
+  await shot(page, "session-dark");
+
+  // Keyboard: the skip link comes first in tab order, shows when focused, and leads to the content;
+  // the sign-in form works from the keyboard alone (the token field has focus, Enter submits).
+  const fresh = await context.newPage();
+  await fresh.goto(url);
+  await fresh.locator("#signin").waitFor();
+  assert.equal(await fresh.evaluate(() => document.querySelector("a[href], button, input, textarea, select").className), "skip");
+  assert.equal(await fresh.evaluate(() => document.activeElement.id), "token");
+  await fresh.keyboard.type("wrong-token");
+  await fresh.keyboard.press("Enter");
+  await fresh.locator("#errors .error").filter({ hasText: "sign-in" }).waitFor();
+  assert.deepEqual(consoleErrors, [], "no script errors");
+});
