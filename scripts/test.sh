@@ -59,16 +59,25 @@ venv="$CARGO_TARGET_DIR/ci-venv"
 ) > "$logs/venv.log" 2>&1 &
 venv_pid=$!; bg_pids+=("$venv_pid")
 
-# bubblewrap gives shell::exec its filesystem, network and pid layers (tests/sandbox.rs).
-# Installed where this machine can (Debian, as root); without it those layers' tests say
-# they are skipped.
+# Debian packages, in one apt run (two at once would fight over dpkg's lock): bubblewrap gives
+# shell::exec its filesystem, network and pid layers (tests/sandbox.rs; without it those
+# layers' tests say they are skipped), chromium runs the console's browser test. Installed
+# where this machine can (Debian, as root).
 (
-  if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  pkgs=()
+  command -v bwrap >/dev/null 2>&1 || pkgs+=(bubblewrap)
+  command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
+  if [ "${#pkgs[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }
+    apt-get install -y -q "${pkgs[@]}" || { apt-get update -q && apt-get install -y -q "${pkgs[@]}"; }
   fi
-) > "$logs/bwrap.log" 2>&1 &
-bwrap_pid=$!; bg_pids+=("$bwrap_pid")
+) > "$logs/apt.log" 2>&1 &
+apt_pid=$!; bg_pids+=("$apt_pid")
+
+# The console's browser test drives that chromium with playwright-core (npm, pinned by the
+# lock file; it downloads no browser), installed while the Rust stages compile.
+(cd tests/console && npm ci --no-audit --no-fund) > "$logs/npm.log" 2>&1 &
+npm_pid=$!; bg_pids+=("$npm_pid")
 
 stage "test runner (cargo-nextest)"
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -82,9 +91,17 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 stage_done
 
 stage "tests (workspace, embedded backend)"
-wait "$bwrap_pid" || { echo "bubblewrap not installed (see below); the sandbox's namespace layers are skipped"; tail -5 "$logs/bwrap.log"; }
+wait "$apt_pid" || { echo "Debian packages not installed (see below); the sandbox's namespace layers are skipped"; tail -5 "$logs/apt.log"; }
 command -v bwrap >/dev/null && bwrap --version
 nextest
+stage_done
+
+stage "console in a real browser (chromium + playwright-core; the harness built by the tests)"
+wait_for "playwright-core install" "$npm_pid" "$logs/npm.log"
+command -v chromium >/dev/null || { echo "!! chromium is not installed; its apt log:"; tail -20 "$logs/apt.log"; exit 1; }
+chromium --version
+HARNESS_BIN="$CARGO_TARGET_DIR/debug/harness" CONSOLE_SCREENSHOTS="$CARGO_TARGET_DIR/console-screenshots" \
+  npm --prefix tests/console test
 stage_done
 
 stage "deploy tooling (cfn-lint, cargo-lambda; installed in the background)"
@@ -136,8 +153,8 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router) | binary(lambda_streaming))'
   stage_done
 
-  stage "tests (whole agent turns on the AWS backend; one through the deployed shape)"
-  nextest -E 'package(agent-harness) & (binary(turn) | binary(deployed))'
+  stage "tests (whole agent turns on the AWS backend, one over the HTTP API alone; one through the deployed shape)"
+  nextest -E 'package(agent-harness) & (binary(turn) | binary(deployed) | binary(http_turns))'
   stage_done
 
   stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills, Slack on the AWS backend)"

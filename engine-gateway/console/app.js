@@ -289,8 +289,10 @@ const PAGE = 50;
 const newSessionId = () => "web-" + Math.random().toString(36).slice(2, 10);
 const userMessage = (text) => ({ role: "user", content: [{ type: "text", text }], timestamp: Date.now() });
 
-async function startTurn(sid, text) {
-  const answer = await call("harness::trigger", { session_id: sid, payload: { session_id: sid, messages: [userMessage(text)] } }, 60000);
+async function startTurn(sid, text, budgetId) {
+  const payload = { session_id: sid, messages: [userMessage(text)] };
+  if (budgetId) payload.budget_id = budgetId;
+  const answer = await call("harness::trigger", { session_id: sid, payload }, 60000);
   if (answer && answer.status_code === 409) throw { code: "session_busy", message: `session ${sid} is busy: steer it instead, or wait` };
   return answer;
 }
@@ -302,12 +304,18 @@ async function viewSessions(view, arg) {
     const text = ev.target.task.value.trim();
     if (!text) return;
     const sid = newSessionId();
-    try { await startTurn(sid, text); location.hash = `#/session/${encodeURIComponent(sid)}`; }
+    try { await startTurn(sid, text, ev.target.budget.value); location.hash = `#/session/${encodeURIComponent(sid)}`; }
     catch (e) { showError("start a session", e); }
   } },
     h("label", { for: "task", class: "sr" }, "New session"),
     h("input", { id: "task", name: "task", placeholder: "What should the agent do?", autocomplete: "off" }),
+    h("label", { for: "budget", class: "sr" }, "Budget"),
+    h("select", { id: "budget", name: "budget", style: "width:auto" }, h("option", { value: "" }, "no budget")),
     h("button", { type: "submit" }, "Start session"));
+  // Budgets to run under, when the budget worker runs and this credential may list them.
+  call("budget::list", {}).then((r) => {
+    for (const b of r.budgets || []) form.budget.append(h("option", { value: b.budget_id }, `budget: ${b.name || b.budget_id} (${fmt.usd(b.remaining_usd)} left)`));
+  }).catch(() => { form.budget.hidden = true; });
   const tbody = h("tbody");
   const pager = h("div", { class: "pager" });
   view.append(h("section", { class: "card" }, h("h1", {}, "Sessions"), form),
@@ -642,7 +650,7 @@ async function viewTrace(view, traceId) {
       const w = Math.max(0.2, ((s.end_unix_nanos - s.start_unix_nanos) / width) * 100);
       const genai = Object.keys(s.attributes || {}).some((k) => k.startsWith("gen_ai."));
       return h("div", { class: "span-row", role: "listitem" },
-        h("button", { type: "button", class: "name", style: `padding-left:${depth * 14}px`, title: s.name, onclick: () => show(s) }, s.name),
+        h("button", { type: "button", class: "name", style: `padding-left:${depth * 14}px`, title: `${s.name} (${s.service || "engine"})`, onclick: () => show(s) }, s.name, h("span", { class: "muted" }, ` · ${s.service || "engine"}`)),
         h("div", { class: "span-track" }, h("div", { class: "span-bar" + (s.error ? " error" : genai ? " gen_ai" : ""), style: `left:${left.toFixed(2)}%;width:${w.toFixed(2)}%` })),
         h("span", { class: "muted num" }, fmt.ms((s.end_unix_nanos - s.start_unix_nanos) / 1e6)));
     }));
@@ -688,7 +696,7 @@ async function allFunctions() {
 // ------------------------------------------------------------------ queues
 async function viewQueues(view) {
   const card = h("section", { class: "card" }, h("h1", {}, "Queues"));
-  const dead = h("section", { class: "card" });
+  const dead = h("section", { class: "card" }, h("p", { class: "muted" }, "Select a queue's dead letters to see them."));
   view.append(card, dead);
   const q = await call("engine::queue::list", {});
   const queues = q.queues || [];

@@ -10,7 +10,7 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync, existsSync, mkdirSync } from "node:fs";
+import { mkdtempSync, rmSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -24,11 +24,11 @@ const shots = process.env.CONSOLE_SCREENSHOTS ? resolve(process.env.CONSOLE_SCRE
 if (shots) mkdirSync(shots, { recursive: true });
 
 const dir = mkdtempSync(join(tmpdir(), "console-test-"));
-let harness;
+const harnesses = [];
 let browser;
 after(async () => {
   if (browser) await browser.close().catch(() => {});
-  if (harness) harness.kill("SIGKILL");
+  for (const h of harnesses) h.kill("SIGKILL");
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -40,15 +40,16 @@ function cleanEnv() {
 }
 
 // Start the harness and read its banner: the console's address and the one-time link.
-function startHarness() {
+function startHarness(name = "a", extra = []) {
   assert.ok(existsSync(bin), `no harness binary at ${bin} (cargo build, or set HARNESS_BIN)`);
   const child = spawn(bin, [
     "--serve-only", "--listen", "127.0.0.1:0",
-    "--data-dir", join(dir, "data"), "--workdir", join(dir, "work"),
+    "--data-dir", join(dir, name, "data"), "--workdir", join(dir, "work"),
     "--permissions", join(root, "iii-permissions.yaml"),
     "--cassette", join(here, "cassette.json"),
+    ...extra,
   ], { env: cleanEnv(), stdio: ["ignore", "pipe", "pipe"] });
-  harness = child;
+  harnesses.push(child);
   let out = "";
   child.stderr.on("data", (d) => { out += d; });
   return new Promise((resolvePromise, reject) => {
@@ -62,8 +63,28 @@ function startHarness() {
   });
 }
 
+async function launch() {
+  if (!browser) {
+    browser = await chromium.launch({
+      executablePath: browserPath,
+      headless: true,
+      args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    });
+  }
+  return browser;
+}
+
 async function shot(page, name) {
-  if (shots) await page.screenshot({ path: join(shots, `console-${name}.png`), fullPage: true });
+  if (shots) await page.screenshot({ path: join(shots, `console-${name}.png`) });
+}
+
+// The thick preset with a budget, so the budgets page has spend to show.
+function configWithBudget() {
+  const text = readFileSync(join(root, "presets", "thick.yaml"), "utf8");
+  assert.ok(text.includes("budgets: []"), "presets/thick.yaml lists no budgets");
+  const path = join(dir, "harness.yaml");
+  writeFileSync(path, text.replace("budgets: []", "budgets:\n  - budget_id: console-test\n    ceiling_usd: 0.02\n    period: day\n"));
+  return path;
 }
 
 // No bus error may be on screen.
@@ -73,12 +94,8 @@ async function noErrors(page, where) {
 }
 
 test("the console, end to end in a real browser", { timeout: 240000 }, async () => {
-  const { url, link } = await startHarness();
-  browser = await chromium.launch({
-    executablePath: browserPath,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  const { url, link } = await startHarness("a", ["--config", configWithBudget()]);
+  await launch();
   const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   const page = await context.newPage();
   const consoleErrors = [];
@@ -102,6 +119,8 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
 
   // 4. Start a scripted session.
   await page.locator("#task").fill("Summarize the working directory");
+  await page.locator("#budget option[value='console-test']").waitFor({ state: "attached" });
+  await page.locator("#budget").selectOption("console-test");
   await page.getByRole("button", { name: "Start session" }).click();
   await page.waitForURL(/#\/session\/web-/);
   const sid = decodeURIComponent(page.url().split("#/session/")[1]);
@@ -165,12 +184,17 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await shot(page, "trace");
 
   // Every other page loads without a bus error.
-  for (const [name, check] of [["workers", "td button.name"], ["queues", "table"], ["budgets", "h1"], ["traces", "table"]]) {
+  for (const [name, check] of [["workers", "td button.name"], ["queues", "table"], ["budgets", "td .bar"], ["traces", "table"]]) {
     await page.goto(`${url}#/${name}`);
     await page.locator(`#view ${check}`).first().waitFor({ timeout: 15000 });
     await noErrors(page, name);
     await shot(page, name);
   }
+  // The session ran under the budget: the provider charged what the model reported.
+  await page.goto(`${url}#/budgets`);
+  await page.locator("#view td .bar").waitFor();
+  const spent = await page.locator("#view td.num").first().textContent();
+  assert.match(spent, /^\$0\.00[1-9]\d* \/ \$0\.0200$/, `budget spend: ${spent}`);
   await page.emulateMedia({ colorScheme: "dark" });
   await page.goto(`${url}#/session/${encodeURIComponent(sid)}`);
   await page.locator(".msg.assistant").first().waitFor();
@@ -187,4 +211,33 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await fresh.keyboard.press("Enter");
   await fresh.locator("#errors .error").filter({ hasText: "sign-in" }).waitFor();
   assert.deepEqual(consoleErrors, [], "no script errors");
+});
+
+// The console takes an engine URL: served by one engine, it drives another (as it drives the
+// deployed WebSocket API) with that engine's token, once that engine admits the page's origin.
+test("the console signs in to another engine by URL and token", { timeout: 120000 }, async () => {
+  const { url } = await startHarness("page");
+  const origin = url.replace(/\/$/, "");
+  const other = await startHarness("other", ["--allowed-origins", origin]);
+  const closed = await startHarness("closed");
+  const tokenOf = (name) => readFileSync(join(dir, name, "data", "engine.token"), "utf8").trim();
+  const wsOf = (u) => u.replace(/^http/, "ws");
+  const context = await (await launch()).newContext();
+  const page = await context.newPage();
+  await page.goto(url);
+  await page.locator("#engine-url").fill(wsOf(closed.url));
+  await page.locator("#token").fill(tokenOf("closed"));
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.locator("#errors .error").filter({ hasText: "cannot connect" }).waitFor({ timeout: 15000 });
+  await page.locator("#engine-url").fill(wsOf(other.url));
+  await page.locator("#token").fill(tokenOf("other"));
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.locator("#conn.online").waitFor({ timeout: 15000 });
+  await page.goto(`${url}#/workers`);
+  await page.locator("#view td button.name", { hasText: "harness::trigger" }).waitFor({ timeout: 15000 });
+  await page.goto(`${url}#/sessions`);
+  await page.locator("#task").fill("Hello from another origin");
+  await page.getByRole("button", { name: "Start session" }).click();
+  await page.locator(".msg.assistant").first().waitFor({ timeout: 20000 });
+  await context.close();
 });
