@@ -307,3 +307,88 @@ async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
     );
     s.deployed.shutdown();
 }
+
+/// What the console's browser test needs: node, playwright-core (tests/console, `npm ci`) and
+/// Debian's chromium. `None` (the test skips, saying why) where one is missing.
+fn browser_kit() -> Option<std::path::PathBuf> {
+    let console = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/console");
+    let has = |cmd: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {cmd}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !console.join("node_modules/playwright-core").is_dir() || !has("node") || !has("chromium") {
+        eprintln!(
+            "SKIPPED: the console's browser kit is missing (node, chromium, `npm ci` in tests/console)"
+        );
+        return None;
+    }
+    Some(console)
+}
+
+/// The web console drives the deployed WebSocket API: served by an engine of its own, it
+/// signs in to the deployed API with its URL and token (the deployment admits the page's
+/// origin through the template's AllowedOrigins and refuses others), starts a session with
+/// only a message (the template's RunDefaults fill in the provider and model), approves the
+/// parked call with its button and sees the turn finish, all through the Lambdas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_drives_the_deployed_websocket_api() {
+    let Some(dir) = lambda_dir() else { return };
+    let Some(console) = browser_kit() else { return };
+    let page_dir = tempfile::tempdir().unwrap();
+    let page_engine = engine_gateway::server::start(
+        &engine_gateway::server::ServeOptions::for_data_dir(page_dir.path().to_path_buf()),
+    )
+    .await
+    .unwrap();
+    let page_url = page_engine.console_url();
+    let origin = page_url.trim_end_matches('/').to_string();
+    let prefix = format!("dc{}-", engine_gateway::trace::random_hex(4));
+    let cassette = Cassette {
+        turns: vec![
+            call(
+                "cw1",
+                "fs::write",
+                json!({"path": format!("console-{prefix}txt"), "content": "from the console"}),
+            ),
+            text("Deployed done."),
+        ],
+        ..Default::default()
+    };
+    let s = bring_up(dir, &prefix, cassette, &[], &[("AllowedOrigins", &origin)]).await;
+    // A page from elsewhere is refused at $connect, whatever token it has.
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        format!("{}/?token={}", s.deployed.url, s.deployed.token),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("Origin", "https://evil.example".parse().unwrap());
+    let refused = tokio_tungstenite::connect_async(req).await;
+    assert!(refused.is_err(), "a foreign origin is refused");
+
+    let out = tokio::process::Command::new("node")
+        .arg(console.join("deployed.mjs"))
+        .env("PAGE_URL", &page_url)
+        .env("ENGINE_URL", &s.deployed.url)
+        .env("ENGINE_TOKEN", &s.deployed.token)
+        .output()
+        .await
+        .expect("node runs");
+    let text = format!(
+        "{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("console against the deployed shape: ok"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workdir().join(format!("console-{prefix}txt"))).unwrap(),
+        "from the console"
+    );
+    s.deployed.shutdown();
+    page_engine.shutdown().await;
+}

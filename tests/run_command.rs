@@ -54,6 +54,20 @@ fn the_main_command_runs_a_scripted_session_with_approvals() {
         "the provider's usage and cost add up: {out}"
     );
     assert!(out.contains(": stopped ·"), "{out}");
+    // The console's address and a one-time sign-in link (a code, never the token).
+    let console = out
+        .lines()
+        .find(|l| l.starts_with("console: http://127.0.0.1:"))
+        .unwrap_or("");
+    assert!(
+        console.contains("#code="),
+        "the banner prints a sign-in link: {out}"
+    );
+    let token = std::fs::read_to_string(dir.path().join("data/engine.token")).unwrap();
+    assert!(
+        !out.contains(token.trim()),
+        "the token itself is never printed"
+    );
     let summary = out
         .lines()
         .find(|l| l.starts_with("— session"))

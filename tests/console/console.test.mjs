@@ -96,7 +96,7 @@ async function noErrors(page, where) {
 test("the console, end to end in a real browser", { timeout: 240000 }, async () => {
   const { url, link } = await startHarness("a", ["--config", configWithBudget()]);
   await launch();
-  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 }, acceptDownloads: true });
   const page = await context.newPage();
   const consoleErrors = [];
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
@@ -160,6 +160,12 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   const leaf = page.locator(".node.leaf");
   await leaf.waitFor();
   await shot(page, "tree");
+  const download = page.waitForEvent("download");
+  await page.getByRole("button", { name: "Export HTML" }).click();
+  const exported = await download;
+  assert.equal(exported.suggestedFilename(), `${sid}.html`);
+  const html = readFileSync(await exported.path(), "utf8");
+  assert.ok(html.includes("Summarize the working directory"), "the export holds the conversation");
   await leaf.getByRole("button", { name: /Fork from/ }).click();
   await page.waitForURL((u) => u.hash.startsWith("#/session/") && !u.hash.endsWith(encodeURIComponent(sid)));
   const forkId = decodeURIComponent(page.url().split("#/session/")[1]);

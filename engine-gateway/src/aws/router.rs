@@ -292,6 +292,10 @@ pub struct AwsRouter {
     access: tokio::sync::OnceCell<Access>,
     /// Principals of connections this instance has seen (others are read from the registry).
     principals: std::sync::Mutex<std::collections::HashMap<String, Principal>>,
+    /// Origins (`scheme://host[:port]`) a browser may connect from (`ENGINE_ALLOWED_ORIGINS`;
+    /// the template's `AllowedOrigins`). A `$connect` carrying any other `Origin` is refused,
+    /// as on the local edge; one with no `Origin` (a worker, a CLI) is not a browser.
+    allowed_origins: Vec<String>,
 }
 
 fn status(code: u16) -> Value {
@@ -317,6 +321,40 @@ impl AwsRouter {
             token,
             access: tokio::sync::OnceCell::new(),
             principals: Default::default(),
+            allowed_origins: Vec::new(),
+        }
+    }
+
+    /// Admit browsers from these origins (comma-separated, as `ENGINE_ALLOWED_ORIGINS`).
+    pub fn with_allowed_origins(mut self, origins: &str) -> Self {
+        self.allowed_origins = origins
+            .split(',')
+            .map(|o| o.trim().trim_end_matches('/').to_string())
+            .filter(|o| !o.is_empty())
+            .collect();
+        self
+    }
+
+    /// A `$connect` from a browser page: is its origin admitted? (No `Origin`: not a browser.)
+    fn origin_allowed(&self, event: &Value) -> Result<(), String> {
+        let origin = event["headers"]
+            .as_object()
+            .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case("origin")))
+            .and_then(|(_, v)| v.as_str());
+        match origin {
+            None => Ok(()),
+            Some(o) => {
+                let o = o.trim_end_matches('/');
+                if self
+                    .allowed_origins
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(o))
+                {
+                    Ok(())
+                } else {
+                    Err(o.to_string())
+                }
+            }
         }
     }
 
@@ -449,6 +487,10 @@ impl AwsRouter {
         };
         match ctx["eventType"].as_str() {
             Some("CONNECT") => {
+                if let Err(origin) = self.origin_allowed(event) {
+                    tracing::warn!(connection, %origin, "connection refused: origin not allowed (AllowedOrigins)");
+                    return status(403);
+                }
                 let Some(principal) = self.authenticate(event).await else {
                     tracing::warn!(connection, "connection refused: bad or missing token");
                     return status(401);

@@ -169,3 +169,57 @@ fn an_answer_too_large_for_one_message_becomes_an_error_that_names_its_size() {
     );
     assert!(fitted.to_string().len() < 1024);
 }
+
+/// A browser page from an origin the deployment does not admit is refused at `$connect`
+/// before any credential is looked at; an admitted one (or a client with no Origin) goes on to
+/// the token check.
+#[tokio::test]
+async fn connect_refuses_browser_origins_that_are_not_admitted() {
+    // Nothing here reaches AWS: the origin and a wrong token are refused before any call.
+    let clients = AwsClients::new(Some("http://127.0.0.1:9")).await;
+    let names = AwsNames::new("t-");
+    let router = AwsRouter::new(
+        clients,
+        &names,
+        "http://127.0.0.1:9",
+        ConnectToken::Fixed("right".into()),
+    )
+    .with_allowed_origins("https://console.example.com/, http://127.0.0.1:8080");
+    let connect = |origin: Option<&str>| {
+        let mut headers = json!({"Host": "api.example"});
+        if let Some(o) = origin {
+            headers["Origin"] = json!(o);
+        }
+        json!({"requestContext": {"eventType": "CONNECT", "connectionId": "c1"}, "headers": headers, "queryStringParameters": {"token": "wrong"}})
+    };
+    assert_eq!(
+        router
+            .websocket(&connect(Some("https://evil.example")))
+            .await["statusCode"],
+        403
+    );
+    for admitted in [
+        Some("https://console.example.com"),
+        Some("HTTP://127.0.0.1:8080/"),
+        None,
+    ] {
+        assert_eq!(
+            router.websocket(&connect(admitted)).await["statusCode"],
+            401,
+            "{admitted:?} reaches the token check"
+        );
+    }
+    // With no AllowedOrigins, no browser page may connect at all.
+    let closed = AwsRouter::new(
+        AwsClients::new(Some("http://127.0.0.1:9")).await,
+        &names,
+        "http://127.0.0.1:9",
+        ConnectToken::Fixed("right".into()),
+    );
+    assert_eq!(
+        closed
+            .websocket(&connect(Some("https://console.example.com")))
+            .await["statusCode"],
+        403
+    );
+}

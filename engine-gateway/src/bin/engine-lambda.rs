@@ -26,7 +26,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         // Read at the first $connect: start-up stays off the network.
         let token = ConnectToken::from_env_or(Arc::new(secrets));
         let endpoint = std::env::var("WS_MANAGEMENT_ENDPOINT").unwrap_or_default();
-        Arc::new(AwsRouter::new(clients, &names, &endpoint, token))
+        let origins = std::env::var("ENGINE_ALLOWED_ORIGINS").unwrap_or_default();
+        Arc::new(AwsRouter::new(clients, &names, &endpoint, token).with_allowed_origins(&origins))
     });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let router = router.clone();

@@ -8,6 +8,10 @@
 //! - `HARNESS_PERMISSIONS`, or `./iii-permissions.yaml` when it exists: that file, reloaded
 //!   when it changes;
 //! - otherwise the shipped `iii-permissions.yaml`, compiled in.
+//!
+//! `HARNESS_RUN_DEFAULTS` (a JSON object, as `harness.yaml`'s `run`: `provider`, `model`,
+//! `max_turns`, …) fills what a `harness::trigger` payload leaves out, so a client that sends
+//! only a message (the web console, a chat front end) starts a run in the deployed shape too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +52,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
     };
     let mut worker = harness_worker::policy_worker(holder);
-    harness_worker::add_trigger(&mut worker);
+    let defaults = match var("HARNESS_RUN_DEFAULTS") {
+        None => serde_json::Value::Null,
+        Some(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v @ serde_json::Value::Object(_)) => v,
+            Ok(_) => return Err("HARNESS_RUN_DEFAULTS must be a JSON object such as {\"provider\":\"anthropic\",\"model\":\"claude-sonnet-5-5\"}".into()),
+            Err(e) => return Err(format!("HARNESS_RUN_DEFAULTS is not valid JSON: {e}").into()),
+        },
+    };
+    harness_worker::add_trigger_with(&mut worker, defaults);
     harness_worker::add_ui(&mut worker, Arc::new(harness_worker::UiHub::default()));
     let served = harness_sdk::serve_main(worker).await;
     drop(watch);
