@@ -74,7 +74,10 @@ class Bus {
       const ws = new WebSocket(this.url);
       this.ws = ws;
       let opened = false;
-      ws.onmessage = (ev) => this.receive(ev.data, () => { if (!opened) { opened = true; resolve(); } });
+      // Open means accepted: $connect checked the token and origin before the upgrade. (The
+      // local engine also says `workerregistered`; the deployed API Gateway cannot.)
+      ws.onopen = () => { opened = true; setConn(true); resolve(); };
+      ws.onmessage = (ev) => this.receive(ev.data);
       ws.onerror = () => {};
       ws.onclose = (ev) => {
         setConn(false, ev.code === 1000 ? "closed" : `offline (${ev.code})`);
@@ -105,11 +108,11 @@ class Bus {
 
   send(msg) { this.ws.send(JSON.stringify(msg)); }
 
-  receive(text, onRegistered) {
+  receive(text) {
     let msg;
     try { msg = JSON.parse(text); } catch { return; }
     switch (msg.type) {
-      case "workerregistered": setConn(true); onRegistered(); break;
+      case "workerregistered": break;
       case "invocationresult": {
         const p = this.pending.get(msg.invocation_id);
         if (!p) return;
