@@ -350,16 +350,24 @@ async function viewSessions(view, arg) {
     h("button", { type: "button", disabled: offset === 0, onclick: () => { location.hash = `#/sessions/${Math.max(0, offset - PAGE)}`; } }, "← Newer"),
     h("span", { class: "muted" }, `${total ? offset + 1 : 0}–${offset + sessions.length} of ${total}`),
     h("button", { type: "button", disabled: listed.next_offset == null, onclick: () => { location.hash = `#/sessions/${listed.next_offset}`; } }, "Older →"));
-  // Live: a visible row follows its session's state; a new session shows on the first page.
-  let reload = null;
-  onCleanup(app.bus.subscribe("agent::events", null, (msg) => {
+  // Live: each visible row follows its own session's events (50 subscriptions at most, so a
+  // busy system's token deltas elsewhere never reach this page); the first page looks for new
+  // sessions every few seconds.
+  const follow = (sid) => onCleanup(app.bus.subscribe("agent::events", sid, (msg) => {
     const data = msg.event && msg.event.data;
-    if (!data || data.type !== "turn_state_changed") return;
-    const sid = msg.group_id;
-    if (rows.has(sid)) fill(sid, rows.get(sid).meta, data.new_value);
-    else if (offset === 0 && !reload) reload = setTimeout(() => { reload = null; if (location.hash.startsWith("#/sessions") || location.hash === "") router(); }, 500);
+    if (data && data.type === "turn_state_changed" && rows.has(sid)) fill(sid, rows.get(sid).meta, data.new_value);
   }));
-  onCleanup(() => clearTimeout(reload));
+  for (const m of sessions) follow(m.session_id);
+  if (offset === 0) {
+    const known = new Set(sessions.map((m) => m.session_id));
+    const poll = setInterval(async () => {
+      try {
+        const fresh = await call("session-tree::list", { limit: PAGE, offset: 0 });
+        if ((fresh.sessions || []).some((m) => !known.has(m.session_id))) router();
+      } catch (e) { clearInterval(poll); showError("session-tree::list", e); }
+    }, 4000);
+    onCleanup(() => clearInterval(poll));
+  }
 }
 
 // ------------------------------------------------------------------ one session

@@ -193,7 +193,7 @@ pub fn register(engine: &Arc<Engine>) {
                 .map_err(|err| ErrorBody::invalid(format!("invalid `spans`: {err}")))?;
             let n = spans.len();
             for sp in spans {
-                e.spans.record(sp);
+                e.spans.record_ingested(sp);
             }
             Ok(json!({"accepted": n}))
         },

@@ -36,6 +36,7 @@ pub mod sign_in;
 pub mod state;
 pub mod state_api;
 pub mod stream_item;
+pub mod telemetry;
 pub mod trace;
 mod wal;
 

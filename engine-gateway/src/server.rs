@@ -134,7 +134,9 @@ pub struct ServeOptions {
     /// Byte budget of the in-memory span ring (spans carry caller-given attributes).
     #[arg(long, env = "ENGINE_SPAN_MAX_BYTES", default_value_t = crate::trace::SPAN_MAX_BYTES)]
     pub span_max_bytes: usize,
-    /// OTLP/HTTP endpoint (JSON encoding); spans are POSTed to `<endpoint>/v1/traces`.
+    /// OTLP endpoint (HTTP protobuf: spans go to `<endpoint>/v1/traces`); the other `OTEL_*`
+    /// variables (headers, protocol, service name, resource attributes, sampler,
+    /// `OTEL_SDK_DISABLED`) are read by the OpenTelemetry SDK.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// Run a function as Lambda `bootstrap` processes under the local Runtime API:
@@ -307,6 +309,7 @@ impl RunningServer {
     /// `stop`, then wait (up to 5 s) until every task has let go of the engine, so its
     /// data dir can be opened again in this process.
     pub async fn shutdown(self) {
+        self.engine.flush_telemetry().await;
         self.stop();
         self.engine.wait_stopped().await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -1,5 +1,6 @@
-//! W3C trace context (`traceparent`, `baggage`), spans, the engine's in-memory span store that
-//! answers `engine::traces::group_by`, and OTLP/HTTP (JSON encoding) export.
+//! The position in a trace that travels with every call (`traceparent` and `baggage`, read and
+//! written by the OpenTelemetry SDK's propagators in [`crate::telemetry`]), spans, and the
+//! in-memory span store that answers `engine::traces::*`. OTLP export: [`crate::telemetry`].
 
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
@@ -47,7 +48,7 @@ impl TraceContext {
     /// new trace (the W3C rule), malformed baggage members are skipped.
     pub fn from_headers(traceparent: Option<&str>, baggage: Option<&str>) -> Self {
         let mut ctx = traceparent
-            .and_then(parse_traceparent)
+            .and_then(crate::telemetry::extract_traceparent)
             .map(|(trace_id, span_id)| Self {
                 trace_id,
                 span_id,
@@ -55,7 +56,7 @@ impl TraceContext {
             })
             .unwrap_or_else(Self::new_root);
         if let Some(b) = baggage {
-            ctx.baggage = parse_baggage(b);
+            ctx.baggage = crate::telemetry::extract_baggage(b);
         }
         ctx
     }
@@ -64,16 +65,12 @@ impl TraceContext {
         if self.span_id.is_empty() {
             None
         } else {
-            Some(format!("00-{}-{}-01", self.trace_id, self.span_id))
+            crate::telemetry::inject_traceparent(&self.trace_id, &self.span_id)
         }
     }
 
     pub fn baggage_header(&self) -> Option<String> {
-        if self.baggage.is_empty() {
-            None
-        } else {
-            Some(format_baggage(&self.baggage))
-        }
+        crate::telemetry::inject_baggage(&self.baggage)
     }
 
     pub fn baggage_get(&self, key: &str) -> Option<&str> {
@@ -97,76 +94,6 @@ impl TraceContext {
             baggage: self.baggage.clone(),
         }
     }
-}
-
-fn parse_traceparent(s: &str) -> Option<(String, String)> {
-    let parts: Vec<&str> = s.trim().split('-').collect();
-    if parts.len() < 4 || parts[0].len() != 2 || parts[0] == "ff" {
-        return None;
-    }
-    let (trace, span) = (parts[1], parts[2]);
-    let hex = |x: &str, n: usize| {
-        x.len() == n && x.bytes().all(|b| b.is_ascii_hexdigit()) && x.bytes().any(|b| b != b'0')
-    };
-    if hex(trace, 32) && hex(span, 16) {
-        Some((trace.to_ascii_lowercase(), span.to_ascii_lowercase()))
-    } else {
-        None
-    }
-}
-
-pub fn parse_baggage(s: &str) -> Vec<(String, String)> {
-    s.split(',')
-        .filter_map(|member| {
-            let kv = member.split(';').next()?.trim();
-            let (k, v) = kv.split_once('=')?;
-            let k = k.trim();
-            if k.is_empty() {
-                return None;
-            }
-            Some((k.to_string(), percent_decode(v.trim())))
-        })
-        .collect()
-}
-
-pub fn format_baggage(items: &[(String, String)]) -> String {
-    items
-        .iter()
-        .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn percent_encode(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for b in v.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:/@!$'()*+".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn percent_decode(v: &str) -> String {
-    let bytes = v.as_bytes();
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push(h * 16 + l);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `bytes` random bytes as lower-case hex, never all zeros (W3C forbids zero ids).
@@ -246,21 +173,20 @@ impl Span {
     }
 }
 
-/// Recent spans in memory (a ring), plus a queue of spans waiting for OTLP export.
+/// Recent spans in memory (a ring, bounded in count and bytes); the spans this process
+/// recorded itself also go to the OTLP export queue when export is configured.
 pub struct SpanStore {
     inner: Mutex<SpanStoreInner>,
     capacity: usize,
-    /// Most bytes the kept spans (and, apart, those waiting for export) may take: a span's
-    /// attributes come from callers (baggage, ids), so a count alone bounds nothing.
+    /// Most bytes the kept spans may take: a span's attributes come from callers (baggage,
+    /// ids), so a count alone bounds nothing.
     max_bytes: usize,
-    export_enabled: bool,
+    export: Option<std::sync::Arc<crate::telemetry::ExportQueue>>,
 }
 
 struct SpanStoreInner {
     recent: VecDeque<Span>,
     recent_bytes: usize,
-    to_export: Vec<Span>,
-    to_export_bytes: usize,
 }
 
 /// Default byte budget of the span ring.
@@ -284,40 +210,48 @@ impl Span {
 }
 
 impl SpanStore {
-    pub fn new(capacity: usize, export_enabled: bool) -> Self {
-        Self::with_max_bytes(capacity, SPAN_MAX_BYTES, export_enabled)
+    pub fn new(capacity: usize) -> Self {
+        Self::with_max_bytes(capacity, SPAN_MAX_BYTES, None)
     }
 
-    pub fn with_max_bytes(capacity: usize, max_bytes: usize, export_enabled: bool) -> Self {
+    pub fn with_max_bytes(
+        capacity: usize,
+        max_bytes: usize,
+        export: Option<std::sync::Arc<crate::telemetry::ExportQueue>>,
+    ) -> Self {
         Self {
             inner: Mutex::new(SpanStoreInner {
                 recent: VecDeque::with_capacity(capacity.min(4096)),
                 recent_bytes: 0,
-                to_export: Vec::new(),
-                to_export_bytes: 0,
             }),
             capacity,
             max_bytes,
-            export_enabled,
+            export,
         }
     }
 
+    /// A span this process recorded: kept, and exported when export is configured.
     pub fn record(&self, span: Span) {
-        let Ok(mut inner) = self.inner.lock() else {
-            return;
-        };
+        if let Some(q) = &self.export {
+            q.push(span.clone());
+        }
+        self.keep(span);
+    }
+
+    /// A span another process recorded (`engine::traces::ingest`): kept for
+    /// `engine::traces::*` only, since that process exports it itself.
+    pub fn record_ingested(&self, span: Span) {
+        self.keep(span);
+    }
+
+    fn keep(&self, span: Span) {
         let bytes = span.approx_bytes();
         if bytes > self.max_bytes {
             return;
         }
-        // An exporter that cannot keep up loses the newest spans, never memory.
-        if self.export_enabled
-            && inner.to_export.len() < 100_000
-            && inner.to_export_bytes + bytes <= self.max_bytes
-        {
-            inner.to_export_bytes += bytes;
-            inner.to_export.push(span.clone());
-        }
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
         while !inner.recent.is_empty()
             && (inner.recent.len() >= self.capacity || inner.recent_bytes + bytes > self.max_bytes)
         {
@@ -332,16 +266,6 @@ impl SpanStore {
     /// Bytes the kept spans take (by [`Span::approx_bytes`]).
     pub fn kept_bytes(&self) -> usize {
         self.inner.lock().map(|i| i.recent_bytes).unwrap_or(0)
-    }
-
-    pub fn take_export_batch(&self) -> Vec<Span> {
-        self.inner
-            .lock()
-            .map(|mut i| {
-                i.to_export_bytes = 0;
-                std::mem::take(&mut i.to_export)
-            })
-            .unwrap_or_default()
     }
 
     pub fn snapshot(&self) -> Vec<Span> {
@@ -408,69 +332,6 @@ impl SpanStore {
     }
 }
 
-/// Encode spans as an OTLP/HTTP JSON `ExportTraceServiceRequest`, one resource per service.
-pub fn otlp_json(spans: &[Span]) -> Value {
-    let mut by_service: BTreeMap<&str, Vec<&Span>> = BTreeMap::new();
-    for s in spans {
-        by_service.entry(s.service.as_str()).or_default().push(s);
-    }
-    let resource_spans: Vec<Value> = by_service
-        .into_iter()
-        .map(|(service, spans)| {
-            json!({
-                "resource": {"attributes": [
-                    {"key": "service.name", "value": {"stringValue": service}}
-                ]},
-                "scopeSpans": [{
-                    "scope": {"name": "agent-harness"},
-                    "spans": spans.iter().map(|s| {
-                        let mut span = json!({
-                            "traceId": s.trace_id,
-                            "spanId": s.span_id,
-                            "name": s.name,
-                            "kind": 2,
-                            "startTimeUnixNano": s.start_unix_nanos.to_string(),
-                            "endTimeUnixNano": s.end_unix_nanos.to_string(),
-                            "attributes": s.attributes.iter().map(|(k, v)| json!({"key": k, "value": {"stringValue": v}})).collect::<Vec<_>>(),
-                            "status": {"code": if s.error { 2 } else { 1 }},
-                        });
-                        if let Some(p) = &s.parent_span_id {
-                            span["parentSpanId"] = json!(p);
-                        }
-                        span
-                    }).collect::<Vec<_>>(),
-                }],
-            })
-        })
-        .collect();
-    json!({ "resourceSpans": resource_spans })
-}
-
-/// Export loop: every `interval`, POST what was recorded to `{endpoint}/v1/traces`.
-/// A failed export is logged and dropped (telemetry never blocks the bus).
-pub async fn run_otlp_exporter(
-    store: std::sync::Arc<SpanStore>,
-    endpoint: String,
-    interval: std::time::Duration,
-) {
-    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
-    crate::ensure_crypto_provider();
-    let client = reqwest::Client::new();
-    loop {
-        tokio::time::sleep(interval).await;
-        let batch = store.take_export_batch();
-        if batch.is_empty() {
-            continue;
-        }
-        let body = otlp_json(&batch);
-        match client.post(&url).json(&body).send().await {
-            Ok(r) if r.status().is_success() => {}
-            Ok(r) => tracing::warn!(status = %r.status(), "OTLP export rejected"),
-            Err(e) => tracing::warn!(error = %e, "OTLP export failed"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,7 +363,8 @@ mod tests {
 
     #[test]
     fn the_span_ring_is_bounded_in_bytes_not_only_in_count() {
-        let store = SpanStore::with_max_bytes(1_000_000, 256 * 1024, true);
+        let queue = std::sync::Arc::new(crate::telemetry::ExportQueue::default());
+        let store = SpanStore::with_max_bytes(1_000_000, 256 * 1024, Some(queue.clone()));
         let root = TraceContext::new_root();
         // Hostile attributes: 10 KB each, far more spans than the budget holds.
         for i in 0..1_000 {
@@ -515,25 +377,25 @@ mod tests {
         let kept = store.snapshot();
         assert!(kept.len() < 30, "{}", kept.len());
         assert_eq!(kept.last().unwrap().name, "s999", "the newest are kept");
-        assert!(
-            store
-                .take_export_batch()
-                .iter()
-                .map(Span::approx_bytes)
-                .sum::<usize>()
-                <= 256 * 1024
-        );
+        assert_eq!(queue.take().len(), 1_000, "own spans are queued for export");
         // One span bigger than the whole budget is not kept at all.
         let mut huge = Span::start("huge", "engine", &root);
         huge.attributes
             .insert("blob".into(), "x".repeat(300 * 1024));
         store.record(huge);
         assert_eq!(store.snapshot().last().unwrap().name, "s999");
+        queue.take();
+        store.record_ingested(Span::start("other", "w", &root));
+        assert_eq!(store.snapshot().last().unwrap().name, "other");
+        assert!(
+            queue.is_empty(),
+            "another process's spans are not exported again"
+        );
     }
 
     #[test]
     fn group_by_collects_traces_per_attribute() {
-        let store = SpanStore::new(10, false);
+        let store = SpanStore::new(10);
         let root = TraceContext::new_root().with_baggage(ATTR_SESSION_ID, "s1");
         let mut a = Span::start("a", "engine", &root);
         a.finish(false);
@@ -550,7 +412,5 @@ mod tests {
         );
         assert_eq!(g["groups"][0]["error_count"], 1);
         assert_eq!(b.parent_span_id.as_deref(), Some(a.span_id.as_str()));
-        let otlp = otlp_json(&[a, b]);
-        assert_eq!(otlp["resourceSpans"].as_array().map(Vec::len), Some(2));
     }
 }

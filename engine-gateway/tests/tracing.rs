@@ -1,5 +1,6 @@
 //! One trace across hops: baggage seeded by a caller reaches every worker, every span is
-//! tagged, `engine::traces::group_by` groups them, and OTLP/HTTP export posts them.
+//! tagged, `engine::traces::group_by` groups them, and every process exports its own spans
+//! over OTLP (protobuf, through the OpenTelemetry SDK's exporter).
 
 mod common;
 
@@ -9,7 +10,6 @@ use harness_sdk::{RemoteOptions, Worker, connect_client, run_remote};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn two_hop_workers(url: &str) -> (harness_sdk::WorkerHandle, harness_sdk::WorkerHandle) {
     let a = Worker::new("worker-a").function("t::a", "calls t::b", |ctx, d: Value| async move {
@@ -112,58 +112,92 @@ async fn one_trace_across_two_hops_grouped_by_session() {
     assert_eq!(a_span["service"], "worker-a");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_are_exported_over_otlp_http_json() {
-    // A collector that records POST bodies.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let collector = format!("http://{}", listener.local_addr().unwrap());
-    let bodies: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
-    let sink = bodies.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                return;
-            };
+/// One exported span, decoded from OTLP protobuf.
+#[derive(Debug, Clone)]
+struct Exported {
+    service: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+    name: String,
+    attributes: std::collections::BTreeMap<String, String>,
+}
+
+/// An OTLP/HTTP collector that decodes `ExportTraceServiceRequest` protobuf bodies with the
+/// `opentelemetry-proto` types. → its base URL and what it received.
+async fn collector() -> (String, Arc<Mutex<Vec<Exported>>>) {
+    use axum::body::Bytes;
+    use axum::http::HeaderMap;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message;
+    let got: Arc<Mutex<Vec<Exported>>> = Arc::default();
+    let sink = got.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
             let sink = sink.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                loop {
-                    let n = sock.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
+            async move {
+                assert_eq!(
+                    headers["content-type"], "application/x-protobuf",
+                    "OTLP/HTTP protobuf"
+                );
+                let req = ExportTraceServiceRequest::decode(body).expect("a protobuf export");
+                let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+                let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+                    .as_ref()
+                    .and_then(|v| v.value.as_ref())
+                {
+                    Some(Any::StringValue(s)) => s.clone(),
+                    other => format!("{other:?}"),
+                };
+                for rs in req.resource_spans {
+                    let service = rs
+                        .resource
+                        .iter()
+                        .flat_map(|r| r.attributes.iter())
+                        .find(|kv| kv.key == "service.name")
+                        .map(|kv| text(&kv.value))
+                        .unwrap_or_default();
+                    for ss in rs.scope_spans {
+                        for sp in ss.spans {
+                            sink.lock().unwrap().push(Exported {
+                                service: service.clone(),
+                                trace_id: hex(&sp.trace_id),
+                                span_id: hex(&sp.span_id),
+                                parent_span_id: hex(&sp.parent_span_id),
+                                name: sp.name.clone(),
+                                attributes: sp
+                                    .attributes
+                                    .iter()
+                                    .map(|kv| (kv.key.clone(), text(&kv.value)))
+                                    .collect(),
+                            });
+                        }
                     }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse().unwrap_or(0))
-                        })
-                        .unwrap_or(0);
-                    if buf.len() < end + 4 + len {
-                        continue;
-                    }
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let body: Value =
-                        serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(Value::Null);
-                    sink.lock().unwrap().push((path, body));
-                    let _ = sock
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
-                        .await;
-                    buf.drain(..end + 4 + len);
                 }
-            });
-        }
-    });
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, got)
+}
+
+/// Every process exports its own spans through the OpenTelemetry SDK's OTLP exporter (HTTP
+/// protobuf), under its own service name, and the spans of the engine and of two remote
+/// workers form one trace with the engine's routing spans between them; nothing is exported
+/// twice (the engine keeps, but does not export, what workers report to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_are_exported_over_otlp_protobuf_by_every_process() {
+    let (url, got) = collector().await;
+    // SAFETY: set before anything in this test process reads the environment.
+    unsafe { std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &url) };
     let dir = tempfile::tempdir().unwrap();
     let mut opts = common::options(dir.path());
-    opts.otlp_endpoint = Some(collector);
+    opts.otlp_endpoint = Some(url.clone());
     let srv = start_with(opts).await;
     let (a, b) = two_hop_workers(&srv.url());
     a.wait_connected(Duration::from_secs(5)).await.unwrap();
@@ -173,24 +207,68 @@ async fn spans_are_exported_over_otlp_http_json() {
         .trigger("t::a", json!({}))
         .await
         .unwrap();
-    wait_for("an OTLP export with worker-b's span", || async {
-        bodies
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(_, b)| b.to_string().contains("worker-b"))
+    wait_for("worker-a's, worker-b's and the engine's spans", || async {
+        let got = got.lock().unwrap();
+        ["worker-a", "worker-b", "engine"].iter().all(|svc| {
+            got.iter()
+                .any(|s| s.service == *svc && s.name.starts_with("t::"))
+        })
     })
     .await;
-    let bodies = bodies.lock().unwrap();
-    assert!(bodies.iter().all(|(p, _)| p == "/v1/traces"));
-    let all = bodies
-        .iter()
-        .map(|(_, b)| b.to_string())
-        .collect::<String>();
-    assert!(
-        all.contains("\"traceId\"") && all.contains("\"spanId\"") && all.contains("otlp-1"),
-        "{all}"
+    let spans = got.lock().unwrap().clone();
+    let of = |svc: &str, name: &str| {
+        spans
+            .iter()
+            .find(|s| s.service == svc && s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span from {svc}: {spans:#?}"))
+            .clone()
+    };
+    let (a_span, route_b, b_span) = (
+        of("worker-a", "t::a"),
+        of("engine", "t::b"),
+        of("worker-b", "t::b"),
     );
-    let first = &bodies[0].1;
-    assert!(first["resourceSpans"][0]["resource"]["attributes"][0]["key"] == "service.name");
+    assert_eq!(
+        b_span.parent_span_id, route_b.span_id,
+        "worker-b under the engine's routing span"
+    );
+    assert_eq!(
+        route_b.parent_span_id, a_span.span_id,
+        "which is under worker-a's span"
+    );
+    assert!(
+        [&route_b, &b_span]
+            .iter()
+            .all(|s| s.trace_id == a_span.trace_id),
+        "one trace"
+    );
+    assert_eq!(
+        b_span.attributes[ATTR_SESSION_ID], "otlp-1",
+        "baggage became attributes"
+    );
+    assert_eq!(b_span.attributes["iii.function.id"], "t::b");
+    let mut ids: Vec<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "no span exported twice");
+    drop((a, b));
+    srv.shutdown().await;
+}
+
+/// `OTEL_SDK_DISABLED=true` turns export off whatever else is set.
+#[test]
+fn the_sdk_switch_turns_export_off() {
+    // SAFETY: this test's own process (nextest runs each test apart).
+    unsafe {
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9");
+        std::env::set_var("OTEL_SDK_DISABLED", "true");
+    }
+    assert!(!engine_gateway::telemetry::export_configured(Some(
+        "http://127.0.0.1:9"
+    )));
+    unsafe { std::env::set_var("OTEL_SDK_DISABLED", "false") };
+    assert!(engine_gateway::telemetry::export_configured(None));
+    unsafe { std::env::set_var("OTEL_TRACES_EXPORTER", "none") };
+    assert!(!engine_gateway::telemetry::export_configured(None));
 }

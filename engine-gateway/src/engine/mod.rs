@@ -289,6 +289,11 @@ pub struct Engine {
     registry: Option<Arc<dyn Registry>>,
     pub channels: ChannelHub,
     pub spans: Arc<SpanStore>,
+    /// OTLP export of this process's spans (when configured): its queue and exporter.
+    telemetry: Option<(
+        Arc<crate::telemetry::ExportQueue>,
+        Arc<crate::telemetry::Exporter>,
+    )>,
     functions: RwLock<HashMap<String, FunctionEntry>>,
     workers: RwLock<HashMap<String, WorkerInfo>>,
     triggers: RwLock<HashMap<String, TriggerEntry>>,
@@ -331,10 +336,15 @@ impl Engine {
         backends: Backends,
         builtins: fn(&Arc<Engine>),
     ) -> Arc<Engine> {
+        let exporter =
+            crate::telemetry::Exporter::from_env(config.otlp_endpoint.as_deref(), "engine");
+        let export_queue = exporter
+            .as_ref()
+            .map(|_| Arc::new(crate::telemetry::ExportQueue::default()));
         let spans = Arc::new(SpanStore::with_max_bytes(
             config.span_capacity,
             config.span_max_bytes,
-            config.otlp_endpoint.is_some(),
+            export_queue.clone(),
         ));
         let engine = Arc::new_cyclic(|me| Engine {
             config: config.clone(),
@@ -344,6 +354,7 @@ impl Engine {
             registry: backends.registry,
             channels: ChannelHub::default(),
             spans: spans.clone(),
+            telemetry: export_queue.clone().zip(exporter.clone()),
             functions: RwLock::new(HashMap::new()),
             workers: RwLock::new(HashMap::new()),
             triggers: RwLock::new(HashMap::new()),
@@ -384,10 +395,10 @@ impl Engine {
                 engine.channels.sweep(crate::channels::UNATTACHED_TTL);
             }
         }));
-        if let Some(endpoint) = config.otlp_endpoint.clone() {
-            tasks.push(tokio::spawn(crate::trace::run_otlp_exporter(
-                spans,
-                endpoint,
+        if let (Some(queue), Some(exporter)) = (export_queue, exporter) {
+            tasks.push(tokio::spawn(crate::telemetry::run_export_loop(
+                queue,
+                exporter,
                 Duration::from_millis(500),
             )));
         }
@@ -418,6 +429,16 @@ impl Engine {
     /// Resolves once `shutdown` has been called (connections close on it).
     pub fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
         self.closing.subscribe()
+    }
+
+    /// Export every span recorded so far now (at exit: the periodic export may not come).
+    pub async fn flush_telemetry(&self) {
+        if let Some((queue, exporter)) = &self.telemetry {
+            let batch = queue.take();
+            if !batch.is_empty() {
+                exporter.export(batch).await;
+            }
+        }
     }
 
     /// Stop background work, close every connection and fail every call in flight.

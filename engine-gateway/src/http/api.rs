@@ -174,17 +174,28 @@ async fn list_sessions(
             json!({"limit": limit, "offset": offset}),
         )
         .await?;
-    let mut sessions = Vec::new();
-    for meta in listed["sessions"].as_array().into_iter().flatten() {
-        let Some(sid) = meta["session_id"].as_str() else {
-            continue;
-        };
-        let turn = state
-            .call(&caller, "turn::get_state", json!({"session_id": sid}))
-            .await
-            .unwrap_or(Value::Null);
-        sessions.push(json!({"session_id": sid, "session": meta, "turn": turn}));
-    }
+    // Each session's turn, asked at once (a page is at most 200).
+    let metas: Vec<&Value> = listed["sessions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["session_id"].is_string())
+        .collect();
+    let turns = futures_util::future::join_all(metas.iter().map(|meta| {
+        state.call(
+            &caller,
+            "turn::get_state",
+            json!({"session_id": meta["session_id"]}),
+        )
+    }))
+    .await;
+    let sessions: Vec<Value> = metas
+        .into_iter()
+        .zip(turns)
+        .map(|(meta, turn)| {
+            json!({"session_id": meta["session_id"], "session": meta, "turn": turn.unwrap_or(Value::Null)})
+        })
+        .collect();
     Ok(axum::Json(json!({
         "sessions": sessions,
         "total": listed["total"],

@@ -88,6 +88,12 @@ pub async fn events(
         Some("http:events".into()),
         caller.principal.clone(),
     );
+    // Named in engine::workers::list, so an operator tells an event stream from a worker.
+    engine.set_worker_info(
+        &worker_id,
+        Some(format!("http events of {sid}")),
+        Value::Null,
+    );
     if let Err(e) = engine.stream_subscribe(&worker_id, EVENTS_STREAM, Some(&sid)) {
         engine.disconnect(&worker_id);
         return Err(e.into());

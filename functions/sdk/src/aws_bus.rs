@@ -12,6 +12,7 @@ use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
 use engine_gateway::state::WriteMeta;
 use engine_gateway::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -32,6 +33,12 @@ pub struct AwsBus {
     /// `stream::send` pushes through the WebSocket API's management endpoint
     /// (`WS_MANAGEMENT_ENDPOINT`); without one it answers with an error saying so.
     connections: Option<engine_gateway::aws::connections::Connections>,
+    /// OTLP export of this Lambda's spans (when configured), flushed before each invocation
+    /// returns: a frozen Lambda process exports nothing.
+    export: Option<(
+        Arc<engine_gateway::telemetry::ExportQueue>,
+        Arc<engine_gateway::telemetry::Exporter>,
+    )>,
 }
 
 /// Most channels one Lambda instance holds unattached at once.
@@ -46,6 +53,16 @@ impl AwsBus {
             channels: ChannelHub::default(),
             connections: None,
             clients,
+            export: engine_gateway::telemetry::Exporter::from_env(
+                None,
+                &std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "lambda".into()),
+            )
+            .map(|e| {
+                (
+                    Arc::new(engine_gateway::telemetry::ExportQueue::default()),
+                    e,
+                )
+            }),
         }
     }
 
@@ -359,7 +376,19 @@ impl Bus for AwsBus {
             .map_err(|e| BusError::InvalidMessage(format!("{e} (in this Lambda)")))
     }
 
-    fn report_span(&self, _span: Span) {
-        // In AWS, spans leave through the Lambda's tracing (X-Ray/OTLP), not the engine.
+    fn report_span(&self, span: Span) {
+        // In AWS there is no engine to keep spans: they leave over OTLP from here.
+        if let Some((queue, _)) = &self.export {
+            queue.push(span);
+        }
+    }
+
+    async fn flush_telemetry(&self) {
+        if let Some((queue, exporter)) = &self.export {
+            let batch = queue.take();
+            if !batch.is_empty() {
+                exporter.export(batch).await;
+            }
+        }
     }
 }

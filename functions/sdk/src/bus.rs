@@ -44,8 +44,11 @@ pub trait Bus: Send + Sync {
     ) -> Result<String, BusError>;
     async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError>;
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError>;
-    /// Hand a finished span to the engine's trace store.
+    /// Hand a finished span to the engine's trace store (and to this process's OTLP export).
     fn report_span(&self, span: Span);
+    /// Export this process's spans now: a Lambda does before its invocation returns (its
+    /// process may be frozen right after), a worker before it exits.
+    async fn flush_telemetry(&self) {}
     /// A message of an SQS batch failed: make it visible again after `delay` (SPEC's
     /// backoff) instead of after the queue's whole visibility timeout. Only a bus that talks
     /// to SQS itself does anything; under the engine, its own consumer sets the backoff.

@@ -48,6 +48,21 @@ impl Ctx {
         self.trace.baggage_get(ATTR_MESSAGE_ID)
     }
 
+    /// A child span of this call for a step worth its own row in the trace (`service`: the
+    /// worker that runs it). Calls made through its [`crate::span::ChildSpan::ctx`] nest under it.
+    pub fn child_span(&self, name: &str, service: &str) -> crate::span::ChildSpan {
+        crate::span::ChildSpan::start(self, name, service)
+    }
+
+    /// The same call at another position in its trace.
+    pub(crate) fn at(&self, trace: TraceContext) -> Ctx {
+        Ctx {
+            bus: self.bus.clone(),
+            trace,
+            function_id: self.function_id.clone(),
+        }
+    }
+
     /// The same context with one more baggage entry (travels to every downstream call).
     pub fn with_baggage(&self, key: &str, value: &str) -> Ctx {
         Ctx {

@@ -266,12 +266,23 @@ struct Envelope {
 }
 
 /// The envelope's trace, or X-Ray's when the caller sent none.
+/// The call's position in its trace: its `traceparent`; without one, the X-Ray trace the
+/// Lambda service gave the invocation (`_X_AMZN_TRACE_ID`), so a call from an AWS service
+/// joins that service's trace.
 fn trace_of(envelope: &Envelope, xray_trace_id: Option<&str>) -> TraceContext {
     let trace =
         TraceContext::from_headers(envelope.traceparent.as_deref(), envelope.baggage.as_deref());
     match xray_trace_id {
         Some(xray) if envelope.traceparent.is_none() => {
-            trace.with_baggage("aws.xray.trace_id", xray)
+            match engine_gateway::telemetry::from_xray_header(xray) {
+                Some((trace_id, span_id)) => TraceContext {
+                    trace_id,
+                    span_id,
+                    baggage: trace.baggage,
+                },
+                None => trace,
+            }
+            .with_baggage("aws.xray.trace_id", xray)
         }
         _ => trace,
     }
@@ -337,8 +348,10 @@ pub async fn run_lambda_with(
             if let Some(h) = http
                 && event.payload.pointer("/requestContext/http").is_some()
             {
+                let answer = h(crate::Ctx::root(bus.clone()), event.payload).await;
+                bus.flush_telemetry().await;
                 return Ok::<Answer, lambda_runtime::Error>(FunctionResponse::BufferedResponse(
-                    h(crate::Ctx::root(bus), event.payload).await,
+                    answer,
                 ));
             }
             let xray = event.context.xray_trace_id.clone();
@@ -347,9 +360,10 @@ pub async fn run_lambda_with(
                     stream_envelope(worker, bus, event.payload, xray).into(),
                 ));
             }
-            Ok(FunctionResponse::BufferedResponse(
-                handle_event(&worker, bus, event.payload, xray.as_deref()).await,
-            ))
+            let answer = handle_event(&worker, bus.clone(), event.payload, xray.as_deref()).await;
+            // Before the answer: once it is sent, the service may freeze this process.
+            bus.flush_telemetry().await;
+            Ok(FunctionResponse::BufferedResponse(answer))
         }
     }))
     .await?;
@@ -378,7 +392,8 @@ pub fn stream_envelope(
 ) -> Body {
     let (mut out, body) = Body::channel();
     tokio::spawn(async move {
-        let answer = stream_into(&mut out, &worker, bus, payload, xray_trace_id).await;
+        let answer = stream_into(&mut out, &worker, bus.clone(), payload, xray_trace_id).await;
+        bus.flush_telemetry().await;
         let _ = out.send_data(answer_line(&answer).into()).await;
     });
     body

@@ -14,6 +14,7 @@ pub mod examples;
 pub mod lambda;
 pub mod messages;
 pub mod remote;
+pub mod span;
 pub mod worker;
 
 pub use bus::{Bus, EnqueueOptions};
@@ -115,5 +116,7 @@ pub async fn serve_main(worker: Worker) -> Result<(), Box<dyn std::error::Error 
         .await?;
     tracing::info!(worker = %name, url = %opts.url, "worker connected");
     tokio::signal::ctrl_c().await?;
+    // Nothing recorded is lost at exit: the periodic export may not have come.
+    handle.bus().flush_telemetry().await;
     Ok(())
 }

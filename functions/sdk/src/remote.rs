@@ -111,6 +111,12 @@ pub struct RemoteBus {
     /// `Some(worker_id)` while connected and registered.
     connected: watch::Sender<Option<String>>,
     spans: Mutex<Vec<Span>>,
+    /// OTLP export of this process's spans (when configured): it exports them itself, the
+    /// engine only keeps the copies sent to `engine::traces::ingest`.
+    export: Option<(
+        Arc<engine_gateway::telemetry::ExportQueue>,
+        Arc<engine_gateway::telemetry::Exporter>,
+    )>,
     pushes: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     stopped: AtomicBool,
 }
@@ -309,9 +315,22 @@ impl Bus for RemoteBus {
     }
 
     fn report_span(&self, span: Span) {
+        if let Some((queue, _)) = &self.export {
+            queue.push(span.clone());
+        }
         let mut spans = lock(&self.spans);
         if spans.len() < 10_000 {
             spans.push(span);
+        }
+    }
+
+    async fn flush_telemetry(&self) {
+        self.flush_spans();
+        if let Some((queue, exporter)) = &self.export {
+            let batch = queue.take();
+            if !batch.is_empty() {
+                exporter.export(batch).await;
+            }
         }
     }
 }
@@ -554,6 +573,19 @@ fn spawn_connection_loop(bus: Arc<RemoteBus>) -> tokio::task::JoinHandle<()> {
 /// reconnection) registers the worker's functions and triggers.
 pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
     let (connected, _) = watch::channel(None);
+    let export = engine_gateway::telemetry::Exporter::from_env(None, &worker.name).map(|e| {
+        (
+            Arc::new(engine_gateway::telemetry::ExportQueue::default()),
+            e,
+        )
+    });
+    let exporting = export.as_ref().map(|(q, e)| {
+        tokio::spawn(engine_gateway::telemetry::run_export_loop(
+            q.clone(),
+            e.clone(),
+            Duration::from_millis(500),
+        ))
+    });
     let bus = Arc::new(RemoteBus {
         worker: Arc::new(worker),
         opts,
@@ -561,6 +593,7 @@ pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
         pending: Mutex::new(HashMap::new()),
         connected,
         spans: Mutex::new(Vec::new()),
+        export,
         pushes: Mutex::new(None),
         stopped: AtomicBool::new(false),
     });
@@ -586,6 +619,9 @@ pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
             stop_bus.stopped.store(true, Ordering::SeqCst);
             conn.abort();
             flusher.abort();
+            if let Some(t) = &exporting {
+                t.abort();
+            }
             *lock(&stop_bus.out) = None;
             let _ = stop_bus.connected.send_replace(None);
             stop_bus.fail_pending("the worker stopped");

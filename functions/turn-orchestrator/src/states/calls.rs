@@ -50,7 +50,9 @@ pub(crate) async fn dispatch_with(
     }
     // The call's start is shown before it runs, however long it takes.
     flush_events(ctx, rec).await;
-    let (result, is_error) = match ctx
+    let mut span = tool_span(ctx, call);
+    let (result, is_error) = match span
+        .ctx()
         .trigger_timeout(&call.function_id, payload, CALL_TIMEOUT)
         .await
     {
@@ -60,6 +62,13 @@ pub(crate) async fn dispatch_with(
             true,
         ),
     };
+    if engine_gateway::telemetry::gen_ai::capture_content() {
+        span.set(
+            engine_gateway::telemetry::gen_ai::TOOL_CALL_RESULT,
+            redact(&result),
+        );
+    }
+    span.finish(is_error.then(|| result["error"]["code"].as_str().unwrap_or("error")));
     let (result, is_error) =
         hooks::after_call(ctx, hooks, &rec.session_id, call, result, is_error).await;
     let executed = Executed {
@@ -71,6 +80,24 @@ pub(crate) async fn dispatch_with(
     };
     emit_execution_end(rec, &executed);
     executed
+}
+
+/// An `execute_tool {function}` span (GenAI semantic conventions) around one tool call; the
+/// tool's own span nests under it.
+fn tool_span(ctx: &Ctx, call: &Call) -> harness_sdk::span::ChildSpan {
+    use engine_gateway::telemetry::gen_ai;
+    let mut span = ctx.child_span(
+        &format!("execute_tool {}", call.function_id),
+        "turn-orchestrator",
+    );
+    span.set(gen_ai::OPERATION_NAME, "execute_tool");
+    span.set(gen_ai::TOOL_NAME, &call.function_id);
+    span.set(gen_ai::TOOL_CALL_ID, &call.function_call_id);
+    span.set(gen_ai::TOOL_TYPE, "function");
+    if gen_ai::capture_content() {
+        span.set(gen_ai::TOOL_CALL_ARGUMENTS, redact(&call.args));
+    }
+    span
 }
 
 pub(crate) fn emit_execution_end(rec: &mut Record, e: &Executed) {

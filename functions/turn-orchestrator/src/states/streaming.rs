@@ -117,6 +117,72 @@ pub(crate) async fn preflight_compaction(
     }
 }
 
+/// A `chat {model}` span (GenAI semantic conventions) around one model call.
+fn chat_span(
+    ctx: &Ctx,
+    rec: &Record,
+    req: &RunRequest,
+    messages: &History,
+) -> harness_sdk::span::ChildSpan {
+    use engine_gateway::telemetry::gen_ai;
+    let mut span = ctx.child_span(&format!("chat {}", req.model), "turn-orchestrator");
+    span.set(gen_ai::OPERATION_NAME, "chat");
+    span.set(gen_ai::PROVIDER_NAME, provider_name(&req.provider));
+    span.set(gen_ai::REQUEST_MODEL, &req.model);
+    span.set(gen_ai::CONVERSATION_ID, &rec.session_id);
+    if gen_ai::capture_content() {
+        let redacted: Vec<Value> = messages
+            .iter()
+            .map(|m| redact(&serde_json::to_value(m).unwrap_or(Value::Null)))
+            .collect();
+        span.set(gen_ai::INPUT_MESSAGES, Value::Array(redacted));
+    }
+    span
+}
+
+/// The model's answer on its span: model, usage, finish reason (and content, when captured).
+fn finish_chat_span(span: &mut harness_sdk::span::ChildSpan, message: &AgentMessage) {
+    use engine_gateway::telemetry::gen_ai;
+    let AgentMessage::Assistant {
+        model,
+        usage,
+        stop_reason,
+        ..
+    } = message
+    else {
+        return;
+    };
+    span.set(gen_ai::RESPONSE_MODEL, model);
+    if let Some(u) = usage {
+        span.set(
+            gen_ai::USAGE_INPUT_TOKENS,
+            u.input + u.cache_read + u.cache_write,
+        );
+        span.set(gen_ai::USAGE_OUTPUT_TOKENS, u.output);
+        span.set(gen_ai::USAGE_CACHE_READ_INPUT_TOKENS, u.cache_read);
+        span.set(gen_ai::USAGE_CACHE_CREATION_INPUT_TOKENS, u.cache_write);
+    }
+    let reason = serde_json::to_value(stop_reason).unwrap_or(Value::Null);
+    span.set(
+        gen_ai::RESPONSE_FINISH_REASONS,
+        json!([reason.as_str().unwrap_or("")]),
+    );
+    if gen_ai::capture_content() {
+        span.set(
+            gen_ai::OUTPUT_MESSAGES,
+            redact(&serde_json::to_value(message).unwrap_or(Value::Null)),
+        );
+    }
+}
+
+/// The GenAI conventions' provider names for ours (`kimi` is Moonshot AI's).
+fn provider_name(provider: &str) -> &str {
+    match provider {
+        "kimi" => "moonshot_ai",
+        other => other,
+    }
+}
+
 /// Errors that mean the call never reached a handler that decided anything.
 pub(crate) fn is_unreachable(e: &BusError) -> bool {
     matches!(
@@ -168,8 +234,10 @@ pub(crate) async fn assistant_streaming(
     flush_events(ctx, rec).await;
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
+    // The model call as the GenAI conventions describe it; the provider's spans nest under it.
+    let mut span = chat_span(ctx, rec, req, &messages);
     let mut call = {
-        let ctx = ctx.clone();
+        let ctx = span.ctx().clone();
         let payload = json!({
             "writer_ref": writer,
             "system_prompt": prompt.system_prompt,
@@ -281,6 +349,22 @@ pub(crate) async fn assistant_streaming(
         ),
     };
     let message = with_usable_call_ids(message, rec.turn_count);
+    finish_chat_span(&mut span, &message);
+    let failed = match &message {
+        AgentMessage::Assistant {
+            stop_reason: StopReason::Error,
+            error_kind,
+            ..
+        } => Some(
+            error_kind
+                .as_ref()
+                .and_then(|k| serde_json::to_value(k).ok())
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_else(|| "error".into()),
+        ),
+        _ => None,
+    };
+    span.finish(failed.as_deref());
     // The stored message is the one decided on (a re-run step gets the first run's back).
     let message = append_history(ctx, rec, vec![message], "a")
         .await?

@@ -1,0 +1,585 @@
+//! OpenTelemetry through its crates: W3C `traceparent` and `baggage` read and written by the
+//! SDK's propagators, and every process's own spans exported over OTLP by
+//! `opentelemetry-otlp` (HTTP protobuf; gRPC with the `grpc` feature), configured by the
+//! standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `…_TRACES_ENDPOINT`),
+//! `OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT`, `…_PROTOCOL`, `OTEL_SERVICE_NAME`,
+//! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` (+ `_ARG`), `OTEL_TRACES_EXPORTER=none`
+//! and `OTEL_SDK_DISABLED`.
+//!
+//! Spans are recorded as [`Span`]s (the shape `engine::traces::*` answers with and workers
+//! send to `engine::traces::ingest`), and converted to the SDK's `SpanData` for export. Each
+//! process exports what it recorded itself (a remote worker's spans leave from the worker, a
+//! Lambda's from the Lambda before its invocation returns), so nothing is exported twice.
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::trace::Span;
+
+/// OpenTelemetry GenAI semantic conventions (development status, as of semconv 1.41) for the
+/// model-call (`chat {model}`) and tool-call (`execute_tool {function}`) spans.
+pub mod gen_ai {
+    pub const OPERATION_NAME: &str = "gen_ai.operation.name";
+    pub const PROVIDER_NAME: &str = "gen_ai.provider.name";
+    pub const REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub const RESPONSE_MODEL: &str = "gen_ai.response.model";
+    /// All input tokens, cache reads and writes included (as the convention asks).
+    pub const USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    pub const USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    pub const USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+    pub const USAGE_CACHE_CREATION_INPUT_TOKENS: &str = "gen_ai.usage.cache_creation.input_tokens";
+    /// A JSON array of strings in the recorded span; a string array on export.
+    pub const RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    pub const CONVERSATION_ID: &str = "gen_ai.conversation.id";
+    pub const TOOL_NAME: &str = "gen_ai.tool.name";
+    pub const TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+    pub const TOOL_TYPE: &str = "gen_ai.tool.type";
+    /// Content, recorded only when [`CAPTURE_CONTENT_ENV`] is `true`, and redacted.
+    pub const INPUT_MESSAGES: &str = "gen_ai.input.messages";
+    pub const OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+    pub const TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
+    pub const TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+    pub const CAPTURE_CONTENT_ENV: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
+
+    /// Whether prompt, completion and tool content may be recorded on spans.
+    pub fn capture_content() -> bool {
+        std::env::var(CAPTURE_CONTENT_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    }
+
+    /// Integer-valued attributes (recorded as text, exported as integers).
+    pub const INTEGER_ATTRIBUTES: &[&str] = &[
+        USAGE_INPUT_TOKENS,
+        USAGE_OUTPUT_TOKENS,
+        USAGE_CACHE_READ_INPUT_TOKENS,
+        USAGE_CACHE_CREATION_INPUT_TOKENS,
+    ];
+}
+
+/// A recorded attribute as OTLP types it: the GenAI counts as integers, the finish reasons as
+/// a string array, everything else as text.
+fn typed(key: String, value: String) -> KeyValue {
+    use opentelemetry::{Array, StringValue, Value};
+    if gen_ai::INTEGER_ATTRIBUTES.contains(&key.as_str())
+        && let Ok(n) = value.parse::<i64>()
+    {
+        return KeyValue::new(key, n);
+    }
+    if key == gen_ai::RESPONSE_FINISH_REASONS
+        && let Ok(list) = serde_json::from_str::<Vec<String>>(&value)
+    {
+        let list: Vec<StringValue> = list.into_iter().map(StringValue::from).collect();
+        return KeyValue::new(key, Value::Array(Array::String(list)));
+    }
+    KeyValue::new(key, value)
+}
+
+// ------------------------------------------------------------------ propagation
+
+/// `traceparent` → (trace id, parent span id), lower-case hex, when valid (W3C rules, by the
+/// SDK's propagator: version, lengths, all-zero ids, the `ff` version are refused).
+pub fn extract_traceparent(traceparent: &str) -> Option<(String, String)> {
+    // The SDK reads shorter ids as numbers; the W3C format has fixed lengths.
+    let mut parts = traceparent.trim().split('-');
+    let (_, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
+    if trace.len() != 32 || span.len() != 16 {
+        return None;
+    }
+    let carrier = HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid()
+        .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+}
+
+/// `baggage` → its members (the SDK's propagator: percent-decoding, properties dropped, the
+/// W3C size limits).
+pub fn extract_baggage(baggage: &str) -> Vec<(String, String)> {
+    use opentelemetry::baggage::BaggageExt;
+    let carrier = HashMap::from([("baggage".to_string(), baggage.to_string())]);
+    let cx = BaggagePropagator::new().extract(&carrier);
+    let mut out: Vec<(String, String)> = cx
+        .baggage()
+        .iter()
+        .map(|(k, (v, _))| (k.as_str().to_string(), v.as_str().to_string()))
+        .collect();
+    // The SDK keeps members in a map: give them a stable order.
+    out.sort();
+    out
+}
+
+/// The `traceparent` of a position in a trace (always sampled: the export decides).
+pub fn inject_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
+    let sc = span_context(trace_id, span_id)?;
+    let cx = Context::new().with_remote_span_context(sc);
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.remove("traceparent")
+}
+
+/// The `baggage` header of these members (percent-encoded by the SDK).
+pub fn inject_baggage(items: &[(String, String)]) -> Option<String> {
+    use opentelemetry::baggage::BaggageExt;
+    if items.is_empty() {
+        return None;
+    }
+    let cx = Context::new().with_baggage(
+        items
+            .iter()
+            .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+    );
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    BaggagePropagator::new().inject_context(&cx, &mut carrier);
+    carrier.remove("baggage").filter(|b| !b.is_empty())
+}
+
+fn span_context(trace_id: &str, span_id: &str) -> Option<SpanContext> {
+    let sc = SpanContext::new(
+        TraceId::from_hex(trace_id).ok()?,
+        SpanId::from_hex(span_id).ok()?,
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    sc.is_valid().then_some(sc)
+}
+
+/// An AWS X-Ray trace header (`_X_AMZN_TRACE_ID`: `Root=1-<8 hex>-<24 hex>;Parent=<16
+/// hex>;Sampled=1`) → (trace id, parent span id), so a Lambda invoked by an AWS service joins
+/// that service's trace when no `traceparent` came with the call.
+pub fn from_xray_header(header: &str) -> Option<(String, String)> {
+    let mut root = None;
+    let mut parent = None;
+    for part in header.split(';') {
+        match part.trim().split_once('=') {
+            Some(("Root", v)) => {
+                let mut it = v.split('-');
+                let (version, time, rest) = (it.next()?, it.next()?, it.next()?);
+                if version != "1" || it.next().is_some() || time.len() != 8 || rest.len() != 24 {
+                    return None;
+                }
+                root = Some(format!("{time}{rest}").to_ascii_lowercase());
+            }
+            Some(("Parent", v)) => parent = Some(v.to_ascii_lowercase()),
+            _ => {}
+        }
+    }
+    let (root, parent) = (root?, parent?);
+    span_context(&root, &parent).map(|_| (root, parent))
+}
+
+// ------------------------------------------------------------------ export
+
+/// Whether this process exports traces: an OTLP endpoint is configured and the SDK and the
+/// traces exporter are not turned off.
+pub fn export_configured(endpoint: Option<&str>) -> bool {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return false;
+    }
+    if var("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim().eq_ignore_ascii_case("none")) {
+        return false;
+    }
+    endpoint.is_some_and(|e| !e.trim().is_empty())
+        || var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+        || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+}
+
+/// Most services (resources) one process exports under: past that, spans go under the
+/// process's own name.
+const MAX_SERVICES: usize = 64;
+
+/// OTLP export of the spans this process recorded: one SDK exporter per service (each span's
+/// `service`, the worker that ran it, becomes its resource's `service.name`).
+pub struct Exporter {
+    endpoint: Option<String>,
+    default_service: String,
+    exporters: Mutex<HashMap<String, Arc<opentelemetry_otlp::SpanExporter>>>,
+    sampler: Box<dyn opentelemetry_sdk::trace::ShouldSample>,
+    scope: InstrumentationScope,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter")
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+fn build_exporter(
+    endpoint: Option<&str>,
+    service: &str,
+) -> Result<opentelemetry_otlp::SpanExporter, String> {
+    use opentelemetry_otlp::WithExportConfig;
+    crate::ensure_crypto_provider();
+    let protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_default();
+    let mut exporter = match protocol.trim() {
+        #[cfg(feature = "grpc")]
+        "grpc" => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(e) = endpoint {
+                b = b.with_endpoint(e.to_string());
+            }
+            b.build().map_err(|e| e.to_string())?
+        }
+        "" | "http/protobuf" => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+            // A signal-specific endpoint from the environment wins, as the spec says.
+            if let Some(e) = endpoint
+                && std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_err()
+            {
+                b = b.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
+            }
+            b.build().map_err(|e| e.to_string())?
+        }
+        other => {
+            return Err(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=`{other}` is not supported here (http/protobuf{})",
+                if cfg!(feature = "grpc") {
+                    ", grpc"
+                } else {
+                    "; grpc needs the `grpc` feature"
+                }
+            ));
+        }
+    };
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if std::env::var("OTEL_SERVICE_NAME").is_err() {
+        resource = resource.with_service_name(service.to_string());
+    }
+    exporter.set_resource(&resource.build());
+    Ok(exporter)
+}
+
+impl Exporter {
+    /// The exporter of this process, or `None` when export is not configured. `endpoint`
+    /// (the engine's `--otlp-endpoint`) falls back to the `OTEL_*` variables.
+    pub fn from_env(endpoint: Option<&str>, default_service: &str) -> Option<Arc<Exporter>> {
+        if !export_configured(endpoint) {
+            return None;
+        }
+        let endpoint = endpoint.filter(|e| !e.trim().is_empty()).map(str::to_owned);
+        // Built once up front so a bad configuration is reported at start, not per batch.
+        let first = match build_exporter(endpoint.as_deref(), default_service) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "OTLP trace export is configured but cannot start; spans are not exported");
+                return None;
+            }
+        };
+        Some(Arc::new(Exporter {
+            endpoint,
+            default_service: default_service.to_string(),
+            exporters: Mutex::new(HashMap::from([(
+                default_service.to_string(),
+                Arc::new(first),
+            )])),
+            sampler: opentelemetry_sdk::trace::Config::default().sampler,
+            scope: InstrumentationScope::builder("agent-harness")
+                .with_version(env!("CARGO_PKG_VERSION"))
+                .build(),
+        }))
+    }
+
+    fn exporter_for(&self, service: &str) -> Option<Arc<opentelemetry_otlp::SpanExporter>> {
+        let mut map = self.exporters.lock().ok()?;
+        if let Some(e) = map.get(service) {
+            return Some(e.clone());
+        }
+        if map.len() >= MAX_SERVICES {
+            return map.get(&self.default_service).cloned();
+        }
+        match build_exporter(self.endpoint.as_deref(), service) {
+            Ok(e) => {
+                let e = Arc::new(e);
+                map.insert(service.to_string(), e.clone());
+                Some(e)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, service, "no OTLP exporter for this service");
+                map.get(&self.default_service).cloned()
+            }
+        }
+    }
+
+    /// Whether the configured sampler keeps this trace (decided on the trace id alone, so
+    /// every process keeps or drops the same whole traces).
+    fn sampled(&self, trace_id: TraceId, name: &str) -> bool {
+        let r = self
+            .sampler
+            .should_sample(None, trace_id, name, &SpanKind::Server, &[], &[]);
+        !matches!(r.decision, opentelemetry_sdk::trace::SamplingDecision::Drop)
+    }
+
+    /// Export a batch (converted, sampled, grouped by service). A failure is logged and the
+    /// batch dropped: telemetry never blocks the bus.
+    pub async fn export(&self, spans: Vec<Span>) {
+        let mut by_service: HashMap<String, Vec<SpanData>> = HashMap::new();
+        for s in spans {
+            let service = if s.service.is_empty() {
+                self.default_service.clone()
+            } else {
+                s.service.clone()
+            };
+            if let Some(data) = to_span_data(s, &self.scope)
+                && self.sampled(data.span_context.trace_id(), &data.name)
+            {
+                by_service.entry(service).or_default().push(data);
+            }
+        }
+        for (service, batch) in by_service {
+            let Some(exporter) = self.exporter_for(&service) else {
+                continue;
+            };
+            let n = batch.len();
+            if let Err(e) = exporter.export(batch).await {
+                tracing::warn!(error = %e, spans = n, service, "OTLP export failed");
+            }
+        }
+    }
+}
+
+/// A recorded span as the SDK exports it. `None` for one whose ids are not valid hex.
+pub fn to_span_data(s: Span, scope: &InstrumentationScope) -> Option<SpanData> {
+    let span_context = span_context(&s.trace_id, &s.span_id)?;
+    let parent_span_id = s
+        .parent_span_id
+        .as_deref()
+        .and_then(|p| SpanId::from_hex(p).ok())
+        .unwrap_or(SpanId::INVALID);
+    let at = |nanos: u64| UNIX_EPOCH + Duration::from_nanos(nanos);
+    // A model call is a client call; a tool call runs inside the orchestrator; the rest are
+    // calls served.
+    let span_kind = match s.attributes.get(gen_ai::OPERATION_NAME).map(String::as_str) {
+        Some("chat") => SpanKind::Client,
+        Some("execute_tool") => SpanKind::Internal,
+        _ => SpanKind::Server,
+    };
+    let status = if s.error {
+        Status::error(s.attributes.get("error.code").cloned().unwrap_or_default())
+    } else {
+        Status::Ok
+    };
+    Some(SpanData {
+        span_context,
+        parent_span_id,
+        parent_span_is_remote: false,
+        span_kind,
+        name: s.name.into(),
+        start_time: at(s.start_unix_nanos),
+        end_time: at(s.end_unix_nanos.max(s.start_unix_nanos)),
+        attributes: s.attributes.into_iter().map(|(k, v)| typed(k, v)).collect(),
+        dropped_attributes_count: 0,
+        events: Default::default(),
+        links: Default::default(),
+        status,
+        instrumentation_scope: scope.clone(),
+    })
+}
+
+/// Spans waiting for export, bounded in count and bytes (an exporter that cannot keep up
+/// loses the newest spans, never memory).
+#[derive(Default)]
+pub struct ExportQueue {
+    inner: Mutex<(Vec<Span>, usize)>,
+}
+
+/// Most spans and bytes waiting for export in one process.
+pub const EXPORT_QUEUE_MAX_SPANS: usize = 100_000;
+pub const EXPORT_QUEUE_MAX_BYTES: usize = 32 << 20;
+
+impl ExportQueue {
+    pub fn push(&self, span: Span) {
+        let bytes = span.approx_bytes();
+        if let Ok(mut q) = self.inner.lock()
+            && q.0.len() < EXPORT_QUEUE_MAX_SPANS
+            && q.1 + bytes <= EXPORT_QUEUE_MAX_BYTES
+        {
+            q.1 += bytes;
+            q.0.push(span);
+        }
+    }
+
+    pub fn take(&self) -> Vec<Span> {
+        self.inner
+            .lock()
+            .map(|mut q| {
+                q.1 = 0;
+                std::mem::take(&mut q.0)
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|q| q.0.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Export what is queued every `interval`, until the task is stopped.
+pub async fn run_export_loop(queue: Arc<ExportQueue>, exporter: Arc<Exporter>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let batch = queue.take();
+        if !batch.is_empty() {
+            exporter.export(batch).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_round_trips_and_bad_ones_are_refused() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (t, s) = extract_traceparent(tp).unwrap();
+        assert_eq!(
+            (t.as_str(), s.as_str()),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+        );
+        assert_eq!(inject_traceparent(&t, &s).as_deref(), Some(tp));
+        for bad in [
+            "",
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert!(extract_traceparent(bad).is_none(), "{bad}");
+        }
+        assert!(inject_traceparent("zz", "00f067aa0ba902b7").is_none());
+    }
+
+    #[test]
+    fn baggage_is_percent_coded_by_the_sdk() {
+        let items = vec![
+            ("iii.session.id".to_string(), "s 1,2;x=y".to_string()),
+            ("k".to_string(), "v".to_string()),
+        ];
+        let header = inject_baggage(&items).unwrap();
+        assert!(!header.contains(' ') && !header.contains(";x"), "{header}");
+        assert_eq!(extract_baggage(&header), items);
+        assert_eq!(
+            extract_baggage("a=1;prop=2, b = two , =bad, c"),
+            vec![("a".into(), "1".into()), ("b".into(), "two".into())]
+        );
+        assert!(inject_baggage(&[]).is_none());
+    }
+
+    #[test]
+    fn xray_headers_join_their_trace() {
+        let (t, p) = from_xray_header(
+            "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+        )
+        .unwrap();
+        assert_eq!(t, "5759e988bd862e3fe1be46a994272793");
+        assert_eq!(p, "53995c3f42cd8ad8");
+        for bad in [
+            "Root=1-5759e988-bd862e3fe1be46a994272793",
+            "Root=2-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8",
+            "Root=1-5759e98-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8",
+            "Parent=53995c3f42cd8ad8",
+            "nonsense",
+        ] {
+            assert!(from_xray_header(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spans_convert_to_sdk_span_data() {
+        let root = crate::trace::TraceContext::new_root().with_baggage("iii.session.id", "s1");
+        let mut s = Span::start("turn::x", "orchestrator", &root);
+        s.finish(true);
+        s.attributes.insert("error.code".into(), "timeout".into());
+        let scope = InstrumentationScope::builder("t").build();
+        let d = to_span_data(s.clone(), &scope).unwrap();
+        assert_eq!(d.span_context.trace_id().to_string(), root.trace_id);
+        assert_eq!(d.parent_span_id.to_string(), root.span_id);
+        assert_eq!(d.status, Status::error("timeout"));
+        assert!(
+            d.attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == "iii.session.id" && kv.value.as_str() == "s1")
+        );
+        let mut bad = s;
+        bad.trace_id = "nothex".into();
+        assert!(to_span_data(bad, &scope).is_none());
+    }
+
+    #[test]
+    fn genai_attributes_are_typed_on_export() {
+        let root = crate::trace::TraceContext::new_root();
+        let mut s = Span::start("chat m", "orchestrator", &root);
+        s.attributes
+            .insert(gen_ai::OPERATION_NAME.into(), "chat".into());
+        s.attributes
+            .insert(gen_ai::USAGE_INPUT_TOKENS.into(), "820".into());
+        s.attributes.insert(
+            gen_ai::RESPONSE_FINISH_REASONS.into(),
+            r#"["tool_call"]"#.into(),
+        );
+        s.attributes
+            .insert(gen_ai::USAGE_OUTPUT_TOKENS.into(), "not a number".into());
+        s.finish(false);
+        let d = to_span_data(s, &InstrumentationScope::builder("t").build()).unwrap();
+        assert_eq!(d.span_kind, SpanKind::Client);
+        let get = |k: &str| {
+            d.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .unwrap()
+                .value
+                .clone()
+        };
+        assert_eq!(
+            get(gen_ai::USAGE_INPUT_TOKENS),
+            opentelemetry::Value::I64(820)
+        );
+        assert_eq!(
+            get(gen_ai::USAGE_OUTPUT_TOKENS),
+            opentelemetry::Value::from("not a number")
+        );
+        assert_eq!(
+            get(gen_ai::RESPONSE_FINISH_REASONS),
+            opentelemetry::Value::Array(vec![opentelemetry::StringValue::from("tool_call")].into())
+        );
+    }
+
+    #[test]
+    fn the_export_queue_is_bounded() {
+        let q = ExportQueue::default();
+        let root = crate::trace::TraceContext::new_root();
+        let mut s = Span::start("x", "w", &root);
+        s.attributes.insert("big".into(), "x".repeat(1 << 20));
+        for _ in 0..40 {
+            q.push(s.clone());
+        }
+        let kept = q.len();
+        assert!(
+            (30..40).contains(&kept),
+            "{kept} of 40 MiB-sized spans fit in 32 MiB"
+        );
+        assert_eq!(q.take().len(), kept);
+        assert!(q.is_empty());
+    }
+}

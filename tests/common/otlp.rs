@@ -1,0 +1,89 @@
+//! A test OTLP/HTTP collector: decodes the protobuf `ExportTraceServiceRequest` bodies it is
+//! sent with the `opentelemetry-proto` types and keeps every span.
+#![allow(dead_code)]
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// One exported span.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    pub service: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent_span_id: String,
+    pub name: String,
+    /// Attribute values as text; integers as their digits, arrays as JSON.
+    pub attributes: BTreeMap<String, String>,
+    /// The OTLP attribute value types by key (`string`, `int`, `array`…).
+    pub types: BTreeMap<String, &'static str>,
+    pub kind: i32,
+}
+
+fn text(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> (String, &'static str) {
+    match v.and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => (s.clone(), "string"),
+        Some(Any::IntValue(i)) => (i.to_string(), "int"),
+        Some(Any::BoolValue(b)) => (b.to_string(), "bool"),
+        Some(Any::DoubleValue(d)) => (d.to_string(), "double"),
+        Some(Any::ArrayValue(a)) => (
+            serde_json::to_string(&a.values.iter().map(|v| text(Some(v)).0).collect::<Vec<_>>())
+                .unwrap_or_default(),
+            "array",
+        ),
+        other => (format!("{other:?}"), "other"),
+    }
+}
+
+/// Start a collector on loopback → its base URL (for `OTEL_EXPORTER_OTLP_ENDPOINT`) and
+/// what it received.
+pub async fn collector() -> (String, Arc<Mutex<Vec<Exported>>>) {
+    use prost::Message;
+    let got: Arc<Mutex<Vec<Exported>>> = Arc::default();
+    let sink = got.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let sink = sink.clone();
+            async move {
+                let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+                for rs in req.resource_spans {
+                    let service = rs
+                        .resource
+                        .iter()
+                        .flat_map(|r| r.attributes.iter())
+                        .find(|kv| kv.key == "service.name")
+                        .map(|kv| text(kv.value.as_ref()).0)
+                        .unwrap_or_default();
+                    for sp in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                        let mut attributes = BTreeMap::new();
+                        let mut types = BTreeMap::new();
+                        for kv in &sp.attributes {
+                            let (v, t) = text(kv.value.as_ref());
+                            attributes.insert(kv.key.clone(), v);
+                            types.insert(kv.key.clone(), t);
+                        }
+                        sink.lock().unwrap().push(Exported {
+                            service: service.clone(),
+                            trace_id: hex(&sp.trace_id),
+                            span_id: hex(&sp.span_id),
+                            parent_span_id: hex(&sp.parent_span_id),
+                            name: sp.name.clone(),
+                            attributes,
+                            types,
+                            kind: sp.kind,
+                        });
+                    }
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, got)
+}

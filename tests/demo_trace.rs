@@ -1,0 +1,179 @@
+//! `cargo run`'s demo, traced: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, the whole session is
+//! one trace at the collector (OTLP protobuf, through the OpenTelemetry SDK's exporter), every
+//! span's parent is in it (but the terminal client's own position, where it starts), spans
+//! come from every worker that took part, each model call is a `chat` span whose GenAI
+//! attributes carry what the scripted model reported, each dispatched tool call an
+//! `execute_tool` span, and nothing is lost at exit (the process ends right after the
+//! summary; the flush at shutdown exports the rest).
+
+#[path = "common/otlp.rs"]
+mod otlp;
+
+use std::collections::BTreeSet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_session_is_one_trace_with_genai_attributes() {
+    let (url, got) = otlp::collector().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--workdir")
+        .arg(dir.path().join("work"))
+        .arg("--permissions")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
+        .env("RUST_LOG", "warn")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("HARNESS_CONFIG")
+        .output()
+        .await
+        .expect("the harness runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("— session"))
+        .unwrap_or("");
+    let trace = summary
+        .rsplit("trace ")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    assert_eq!(trace.len(), 32, "{stdout}");
+    // Everything was exported before the process ended: no waiting here.
+    let spans: Vec<otlp::Exported> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.trace_id == trace)
+        .cloned()
+        .collect();
+    assert!(
+        spans.len() > 20,
+        "{} spans of the session's trace",
+        spans.len()
+    );
+    let ids: BTreeSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    assert_eq!(ids.len(), spans.len(), "no span exported twice");
+    // One root position (the terminal client's, which records no span); every other parent
+    // is a span of the trace.
+    let orphans: BTreeSet<&str> = spans
+        .iter()
+        .map(|s| s.parent_span_id.as_str())
+        .filter(|p| !ids.contains(p))
+        .collect();
+    assert_eq!(orphans.len(), 1, "parents outside the trace: {orphans:?}");
+    let services: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    for worker in [
+        "engine",
+        "harness",
+        "turn-orchestrator",
+        "tools",
+        "approval-gate",
+        "session",
+    ] {
+        assert!(
+            services.contains(worker),
+            "{worker} took part: {services:?}"
+        );
+    }
+    assert!(
+        services.iter().any(|s| s.starts_with("provider")),
+        "a provider: {services:?}"
+    );
+
+    // The demo cassette's four model calls, as GenAI chat spans (client kind = 3).
+    let mut chats: Vec<&otlp::Exported> = spans
+        .iter()
+        .filter(|s| {
+            s.attributes
+                .get("gen_ai.operation.name")
+                .map(String::as_str)
+                == Some("chat")
+        })
+        .collect();
+    chats.sort_by_key(|s| s.attributes.get("gen_ai.usage.output_tokens").cloned());
+    assert_eq!(chats.len(), 4, "{chats:#?}");
+    for c in &chats {
+        assert_eq!(c.name, "chat scripted-demo");
+        assert_eq!(c.kind, 3, "a client span");
+        assert_eq!(c.attributes["gen_ai.provider.name"], "scripted");
+        assert_eq!(c.attributes["gen_ai.request.model"], "scripted-demo");
+        assert!(c.attributes.contains_key("gen_ai.response.model"));
+        assert_eq!(c.types["gen_ai.usage.input_tokens"], "int");
+        assert_eq!(c.types["gen_ai.response.finish_reasons"], "array");
+        assert!(
+            !c.attributes.contains_key("gen_ai.input.messages"),
+            "content is off by default"
+        );
+    }
+    // (input incl. cache reads, output, finish reason) per call, from demo.json.
+    let usage: BTreeSet<(String, String, String)> = chats
+        .iter()
+        .map(|c| {
+            (
+                c.attributes["gen_ai.usage.input_tokens"].clone(),
+                c.attributes["gen_ai.usage.output_tokens"].clone(),
+                c.attributes["gen_ai.response.finish_reasons"].clone(),
+            )
+        })
+        .collect();
+    let expected: BTreeSet<(String, String, String)> = [
+        ("820", "64", r#"["function_call"]"#),
+        ("1740", "58", r#"["function_call"]"#),
+        ("1910", "40", r#"["function_call"]"#),
+        ("2100", "35", r#"["end"]"#),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(usage, expected);
+    let cache_reads: Vec<&str> = chats
+        .iter()
+        .map(|c| c.attributes["gen_ai.usage.cache_read.input_tokens"].as_str())
+        .collect();
+    assert!(
+        cache_reads.contains(&"800") && cache_reads.contains(&"1000"),
+        "{cache_reads:?}"
+    );
+
+    // The dispatched tool calls (the denied one never runs) as execute_tool spans, each the
+    // parent of the tool's own span.
+    let tools: Vec<&otlp::Exported> = spans
+        .iter()
+        .filter(|s| {
+            s.attributes
+                .get("gen_ai.operation.name")
+                .map(String::as_str)
+                == Some("execute_tool")
+        })
+        .collect();
+    let names: BTreeSet<&str> = tools
+        .iter()
+        .map(|t| t.attributes["gen_ai.tool.name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["fs::list", "fs::write"]),
+        "{tools:#?}"
+    );
+    for t in &tools {
+        assert!(!t.attributes["gen_ai.tool.call.id"].is_empty());
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.parent_span_id == t.span_id && s.service == "engine"),
+            "the call under {} is routed by the engine",
+            t.name
+        );
+    }
+}
