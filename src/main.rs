@@ -173,6 +173,7 @@ async fn main() -> anyhow::Result<()> {
     if cli.serve_only {
         let _ = std::io::stdout().flush();
         tokio::signal::ctrl_c().await?;
+        engine.flush_telemetry().await;
         drop((composition, engine));
         running.shutdown().await;
         return Ok(());
@@ -358,7 +359,9 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::signal::ctrl_c().await?;
     }
-    // Every handle on the engine goes before the shutdown, which waits for the last one.
+    // Telemetry first, while every worker still answers the gauges; then every handle on
+    // the engine goes before the shutdown, which waits for the last one.
+    engine.flush_telemetry().await;
     drop((composition, client, engine));
     running.shutdown().await;
     Ok(())

@@ -4,7 +4,8 @@
 //! come from every worker that took part, each model call is a `chat` span whose GenAI
 //! attributes carry what the scripted model reported, each dispatched tool call an
 //! `execute_tool` span, and nothing is lost at exit (the process ends right after the
-//! summary; the flush at shutdown exports the rest).
+//! summary; the flush at shutdown exports the rest). The metrics arrive too: tokens, cost, the
+//! model calls' durations and times to first token, tool calls by outcome, turn steps, queues.
 
 #[path = "common/otlp.rs"]
 mod otlp;
@@ -176,4 +177,83 @@ async fn the_demo_session_is_one_trace_with_genai_attributes() {
             t.name
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_session_exports_metrics_at_exit() {
+    let (url, _spans, metrics) = otlp::collector_with_metrics().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--workdir")
+        .arg(dir.path().join("work"))
+        .arg("--permissions")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
+        .env("RUST_LOG", "warn")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env_remove("OTEL_METRIC_EXPORT_INTERVAL")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("HARNESS_CONFIG")
+        .output()
+        .await
+        .expect("the harness runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The periodic export is a minute away: what arrived was flushed at exit.
+    let last = metrics
+        .lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .expect("a metrics export at exit");
+    let sum = |name: &str, pick: &dyn Fn(&otlp::Point) -> bool| -> (f64, u64) {
+        last.iter()
+            .filter(|p| p.name == name && pick(p))
+            .fold((0.0, 0), |(v, c), p| (v + p.value, c + p.count))
+    };
+    let attr = |k: &'static str, v: &'static str| {
+        move |p: &otlp::Point| p.attributes.get(k).map(String::as_str) == Some(v)
+    };
+    // demo.json: 820 + 1740 + 1910 + 2100 input tokens (cache reads included), 197 output.
+    assert_eq!(
+        sum(
+            "gen_ai.client.token.usage",
+            &attr("gen_ai.token.type", "input")
+        ),
+        (6570.0, 4)
+    );
+    assert_eq!(
+        sum(
+            "gen_ai.client.token.usage",
+            &attr("gen_ai.token.type", "output")
+        ),
+        (197.0, 4)
+    );
+    let (cost, _) = sum("harness.cost", &|_| true);
+    assert!((cost - 0.009980).abs() < 1e-9, "cost {cost}");
+    assert_eq!(sum("gen_ai.client.operation.duration", &|_| true).1, 4);
+    assert_eq!(sum("harness.model.time_to_first_token", &|_| true).1, 4);
+    let tool = |name: &'static str, outcome: &'static str| {
+        sum("gen_ai.execute_tool.duration", &move |p: &otlp::Point| {
+            p.attributes["gen_ai.tool.name"] == name && p.attributes["harness.outcome"] == outcome
+        })
+        .1
+    };
+    assert_eq!(tool("fs::list", "ok"), 1);
+    assert_eq!(tool("fs::write", "ok"), 1);
+    assert_eq!(tool("approval::resolve", "denied"), 1, "{last:#?}");
+    assert!(sum("harness.turn.steps", &attr("harness.outcome", "ok")).0 >= 4.0);
+    assert!(
+        last.iter()
+            .any(|p| p.name == "harness.queue.depth"
+                && p.attributes["harness.queue"] == "turn-steps"),
+        "queue gauges: {last:#?}"
+    );
+    assert!(last.iter().any(|p| p.name == "harness.approvals.waiting"));
 }

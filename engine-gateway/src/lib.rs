@@ -24,6 +24,7 @@ pub mod lambda_host;
 pub mod lambda_stream;
 pub mod logging;
 pub mod mappings;
+pub mod metrics;
 pub mod paging;
 pub mod prewarm;
 pub mod protocol;

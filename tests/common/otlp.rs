@@ -37,13 +37,102 @@ fn text(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> (String
     }
 }
 
+/// One metric data point: the metric's name, the point's attributes, and its value (a sum's
+/// or gauge's value; a histogram's sum, with its count).
+#[derive(Debug, Clone)]
+pub struct Point {
+    pub service: String,
+    pub name: String,
+    pub attributes: BTreeMap<String, String>,
+    pub value: f64,
+    pub count: u64,
+}
+
+fn points(
+    req: opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+) -> Vec<Point> {
+    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value as N};
+    let num = |v: &Option<N>| match v {
+        Some(N::AsDouble(d)) => *d,
+        Some(N::AsInt(i)) => *i as f64,
+        None => 0.0,
+    };
+    let attrs = |kvs: &[opentelemetry_proto::tonic::common::v1::KeyValue]| {
+        kvs.iter()
+            .map(|kv| (kv.key.clone(), text(kv.value.as_ref()).0))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let mut out = Vec::new();
+    for rm in req.resource_metrics {
+        let service = rm
+            .resource
+            .iter()
+            .flat_map(|r| r.attributes.iter())
+            .find(|kv| kv.key == "service.name")
+            .map(|kv| text(kv.value.as_ref()).0)
+            .unwrap_or_default();
+        for m in rm.scope_metrics.into_iter().flat_map(|s| s.metrics) {
+            let mut push = |attributes, value, count| {
+                out.push(Point {
+                    service: service.clone(),
+                    name: m.name.clone(),
+                    attributes,
+                    value,
+                    count,
+                })
+            };
+            match &m.data {
+                Some(Data::Sum(s)) => s
+                    .data_points
+                    .iter()
+                    .for_each(|p| push(attrs(&p.attributes), num(&p.value), 1)),
+                Some(Data::Gauge(g)) => g
+                    .data_points
+                    .iter()
+                    .for_each(|p| push(attrs(&p.attributes), num(&p.value), 1)),
+                Some(Data::Histogram(h)) => h
+                    .data_points
+                    .iter()
+                    .for_each(|p| push(attrs(&p.attributes), p.sum.unwrap_or(0.0), p.count)),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 /// Start a collector on loopback → its base URL (for `OTEL_EXPORTER_OTLP_ENDPOINT`) and
-/// what it received.
+/// the spans it received.
 pub async fn collector() -> (String, Arc<Mutex<Vec<Exported>>>) {
+    let (url, spans, _) = collector_with_metrics().await;
+    (url, spans)
+}
+
+/// Spans, and each metrics export's data points (the latest export last).
+pub async fn collector_with_metrics() -> (
+    String,
+    Arc<Mutex<Vec<Exported>>>,
+    Arc<Mutex<Vec<Vec<Point>>>>,
+) {
     use prost::Message;
     let got: Arc<Mutex<Vec<Exported>>> = Arc::default();
+    let metrics: Arc<Mutex<Vec<Vec<Point>>>> = Arc::default();
+    let msink = metrics.clone();
     let sink = got.clone();
-    let app = axum::Router::new().route(
+    let app = axum::Router::new()
+        .route(
+            "/v1/metrics",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let msink = msink.clone();
+                async move {
+                    let req = opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest::decode(body)
+                        .expect("OTLP metrics protobuf");
+                    msink.lock().unwrap().push(points(req));
+                    axum::http::StatusCode::OK
+                }
+            }),
+        )
+        .route(
         "/v1/traces",
         axum::routing::post(move |body: axum::body::Bytes| {
             let sink = sink.clone();
@@ -85,5 +174,5 @@ pub async fn collector() -> (String, Arc<Mutex<Vec<Exported>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, got)
+    (url, got, metrics)
 }

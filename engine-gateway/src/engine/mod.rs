@@ -395,6 +395,12 @@ impl Engine {
                 engine.channels.sweep(crate::channels::UNATTACHED_TTL);
             }
         }));
+        if let Some(metrics) = crate::metrics::init(config.otlp_endpoint.as_deref(), "engine") {
+            tasks.push(tokio::spawn(run_gauges(
+                Arc::downgrade(&engine),
+                metrics.clone(),
+            )));
+        }
         if let (Some(queue), Some(exporter)) = (export_queue, exporter) {
             tasks.push(tokio::spawn(crate::telemetry::run_export_loop(
                 queue,
@@ -431,12 +437,47 @@ impl Engine {
         self.closing.subscribe()
     }
 
-    /// Export every span recorded so far now (at exit: the periodic export may not come).
+    /// Export every span recorded so far, and the metrics, now (at exit: the periodic export
+    /// may not come).
     pub async fn flush_telemetry(&self) {
         if let Some((queue, exporter)) = &self.telemetry {
             let batch = queue.take();
             if !batch.is_empty() {
                 exporter.export(batch).await;
+            }
+        }
+        if let Some(m) = crate::metrics::get() {
+            self.measure_gauges(m).await;
+        }
+        crate::metrics::flush().await;
+    }
+
+    /// What the gauges report: each queue's depth, in-flight and dead-letter counts, and the
+    /// calls waiting for approval (when the approval gate runs).
+    async fn measure_gauges(&self, m: &crate::metrics::Metrics) {
+        for cfg in self.queues.queues().await {
+            if let Ok(s) = self.queues.stats(&cfg.name).await {
+                m.set_queue(
+                    &cfg.name,
+                    s.pending as u64,
+                    s.in_flight as u64,
+                    s.dead as u64,
+                );
+            }
+        }
+        if self.has_function("approval::list_pending") {
+            let root = TraceContext::new_root();
+            if let Ok(v) = self
+                .dispatch(
+                    "approval::list_pending",
+                    json!({}),
+                    root,
+                    None,
+                    Duration::from_secs(2),
+                )
+                .await
+            {
+                m.set_approvals_waiting(v["pending"].as_array().map_or(0, Vec::len) as u64);
             }
         }
     }
@@ -561,5 +602,16 @@ async fn run_readiness_gate(engine: Weak<Engine>) {
         }
         drop(e);
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Measure the gauges (queues, approvals waiting) every 10 s, for the metrics export.
+async fn run_gauges(engine: Weak<Engine>, metrics: Arc<crate::metrics::Metrics>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        engine.measure_gauges(&metrics).await;
     }
 }

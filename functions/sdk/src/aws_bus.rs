@@ -390,5 +390,6 @@ impl Bus for AwsBus {
                 exporter.export(batch).await;
             }
         }
+        engine_gateway::metrics::flush().await;
     }
 }

@@ -332,6 +332,7 @@ impl Bus for RemoteBus {
                 exporter.export(batch).await;
             }
         }
+        engine_gateway::metrics::flush().await;
     }
 }
 

@@ -58,7 +58,18 @@ pub(crate) async fn step(
     // record after each executed call) is written durably at once.
     let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
-    drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid).await
+    let out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid).await;
+    if let Some(m) = engine_gateway::metrics::get() {
+        let outcome = match &out {
+            Ok(v) if v["skipped"] == true => "stale",
+            Ok(v) if v["to_state"] == "failed" => "failed",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        let state = serde_json::to_value(expected).unwrap_or(Value::Null);
+        m.turn_step(state.as_str().unwrap_or("?"), outcome);
+    }
+    out
 }
 
 fn stale() -> Value {

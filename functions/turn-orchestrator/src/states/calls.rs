@@ -69,6 +69,13 @@ pub(crate) async fn dispatch_with(
         );
     }
     span.finish(is_error.then(|| result["error"]["code"].as_str().unwrap_or("error")));
+    if let Some(m) = engine_gateway::metrics::get() {
+        m.tool_call(
+            &call.function_id,
+            if is_error { "error" } else { "ok" },
+            started.elapsed(),
+        );
+    }
     let (result, is_error) =
         hooks::after_call(ctx, hooks, &rec.session_id, call, result, is_error).await;
     let executed = Executed {
@@ -180,6 +187,9 @@ pub(crate) fn denied(rec: &mut Record, call: &Call, envelope: Value) -> Executed
 
 /// A call that was not run: its denial envelope is the result (announced already).
 pub(crate) fn refused(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
+    if let Some(m) = engine_gateway::metrics::get() {
+        m.tool_call(&call.function_id, "denied", Duration::ZERO);
+    }
     let e = Executed {
         call: call.clone(),
         result: envelope,

@@ -236,6 +236,8 @@ pub(crate) async fn assistant_streaming(
     let mut reader = ctx.open_reader(&reader).await?;
     // The model call as the GenAI conventions describe it; the provider's spans nest under it.
     let mut span = chat_span(ctx, rec, req, &messages);
+    let called_at = std::time::Instant::now();
+    let mut first_frame: Option<Duration> = None;
     let mut call = {
         let ctx = span.ctx().clone();
         let payload = json!({
@@ -259,6 +261,7 @@ pub(crate) async fn assistant_streaming(
         tokio::select! {
             frame = reader.next() => {
                 let Some(frame) = frame else { break };
+                first_frame.get_or_insert_with(|| called_at.elapsed());
                 // Frames already waiting are merged into one `message_update` (the latest
                 // partial holds every earlier delta), so a fast stream costs one push per
                 // batch instead of one per token.
@@ -364,6 +367,21 @@ pub(crate) async fn assistant_streaming(
         ),
         _ => None,
     };
+    if let (Some(m), AgentMessage::Assistant { usage, .. }) =
+        (engine_gateway::metrics::get(), &message)
+    {
+        let u = usage.clone().unwrap_or_default();
+        m.model_call(
+            provider_name(&req.provider),
+            &req.model,
+            u.input + u.cache_read + u.cache_write,
+            u.output,
+            u.cost_usd,
+            called_at.elapsed(),
+            first_frame,
+            failed.as_deref(),
+        );
+    }
     span.finish(failed.as_deref());
     // The stored message is the one decided on (a re-run step gets the first run's back).
     let message = append_history(ctx, rec, vec![message], "a")
