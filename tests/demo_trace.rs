@@ -257,3 +257,77 @@ async fn the_demo_session_exports_metrics_at_exit() {
     );
     assert!(last.iter().any(|p| p.name == "harness.approvals.waiting"));
 }
+
+/// With `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true` the model calls carry their
+/// input and output messages and the tool calls their arguments and results, redacted: a
+/// secret the model put in a call's arguments never reaches the collector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_content_is_opt_in_and_redacted() {
+    let (url, got) = otlp::collector().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("cassette.json");
+    std::fs::write(
+        &cassette,
+        serde_json::json!({"turns": [
+            {"text": "Listing.", "tool_calls": [{"id": "c1", "name": "agent_trigger", "arguments": {"function": "fs::list", "payload": {"path": "", "api_key": "sk-live-9f8e7d6c5b4a"}}}], "usage": {"input": 10, "output": 5}},
+            {"text": "Listed.", "usage": {"input": 20, "output": 3}}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--workdir")
+        .arg(dir.path().join("work"))
+        .arg("--permissions")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
+        .arg("--cassette")
+        .arg(&cassette)
+        .env("RUST_LOG", "warn")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("HARNESS_CONFIG")
+        .output()
+        .await
+        .expect("the harness runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = got.lock().unwrap().clone();
+    let everything = format!("{spans:?}");
+    assert!(
+        !everything.contains("sk-live-9f8e7d6c5b4a"),
+        "the secret was exported"
+    );
+    let chats: Vec<&otlp::Exported> = spans
+        .iter()
+        .filter(|s| {
+            s.attributes
+                .get("gen_ai.operation.name")
+                .map(String::as_str)
+                == Some("chat")
+        })
+        .collect();
+    assert_eq!(chats.len(), 2);
+    let second = chats
+        .iter()
+        .find(|c| c.attributes["gen_ai.usage.input_tokens"] == "20")
+        .unwrap();
+    let input = &second.attributes["gen_ai.input.messages"];
+    assert!(
+        input.contains("Listing.") && input.contains("[redacted]"),
+        "{input}"
+    );
+    assert!(second.attributes["gen_ai.output.messages"].contains("Listed."));
+    let tool = spans
+        .iter()
+        .find(|s| s.attributes.get("gen_ai.tool.name").map(String::as_str) == Some("fs::list"))
+        .unwrap();
+    assert!(tool.attributes["gen_ai.tool.call.arguments"].contains("[redacted]"));
+    assert!(tool.attributes.contains_key("gen_ai.tool.call.result"));
+}

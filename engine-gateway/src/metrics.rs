@@ -246,8 +246,11 @@ impl Metrics {
             tracing::warn!(error = %e, "metrics not collected");
             return;
         }
-        if let Err(e) = self.exporter.export(&rm).await {
-            tracing::warn!(error = %e, "OTLP metrics export failed");
+        if self.exporter.export(&rm).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Err(e) = self.exporter.export(&rm).await {
+                tracing::warn!(error = %e, "OTLP metrics export failed");
+            }
         }
     }
 

@@ -345,8 +345,14 @@ impl Exporter {
                 continue;
             };
             let n = batch.len();
-            if let Err(e) = exporter.export(batch).await {
-                tracing::warn!(error = %e, spans = n, service, "OTLP export failed");
+            // One more try after a pause (a collector that closed a kept-alive connection,
+            // a moment of load); then the batch is dropped: telemetry never blocks the bus.
+            let again = batch.clone();
+            if exporter.export(batch).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Err(e) = exporter.export(again).await {
+                    tracing::warn!(error = %e, spans = n, service, "OTLP export failed");
+                }
             }
         }
     }
