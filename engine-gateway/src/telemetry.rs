@@ -205,6 +205,9 @@ pub struct Exporter {
     exporters: Mutex<HashMap<String, Arc<opentelemetry_otlp::SpanExporter>>>,
     sampler: Box<dyn opentelemetry_sdk::trace::ShouldSample>,
     scope: InstrumentationScope,
+    /// One drain at a time: a flush at exit waits for the periodic export in flight, so no
+    /// batch is taken and then lost when the process ends.
+    draining: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -291,6 +294,7 @@ impl Exporter {
             scope: InstrumentationScope::builder("agent-harness")
                 .with_version(env!("CARGO_PKG_VERSION"))
                 .build(),
+            draining: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -324,9 +328,19 @@ impl Exporter {
         !matches!(r.decision, opentelemetry_sdk::trace::SamplingDecision::Drop)
     }
 
+    /// Export everything `queue` holds, after any export in flight (the periodic one, or
+    /// another flush) has finished.
+    pub async fn drain(&self, queue: &ExportQueue) {
+        let _one = self.draining.lock().await;
+        let batch = queue.take();
+        if !batch.is_empty() {
+            self.export(batch).await;
+        }
+    }
+
     /// Export a batch (converted, sampled, grouped by service). A failure is logged and the
     /// batch dropped: telemetry never blocks the bus.
-    pub async fn export(&self, spans: Vec<Span>) {
+    async fn export(&self, spans: Vec<Span>) {
         let mut by_service: HashMap<String, Vec<SpanData>> = HashMap::new();
         for s in spans {
             let service = if s.service.is_empty() {
@@ -442,10 +456,7 @@ impl ExportQueue {
 pub async fn run_export_loop(queue: Arc<ExportQueue>, exporter: Arc<Exporter>, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
-        let batch = queue.take();
-        if !batch.is_empty() {
-            exporter.export(batch).await;
-        }
+        exporter.drain(&queue).await;
     }
 }
 

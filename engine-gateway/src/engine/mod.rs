@@ -441,10 +441,7 @@ impl Engine {
     /// may not come).
     pub async fn flush_telemetry(&self) {
         if let Some((queue, exporter)) = &self.telemetry {
-            let batch = queue.take();
-            if !batch.is_empty() {
-                exporter.export(batch).await;
-            }
+            exporter.drain(queue).await;
         }
         if let Some(m) = crate::metrics::get() {
             self.measure_gauges(m).await;

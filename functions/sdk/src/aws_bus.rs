@@ -385,10 +385,7 @@ impl Bus for AwsBus {
 
     async fn flush_telemetry(&self) {
         if let Some((queue, exporter)) = &self.export {
-            let batch = queue.take();
-            if !batch.is_empty() {
-                exporter.export(batch).await;
-            }
+            exporter.drain(queue).await;
         }
         engine_gateway::metrics::flush().await;
     }

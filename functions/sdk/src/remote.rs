@@ -327,10 +327,7 @@ impl Bus for RemoteBus {
     async fn flush_telemetry(&self) {
         self.flush_spans();
         if let Some((queue, exporter)) = &self.export {
-            let batch = queue.take();
-            if !batch.is_empty() {
-                exporter.export(batch).await;
-            }
+            exporter.drain(queue).await;
         }
         engine_gateway::metrics::flush().await;
     }
