@@ -12,33 +12,54 @@ mod otlp;
 
 use std::collections::BTreeSet;
 
+/// Run `cargo run`'s demo (`--approve-all`) exporting to `collector`, with more arguments and
+/// variables; the process has ended when this returns.
+async fn run_demo(
+    collector: &str,
+    dir: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"));
+    cmd.args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--workdir")
+        .arg(dir.join("work"))
+        .arg("--permissions")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector);
+    for k in [
+        "OTEL_SERVICE_NAME",
+        "OTEL_SDK_DISABLED",
+        "OTEL_METRIC_EXPORT_INTERVAL",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "HARNESS_CONFIG",
+    ] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("the harness runs");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_session_is_one_trace_with_genai_attributes() {
     let (url, got) = otlp::collector().await;
     let dir = tempfile::tempdir().unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"))
-        .args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--workdir")
-        .arg(dir.path().join("work"))
-        .arg("--permissions")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
-        .env("RUST_LOG", "warn")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
-        .env_remove("OTEL_SERVICE_NAME")
-        .env_remove("OTEL_SDK_DISABLED")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("HARNESS_CONFIG")
-        .output()
-        .await
-        .expect("the harness runs");
+    let out = run_demo(&url, dir.path(), &[], &[]).await;
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let summary = stdout
         .lines()
         .find(|l| l.starts_with("— session"))
@@ -183,28 +204,7 @@ async fn the_demo_session_is_one_trace_with_genai_attributes() {
 async fn the_demo_session_exports_metrics_at_exit() {
     let (url, _spans, metrics) = otlp::collector_with_metrics().await;
     let dir = tempfile::tempdir().unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"))
-        .args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--workdir")
-        .arg(dir.path().join("work"))
-        .arg("--permissions")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
-        .env("RUST_LOG", "warn")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
-        .env_remove("OTEL_METRIC_EXPORT_INTERVAL")
-        .env_remove("OTEL_SERVICE_NAME")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("HARNESS_CONFIG")
-        .output()
-        .await
-        .expect("the harness runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_demo(&url, dir.path(), &[], &[]).await;
     // The periodic export is a minute away: what arrived was flushed at exit.
     let last = metrics
         .lock()
@@ -275,29 +275,13 @@ async fn captured_content_is_opt_in_and_redacted() {
         .to_string(),
     )
     .unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_harness"))
-        .args(["--listen", "127.0.0.1:0", "--approve-all", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--workdir")
-        .arg(dir.path().join("work"))
-        .arg("--permissions")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
-        .arg("--cassette")
-        .arg(&cassette)
-        .env("RUST_LOG", "warn")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
-        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("HARNESS_CONFIG")
-        .output()
-        .await
-        .expect("the harness runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_demo(
+        &url,
+        dir.path(),
+        &["--cassette".as_ref(), cassette.as_os_str()],
+        &[("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")],
+    )
+    .await;
     let spans = got.lock().unwrap().clone();
     let everything = format!("{spans:?}");
     assert!(
