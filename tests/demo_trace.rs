@@ -204,7 +204,7 @@ async fn the_demo_session_is_one_trace_with_genai_attributes() {
 async fn the_demo_session_exports_metrics_at_exit() {
     let (url, _spans, metrics) = otlp::collector_with_metrics().await;
     let dir = tempfile::tempdir().unwrap();
-    let out = run_demo(&url, dir.path(), &[], &[]).await;
+    run_demo(&url, dir.path(), &[], &[]).await;
     // The periodic export is a minute away: what arrived was flushed at exit.
     let last = metrics
         .lock()
@@ -275,7 +275,7 @@ async fn captured_content_is_opt_in_and_redacted() {
         .to_string(),
     )
     .unwrap();
-    let out = run_demo(
+    run_demo(
         &url,
         dir.path(),
         &["--cassette".as_ref(), cassette.as_os_str()],
