@@ -106,11 +106,17 @@ pub fn own_origins(local: SocketAddr) -> Vec<String> {
         .collect()
 }
 
-fn origin_allowed(origin: &str, own: &[String], cfg: &EdgeConfig) -> bool {
+/// Whether `origin` is one of `allowed` (a trailing `/` and letter case aside): the one
+/// comparison the edge, the HTTP API and the deployed router make.
+pub fn origin_listed<'a>(origin: &str, allowed: impl IntoIterator<Item = &'a String>) -> bool {
     let origin = origin.trim_end_matches('/');
-    own.iter()
-        .chain(cfg.allowed_origins.iter())
+    allowed
+        .into_iter()
         .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin))
+}
+
+fn origin_allowed(origin: &str, own: &[String], cfg: &EdgeConfig) -> bool {
+    origin_listed(origin, own.iter().chain(cfg.allowed_origins.iter()))
 }
 
 /// `$connect`: check the origin, authenticate and pick the route, before the upgrade.

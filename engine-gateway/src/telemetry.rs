@@ -49,9 +49,13 @@ pub mod gen_ai {
     pub const TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
     pub const CAPTURE_CONTENT_ENV: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
 
-    /// Whether prompt, completion and tool content may be recorded on spans.
+    /// Whether prompt, completion and tool content may be recorded on spans (read once per
+    /// process: it is asked on every model and tool call).
     pub fn capture_content() -> bool {
-        std::env::var(CAPTURE_CONTENT_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            std::env::var(CAPTURE_CONTENT_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        })
     }
 
     /// Integer-valued attributes (recorded as text, exported as integers).
@@ -449,6 +453,41 @@ impl ExportQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A process's OTLP span export: what is waiting, and the exporter that sends it.
+#[derive(Clone)]
+pub struct Export {
+    pub queue: Arc<ExportQueue>,
+    exporter: Arc<Exporter>,
+}
+
+impl Export {
+    /// This process's export, or `None` when it is not configured (see [`Exporter::from_env`]).
+    pub fn from_env(endpoint: Option<&str>, default_service: &str) -> Option<Export> {
+        Exporter::from_env(endpoint, default_service).map(|exporter| Export {
+            queue: Arc::new(ExportQueue::default()),
+            exporter,
+        })
+    }
+
+    pub fn push(&self, span: Span) {
+        self.queue.push(span);
+    }
+
+    /// Export everything waiting now, after any export in flight.
+    pub async fn flush(&self) {
+        self.exporter.drain(&self.queue).await;
+    }
+
+    /// Export what is waiting every `interval`, until the task is stopped.
+    pub fn spawn_loop(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(run_export_loop(
+            self.queue.clone(),
+            self.exporter.clone(),
+            interval,
+        ))
     }
 }
 

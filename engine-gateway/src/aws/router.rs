@@ -343,18 +343,8 @@ impl AwsRouter {
             .and_then(|(_, v)| v.as_str());
         match origin {
             None => Ok(()),
-            Some(o) => {
-                let o = o.trim_end_matches('/');
-                if self
-                    .allowed_origins
-                    .iter()
-                    .any(|a| a.eq_ignore_ascii_case(o))
-                {
-                    Ok(())
-                } else {
-                    Err(o.to_string())
-                }
-            }
+            Some(o) if crate::edge::origin_listed(o, &self.allowed_origins) => Ok(()),
+            Some(o) => Err(o.trim_end_matches('/').to_string()),
         }
     }
 

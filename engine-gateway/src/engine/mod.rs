@@ -289,11 +289,8 @@ pub struct Engine {
     registry: Option<Arc<dyn Registry>>,
     pub channels: ChannelHub,
     pub spans: Arc<SpanStore>,
-    /// OTLP export of this process's spans (when configured): its queue and exporter.
-    telemetry: Option<(
-        Arc<crate::telemetry::ExportQueue>,
-        Arc<crate::telemetry::Exporter>,
-    )>,
+    /// OTLP export of this process's spans (when configured).
+    telemetry: Option<crate::telemetry::Export>,
     functions: RwLock<HashMap<String, FunctionEntry>>,
     workers: RwLock<HashMap<String, WorkerInfo>>,
     triggers: RwLock<HashMap<String, TriggerEntry>>,
@@ -336,15 +333,11 @@ impl Engine {
         backends: Backends,
         builtins: fn(&Arc<Engine>),
     ) -> Arc<Engine> {
-        let exporter =
-            crate::telemetry::Exporter::from_env(config.otlp_endpoint.as_deref(), "engine");
-        let export_queue = exporter
-            .as_ref()
-            .map(|_| Arc::new(crate::telemetry::ExportQueue::default()));
+        let export = crate::telemetry::Export::from_env(config.otlp_endpoint.as_deref(), "engine");
         let spans = Arc::new(SpanStore::with_max_bytes(
             config.span_capacity,
             config.span_max_bytes,
-            export_queue.clone(),
+            export.as_ref().map(|e| e.queue.clone()),
         ));
         let engine = Arc::new_cyclic(|me| Engine {
             config: config.clone(),
@@ -354,7 +347,7 @@ impl Engine {
             registry: backends.registry,
             channels: ChannelHub::default(),
             spans: spans.clone(),
-            telemetry: export_queue.clone().zip(exporter.clone()),
+            telemetry: export.clone(),
             functions: RwLock::new(HashMap::new()),
             workers: RwLock::new(HashMap::new()),
             triggers: RwLock::new(HashMap::new()),
@@ -401,12 +394,8 @@ impl Engine {
                 metrics.clone(),
             )));
         }
-        if let (Some(queue), Some(exporter)) = (export_queue, exporter) {
-            tasks.push(tokio::spawn(crate::telemetry::run_export_loop(
-                queue,
-                exporter,
-                Duration::from_millis(500),
-            )));
+        if let Some(export) = &export {
+            tasks.push(export.spawn_loop(Duration::from_millis(500)));
         }
         lock(&engine.tasks).extend(tasks);
         engine
@@ -440,8 +429,8 @@ impl Engine {
     /// Export every span recorded so far, and the metrics, now (at exit: the periodic export
     /// may not come).
     pub async fn flush_telemetry(&self) {
-        if let Some((queue, exporter)) = &self.telemetry {
-            exporter.drain(queue).await;
+        if let Some(export) = &self.telemetry {
+            export.flush().await;
         }
         if let Some(m) = crate::metrics::get() {
             self.measure_gauges(m).await;

@@ -160,11 +160,7 @@ fn check_origin(headers: &HeaderMap, state: &HttpState) -> Result<(), ApiError> 
         return Ok(());
     };
     let origin = origin.to_str().unwrap_or("").trim_end_matches('/');
-    if state
-        .origins
-        .iter()
-        .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin))
-    {
+    if crate::edge::origin_listed(origin, &state.origins) {
         return Ok(());
     }
     Err(ApiError::new(

@@ -12,7 +12,6 @@ use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
 use engine_gateway::state::WriteMeta;
 use engine_gateway::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -35,10 +34,7 @@ pub struct AwsBus {
     connections: Option<engine_gateway::aws::connections::Connections>,
     /// OTLP export of this Lambda's spans (when configured), flushed before each invocation
     /// returns: a frozen Lambda process exports nothing.
-    export: Option<(
-        Arc<engine_gateway::telemetry::ExportQueue>,
-        Arc<engine_gateway::telemetry::Exporter>,
-    )>,
+    export: Option<engine_gateway::telemetry::Export>,
 }
 
 /// Most channels one Lambda instance holds unattached at once.
@@ -53,16 +49,10 @@ impl AwsBus {
             channels: ChannelHub::default(),
             connections: None,
             clients,
-            export: engine_gateway::telemetry::Exporter::from_env(
+            export: engine_gateway::telemetry::Export::from_env(
                 None,
                 &std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "lambda".into()),
-            )
-            .map(|e| {
-                (
-                    Arc::new(engine_gateway::telemetry::ExportQueue::default()),
-                    e,
-                )
-            }),
+            ),
         }
     }
 
@@ -378,14 +368,14 @@ impl Bus for AwsBus {
 
     fn report_span(&self, span: Span) {
         // In AWS there is no engine to keep spans: they leave over OTLP from here.
-        if let Some((queue, _)) = &self.export {
-            queue.push(span);
+        if let Some(export) = &self.export {
+            export.push(span);
         }
     }
 
     async fn flush_telemetry(&self) {
-        if let Some((queue, exporter)) = &self.export {
-            exporter.drain(queue).await;
+        if let Some(export) = &self.export {
+            export.flush().await;
         }
         engine_gateway::metrics::flush().await;
     }

@@ -113,10 +113,7 @@ pub struct RemoteBus {
     spans: Mutex<Vec<Span>>,
     /// OTLP export of this process's spans (when configured): it exports them itself, the
     /// engine only keeps the copies sent to `engine::traces::ingest`.
-    export: Option<(
-        Arc<engine_gateway::telemetry::ExportQueue>,
-        Arc<engine_gateway::telemetry::Exporter>,
-    )>,
+    export: Option<engine_gateway::telemetry::Export>,
     pushes: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     stopped: AtomicBool,
 }
@@ -315,8 +312,8 @@ impl Bus for RemoteBus {
     }
 
     fn report_span(&self, span: Span) {
-        if let Some((queue, _)) = &self.export {
-            queue.push(span.clone());
+        if let Some(export) = &self.export {
+            export.push(span.clone());
         }
         let mut spans = lock(&self.spans);
         if spans.len() < 10_000 {
@@ -326,8 +323,8 @@ impl Bus for RemoteBus {
 
     async fn flush_telemetry(&self) {
         self.flush_spans();
-        if let Some((queue, exporter)) = &self.export {
-            exporter.drain(queue).await;
+        if let Some(export) = &self.export {
+            export.flush().await;
         }
         engine_gateway::metrics::flush().await;
     }
@@ -571,19 +568,10 @@ fn spawn_connection_loop(bus: Arc<RemoteBus>) -> tokio::task::JoinHandle<()> {
 /// reconnection) registers the worker's functions and triggers.
 pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
     let (connected, _) = watch::channel(None);
-    let export = engine_gateway::telemetry::Exporter::from_env(None, &worker.name).map(|e| {
-        (
-            Arc::new(engine_gateway::telemetry::ExportQueue::default()),
-            e,
-        )
-    });
-    let exporting = export.as_ref().map(|(q, e)| {
-        tokio::spawn(engine_gateway::telemetry::run_export_loop(
-            q.clone(),
-            e.clone(),
-            Duration::from_millis(500),
-        ))
-    });
+    let export = engine_gateway::telemetry::Export::from_env(None, &worker.name);
+    let exporting = export
+        .as_ref()
+        .map(|e| e.spawn_loop(Duration::from_millis(500)));
     let bus = Arc::new(RemoteBus {
         worker: Arc::new(worker),
         opts,
