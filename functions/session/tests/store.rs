@@ -533,3 +533,64 @@ async fn one_peek_finds_the_first_inbox_with_items_among_several() {
         assert!(e.message().contains("names"), "{names}: {e}");
     }
 }
+
+/// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once
+/// across the pages; a bad `limit` or `offset` is refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_list_pages_and_refuses_bad_pages() {
+    let s = store().await;
+    let ctx = s.client.ctx();
+    for i in 0..7 {
+        let sid = format!("p{i}");
+        ctx.trigger("session-tree::ensure", json!({"session_id": sid}))
+            .await
+            .unwrap();
+        append(&ctx, &sid, "e1", None, "hi").await;
+        // Distinct update times, so "newest first" has one answer.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    let mut seen = Vec::new();
+    let mut offset = 0;
+    loop {
+        let page = ctx
+            .trigger("session-tree::list", json!({"limit": 3, "offset": offset}))
+            .await
+            .unwrap();
+        assert_eq!(page["total"], 7);
+        let ids: Vec<String> = page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["session_id"].as_str().unwrap().to_string())
+            .collect();
+        assert!(ids.len() <= 3);
+        seen.extend(ids);
+        match page["next_offset"].as_u64() {
+            Some(n) => offset = n,
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 7, "every session once: {seen:?}");
+    assert_eq!(seen[0], "p6", "newest first: {seen:?}");
+    let beyond = ctx
+        .trigger("session-tree::list", json!({"limit": 3, "offset": 100}))
+        .await
+        .unwrap();
+    assert_eq!(beyond["sessions"].as_array().map(Vec::len), Some(0));
+    for (bad, field) in [
+        (json!({"limit": 0}), "limit"),
+        (json!({"limit": 501}), "limit"),
+        (json!({"limit": "3"}), "limit"),
+        (json!({"limit": 3, "offset": -1}), "offset"),
+        (json!({"offset": [1]}), "offset"),
+    ] {
+        let e = ctx
+            .trigger("session-tree::list", bad.clone())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(field), "{bad}: {e}");
+    }
+}
