@@ -39,6 +39,7 @@ pub mod state_api;
 pub mod stream_item;
 pub mod telemetry;
 pub mod trace;
+pub mod tracing_bridge;
 mod wal;
 
 pub use engine::{Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};

@@ -385,11 +385,12 @@ pub fn to_span_data(s: Span, scope: &InstrumentationScope) -> Option<SpanData> {
         .and_then(|p| SpanId::from_hex(p).ok())
         .unwrap_or(SpanId::INVALID);
     let at = |nanos: u64| UNIX_EPOCH + Duration::from_nanos(nanos);
-    // A model call is a client call; a tool call runs inside the orchestrator; the rest are
-    // calls served.
+    // A model call and an AWS SDK operation are client calls; a tool call runs inside the
+    // orchestrator; the rest are calls served.
     let span_kind = match s.attributes.get(gen_ai::OPERATION_NAME).map(String::as_str) {
         Some("chat") => SpanKind::Client,
         Some("execute_tool") => SpanKind::Internal,
+        _ if s.attributes.contains_key("rpc.system") => SpanKind::Client,
         _ => SpanKind::Server,
     };
     let status = if s.error {

@@ -11,6 +11,7 @@ pub mod registry;
 pub mod resources;
 pub mod response_stream;
 pub mod router;
+pub mod router_trace;
 pub mod secrets;
 pub mod state;
 

@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 
 use super::connections::{Connections, SUBSCRIPTION, subscription_id};
+use super::router_trace::{RouterTrace, trigger_spans};
 
 /// Invoke a Lambda with a JSON event → its JSON answer.
 ///
@@ -296,6 +297,8 @@ pub struct AwsRouter {
     /// the template's `AllowedOrigins`). A `$connect` carrying any other `Origin` is refused,
     /// as on the local edge; one with no `Origin` (a worker, a CLI) is not a browser.
     allowed_origins: Vec<String>,
+    /// The spans of the calls and trigger records routed here ([`super::router_trace`]).
+    trace: RouterTrace,
 }
 
 fn status(code: u16) -> Value {
@@ -322,7 +325,20 @@ impl AwsRouter {
             access: tokio::sync::OnceCell::new(),
             principals: Default::default(),
             allowed_origins: Vec::new(),
+            trace: RouterTrace::from_env(),
         }
+    }
+
+    /// Record spans through `trace` instead of the one the `OTEL_*` variables configure.
+    pub fn with_trace(mut self, trace: RouterTrace) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Export this invocation's spans and metrics: `engine-lambda` does before it answers.
+    pub async fn flush_telemetry(&self) {
+        self.trace.flush().await;
+        crate::metrics::flush().await;
     }
 
     /// Admit browsers from these origins (comma-separated, as `ENGINE_ALLOWED_ORIGINS`).
@@ -633,16 +649,26 @@ impl AwsRouter {
                 };
                 let invocation_id = msg["invocation_id"].as_str().map(str::to_owned);
                 let principal = self.principal(connection).await;
-                let outcome = call_function_as(
-                    &self.clients,
-                    &self.registry,
-                    &principal,
+                let span = self.trace.start(
                     function_id,
-                    msg.get("data").cloned().unwrap_or(Value::Null),
-                    msg["traceparent"].as_str().map(str::to_owned),
-                    msg["baggage"].as_str().map(str::to_owned),
-                )
-                .await;
+                    function_id,
+                    msg["traceparent"].as_str(),
+                    msg["baggage"].as_str(),
+                );
+                let outcome = self
+                    .trace
+                    .run(span, |traceparent| {
+                        call_function_as(
+                            &self.clients,
+                            &self.registry,
+                            &principal,
+                            function_id,
+                            msg.get("data").cloned().unwrap_or(Value::Null),
+                            traceparent,
+                            msg["baggage"].as_str().map(str::to_owned),
+                        )
+                    })
+                    .await;
                 // Fire-and-forget calls (no invocation id) get no answer.
                 let invocation_id = invocation_id?;
                 let mut reply = json!({"type": "invocationresult", "invocation_id": invocation_id, "function_id": function_id});
@@ -690,9 +716,16 @@ impl AwsRouter {
             if picked.is_empty() {
                 continue;
             }
-            let sub =
-                json!({"Records": picked.iter().map(|(_, r)| (*r).clone()).collect::<Vec<_>>()});
-            let failed_seq = match invoke(&self.clients, lambda, &sub).await {
+            let function_id = t["function_id"].as_str().unwrap_or(lambda);
+            let picked_records: Vec<&Value> = picked.iter().map(|(_, r)| *r).collect();
+            let (spans, delivered) = trigger_spans(&self.trace, function_id, &picked_records);
+            let sub = json!({"Records": delivered});
+            let invoked = invoke(&self.clients, lambda, &sub).await;
+            for mut span in spans {
+                span.finish(invoked.is_err());
+                self.trace.record(span);
+            }
+            let failed_seq = match invoked {
                 Ok(answer) => answer["batchItemFailures"][0]["itemIdentifier"]
                     .as_str()
                     .map(str::to_owned),

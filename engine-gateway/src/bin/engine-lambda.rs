@@ -3,6 +3,9 @@
 //! state table's DynamoDB Stream it fires state triggers. Which one an event is for is read
 //! from its shape.
 //!
+//! Each routed call and each trigger record is a span (service `engine`) in the caller's
+//! trace, exported over OTLP (`OTEL_*`) before the invocation returns.
+//!
 //! Environment: `HARNESS_AWS_PREFIX` (resource names), `WS_MANAGEMENT_ENDPOINT`
 //! (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`), and the `$connect` token in
 //! the secret `<prefix>secrets/engine/token` (or `ENGINE_TOKEN`).
@@ -46,6 +49,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             } else {
                 json!({"error": {"code": "invalid_message", "message": "engine-lambda answers API Gateway WebSocket events and DynamoDB Stream batches"}})
             };
+            // The router's spans leave before the answer: a frozen Lambda exports nothing.
+            router.flush_telemetry().await;
             Ok::<Value, lambda_runtime::Error>(answer)
         }
     }))

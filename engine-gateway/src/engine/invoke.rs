@@ -27,7 +27,11 @@ impl Engine {
         span.attributes
             .insert(ATTR_FUNCTION_ID.to_string(), function_id.to_string());
         let ctx = span.context(&parent.baggage);
-        let result = self.dispatch(function_id, data, ctx, caller, timeout).await;
+        // The call's `tracing` spans (AWS SDK operations on the AWS backends) become its
+        // children.
+        let bridged = crate::tracing_bridge::context_for(self.bridge.as_ref(), &ctx);
+        let work = self.dispatch(function_id, data, ctx, caller, timeout);
+        let result = crate::tracing_bridge::run_in(bridged, work).await;
         span.finish(result.is_err());
         if let Err(e) = &result {
             span.attributes.insert("error.code".into(), e.code.clone());

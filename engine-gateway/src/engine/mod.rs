@@ -291,6 +291,9 @@ pub struct Engine {
     pub spans: Arc<SpanStore>,
     /// OTLP export of this process's spans (when configured).
     telemetry: Option<crate::telemetry::Export>,
+    /// Where the `tracing` spans of a call (the AWS SDK's operations) go: set when the engine
+    /// runs on the AWS backends, the only calls that open them ([`crate::tracing_bridge`]).
+    bridge: Option<crate::tracing_bridge::SpanTarget>,
     functions: RwLock<HashMap<String, FunctionEntry>>,
     workers: RwLock<HashMap<String, WorkerInfo>>,
     triggers: RwLock<HashMap<String, TriggerEntry>>,
@@ -339,6 +342,10 @@ impl Engine {
             config.span_max_bytes,
             export.as_ref().map(|e| e.queue.clone()),
         ));
+        let bridge = backends.registry.as_ref().map(|_| {
+            let spans = spans.clone();
+            crate::tracing_bridge::SpanTarget::new("engine", Arc::new(move |s| spans.record(s)))
+        });
         let engine = Arc::new_cyclic(|me| Engine {
             config: config.clone(),
             state: backends.state,
@@ -348,6 +355,7 @@ impl Engine {
             channels: ChannelHub::default(),
             spans: spans.clone(),
             telemetry: export.clone(),
+            bridge,
             functions: RwLock::new(HashMap::new()),
             workers: RwLock::new(HashMap::new()),
             triggers: RwLock::new(HashMap::new()),

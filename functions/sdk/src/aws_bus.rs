@@ -12,6 +12,7 @@ use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
 use engine_gateway::state::WriteMeta;
 use engine_gateway::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -35,6 +36,8 @@ pub struct AwsBus {
     /// OTLP export of this Lambda's spans (when configured), flushed before each invocation
     /// returns: a frozen Lambda process exports nothing.
     export: Option<engine_gateway::telemetry::Export>,
+    /// The AWS SDK's operation spans of each handler, exported with this Lambda's own.
+    span_target: Option<engine_gateway::tracing_bridge::SpanTarget>,
 }
 
 /// Most channels one Lambda instance holds unattached at once.
@@ -42,6 +45,15 @@ const MAX_LOCAL_CHANNELS: usize = 1024;
 
 impl AwsBus {
     pub fn new(clients: AwsClients, names: AwsNames) -> Self {
+        let service = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "lambda".into());
+        let export = engine_gateway::telemetry::Export::from_env(None, &service);
+        let span_target = export.as_ref().map(|e| {
+            let queue = e.queue.clone();
+            engine_gateway::tracing_bridge::SpanTarget::new(
+                &service,
+                Arc::new(move |s| queue.push(s)),
+            )
+        });
         Self {
             state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
             registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
@@ -49,10 +61,8 @@ impl AwsBus {
             channels: ChannelHub::default(),
             connections: None,
             clients,
-            export: engine_gateway::telemetry::Export::from_env(
-                None,
-                &std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "lambda".into()),
-            ),
+            export,
+            span_target,
         }
     }
 
@@ -371,6 +381,10 @@ impl Bus for AwsBus {
         if let Some(export) = &self.export {
             export.push(span);
         }
+    }
+
+    fn span_target(&self) -> Option<&engine_gateway::tracing_bridge::SpanTarget> {
+        self.span_target.as_ref()
     }
 
     async fn flush_telemetry(&self) {

@@ -49,6 +49,11 @@ pub trait Bus: Send + Sync {
     /// Export this process's spans now: a Lambda does before its invocation returns (its
     /// process may be frozen right after), a worker before it exits.
     async fn flush_telemetry(&self) {}
+    /// Where the `tracing` spans opened while a handler runs go (the AWS SDK's operations,
+    /// made by a bus that talks to AWS itself); `None`: they are not recorded.
+    fn span_target(&self) -> Option<&engine_gateway::tracing_bridge::SpanTarget> {
+        None
+    }
     /// A message of an SQS batch failed: make it visible again after `delay` (SPEC's
     /// backoff) instead of after the queue's whole visibility timeout. Only a bus that talks
     /// to SQS itself does anything; under the engine, its own consumer sets the backoff.

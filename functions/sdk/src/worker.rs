@@ -158,8 +158,15 @@ impl Worker {
         let mut span = Span::start(function_id, &self.name, parent);
         span.attributes
             .insert(ATTR_FUNCTION_ID.into(), function_id.into());
-        let ctx = Ctx::new(bus.clone(), span.context(&parent.baggage), function_id);
-        let result = match tokio::spawn(handler(ctx, data)).await {
+        let position = span.context(&parent.baggage);
+        // The handler's own `tracing` spans (its AWS calls, on a bus that makes them) become
+        // children of this span.
+        let bridged = engine_gateway::tracing_bridge::context_for(bus.span_target(), &position);
+        let work = engine_gateway::tracing_bridge::run_in(
+            bridged,
+            handler(Ctx::new(bus.clone(), position, function_id), data),
+        );
+        let result = match tokio::spawn(work).await {
             Ok(r) => r,
             Err(join) => Err(ErrorBody::new(
                 codes::INVOCATION_ERROR,
