@@ -48,6 +48,16 @@ impl SpanTarget {
     }
 }
 
+impl SpanTarget {
+    /// The same sink, under another service (a worker's name, as its own spans carry).
+    pub fn for_service(&self, service: &str) -> Self {
+        Self {
+            service: service.into(),
+            sink: self.sink.clone(),
+        }
+    }
+}
+
 impl std::fmt::Debug for SpanTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpanTarget")

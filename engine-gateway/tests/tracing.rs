@@ -272,3 +272,77 @@ fn the_sdk_switch_turns_export_off() {
     unsafe { std::env::set_var("OTEL_TRACES_EXPORTER", "none") };
     assert!(!engine_gateway::telemetry::export_configured(None));
 }
+
+/// `tracing` spans become OpenTelemetry spans: on the AWS backends, a state function's
+/// DynamoDB calls (the AWS SDK's own `tracing` spans, bridged by tracing-opentelemetry) are
+/// children of that function's bus span, in the caller's trace, with its session id; calls
+/// outside any bus call are not recorded. On the embedded backend no SDK call is made, and
+/// none is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_sdk_calls_are_children_of_the_bus_span_that_made_them() {
+    engine_gateway::server::init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let client = connect_client("caller", RemoteOptions::new(&srv.url())).await;
+    let ctx = client.ctx().with_baggage(ATTR_SESSION_ID, "sdk-1");
+    ctx.trigger(
+        "state::set",
+        json!({"scope": "bridge", "key": "k", "value": {"n": 1}}),
+    )
+    .await
+    .unwrap();
+    let got = ctx
+        .trigger("state::get", json!({"scope": "bridge", "key": "k"}))
+        .await
+        .unwrap();
+    assert_eq!(got["n"], 1);
+    let spans = srv.engine.spans.snapshot();
+    let sdk: Vec<_> = spans
+        .iter()
+        .filter(|s| s.attributes.contains_key("rpc.system"))
+        .collect();
+    if !common::aws_backend() {
+        assert!(
+            sdk.is_empty(),
+            "no AWS call on the embedded backend: {sdk:?}"
+        );
+        return;
+    }
+    for (function, operation) in [("state::set", "DynamoDB"), ("state::get", "DynamoDB")] {
+        let call = spans
+            .iter()
+            .find(|s| {
+                s.name == function
+                    && s.attributes.get(ATTR_SESSION_ID).map(String::as_str) == Some("sdk-1")
+            })
+            .unwrap_or_else(|| panic!("the engine's span of {function}"));
+        let children: Vec<_> = sdk
+            .iter()
+            .filter(|s| s.parent_span_id.as_deref() == Some(call.span_id.as_str()))
+            .collect();
+        assert!(
+            children
+                .iter()
+                .any(|s| s.name.starts_with(&format!("{operation}."))
+                    && s.trace_id == call.trace_id
+                    && s.attributes.get(ATTR_SESSION_ID).map(String::as_str) == Some("sdk-1")
+                    && s.attributes["rpc.service"] == operation
+                    && s.service == "engine"),
+            "{function}: {operation} calls under its span: {children:?}"
+        );
+    }
+    // Every recorded SDK span hangs under a bus span (background polls are not sampled).
+    for s in &sdk {
+        let parent = s
+            .parent_span_id
+            .as_deref()
+            .expect("an SDK span has a parent");
+        assert!(
+            spans
+                .iter()
+                .any(|p| p.span_id == parent && !p.attributes.contains_key("rpc.system")),
+            "{} ({parent}) hangs under a bus span",
+            s.name
+        );
+    }
+}

@@ -117,9 +117,20 @@ pub async fn bring_up(
 impl Shape {
     /// Send an invocation; keep every other message in `pushed` until its result comes.
     pub async fn invoke(&mut self, id: &str, function_id: &str, data: Value) -> Value {
+        self.invoke_in(id, function_id, data, None).await
+    }
+
+    /// [`Shape::invoke`] from a position in a trace (`traceparent`), as a traced client sends.
+    pub async fn invoke_in(
+        &mut self,
+        id: &str,
+        function_id: &str,
+        data: Value,
+        traceparent: Option<&str>,
+    ) -> Value {
         self.ws
             .send(Message::text(
-                json!({"type": "invokefunction", "invocation_id": id, "function_id": function_id, "data": data}).to_string(),
+                json!({"type": "invokefunction", "invocation_id": id, "function_id": function_id, "data": data, "traceparent": traceparent}).to_string(),
             ))
             .await
             .unwrap();
@@ -141,6 +152,11 @@ impl Shape {
 
     /// Subscribe to the session's events and start it with `task`.
     pub async fn start(&mut self, sid: &str, task: &str) {
+        self.start_in(sid, task, None).await;
+    }
+
+    /// [`Shape::start`] from a position in a trace.
+    pub async fn start_in(&mut self, sid: &str, task: &str, traceparent: Option<&str>) {
         self.ws
             .send(Message::text(
                 json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
@@ -149,10 +165,11 @@ impl Shape {
             .await
             .unwrap();
         let started = self
-            .invoke(
+            .invoke_in(
                 "start",
                 "harness::trigger",
                 json!({"session_id": sid, "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": task}], "timestamp": 1}]}}),
+                traceparent,
             )
             .await;
         assert!(started["error"].is_null(), "{started}");

@@ -161,7 +161,8 @@ impl Worker {
         let position = span.context(&parent.baggage);
         // The handler's own `tracing` spans (its AWS calls, on a bus that makes them) become
         // children of this span.
-        let bridged = engine_gateway::tracing_bridge::context_for(bus.span_target(), &position);
+        let target = bus.span_target().map(|t| t.for_service(&self.name));
+        let bridged = engine_gateway::tracing_bridge::context_for(target.as_ref(), &position);
         let work = engine_gateway::tracing_bridge::run_in(
             bridged,
             handler(Ctx::new(bus.clone(), position, function_id), data),
