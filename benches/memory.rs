@@ -95,14 +95,21 @@ async fn main() {
         .spawn()
         .expect("the harness binary starts");
     let pid = child.id();
+    // Read on until the process ends: a closed pipe would fail its later prints.
     let stdout = child.stdout.take().unwrap();
-    let address = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.strip_prefix("engine-gateway on ")
-                .and_then(|r| r.split_whitespace().next().map(str::to_owned))
-        })
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(address) = line
+                .strip_prefix("engine-gateway on ")
+                .and_then(|r| r.split_whitespace().next())
+            {
+                let _ = tx.send(address.to_owned());
+            }
+        }
+    });
+    let address = rx
+        .recv_timeout(Duration::from_secs(60))
         .expect("the harness prints its address");
     let client = connect_client(
         "memory-bench",

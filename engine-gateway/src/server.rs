@@ -128,6 +128,10 @@ pub struct ServeOptions {
     /// Hold deliveries until `Engine::mark_ready` (set by programs that embed workers).
     #[arg(skip)]
     pub hold_until_ready: bool,
+    /// redb's page cache of the embedded backend, in MiB: the hot records (turn records,
+    /// session heads, queues) are small; older history is read through the OS page cache.
+    #[arg(long, env = "ENGINE_CACHE_MIB", default_value_t = crate::embedded::CACHE_BYTES >> 20)]
+    pub cache_mib: usize,
     /// Spans kept in memory for `engine::traces::*`.
     #[arg(long, env = "ENGINE_SPAN_CAPACITY", default_value_t = 50_000)]
     pub span_capacity: usize,
@@ -197,6 +201,7 @@ impl ServeOptions {
             slack_replay_retention_secs: 600,
             retention_interval_secs: 60,
             idle_consumer_secs: 300,
+            cache_mib: crate::embedded::CACHE_BYTES >> 20,
             span_capacity: 50_000,
             span_max_bytes: crate::trace::SPAN_MAX_BYTES,
             otlp_endpoint: None,
@@ -337,7 +342,7 @@ pub fn aws_test_backend() -> bool {
 pub async fn backends(opts: &ServeOptions) -> anyhow::Result<Backends> {
     match opts.backend {
         BackendKind::Embedded => {
-            let backend = EmbeddedBackend::open(&opts.data_dir)?;
+            let backend = EmbeddedBackend::open_with_cache(&opts.data_dir, opts.cache_mib << 20)?;
             Ok(Backends {
                 state: backend.clone(),
                 changes: backend.clone(),

@@ -189,22 +189,55 @@ struct SpanStoreInner {
     recent_bytes: usize,
 }
 
-/// Default byte budget of the span ring.
-pub const SPAN_MAX_BYTES: usize = 64 << 20;
+/// Default byte budget of the span ring, in real bytes ([`Span::approx_bytes`]): about
+/// 13 000 spans of the bus's own shape, the last few hundred tool calls' traces.
+pub const SPAN_MAX_BYTES: usize = 16 << 20;
+
+/// Heap bytes of a string: its capacity in the allocator's 16-byte size classes.
+fn heap_bytes(s: &str, capacity: usize) -> usize {
+    if capacity == 0 && s.is_empty() {
+        0
+    } else {
+        capacity.max(s.len()).div_ceil(16) * 16
+    }
+}
+
+/// One B-tree node of `String` keys and values (11 slots of each, its parent link and
+/// lengths; an internal node also holds 12 child links).
+const BTREE_NODE_BYTES: usize = 11 * 2 * std::mem::size_of::<String>() + 16;
+
+/// Nodes of a B-tree map of `n` entries: one leaf up to 11; past that, leaves split and run
+/// about half full, under internal nodes.
+fn btree_nodes(n: usize) -> usize {
+    match n {
+        0 => 0,
+        1..=11 => 1,
+        _ => {
+            let leaves = n.div_ceil(6);
+            leaves + leaves.div_ceil(6)
+        }
+    }
+}
 
 impl Span {
-    /// Roughly what the span takes in memory.
+    /// What the span takes in memory: the struct, each string in its allocation size class,
+    /// and the attribute map's nodes (a map of even one entry holds a whole node, ~0.5 KiB).
+    /// Close to what the allocator hands out (`tests/span_memory.rs` checks it with a
+    /// counting allocator), so the ring's byte budget is what the process actually spends.
     pub fn approx_bytes(&self) -> usize {
+        let string = |s: &String| heap_bytes(s, s.capacity());
+        let nodes = btree_nodes(self.attributes.len());
         std::mem::size_of::<Span>()
-            + self.trace_id.len()
-            + self.span_id.len()
-            + self.parent_span_id.as_ref().map_or(0, String::len)
-            + self.name.len()
-            + self.service.len()
+            + string(&self.trace_id)
+            + string(&self.span_id)
+            + self.parent_span_id.as_ref().map_or(0, string)
+            + string(&self.name)
+            + string(&self.service)
+            + nodes * BTREE_NODE_BYTES
             + self
                 .attributes
                 .iter()
-                .map(|(k, v)| k.len() + v.len() + 48)
+                .map(|(k, v)| string(k) + string(v))
                 .sum::<usize>()
     }
 }

@@ -30,7 +30,7 @@ mod state;
 
 /// redb's page cache. The hot part of the file (turn records, session heads, queues) is
 /// small; old history and events are read from the OS page cache when asked for.
-const CACHE_BYTES: usize = 32 << 20;
+pub const CACHE_BYTES: usize = 4 << 20;
 
 /// How long a deduplication id suppresses a second enqueue (as SQS FIFO).
 const DEDUP_WINDOW: Duration = Duration::from_secs(300);
@@ -126,11 +126,16 @@ pub struct EmbeddedBackend {
 impl EmbeddedBackend {
     /// Open (or create) `<data_dir>/engine.redb` and load every pending queue message.
     pub fn open(data_dir: &Path) -> anyhow::Result<Arc<Self>> {
+        Self::open_with_cache(data_dir, CACHE_BYTES)
+    }
+
+    /// [`EmbeddedBackend::open`] with redb's page cache capped at `cache_bytes`.
+    pub fn open_with_cache(data_dir: &Path, cache_bytes: usize) -> anyhow::Result<Arc<Self>> {
         std::fs::create_dir_all(data_dir)?;
         // redb's default cache (1 GiB) would keep the whole file in this process as it grows;
         // the OS page cache holds what does not fit.
         let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
+            .set_cache_size(cache_bytes)
             .create(data_dir.join("engine.redb"))?;
         let txn = db.begin_write()?;
         {

@@ -102,6 +102,16 @@ impl InstanceCache {
             f(entry);
         }
     }
+    /// Drop what is held for a session whose run ended: a stopped session keeps nothing here
+    /// (its next run provisions again), so idle sessions cost no memory in this instance.
+    pub(crate) fn forget(&self, sid: &str) {
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(sid);
+        }
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.remove(sid);
+        }
+    }
     pub(crate) fn get(&self, sid: &str, leaf: &str) -> Option<History> {
         let inner = self.inner.lock().ok()?;
         inner

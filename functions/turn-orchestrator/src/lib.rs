@@ -177,7 +177,16 @@ pub fn worker_with(settings: Settings) -> Worker {
                 move |ctx, data: Value| {
                     let hooks = hooks.clone();
                     let cache = cache.clone();
-                    CACHE.scope(cache, async move { step(&ctx, &hooks, state, &data).await })
+                    CACHE.scope(cache.clone(), async move {
+                        let out = step(&ctx, &hooks, state, &data).await;
+                        if let Ok(answer) = &out
+                            && matches!(answer["to_state"].as_str(), Some("stopped" | "failed"))
+                            && let Some(sid) = data["session_id"].as_str()
+                        {
+                            cache.forget(sid);
+                        }
+                        out
+                    })
                 }
             },
         );
