@@ -99,7 +99,10 @@ async fn main() {
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if let Some(address) = line
                 .strip_prefix("engine-gateway on ")
                 .and_then(|r| r.split_whitespace().next())
