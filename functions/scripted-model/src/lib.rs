@@ -4,7 +4,9 @@
 //! `POST /v1/chat/completions` (OpenAI Chat Completions, SSE chunks with content,
 //! `reasoning_content` and `tool_calls` deltas by index, a usage chunk with
 //! `stream_options.include_usage`, and `[DONE]`). What it answers comes from a cassette: a
-//! list of turns consumed one per request. `GET /_requests` lists what it received.
+//! list of turns consumed one per request. `GET /_requests` lists what it received (the
+//! latest [`REQUESTS_KEPT`] requests and at most [`REQUEST_BYTES_KEPT`] of their bodies: a
+//! server that answers a long run must not keep every history it was sent).
 
 use axum::Router;
 use axum::body::Body;
@@ -15,6 +17,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -197,13 +200,34 @@ impl Cassette {
     }
 }
 
+/// How many of the latest requests are kept for [`ScriptedModel::requests`].
+pub const REQUESTS_KEPT: usize = 256;
+/// The most body bytes kept in all (the latest request is kept whatever its size).
+pub const REQUEST_BYTES_KEPT: usize = 4 * 1024 * 1024;
+
 #[derive(Default)]
 struct Inner {
     cassette: Cassette,
     next: usize,
     /// What was received, kept as the raw body (parsed when asked for): copying each parsed
-    /// body would cost the server time that grows with the conversation.
-    requests: Vec<(String, Bytes)>,
+    /// body would cost the server time that grows with the conversation. Bounded: each
+    /// request carries the whole conversation, so keeping them all grows with its square.
+    requests: VecDeque<(String, Bytes)>,
+    request_bytes: usize,
+}
+
+impl Inner {
+    fn keep(&mut self, path: &str, body: Bytes) {
+        self.request_bytes += body.len();
+        self.requests.push_back((path.to_string(), body));
+        while self.requests.len() > 1
+            && (self.requests.len() > REQUESTS_KEPT || self.request_bytes > REQUEST_BYTES_KEPT)
+        {
+            if let Some((_, old)) = self.requests.pop_front() {
+                self.request_bytes -= old.len();
+            }
+        }
+    }
 }
 
 #[derive(Clone, Default)]
@@ -229,6 +253,7 @@ impl ScriptedModel {
         i.next = 0;
     }
 
+    /// The latest requests received, oldest first (see [`REQUESTS_KEPT`]).
     pub fn requests(&self) -> Vec<Value> {
         let received = lock(&self.inner).requests.clone();
         received
@@ -248,7 +273,7 @@ impl ScriptedModel {
         body: &Value,
     ) -> Result<Turn, Box<Response>> {
         let mut i = lock(&self.inner);
-        i.requests.push((path.to_string(), raw.clone()));
+        i.keep(path, raw.clone());
         if let Some(key) = i.cassette.require_api_key.clone() {
             let presented = headers
                 .get("x-api-key")
@@ -659,6 +684,26 @@ mod tests {
             condition_holds("user~=x", &openai, 0),
             "OpenAI's string content"
         );
+    }
+
+    #[test]
+    fn kept_requests_are_bounded_in_count_and_bytes() {
+        let mut i = Inner::default();
+        for n in 0..REQUESTS_KEPT + 10 {
+            i.keep("/v1/messages", Bytes::from(n.to_string()));
+        }
+        assert_eq!(i.requests.len(), REQUESTS_KEPT);
+        assert_eq!(i.requests[0].1, Bytes::from("10"), "the oldest go first");
+        let big = REQUEST_BYTES_KEPT / 3 + 1;
+        for _ in 0..4 {
+            i.keep("/v1/messages", Bytes::from(vec![b'x'; big]));
+        }
+        assert!(i.request_bytes <= REQUEST_BYTES_KEPT, "{}", i.request_bytes);
+        assert_eq!(i.requests.len(), 2);
+        // One request over the budget is still kept: the latest is what a test asks about.
+        i.keep("/v1/messages", Bytes::from(vec![b'y'; REQUEST_BYTES_KEPT + 1]));
+        assert_eq!(i.requests.len(), 1);
+        assert_eq!(i.request_bytes, REQUEST_BYTES_KEPT + 1);
     }
 
     #[test]
