@@ -26,6 +26,23 @@ use std::time::Duration;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+unsafe extern "C" {
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+}
+/// `mi_option_purge_delay` in mimalloc's option enum (the same index in its v2 and v3).
+const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+/// mimalloc holds freed pages for 10 ms and purges them only on later allocator activity, so
+/// an idle harness kept about 12 MiB it no longer used (bench/results/memory.md); purging at
+/// once cost nothing measurable in the turn bench. `MIMALLOC_PURGE_DELAY` still wins.
+fn purge_freed_pages_at_once() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: a plain setter of mimalloc's (linked by the `mimalloc` crate); options may
+        // be changed at any time.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "harness",
@@ -125,6 +142,7 @@ fn ask(question: &str) -> bool {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    purge_freed_pages_at_once();
     let mut cli = Cli::parse();
     server::disable_transparent_huge_pages();
     server::init_logging();
