@@ -701,7 +701,10 @@ mod tests {
         assert!(i.request_bytes <= REQUEST_BYTES_KEPT, "{}", i.request_bytes);
         assert_eq!(i.requests.len(), 2);
         // One request over the budget is still kept: the latest is what a test asks about.
-        i.keep("/v1/messages", Bytes::from(vec![b'y'; REQUEST_BYTES_KEPT + 1]));
+        i.keep(
+            "/v1/messages",
+            Bytes::from(vec![b'y'; REQUEST_BYTES_KEPT + 1]),
+        );
         assert_eq!(i.requests.len(), 1);
         assert_eq!(i.request_bytes, REQUEST_BYTES_KEPT + 1);
     }
