@@ -5,7 +5,8 @@
 //! `BENCH_BACKEND=aws` runs it on the AWS backend (LocalStack), `BENCH_K` tool calls per
 //! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5), `BENCH_CONCURRENT`
 //! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went
-//! (with `BENCH_TIMELINE=1`, every span of one tool call in start order).
+//! (with `BENCH_TIMELINE=1`, every span of one tool call in start order),
+//! `BENCH_CONCURRENT_POLL_MS` how often each concurrent session asks for its state (default 25).
 
 use auth_credentials::Auth;
 use engine_gateway::secrets::FileSecrets;
@@ -29,11 +30,13 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 async fn run_session(ctx: &Ctx, sid: &str) -> Duration {
-    run_session_counting_polls(ctx, sid).await.0
+    run_session_counting_polls(ctx, sid, poll_interval())
+        .await
+        .0
 }
 
-/// The session's time and how many times it asked for the turn's state.
-async fn run_session_counting_polls(ctx: &Ctx, sid: &str) -> (Duration, u64) {
+/// The session's time and how many times it asked for the turn's state, every `poll`.
+async fn run_session_counting_polls(ctx: &Ctx, sid: &str, poll: Duration) -> (Duration, u64) {
     let t0 = Instant::now();
     let mut polls = 0;
     let r = ctx
@@ -53,7 +56,7 @@ async fn run_session_counting_polls(ctx: &Ctx, sid: &str) -> (Duration, u64) {
             Some("failed") => panic!("session failed: {v}"),
             // Polling is the bench's own load: gentle on the emulator, whose calls cost
             // milliseconds each.
-            _ => tokio::time::sleep(poll_interval()).await,
+            _ => tokio::time::sleep(poll).await,
         }
     }
 }
@@ -187,7 +190,7 @@ const POLLING: [&str; 5] = [
 async fn api_calls_per_tool_call(ctx: &Ctx, k: usize) {
     use engine_gateway::aws::api_calls;
     let before = api_calls::snapshot();
-    let (took, polls) = run_session_counting_polls(ctx, "api-calls").await;
+    let (took, polls) = run_session_counting_polls(ctx, "api-calls", poll_interval()).await;
     let session = api_calls::since(&before);
     let before = api_calls::snapshot();
     let probes = 20;
@@ -350,12 +353,19 @@ async fn main() {
     }
 
     let concurrent = env_usize("BENCH_CONCURRENT", 50);
+    // Each session asks for its state every `poll`: at 2 ms, 50 sessions made 25 000 state
+    // reads a second over the WebSocket, load of the bench's own on the same two cores. The
+    // end of a run of several seconds is still found within 1%.
+    let poll = Duration::from_millis(env_usize(
+        "BENCH_CONCURRENT_POLL_MS",
+        if backend == "aws" { 50 } else { 25 },
+    ) as u64);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..concurrent {
         let ctx = ctx.clone();
         tasks.push(tokio::spawn(async move {
-            run_session(&ctx, &format!("conc-{i}")).await
+            run_session_counting_polls(&ctx, &format!("conc-{i}"), poll).await
         }));
     }
     for t in tasks {
