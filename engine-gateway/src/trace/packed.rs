@@ -111,19 +111,23 @@ impl PackedSpan {
         self.strings(interner).next().unwrap_or("")
     }
 
+    /// The attributes' keys and values, in key order.
+    fn attributes<'a>(
+        &'a self,
+        interner: &'a Interner,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> {
+        let mut it = self.strings(interner);
+        // Past the ids, the name and the service.
+        it.by_ref()
+            .take(4 + usize::from(self.has_parent))
+            .for_each(drop);
+        std::iter::from_fn(move || Some((it.next()?, it.next()?)))
+    }
+
     /// The value of one attribute, without unpacking the rest.
     pub fn attribute<'a>(&'a self, key: &str, interner: &'a Interner) -> Option<&'a str> {
-        let mut it = self.strings(interner);
-        // ids, name, service
-        for _ in 0..(4 + usize::from(self.has_parent)) {
-            it.next()?;
-        }
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            if k == key {
-                return Some(v);
-            }
-        }
-        None
+        self.attributes(interner)
+            .find_map(|(k, v)| (k == key).then_some(v))
     }
 
     pub fn unpack(&self, interner: &Interner) -> Span {
@@ -134,10 +138,10 @@ impl PackedSpan {
         let parent_span_id = self.has_parent.then(&mut next);
         let name = next();
         let service = next();
-        let mut attributes = BTreeMap::new();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            attributes.insert(k.to_string(), v.to_string());
-        }
+        let attributes = self
+            .attributes(interner)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>();
         Span {
             trace_id,
             span_id,
