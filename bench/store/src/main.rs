@@ -175,11 +175,7 @@ impl Store {
                     }
                     tx.commit().expect("commit");
                 };
-                if deferred {
-                    work();
-                } else {
-                    tokio::task::spawn_blocking(work).await.expect("join");
-                }
+                in_place_unless_durable(deferred, work).await;
             }
             Store::Fjall(ks, p) => {
                 let (ks, p) = (ks.clone(), p.clone());
@@ -196,13 +192,19 @@ impl Store {
                     }
                     tx.commit().expect("commit");
                 };
-                if deferred {
-                    work();
-                } else {
-                    tokio::task::spawn_blocking(work).await.expect("join");
-                }
+                in_place_unless_durable(deferred, work).await;
             }
         }
+    }
+}
+
+/// A deferred commit runs in place (no sync to wait for); a durable one goes to the blocking
+/// pool, as the engine's own durable commits do.
+async fn in_place_unless_durable(deferred: bool, work: impl FnOnce() + Send + 'static) {
+    if deferred {
+        work();
+    } else {
+        tokio::task::spawn_blocking(work).await.expect("join");
     }
 }
 
