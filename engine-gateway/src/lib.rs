@@ -42,7 +42,7 @@ pub mod trace;
 pub mod tracing_bridge;
 mod wal;
 
-pub use engine::{Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
+pub use engine::{Attachment, Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
 
 /// Install rustls' ring provider once (reqwest is built without a default provider, so
 /// no C crypto toolchain is needed).

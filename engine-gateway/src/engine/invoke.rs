@@ -22,6 +22,20 @@ impl Engine {
         caller: Option<&str>,
         timeout: Option<Duration>,
     ) -> HandlerResult {
+        self.invoke_attached(function_id, data, None, parent, caller, timeout)
+            .await
+    }
+
+    /// [`Self::invoke`] with part of the payload beside it (see [`Attachment`]).
+    pub async fn invoke_attached(
+        &self,
+        function_id: &str,
+        data: Value,
+        attachment: Option<Attachment>,
+        parent: &TraceContext,
+        caller: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> HandlerResult {
         let timeout = timeout.unwrap_or(self.config.default_timeout);
         let mut span = Span::start(function_id, "engine", parent);
         span.attributes
@@ -30,7 +44,7 @@ impl Engine {
         // The call's `tracing` spans (AWS SDK operations on the AWS backends) become its
         // children.
         let bridged = crate::tracing_bridge::context_for(self.bridge.as_ref(), &ctx);
-        let work = self.dispatch(function_id, data, ctx, caller, timeout);
+        let work = self.dispatch(function_id, data, attachment, ctx, caller, timeout);
         let result = crate::tracing_bridge::run_in(bridged, work).await;
         span.finish(result.is_err());
         if let Err(e) = &result {
@@ -43,13 +57,14 @@ impl Engine {
     pub(super) async fn dispatch(
         &self,
         function_id: &str,
-        data: Value,
+        mut data: Value,
+        attachment: Option<Attachment>,
         ctx: TraceContext,
         caller: Option<&str>,
         timeout: Duration,
     ) -> HandlerResult {
         enum Route {
-            Local(Handler),
+            Local(Handler, bool),
             Remote(Outbox, String),
         }
         let route = {
@@ -57,9 +72,13 @@ impl Engine {
             match functions.get(function_id) {
                 None => None,
                 Some(FunctionEntry {
-                    target: Target::Local(h),
+                    target:
+                        Target::Local {
+                            handler,
+                            attachments,
+                        },
                     ..
-                }) => Some(Route::Local(h.clone())),
+                }) => Some(Route::Local(handler.clone(), *attachments)),
                 Some(FunctionEntry {
                     target: Target::Remote(o),
                     owner,
@@ -82,13 +101,23 @@ impl Engine {
                 ),
             )
         };
+        // Only a handler that asked for attachments gets one as it is.
+        let attachment = match (&route, attachment) {
+            (Route::Local(_, true), a) => a,
+            (_, Some(a)) => {
+                a.inline_into(&mut data);
+                None
+            }
+            (_, None) => None,
+        };
         match route {
-            Route::Local(handler) => {
+            Route::Local(handler, _) => {
                 let inv = Invocation {
                     function_id: function_id.to_string(),
                     data,
                     trace: ctx,
                     caller: caller.map(str::to_owned),
+                    attachment,
                 };
                 // Polled in the caller's task: a task per call cost a spawn and, more often
                 // than not, a wake-up of another worker thread. A panicking handler still

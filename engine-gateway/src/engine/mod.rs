@@ -58,6 +58,49 @@ pub struct Invocation {
     pub trace: TraceContext,
     /// The worker (connection) that made the call, when it came from one.
     pub caller: Option<String>,
+    /// Part of the payload handed over unserialized, for a handler registered with
+    /// [`Engine::register_local_attached`]; every other handler gets it written into `data`.
+    pub attachment: Option<Attachment>,
+}
+
+/// Part of a call's payload that an in-process caller hands an in-process handler as it is
+/// (the conversation a provider call carries, say), instead of as JSON: building and reading
+/// a JSON tree of a long history costs time that grows with it, on every model call. A call
+/// that goes anywhere else (a connection, a Lambda, a handler that did not ask for
+/// attachments) gets the attachment written into its payload first, so the function's
+/// contract stays its JSON payload.
+#[derive(Clone)]
+pub struct Attachment {
+    value: Arc<dyn std::any::Any + Send + Sync>,
+    inline: Arc<dyn Fn(&mut Value) + Send + Sync>,
+}
+
+impl Attachment {
+    /// `value` beside the payload; `inline` writes it into a payload for a handler that
+    /// takes JSON only.
+    pub fn new<T: std::any::Any + Send + Sync>(value: Arc<T>, inline: fn(&T, &mut Value)) -> Self {
+        let kept = value.clone();
+        Self {
+            value,
+            inline: Arc::new(move |data| inline(&kept, data)),
+        }
+    }
+
+    /// The value, when it is a `T`.
+    pub fn get<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.value.clone().downcast::<T>().ok()
+    }
+
+    /// Write the value into `data`, the payload it travels beside.
+    pub fn inline_into(&self, data: &mut Value) {
+        (self.inline)(data)
+    }
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Attachment")
+    }
 }
 
 /// Something that can receive frames pushed by the engine (a WebSocket connection).
@@ -150,7 +193,11 @@ struct WorkerInfo {
 }
 
 enum Target {
-    Local(Handler),
+    /// In process; `attachments`: the handler takes an [`Attachment`] as it is.
+    Local {
+        handler: Handler,
+        attachments: bool,
+    },
     Remote(Outbox),
 }
 
@@ -465,6 +512,7 @@ impl Engine {
                 .dispatch(
                     "approval::list_pending",
                     json!({}),
+                    None,
                     root,
                     None,
                     Duration::from_secs(2),

@@ -216,9 +216,37 @@ impl Engine {
         def: RegisterFunction,
         handler: Handler,
     ) -> Result<(), ErrorBody> {
+        self.register_in_process(owner, def, handler, false)
+    }
+
+    /// [`Self::register_local`] for a handler that reads [`Invocation::attachment`] itself
+    /// (an in-process caller's attachment then reaches it unserialized).
+    pub fn register_local_attached(
+        &self,
+        owner: &str,
+        def: RegisterFunction,
+        handler: Handler,
+    ) -> Result<(), ErrorBody> {
+        self.register_in_process(owner, def, handler, true)
+    }
+
+    fn register_in_process(
+        &self,
+        owner: &str,
+        def: RegisterFunction,
+        handler: Handler,
+        attachments: bool,
+    ) -> Result<(), ErrorBody> {
         Self::validate_function_id(&def.id)?;
         self.check_registrable(owner, &def.id)?;
-        self.insert_function(owner, def, Target::Local(handler));
+        self.insert_function(
+            owner,
+            def,
+            Target::Local {
+                handler,
+                attachments,
+            },
+        );
         Ok(())
     }
 
@@ -226,7 +254,7 @@ impl Engine {
         let id = def.id.clone();
         if owner != ENGINE_OWNER {
             let kind = match &target {
-                Target::Local(_) => "local",
+                Target::Local { .. } => "local",
                 Target::Remote(_) => "connection",
             };
             self.publish_registry(RegistryOp::Put {

@@ -26,6 +26,19 @@ pub trait Bus: Send + Sync {
         trace: &TraceContext,
         timeout: Option<Duration>,
     ) -> Result<Value, BusError>;
+    /// [`Self::call`] with part of the payload beside it; a bus that leaves the process
+    /// writes it into the payload (the default).
+    async fn call_attached(
+        &self,
+        function_id: &str,
+        mut data: Value,
+        attachment: engine_gateway::Attachment,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
+        attachment.inline_into(&mut data);
+        self.call(function_id, data, trace, timeout).await
+    }
     /// Fire and forget.
     async fn call_void(
         &self,

@@ -20,6 +20,27 @@ pub fn schema_of<T: JsonSchema>() -> Value {
     serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
 }
 
+/// `provider::<name>::stream` and `provider::<name>::complete` (their request type is
+/// `provider_core::StreamRequest`).
+pub mod provider {
+    use crate::messages::AgentMessage;
+    use serde_json::Value;
+    use std::sync::Arc;
+
+    /// The request's conversation as an attachment: a provider in the caller's process reads
+    /// it as it is, any other gets it as the payload's `messages` (the wire contract).
+    pub fn messages_attachment(messages: Arc<Vec<AgentMessage>>) -> engine_gateway::Attachment {
+        engine_gateway::Attachment::new(messages, |messages, payload| {
+            if let Some(o) = payload.as_object_mut() {
+                o.insert(
+                    "messages".into(),
+                    serde_json::to_value(messages).unwrap_or(Value::Null),
+                );
+            }
+        })
+    }
+}
+
 /// `policy::check_permissions`.
 pub mod policy {
     use super::*;

@@ -11,11 +11,27 @@ use crate::bus::{Bus, EnqueueOptions};
 use crate::channel::{ChannelReader, ChannelWriter};
 use crate::error::BusError;
 
-#[derive(Clone)]
 pub struct Ctx {
     bus: Arc<dyn Bus>,
     trace: TraceContext,
     function_id: Arc<str>,
+    /// What the caller handed this call unserialized (only to a function registered with
+    /// [`crate::Worker::accept_attachments`], only in process).
+    attachment: Option<engine_gateway::Attachment>,
+}
+
+/// A clone is for the calls a handler makes, so it leaves the attachment behind: what the
+/// caller shared is released when the handler is done with it, not when the last task it
+/// spawned is.
+impl Clone for Ctx {
+    fn clone(&self) -> Self {
+        Self {
+            bus: self.bus.clone(),
+            trace: self.trace.clone(),
+            function_id: self.function_id.clone(),
+            attachment: None,
+        }
+    }
 }
 
 impl Ctx {
@@ -24,7 +40,22 @@ impl Ctx {
             bus,
             trace,
             function_id: function_id.into(),
+            attachment: None,
         }
+    }
+
+    pub(crate) fn with_attachment(
+        mut self,
+        attachment: Option<engine_gateway::Attachment>,
+    ) -> Self {
+        self.attachment = attachment;
+        self
+    }
+
+    /// The part of the payload the caller handed over as it is, when it is a `T` (see
+    /// [`engine_gateway::Attachment`]).
+    pub fn attachment<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.attachment.as_ref()?.get::<T>()
     }
 
     /// A context outside any handler (a program or test driving the bus): a new trace.
@@ -56,20 +87,17 @@ impl Ctx {
 
     /// The same call at another position in its trace.
     pub(crate) fn at(&self, trace: TraceContext) -> Ctx {
-        Ctx {
-            bus: self.bus.clone(),
-            trace,
-            function_id: self.function_id.clone(),
-        }
+        Ctx::new(self.bus.clone(), trace, "").with_function_id(&self.function_id)
+    }
+
+    fn with_function_id(mut self, function_id: &Arc<str>) -> Self {
+        self.function_id = function_id.clone();
+        self
     }
 
     /// The same context with one more baggage entry (travels to every downstream call).
     pub fn with_baggage(&self, key: &str, value: &str) -> Ctx {
-        Ctx {
-            bus: self.bus.clone(),
-            trace: self.trace.clone().with_baggage(key, value),
-            function_id: self.function_id.clone(),
-        }
+        self.at(self.trace.clone().with_baggage(key, value))
     }
 
     pub async fn trigger(&self, function_id: &str, payload: Value) -> Result<Value, BusError> {
@@ -108,6 +136,21 @@ impl Ctx {
     ) -> Result<Value, BusError> {
         self.bus
             .call(function_id, payload, &self.trace, Some(timeout))
+            .await
+    }
+
+    /// [`Self::trigger_timeout`] with part of the payload beside it: a handler in this
+    /// process that accepts attachments gets it as it is, any other gets it written into
+    /// `payload` (see [`engine_gateway::Attachment`]).
+    pub async fn trigger_attached(
+        &self,
+        function_id: &str,
+        payload: Value,
+        attachment: engine_gateway::Attachment,
+        timeout: Duration,
+    ) -> Result<Value, BusError> {
+        self.bus
+            .call_attached(function_id, payload, attachment, &self.trace, Some(timeout))
             .await
     }
 

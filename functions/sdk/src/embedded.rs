@@ -64,6 +64,28 @@ impl Bus for EmbeddedBus {
             .map_err(BusError::from)
     }
 
+    async fn call_attached(
+        &self,
+        function_id: &str,
+        data: Value,
+        attachment: engine_gateway::Attachment,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
+        let engine = self.engine()?;
+        engine
+            .invoke_attached(
+                function_id,
+                data,
+                Some(attachment),
+                trace,
+                Some(&self.worker_id),
+                timeout,
+            )
+            .await
+            .map_err(BusError::from)
+    }
+
     async fn call_void(
         &self,
         function_id: &str,
@@ -137,9 +159,17 @@ pub fn run_embedded(worker: Worker, engine: &Arc<Engine>) -> Result<WorkerHandle
         let (w, b) = (worker.clone(), bus.clone());
         let handler: engine_gateway::Handler = Arc::new(move |inv: engine_gateway::Invocation| {
             let (w, b) = (w.clone(), b.clone());
-            async move { w.dispatch(b, &inv.function_id, inv.data, &inv.trace).await }.boxed()
+            async move {
+                w.dispatch_attached(b, &inv.function_id, inv.data, inv.attachment, &inv.trace)
+                    .await
+            }
+            .boxed()
         });
-        engine.register_local(&worker_id, spec.def.clone(), handler)?;
+        if spec.attachments {
+            engine.register_local_attached(&worker_id, spec.def.clone(), handler)?;
+        } else {
+            engine.register_local(&worker_id, spec.def.clone(), handler)?;
+        }
     }
     for t in worker.triggers() {
         engine

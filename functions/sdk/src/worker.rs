@@ -23,6 +23,9 @@ pub type FnHandler = Arc<dyn Fn(Ctx, Value) -> BoxFuture<'static, FnResult> + Se
 pub struct FunctionSpec {
     pub def: RegisterFunction,
     pub handler: FnHandler,
+    /// The handler reads [`Ctx::attachment`]: an in-process caller's attachment reaches it
+    /// as it is instead of written into the payload.
+    pub attachments: bool,
 }
 
 #[derive(Clone)]
@@ -50,12 +53,26 @@ impl Worker {
         Fut: Future<Output = FnResult> + Send + 'static,
     {
         let handler: FnHandler = Arc::new(move |ctx, data| handler(ctx, data).boxed());
-        match self.index.get(&def.id) {
-            Some(&i) => self.functions[i] = FunctionSpec { def, handler },
+        let spec = FunctionSpec {
+            def,
+            handler,
+            attachments: false,
+        };
+        match self.index.get(&spec.def.id) {
+            Some(&i) => self.functions[i] = spec,
             None => {
-                self.index.insert(def.id.clone(), self.functions.len());
-                self.functions.push(FunctionSpec { def, handler });
+                self.index.insert(spec.def.id.clone(), self.functions.len());
+                self.functions.push(spec);
             }
+        }
+        self
+    }
+
+    /// `function_id`'s handler reads [`Ctx::attachment`] (and falls back to its payload when
+    /// there is none): in process, a caller's attachment then reaches it unserialized.
+    pub fn accept_attachments(&mut self, function_id: &str) -> &mut Self {
+        if let Some(&i) = self.index.get(function_id) {
+            self.functions[i].attachments = true;
         }
         self
     }
@@ -149,6 +166,19 @@ impl Worker {
         data: Value,
         parent: &TraceContext,
     ) -> FnResult {
+        self.dispatch_attached(bus, function_id, data, None, parent)
+            .await
+    }
+
+    /// [`Self::dispatch`] with the caller's attachment, for the handler's [`Ctx`].
+    pub async fn dispatch_attached(
+        &self,
+        bus: Arc<dyn Bus>,
+        function_id: &str,
+        data: Value,
+        attachment: Option<engine_gateway::Attachment>,
+        parent: &TraceContext,
+    ) -> FnResult {
         let Some(handler) = self.handler(function_id).cloned() else {
             return Err(ErrorBody::new(
                 codes::FUNCTION_NOT_FOUND,
@@ -165,7 +195,10 @@ impl Worker {
         let bridged = engine_gateway::tracing_bridge::context_for(target.as_ref(), &position);
         let work = engine_gateway::tracing_bridge::run_in(
             bridged,
-            handler(Ctx::new(bus.clone(), position, function_id), data),
+            handler(
+                Ctx::new(bus.clone(), position, function_id).with_attachment(attachment),
+                data,
+            ),
         );
         let result = match tokio::spawn(work).await {
             Ok(r) => r,

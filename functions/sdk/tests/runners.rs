@@ -138,6 +138,85 @@ async fn remote_worker_reconnects_and_re_registers_after_an_engine_restart() {
     );
 }
 
+/// A worker whose `att::reads` takes attachments (and falls back to its payload) and whose
+/// `att::json` takes JSON only.
+fn attachment_worker() -> Worker {
+    let mut w = Worker::new("att");
+    w.register_function(
+        engine_gateway::protocol::RegisterFunction::new("att::reads"),
+        |ctx, d: Value| async move {
+            let attached = ctx.attachment::<Vec<i64>>();
+            Ok(json!({
+                "attached_at": attached.as_ref().map(|a| Arc::as_ptr(a) as usize),
+                "items": attached.map(|a| json!(*a)).unwrap_or_else(|| d["items"].clone()),
+                "payload": d,
+            }))
+        },
+    );
+    w.accept_attachments("att::reads");
+    w.register_function(
+        engine_gateway::protocol::RegisterFunction::new("att::json"),
+        |_ctx, d: Value| async move { Ok(d) },
+    );
+    w
+}
+
+fn items_attachment(items: &Arc<Vec<i64>>) -> engine_gateway::Attachment {
+    engine_gateway::Attachment::new(items.clone(), |items, payload| {
+        payload["items"] = json!(*items);
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attachment_reaches_an_in_process_handler_as_is_and_any_other_in_its_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server::start(&ServeOptions::for_data_dir(dir.path().to_path_buf()))
+        .await
+        .unwrap();
+    let mut emb = run_embedded(attachment_worker(), &srv.engine).unwrap();
+    let caller = emb.ctx();
+    let items = Arc::new(vec![1, 2, 3]);
+    let call = |ctx: harness_sdk::Ctx, fid: &'static str, items: &Arc<Vec<i64>>| {
+        let attachment = items_attachment(items);
+        async move {
+            ctx.trigger_attached(fid, json!({"x": 1}), attachment, Duration::from_secs(5))
+                .await
+                .unwrap()
+        }
+    };
+
+    // In process, to a handler that asked: the same list, not a copy, and not in the payload.
+    let got = call(caller.clone(), "att::reads", &items).await;
+    assert_eq!(got["attached_at"], json!(Arc::as_ptr(&items) as usize));
+    assert_eq!(got["items"], json!([1, 2, 3]));
+    assert_eq!(got["payload"], json!({"x": 1}));
+    assert_eq!(
+        Arc::strong_count(&items),
+        1,
+        "the call released what it was handed"
+    );
+    // In process, to a handler that takes JSON only: written into the payload.
+    let got = call(caller.clone(), "att::json", &items).await;
+    assert_eq!(got, json!({"x": 1, "items": [1, 2, 3]}));
+
+    // From a connection: the client's bus writes it into the payload.
+    let client = harness_sdk::connect_client("client", RemoteOptions::new(&srv.url())).await;
+    let got = call(client.ctx(), "att::reads", &items).await;
+    assert_eq!(got["attached_at"], Value::Null);
+    assert_eq!(got["items"], json!([1, 2, 3]));
+    assert_eq!(got["payload"], json!({"x": 1, "items": [1, 2, 3]}));
+
+    // The same function served over a connection: the engine writes it into the payload.
+    emb.stop();
+    let rem = run_remote(attachment_worker(), RemoteOptions::new(&srv.url()));
+    rem.wait_connected(Duration::from_secs(5)).await.unwrap();
+    let emb = run_embedded(Worker::new("caller"), &srv.engine).unwrap();
+    let got = call(emb.ctx(), "att::reads", &items).await;
+    assert_eq!(got["attached_at"], Value::Null);
+    assert_eq!(got["payload"], json!({"x": 1, "items": [1, 2, 3]}));
+    assert_eq!(Arc::strong_count(&items), 1);
+}
+
 // ---------------------------------------------------------------- Lambda Runtime API
 
 #[derive(Default)]
