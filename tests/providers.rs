@@ -107,6 +107,18 @@ const KEYS: &[(&str, &str)] = &[
 
 /// Call `provider::<name>::stream` with a fresh channel; every frame, and the call's answer.
 async fn stream(ctx: &Ctx, name: &str, model: &str, messages: Value) -> (Vec<Value>, Value) {
+    stream_with(ctx, name, model, messages, false).await
+}
+
+/// [`stream`], with the history attached beside the payload when `attached` (as the
+/// orchestrator sends it) instead of in it.
+async fn stream_with(
+    ctx: &Ctx,
+    name: &str,
+    model: &str,
+    messages: Value,
+    attached: bool,
+) -> (Vec<Value>, Value) {
     let (writer, reader) = ctx.create_channel(Some(8)).await.unwrap();
     let mut r = ctx.open_reader(&reader).await.unwrap();
     let collect = tokio::spawn(async move {
@@ -119,19 +131,25 @@ async fn stream(ctx: &Ctx, name: &str, model: &str, messages: Value) -> (Vec<Val
         }
         frames
     });
-    let answer = ctx
-        .trigger(
-            &format!("provider::{name}::stream"),
-            json!({
-                "writer_ref": writer,
-                "model": model,
-                "system_prompt": "You are a test.",
-                "messages": messages,
-                "tools": [{"name": "agent_trigger", "description": "Call a function", "parameters": {"type": "object"}}],
-            }),
-        )
-        .await
-        .unwrap();
+    let mut payload = json!({
+        "writer_ref": writer,
+        "model": model,
+        "system_prompt": "You are a test.",
+        "tools": [{"name": "agent_trigger", "description": "Call a function", "parameters": {"type": "object"}}],
+    });
+    let fid = format!("provider::{name}::stream");
+    let answer = if attached {
+        let messages: Vec<harness_sdk::messages::AgentMessage> =
+            serde_json::from_value(messages).unwrap();
+        let attachment =
+            harness_sdk::contracts::provider::messages_attachment(Arc::new(messages));
+        ctx.trigger_attached(&fid, payload, attachment, Duration::from_secs(30))
+            .await
+    } else {
+        payload["messages"] = messages;
+        ctx.trigger(&fid, payload).await
+    }
+    .unwrap();
     let frames = tokio::time::timeout(Duration::from_secs(10), collect)
         .await
         .expect("the writer is closed")
@@ -276,6 +294,39 @@ async fn providers_stream_thinking_text_and_calls_in_order() {
             );
             assert_eq!(sent["stream_options"]["include_usage"], true);
         }
+    }
+}
+
+/// The orchestrator hands the history to a provider in its process beside the payload, not
+/// as JSON in it: every dialect sends the model the same request either way (images too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_history_goes_upstream_as_the_same_request() {
+    let mut history = history();
+    history.as_array_mut().unwrap().push(json!(
+        {"role": "user", "content": [{"type": "text", "text": "and this?"}, {"type": "image", "mime": "image/png", "data": "iVBORw0KGgo="}], "timestamp": 4}
+    ));
+    for case in CASES {
+        let rig = rig(case.name, KEYS).await;
+        rig.model.load(Cassette {
+            turns: vec![full_turn(), full_turn()],
+            ..Default::default()
+        });
+        // In process: an embedded worker's context calls the embedded provider.
+        let caller = run_embedded(harness_sdk::Worker::new("caller"), &rig._srv.engine).unwrap();
+        let (_, by_json) = stream(&rig.client.ctx(), case.name, case.model, history.clone()).await;
+        let (frames, attached) =
+            stream_with(&caller.ctx(), case.name, case.model, history.clone(), true).await;
+        assert_eq!(by_json, attached, "{}", case.name);
+        assert_eq!(frames.last().unwrap()["type"], "done", "{}", case.name);
+        let sent = rig.model.requests();
+        assert_eq!(sent.len(), 2, "{}", case.name);
+        assert_eq!(sent[0]["body"], sent[1]["body"], "{}", case.name);
+        assert!(
+            sent[1]["body"]["messages"].as_array().unwrap().len() >= 3,
+            "{}: the conversation went upstream: {}",
+            case.name,
+            sent[1]["body"]
+        );
     }
 }
 

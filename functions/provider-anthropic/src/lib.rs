@@ -130,7 +130,7 @@ impl Dialect for Anthropic {
         let mut body = json!({
             "model": req.model,
             "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-            "messages": messages(&req.messages),
+            "messages": messages(req.messages()),
             "stream": stream,
         });
         if let Some(s) = req.system_prompt.as_ref().filter(|s| !s.is_empty()) {

@@ -32,8 +32,14 @@ pub struct StreamRequest {
     #[serde(default)]
     pub system_prompt: Option<String>,
     pub model: String,
+    /// The conversation as sent in the payload; private so a dialect reads
+    /// [`StreamRequest::messages`], which also sees one attached in process.
     #[serde(default)]
-    pub messages: Vec<AgentMessage>,
+    messages: Vec<AgentMessage>,
+    /// The conversation an in-process caller attached (not serialized).
+    #[serde(skip)]
+    #[schemars(skip)]
+    attached_messages: Option<Arc<Vec<AgentMessage>>>,
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
@@ -41,6 +47,13 @@ pub struct StreamRequest {
     /// Budgets to charge the completion's cost to (`budget::record`), before `done`.
     #[serde(default)]
     pub budget_ids: Vec<String>,
+}
+
+impl StreamRequest {
+    /// The conversation: the attached one when the caller attached it, else the payload's.
+    pub fn messages(&self) -> &[AgentMessage] {
+        self.attached_messages.as_deref().unwrap_or(&self.messages)
+    }
 }
 
 /// `provider::<name>::stream`'s answer (the message itself goes on the channel).
@@ -339,10 +352,12 @@ pub async fn run(
     message
 }
 
-fn parse_request(data: Value) -> Result<StreamRequest, ErrorBody> {
+fn parse_request(ctx: &Ctx, data: Value) -> Result<StreamRequest, ErrorBody> {
     req_str(&data, "model")?;
-    serde_json::from_value(data)
-        .map_err(|e| ErrorBody::invalid(format!("invalid provider request: {e}")))
+    let mut req: StreamRequest = serde_json::from_value(data)
+        .map_err(|e| ErrorBody::invalid(format!("invalid provider request: {e}")))?;
+    req.attached_messages = ctx.attachment::<Vec<AgentMessage>>();
+    Ok(req)
 }
 
 /// `provider::<name>::stream` and `provider::<name>::complete` for a dialect.
@@ -363,10 +378,11 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
         "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
     ));
     let (d, c) = (dialect.clone(), client.clone());
+    let stream_id = stream_def.id.clone();
     w.register_function(stream_def, move |ctx, data: Value| {
         let (d, c) = (d.clone(), c.clone());
         async move {
-            let req = parse_request(data)?;
+            let req = parse_request(&ctx, data)?;
             let writer_ref = req
                 .writer_ref
                 .clone()
@@ -383,6 +399,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
             }))
         }
     });
+    w.accept_attachments(&stream_id);
     let mut complete_def = RegisterFunction::new(format!("provider::{name}::complete"))
         .contract::<StreamRequest, AgentMessage>();
     complete_def.description = Some(format!(
@@ -391,11 +408,12 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
     w.register_function(complete_def, move |ctx, data: Value| {
         let (d, c) = (dialect.clone(), client.clone());
         async move {
-            let req = parse_request(data)?;
+            let req = parse_request(&ctx, data)?;
             let message = run(&ctx, d.as_ref(), c.get(), &req, None).await;
             Ok(serde_json::to_value(message).unwrap_or(Value::Null))
         }
     });
+    w.accept_attachments(&format!("provider::{name}::complete"));
     w
 }
 

@@ -10,7 +10,8 @@ use harness_sdk::messages::{
     AgentMessage, AssistantMessageEvent as Ev, ContentBlock, ErrorKind, StopReason,
 };
 use provider_core::{Credentials, Dialect, Emitter, EventStream, Outcome, StreamRequest, text_of};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 pub struct OpenAiDialect {
     pub name: String,
@@ -53,51 +54,164 @@ impl OpenAiDialect {
     }
 }
 
-fn user_content(content: &[ContentBlock]) -> Value {
+// The request body as Chat Completions takes it, borrowed from the request and written
+// straight to bytes: building a JSON tree of the whole conversation first cost time that grew
+// with it on every model call.
+
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "function")]
+struct WireTool<'a> {
+    function: WireToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum WireMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: UserContent<'a>,
+    },
+    /// `content` is null when the model only called functions.
+    Assistant {
+        content: Option<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<WireCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: String,
+    },
+}
+
+/// Plain text, or parts when the message holds an image.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(String),
+    Parts(Vec<UserPart<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum UserPart<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: ImageUrl },
+}
+
+#[derive(Serialize)]
+struct ImageUrl {
+    url: String,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "function")]
+struct WireCall<'a> {
+    id: &'a str,
+    function: WireCallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireCallFunction<'a> {
+    name: &'a str,
+    /// The arguments as a JSON string, as the API wants them.
+    arguments: String,
+}
+
+fn user_content(content: &[ContentBlock]) -> UserContent<'_> {
     let has_image = content
         .iter()
         .any(|c| matches!(c, ContentBlock::Image { .. }));
     if !has_image {
-        return json!(text_of(content));
+        return UserContent::Text(text_of(content));
     }
-    json!(content
-        .iter()
-        .filter_map(|c| match c {
-            ContentBlock::Text { text } => Some(json!({"type": "text", "text": text})),
-            ContentBlock::Image { mime, data } => Some(json!({"type": "image_url", "image_url": {"url": format!("data:{mime};base64,{data}")}})),
-            _ => None,
-        })
-        .collect::<Vec<_>>())
+    UserContent::Parts(
+        content
+            .iter()
+            .filter_map(|c| match c {
+                ContentBlock::Text { text } => Some(UserPart::Text { text }),
+                ContentBlock::Image { mime, data } => Some(UserPart::ImageUrl {
+                    image_url: ImageUrl {
+                        url: format!("data:{mime};base64,{data}"),
+                    },
+                }),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
-pub fn messages(system: Option<&str>, history: &[AgentMessage]) -> Vec<Value> {
-    let mut out = Vec::new();
+fn wire_messages<'a>(system: Option<&'a str>, history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
+    let mut out = Vec::with_capacity(history.len() + 1);
     if let Some(s) = system.filter(|s| !s.is_empty()) {
-        out.push(json!({"role": "system", "content": s}));
+        out.push(WireMessage::System { content: s });
     }
     for m in history {
-        match m {
-            AgentMessage::User { content, .. } => out.push(json!({"role": "user", "content": user_content(content)})),
-            AgentMessage::Custom { content, .. } => out.push(json!({"role": "user", "content": text_of(content)})),
+        out.push(match m {
+            AgentMessage::User { content, .. } => WireMessage::User {
+                content: user_content(content),
+            },
+            AgentMessage::Custom { content, .. } => WireMessage::User {
+                content: UserContent::Text(text_of(content)),
+            },
             AgentMessage::Assistant { content, .. } => {
                 let text = text_of(content);
-                let calls: Vec<Value> = content
-                    .iter()
-                    .filter_map(|c| match c {
-                        ContentBlock::FunctionCall { id, function_id, arguments } => Some(json!({"id": id, "type": "function", "function": {"name": function_id, "arguments": arguments.to_string()}})),
-                        _ => None,
-                    })
-                    .collect();
-                let mut msg = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
-                if !calls.is_empty() {
-                    msg["tool_calls"] = json!(calls);
+                WireMessage::Assistant {
+                    content: (!text.is_empty()).then_some(text),
+                    tool_calls: content
+                        .iter()
+                        .filter_map(|c| match c {
+                            ContentBlock::FunctionCall {
+                                id,
+                                function_id,
+                                arguments,
+                            } => Some(WireCall {
+                                id,
+                                function: WireCallFunction {
+                                    name: function_id,
+                                    arguments: arguments.to_string(),
+                                },
+                            }),
+                            _ => None,
+                        })
+                        .collect(),
                 }
-                out.push(msg);
             }
-            AgentMessage::FunctionResult { function_call_id, content, .. } => {
-                out.push(json!({"role": "tool", "tool_call_id": function_call_id, "content": text_of(content)}))
-            }
-        }
+            AgentMessage::FunctionResult {
+                function_call_id,
+                content,
+                ..
+            } => WireMessage::Tool {
+                tool_call_id: function_call_id,
+                content: text_of(content),
+            },
+        });
     }
     out
 }
@@ -156,20 +270,26 @@ impl Dialect for OpenAiDialect {
         req: &StreamRequest,
         stream: bool,
     ) -> reqwest::RequestBuilder {
-        let mut body = json!({
-            "model": req.model,
-            "messages": messages(req.system_prompt.as_deref(), &req.messages),
-            "stream": stream,
-        });
-        if stream {
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        if let Some(m) = req.max_tokens {
-            body["max_completion_tokens"] = json!(m);
-        }
-        if !req.tools.is_empty() {
-            body["tools"] = json!(req.tools.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})).collect::<Vec<_>>());
-        }
+        let body = ChatBody {
+            model: &req.model,
+            messages: wire_messages(req.system_prompt.as_deref(), req.messages()),
+            stream,
+            stream_options: stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
+            max_completion_tokens: req.max_tokens,
+            tools: req
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    function: WireToolFunction {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+        };
         let mut rb = client
             .post(format!(
                 "{}/chat/completions",

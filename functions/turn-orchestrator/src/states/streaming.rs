@@ -244,14 +244,19 @@ pub(crate) async fn assistant_streaming(
             "writer_ref": writer,
             "system_prompt": prompt.system_prompt,
             "model": req.model,
-            "messages": &*messages,
             "tools": prompt.tools,
             "budget_ids": rec.budget_ids,
         });
-        // Released before this step appends to the cached list (which then needs no copy).
-        drop(messages);
+        // The history goes beside the payload: a provider in this process reads the shared
+        // list as it is, any other gets it as the payload's `messages`. It is released when
+        // the call ends, before this step appends to the cached list (which then needs no
+        // copy).
+        let messages = contracts::provider::messages_attachment(messages);
         let fid = format!("provider::{}::stream", req.provider);
-        tokio::spawn(async move { ctx.trigger_timeout(&fid, payload, PROVIDER_TIMEOUT).await })
+        tokio::spawn(async move {
+            ctx.trigger_attached(&fid, payload, messages, PROVIDER_TIMEOUT)
+                .await
+        })
     };
     let mut final_message: Option<AgentMessage> = None;
     let mut call_result: Option<Result<Value, BusError>> = None;
