@@ -21,6 +21,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod request;
+use request::{Request, condition_holds};
+pub use request::{SYSTEM_CONDITION, system_text, tool_results, user_text};
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     pub id: String,
@@ -81,104 +85,6 @@ pub struct Turn {
     /// condition holds (no cursor), so a restarted server continues a conversation.
     #[serde(default)]
     pub when: Option<String>,
-}
-
-/// Tool results in a request body (Anthropic `tool_result` blocks, OpenAI `tool` messages).
-pub fn tool_results(body: &Value) -> usize {
-    body["messages"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .map(|m| {
-                    if m["role"] == "tool" {
-                        1
-                    } else {
-                        m["content"]
-                            .as_array()
-                            .map(|c| c.iter().filter(|b| b["type"] == "tool_result").count())
-                            .unwrap_or(0)
-                    }
-                })
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-/// `when: "system~=<text>"`: the request's system prompt contains `<text>`.
-pub const SYSTEM_CONDITION: &str = "system~=";
-
-/// The system prompt of a request (Anthropic `system` string or blocks; OpenAI system message).
-pub fn system_text(body: &Value) -> String {
-    let from_blocks = |v: &Value| -> String {
-        match v {
-            Value::String(s) => s.clone(),
-            Value::Array(a) => a
-                .iter()
-                .filter_map(|b| b["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-            _ => String::new(),
-        }
-    };
-    if !body["system"].is_null() {
-        return from_blocks(&body["system"]);
-    }
-    body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "system" || m["role"] == "developer")
-        .map(|m| from_blocks(&m["content"]))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The text of a request's user messages (Anthropic blocks or OpenAI strings), joined.
-pub fn user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .flat_map(|m| match &m["content"] {
-            Value::String(s) => vec![s.clone()],
-            Value::Array(a) => a
-                .iter()
-                .filter_map(|b| b["text"].as_str().map(str::to_owned))
-                .collect(),
-            _ => Vec::new(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// `results<N`, `results>=N`, `user~=<text>` (a user message contains it), and several of
-/// them joined by `&&`, all of which must hold.
-fn condition_holds(when: &str, body: &Value, results: usize) -> bool {
-    when.split("&&").all(|part| {
-        let part = part.trim();
-        match part.strip_prefix("user~=") {
-            Some(needle) => user_text(body).contains(needle),
-            None => count_holds(part, results),
-        }
-    })
-}
-
-fn count_holds(when: &str, results: usize) -> bool {
-    let w = when.replace(' ', "");
-    if let Some(n) = w
-        .strip_prefix("results>=")
-        .and_then(|n| n.parse::<usize>().ok())
-    {
-        return results >= n;
-    }
-    if let Some(n) = w
-        .strip_prefix("results<")
-        .and_then(|n| n.parse::<usize>().ok())
-    {
-        return results < n;
-    }
-    false
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -270,7 +176,7 @@ impl ScriptedModel {
         path: &str,
         headers: &HeaderMap,
         raw: &Bytes,
-        body: &Value,
+        body: &Request,
     ) -> Result<Turn, Box<Response>> {
         let mut i = lock(&self.inner);
         i.keep(path, raw.clone());
@@ -297,14 +203,20 @@ impl ScriptedModel {
         }
         // Turns keyed on the system prompt answer side requests (a summarizer, say) without
         // moving the conversation's cursor.
-        let system = system_text(body);
-        if let Some(t) = i.cassette.turns.iter().find(|t| {
+        let side_turns = i.cassette.turns.iter().filter_map(|t| {
             t.when
                 .as_deref()
                 .and_then(|w| w.strip_prefix(SYSTEM_CONDITION))
-                .is_some_and(|needle| system.contains(needle))
-        }) {
-            return Ok(t.clone());
+                .map(|needle| (needle, t))
+        });
+        let mut system: Option<String> = None;
+        for (needle, t) in side_turns {
+            if system
+                .get_or_insert_with(|| body.system_text())
+                .contains(needle)
+            {
+                return Ok(t.clone());
+            }
         }
         // The conversation's turns (side-request turns excluded), by reference: a long
         // cassette is not copied per request.
@@ -320,7 +232,7 @@ impl ScriptedModel {
             .collect();
         let n = turns.len();
         if turns.iter().any(|t| t.when.is_some()) {
-            let results = tool_results(body);
+            let results = body.tool_results();
             return match turns.iter().find(|t| {
                 t.when
                     .as_deref()
@@ -451,8 +363,8 @@ async fn begin(
     path: &str,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<(Value, Turn), Box<Response>> {
-    let req: Value = serde_json::from_slice(body).map_err(|e| {
+) -> Result<(Request, Turn), Box<Response>> {
+    let req = Request::parse(body).map_err(|e| {
         Box::new(error_response(
             path,
             400,
@@ -486,7 +398,7 @@ async fn anthropic(
         Ok(v) => v,
         Err(r) => return *r,
     };
-    let model = req["model"].as_str().unwrap_or("scripted").to_string();
+    let model = req.model.as_str().unwrap_or("scripted").to_string();
     let size = turn.chunk_size.unwrap_or(8);
     let stop = match stop_of(&turn).as_str() {
         "tool_use" => "tool_use",
@@ -495,7 +407,7 @@ async fn anthropic(
     };
     let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let u = &turn.usage;
-    if req["stream"] != true {
+    if req.stream != true {
         let mut content = Vec::new();
         if let Some(t) = &turn.thinking {
             content.push(json!({"type": "thinking", "thinking": t, "signature": "sig-scripted"}));
@@ -583,7 +495,7 @@ async fn openai(
         Ok(v) => v,
         Err(r) => return *r,
     };
-    let model = req["model"].as_str().unwrap_or("scripted").to_string();
+    let model = req.model.as_str().unwrap_or("scripted").to_string();
     let size = turn.chunk_size.unwrap_or(8);
     let finish = match stop_of(&turn).as_str() {
         "tool_use" => "tool_calls",
@@ -593,7 +505,7 @@ async fn openai(
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let u = &turn.usage;
     let usage = json!({"prompt_tokens": u.input + u.cache_read, "completion_tokens": u.output, "total_tokens": u.input + u.cache_read + u.output, "prompt_tokens_details": {"cached_tokens": u.cache_read}});
-    if req["stream"] != true {
+    if req.stream != true {
         let tool_calls: Vec<Value> = turn.tool_calls.iter().map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}})).collect();
         let mut message = json!({"role": "assistant", "content": turn.text});
         if !tool_calls.is_empty() {
@@ -644,7 +556,7 @@ async fn openai(
         }
     }
     out.push(chunk(json!({}), Some(finish)));
-    if req["stream_options"]["include_usage"] == true {
+    if req.stream_options["include_usage"] == true {
         out.push(format!("data: {}\n\n", json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [], "usage": usage})));
     }
     out.push("data: [DONE]\n\n".into());
@@ -669,21 +581,65 @@ mod tests {
         let openai = json!({"messages": [{"role": "tool"}, {"role": "user", "content": "x"}]});
         assert_eq!(tool_results(&anthropic), 2);
         assert_eq!(tool_results(&openai), 1);
-        let none = json!({});
+        let read = |v: &Value| Request::parse(&serde_json::to_vec(v).unwrap()).unwrap();
+        let none = read(&json!({}));
         assert!(
             condition_holds("results < 3", &none, 2) && !condition_holds("results<3", &none, 3)
         );
         assert!(condition_holds("results>=3", &none, 3) && !condition_holds("bogus", &none, 3));
         // One script per conversation: by what the user asked.
-        let alpha = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "task alpha"}]}]});
+        let alpha = read(
+            &json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "task alpha"}]}]}),
+        );
         assert!(condition_holds("user~=alpha && results<1", &alpha, 0));
         assert!(!condition_holds("user~=alpha && results<1", &alpha, 1));
         assert!(!condition_holds("user~=beta && results<1", &alpha, 0));
+        let openai = read(&openai);
         assert!(!condition_holds("user~=alpha", &openai, 0));
         assert!(
             condition_holds("user~=x", &openai, 0),
             "OpenAI's string content"
         );
+    }
+
+    #[test]
+    fn a_request_of_any_shape_reads_as_far_as_it_goes() {
+        let read = |b: &str| Request::parse(b.as_bytes());
+        // Not JSON: an error (the server answers 400 with it).
+        assert!(read("{\"messages\": [").is_err());
+        assert!(read("nonsense").is_err());
+        // JSON of the wrong shape reads as absent, never as an error or a panic.
+        for body in [
+            "[]",
+            "42",
+            "null",
+            "{\"messages\": 7}",
+            "{\"messages\": {\"role\": \"tool\"}}",
+            "{\"messages\": [1, \"x\", null, [], {\"role\": 3, \"content\": {\"a\": 1}}]}",
+            "{\"system\": 5, \"model\": [1], \"stream\": \"yes\"}",
+        ] {
+            let r = read(body).unwrap_or_else(|e| panic!("{body}: {e}"));
+            assert_eq!(r.tool_results(), 0, "{body}");
+            assert_eq!(r.user_text(), "", "{body}");
+            assert_eq!(r.system_text(), "", "{body}");
+        }
+        // Odd elements among good ones do not hide the good ones.
+        let r = read(
+            "{\"messages\": [5, {\"role\": \"tool\"}, {\"role\": \"user\", \"content\": [7, {\"type\": \"tool_result\"}, {\"text\": \"hi\"}]}]}",
+        )
+        .unwrap();
+        assert_eq!(r.tool_results(), 2);
+        assert_eq!(r.user_text(), "hi");
+        // Both dialects' system prompts.
+        let anthropic =
+            read("{\"system\": [{\"type\": \"text\", \"text\": \"a\"}, {\"text\": \"b\"}]}")
+                .unwrap();
+        assert_eq!(anthropic.system_text(), "a\nb");
+        let openai = read(
+            "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"developer\", \"content\": [{\"text\": \"d\"}]}]}",
+        )
+        .unwrap();
+        assert_eq!(openai.system_text(), "s\nd");
     }
 
     #[test]
