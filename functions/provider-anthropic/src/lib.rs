@@ -10,7 +10,9 @@ use harness_sdk::messages::{
     AgentMessage, AssistantMessageEvent as Ev, ContentBlock, ErrorKind, StopReason,
 };
 use provider_core::{Credentials, Dialect, Emitter, EventStream, Outcome, StreamRequest, text_of};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use std::borrow::Cow;
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 pub const API_VERSION: &str = "2023-06-01";
@@ -30,17 +32,86 @@ impl Anthropic {
     }
 }
 
-fn block(c: &ContentBlock) -> Option<Value> {
+// The request body as the Messages API takes it, borrowed from the request and written
+// straight to bytes: building a JSON tree of the whole conversation first cost time that grew
+// with it on every model call.
+
+#[derive(Serialize)]
+struct MessagesBody<'a> {
+    model: &'a str,
+    max_tokens: u64,
+    messages: Vec<WireMessage<'a>>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+#[derive(Debug, Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Vec<WireBlock<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text {
+        text: Cow<'a, str>,
+    },
+    Image {
+        source: ImageSource<'a>,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: String,
+        is_error: bool,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct ImageSource<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    media_type: &'a str,
+    data: &'a str,
+}
+
+fn block(c: &ContentBlock) -> Option<WireBlock<'_>> {
     Some(match c {
-        ContentBlock::Text { text } => json!({"type": "text", "text": text}),
-        ContentBlock::Image { mime, data } => {
-            json!({"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}})
-        }
+        ContentBlock::Text { text } => WireBlock::Text { text: text.into() },
+        ContentBlock::Image { mime, data } => WireBlock::Image {
+            source: ImageSource {
+                kind: "base64",
+                media_type: mime,
+                data,
+            },
+        },
         // Thinking goes back only with its signature (the API rejects unsigned thinking).
         ContentBlock::Thinking {
             text,
             signature: Some(sig),
-        } => json!({"type": "thinking", "thinking": text, "signature": sig}),
+        } => WireBlock::Thinking {
+            thinking: text,
+            signature: sig,
+        },
         ContentBlock::Thinking {
             signature: None, ..
         } => return None,
@@ -48,25 +119,28 @@ fn block(c: &ContentBlock) -> Option<Value> {
             id,
             function_id,
             arguments,
-        } => json!({"type": "tool_use", "id": id, "name": function_id, "input": arguments}),
+        } => WireBlock::ToolUse {
+            id,
+            name: function_id,
+            input: arguments,
+        },
     })
 }
 
 /// Agent messages → Anthropic messages; consecutive same-role turns are merged, as the API
 /// requires alternation.
-pub fn messages(history: &[AgentMessage]) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    let mut push = |role: &str, blocks: Vec<Value>| {
+fn messages<'a>(history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
+    let mut out: Vec<WireMessage<'a>> = Vec::with_capacity(history.len());
+    let mut push = |role: &'static str, blocks: Vec<WireBlock<'a>>| {
         if blocks.is_empty() {
             return;
         }
         match out.last_mut() {
-            Some(last) if last["role"] == role => {
-                if let Some(arr) = last["content"].as_array_mut() {
-                    arr.extend(blocks);
-                }
-            }
-            _ => out.push(json!({"role": role, "content": blocks})),
+            Some(last) if last.role == role => last.content.extend(blocks),
+            _ => out.push(WireMessage {
+                role,
+                content: blocks,
+            }),
         }
     };
     for m in history {
@@ -76,7 +150,9 @@ pub fn messages(history: &[AgentMessage]) -> Vec<Value> {
             }
             AgentMessage::Custom { content, .. } => push(
                 "user",
-                vec![json!({"type": "text", "text": text_of(content)})],
+                vec![WireBlock::Text {
+                    text: text_of(content).into(),
+                }],
             ),
             AgentMessage::Assistant { content, .. } => {
                 push("assistant", content.iter().filter_map(block).collect())
@@ -88,9 +164,11 @@ pub fn messages(history: &[AgentMessage]) -> Vec<Value> {
                 ..
             } => push(
                 "user",
-                vec![
-                    json!({"type": "tool_result", "tool_use_id": function_call_id, "content": text_of(content), "is_error": is_error}),
-                ],
+                vec![WireBlock::ToolResult {
+                    tool_use_id: function_call_id,
+                    content: text_of(content),
+                    is_error: *is_error,
+                }],
             ),
         }
     }
@@ -127,18 +205,22 @@ impl Dialect for Anthropic {
         req: &StreamRequest,
         stream: bool,
     ) -> reqwest::RequestBuilder {
-        let mut body = json!({
-            "model": req.model,
-            "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-            "messages": messages(req.messages()),
-            "stream": stream,
-        });
-        if let Some(s) = req.system_prompt.as_ref().filter(|s| !s.is_empty()) {
-            body["system"] = json!(s);
-        }
-        if !req.tools.is_empty() {
-            body["tools"] = json!(req.tools.iter().map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters})).collect::<Vec<_>>());
-        }
+        let body = MessagesBody {
+            model: &req.model,
+            max_tokens: req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+            messages: messages(req.messages()),
+            stream,
+            system: req.system_prompt.as_deref().filter(|s| !s.is_empty()),
+            tools: req
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    name: &t.name,
+                    description: &t.description,
+                    input_schema: &t.parameters,
+                })
+                .collect(),
+        };
         client
             .post(format!(
                 "{}/v1/messages",
