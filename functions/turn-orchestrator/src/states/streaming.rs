@@ -72,8 +72,7 @@ pub(crate) async fn preflight_compaction(
         return Ok(messages);
     };
     let prompt = run_prompt(ctx, rec).await?;
-    let chars = serde_json::to_string(&(&prompt.system_prompt, &*messages, &prompt.tools))
-        .map_or(0, |s| s.chars().count() as u64);
+    let chars = json_chars(&(&prompt.system_prompt, &*messages, &prompt.tools));
     if !rec.tree || chars / 4 <= usable_tokens(window) {
         return Ok(messages);
     }
@@ -114,6 +113,27 @@ pub(crate) async fn preflight_compaction(
             tracing::warn!(session = %rec.session_id, error = %e, "pre-flight compaction failed");
             Ok(messages)
         }
+    }
+}
+
+/// The characters of `value` as JSON, counted as it is written rather than from a string of
+/// it (the history can be long, and this runs before every model call).
+fn json_chars(value: &impl serde::Serialize) -> u64 {
+    struct CharCount(u64);
+    impl std::io::Write for CharCount {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            // Every byte but a UTF-8 continuation byte starts a character.
+            self.0 += bytes.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = CharCount(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => 0,
     }
 }
 
@@ -480,4 +500,17 @@ pub(crate) fn with_usable_call_ids(mut message: AgentMessage, turn: u32) -> Agen
         }
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_chars_counts_what_the_string_would_hold() {
+        let value = json!({"text": "héllo → 世界 🦀", "escaped": "a\"b\\c\n", "n": [1, 2.5, null]});
+        let string = serde_json::to_string(&value).unwrap();
+        assert_eq!(json_chars(&value), string.chars().count() as u64);
+        assert_ne!(json_chars(&value), string.len() as u64, "multi-byte characters count once");
+    }
 }
