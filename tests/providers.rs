@@ -141,8 +141,7 @@ async fn stream_with(
     let answer = if attached {
         let messages: Vec<harness_sdk::messages::AgentMessage> =
             serde_json::from_value(messages).unwrap();
-        let attachment =
-            harness_sdk::contracts::provider::messages_attachment(Arc::new(messages));
+        let attachment = harness_sdk::contracts::provider::messages_attachment(Arc::new(messages));
         ctx.trigger_attached(&fid, payload, attachment, Duration::from_secs(30))
             .await
     } else {

@@ -195,7 +195,9 @@ fn wire_messages<'a>(system: Option<&'a str>, history: &'a [AgentMessage]) -> Ve
                                 id,
                                 function: WireCallFunction {
                                     name: function_id,
-                                    arguments: arguments.to_string(),
+                                    // Not `to_string()`: `Display` writes through the
+                                    // formatter, several times slower per message.
+                                    arguments: serde_json::to_string(arguments).unwrap_or_default(),
                                 },
                             }),
                             _ => None,

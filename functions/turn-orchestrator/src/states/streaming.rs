@@ -511,6 +511,10 @@ mod tests {
         let value = json!({"text": "héllo → 世界 🦀", "escaped": "a\"b\\c\n", "n": [1, 2.5, null]});
         let string = serde_json::to_string(&value).unwrap();
         assert_eq!(json_chars(&value), string.chars().count() as u64);
-        assert_ne!(json_chars(&value), string.len() as u64, "multi-byte characters count once");
+        assert_ne!(
+            json_chars(&value),
+            string.len() as u64,
+            "multi-byte characters count once"
+        );
     }
 }
