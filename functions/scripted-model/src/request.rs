@@ -6,7 +6,7 @@
 //! absent, as it did when the body was indexed as JSON.
 
 use serde::Deserialize;
-use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
 
@@ -170,10 +170,10 @@ fn count_holds(when: &str, results: usize) -> bool {
     false
 }
 
-/// Visitor methods that read every scalar as `$absent`.
-macro_rules! absent_scalars {
+/// Visitor methods that read booleans, numbers and null as `$absent`.
+macro_rules! absent_numbers {
     ($t:ty) => {
-        absent_scalars!($t, <$t>::default());
+        absent_numbers!($t, <$t>::default());
     };
     ($t:ty, $absent:expr) => {
         fn visit_bool<E>(self, _: bool) -> Result<$t, E> {
@@ -188,13 +188,42 @@ macro_rules! absent_scalars {
         fn visit_f64<E>(self, _: f64) -> Result<$t, E> {
             Ok($absent)
         }
-        fn visit_str<E>(self, _: &str) -> Result<$t, E> {
-            Ok($absent)
-        }
         fn visit_unit<E>(self) -> Result<$t, E> {
             Ok($absent)
         }
     };
+}
+
+/// [`absent_numbers`] and strings too: every scalar reads as `$absent`.
+macro_rules! absent_scalars {
+    ($t:ty) => {
+        absent_scalars!($t, <$t>::default());
+    };
+    ($t:ty, $absent:expr) => {
+        absent_numbers!($t, $absent);
+        fn visit_str<E>(self, _: &str) -> Result<$t, E> {
+            Ok($absent)
+        }
+    };
+}
+
+/// The elements of a list, each one that is not an object read as `T::default()`.
+fn lenient_list<'de, T, A>(mut seq: A) -> Result<Vec<T>, A::Error>
+where
+    T: Deserialize<'de> + Default,
+    A: SeqAccess<'de>,
+{
+    let mut out = Vec::new();
+    while let Some(item) = seq.next_element::<Lenient<T>>()? {
+        out.push(item.0.unwrap_or_default());
+    }
+    Ok(out)
+}
+
+/// Read past an object.
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
 }
 
 // Lenient readers: a list that is not a list, or content that is neither a string nor a list,
@@ -208,19 +237,11 @@ impl<'de> Deserialize<'de> for Messages {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a list of messages")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Messages, A::Error> {
-                let mut out = Vec::new();
-                while let Some(m) = seq.next_element::<Lenient<Message>>()? {
-                    out.push(m.0.unwrap_or_default());
-                }
-                Ok(Messages(out))
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Messages, A::Error> {
+                lenient_list(seq).map(Messages)
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Messages, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Messages::default())
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Messages, A::Error> {
+                skip_map(map).map(|()| Messages::default())
             }
             absent_scalars!(Messages);
         }
@@ -242,35 +263,13 @@ impl<'de> Deserialize<'de> for Content {
             fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Content, E> {
                 Ok(Content::Text(s))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
-                let mut out = Vec::new();
-                while let Some(b) = seq.next_element::<Lenient<Block>>()? {
-                    out.push(b.0.unwrap_or_default());
-                }
-                Ok(Content::Blocks(out))
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
+                lenient_list(seq).map(Content::Blocks)
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Content, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Content::None)
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Content, A::Error> {
+                skip_map(map).map(|()| Content::None)
             }
-            fn visit_bool<E>(self, _: bool) -> Result<Content, E> {
-                Ok(Content::None)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Content, E> {
-                Ok(Content::None)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Content, E> {
-                Ok(Content::None)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Content, E> {
-                Ok(Content::None)
-            }
-            fn visit_unit<E>(self) -> Result<Content, E> {
-                Ok(Content::None)
-            }
+            absent_numbers!(Content);
         }
         d.deserialize_any(V)
     }
@@ -287,10 +286,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Lenient<T> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> Result<Lenient<T>, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Lenient<T>, A::Error> {
                 T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(|t| Lenient(Some(t)))
             }
