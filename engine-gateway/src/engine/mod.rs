@@ -58,8 +58,9 @@ pub struct Invocation {
     pub trace: TraceContext,
     /// The worker (connection) that made the call, when it came from one.
     pub caller: Option<String>,
-    /// Part of the payload handed over unserialized, for a handler registered with
-    /// [`Engine::register_local_attached`]; every other handler gets it written into `data`.
+    /// Part of the payload handed over unserialized, for a handler registered as taking
+    /// attachments ([`Engine::register_in_process`]); every other handler gets it written
+    /// into `data`.
     pub attachment: Option<Attachment>,
 }
 

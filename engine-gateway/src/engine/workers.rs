@@ -219,18 +219,10 @@ impl Engine {
         self.register_in_process(owner, def, handler, false)
     }
 
-    /// [`Self::register_local`] for a handler that reads [`Invocation::attachment`] itself
-    /// (an in-process caller's attachment then reaches it unserialized).
-    pub fn register_local_attached(
-        &self,
-        owner: &str,
-        def: RegisterFunction,
-        handler: Handler,
-    ) -> Result<(), ErrorBody> {
-        self.register_in_process(owner, def, handler, true)
-    }
-
-    fn register_in_process(
+    /// [`Self::register_local`], saying whether the handler reads [`Invocation::attachment`]
+    /// itself (`attachments`: an in-process caller's attachment then reaches it unserialized;
+    /// otherwise it is written into the payload first).
+    pub fn register_in_process(
         &self,
         owner: &str,
         def: RegisterFunction,

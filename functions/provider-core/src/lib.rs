@@ -405,6 +405,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
     complete_def.description = Some(format!(
         "A completion from {name}, answered as the final assistant message."
     ));
+    let complete_id = complete_def.id.clone();
     w.register_function(complete_def, move |ctx, data: Value| {
         let (d, c) = (dialect.clone(), client.clone());
         async move {
@@ -413,7 +414,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
             Ok(serde_json::to_value(message).unwrap_or(Value::Null))
         }
     });
-    w.accept_attachments(&format!("provider::{name}::complete"));
+    w.accept_attachments(&complete_id);
     w
 }
 

@@ -87,12 +87,12 @@ impl Ctx {
 
     /// The same call at another position in its trace.
     pub(crate) fn at(&self, trace: TraceContext) -> Ctx {
-        Ctx::new(self.bus.clone(), trace, "").with_function_id(&self.function_id)
-    }
-
-    fn with_function_id(mut self, function_id: &Arc<str>) -> Self {
-        self.function_id = function_id.clone();
-        self
+        Ctx {
+            bus: self.bus.clone(),
+            trace,
+            function_id: self.function_id.clone(),
+            attachment: None,
+        }
     }
 
     /// The same context with one more baggage entry (travels to every downstream call).

@@ -165,11 +165,7 @@ pub fn run_embedded(worker: Worker, engine: &Arc<Engine>) -> Result<WorkerHandle
             }
             .boxed()
         });
-        if spec.attachments {
-            engine.register_local_attached(&worker_id, spec.def.clone(), handler)?;
-        } else {
-            engine.register_local(&worker_id, spec.def.clone(), handler)?;
-        }
+        engine.register_in_process(&worker_id, spec.def.clone(), handler, spec.attachments)?;
     }
     for t in worker.triggers() {
         engine
