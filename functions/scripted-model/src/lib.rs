@@ -608,6 +608,16 @@ mod tests {
         // Not JSON: an error (the server answers 400 with it).
         assert!(read("{\"messages\": [").is_err());
         assert!(read("nonsense").is_err());
+        // Nesting past the parser's depth limit is refused too (and does not overflow the
+        // stack): in the messages, in a message's content, and in a block.
+        let deep = "[".repeat(100_000);
+        for body in [
+            format!("{{\"messages\": {deep}"),
+            format!("{{\"messages\": [{{\"content\": {deep}"),
+            format!("{{\"messages\": [{{\"content\": [{{\"text\": {deep}"),
+        ] {
+            assert!(read(&body).is_err(), "{}", &body[..40]);
+        }
         // JSON of the wrong shape reads as absent, never as an error or a panic.
         for body in [
             "[]",
