@@ -122,6 +122,26 @@ pub struct ChangeRecord {
     pub baggage: Option<String>,
 }
 
+impl ChangeRecord {
+    /// What acknowledging this record needs (its place in the feed: `seq`, `position`), without
+    /// its values or trace context. Dispatched records wait for their handlers and then up to
+    /// `ACK_INTERVAL` for their acknowledgement; kept whole, their old and new values (a turn
+    /// record each, as JSON trees) were about half of the heap of a busy harness.
+    pub fn acknowledgement(&self) -> ChangeRecord {
+        ChangeRecord {
+            seq: self.seq,
+            position: self.position.clone(),
+            kind: self.kind,
+            scope: String::new(),
+            key: String::new(),
+            old_value: None,
+            new_value: None,
+            traceparent: None,
+            baggage: None,
+        }
+    }
+}
+
 /// Who wrote: carried into the change record.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WriteMeta {

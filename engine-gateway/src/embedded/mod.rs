@@ -115,9 +115,11 @@ pub struct EmbeddedBackend {
     wal: Arc<Wal>,
     /// Allocated inside the (serialized) write transaction, so seq order is commit order.
     change_seq: Arc<AtomicU64>,
-    /// Committed, not yet handed out changes, in seq order (the on-disk table is the truth
-    /// until acked; this is loaded from it at open).
-    feed: Mutex<BTreeMap<u64, ChangeRecord>>,
+    /// The last change record handed out by `next_batch`. The records themselves stay in the
+    /// `changes` table until acknowledged and are read from it in batches: held in memory, a
+    /// burst of writes before the dispatcher drains them (the start-up grace records every
+    /// write) kept each one's old and new values as JSON trees, without a bound.
+    handed_out: Mutex<u64>,
     change_notify: Notify,
     queue_seq: Arc<AtomicU64>,
     queues: Mutex<HashMap<String, MemQueue>>,
@@ -154,7 +156,6 @@ impl EmbeddedBackend {
         let mut queues: HashMap<String, MemQueue> = HashMap::new();
         let mut max_queue_seq = 0u64;
         let mut max_change_seq = 0u64;
-        let mut feed = BTreeMap::new();
         {
             let read = db.begin_read()?;
             for row in read.open_table(QUEUE_CONFIGS)?.iter()? {
@@ -185,18 +186,15 @@ impl EmbeddedBackend {
                 let (k, _) = row?;
                 max_queue_seq = max_queue_seq.max(k.value().1);
             }
-            for row in read.open_table(CHANGES)?.iter()? {
-                let (seq, rec) = row?;
-                let rec: ChangeRecord = serde_json::from_slice(rec.value())?;
-                max_change_seq = max_change_seq.max(seq.value());
-                feed.insert(seq.value(), rec);
+            if let Some((seq, _)) = read.open_table(CHANGES)?.last()? {
+                max_change_seq = seq.value();
             }
         }
         Ok(Arc::new(Self {
             db: Arc::new(db),
             wal: Arc::new(wal),
             change_seq: Arc::new(AtomicU64::new(max_change_seq)),
-            feed: Mutex::new(feed),
+            handed_out: Mutex::new(0),
             change_notify: Notify::new(),
             queue_seq: Arc::new(AtomicU64::new(max_queue_seq)),
             queues: Mutex::new(queues),
@@ -248,12 +246,14 @@ impl EmbeddedBackend {
     {
         validate_address(scope, key)?;
         let seqs = &self.change_seq;
-        let (outcome, change) = self
+        let (outcome, changed) = self
             .commit(meta.deferred(), |txn, log| {
                 write_in(txn, log, seqs, scope, key, expected_version, meta, compute)
             })
             .await?;
-        self.publish(change.into_iter());
+        if changed {
+            self.change_notify.notify_one();
+        }
         Ok(outcome)
     }
 
@@ -265,10 +265,10 @@ impl EmbeddedBackend {
     ) -> Result<Vec<Option<u64>>, StateError> {
         crate::state::check_transaction(&writes)?;
         let seqs = &self.change_seq;
-        let (versions, changes) = self
+        let (versions, changed) = self
             .commit(meta.deferred(), |txn, log| {
                 let mut versions = Vec::with_capacity(writes.len());
-                let mut changes = Vec::new();
+                let mut changed = false;
                 for w in writes {
                     let value = w.value;
                     let (out, change) = write_in(
@@ -282,34 +282,36 @@ impl EmbeddedBackend {
                         move |_| Ok(Some(value)),
                     )?;
                     versions.push(Some(out.version));
-                    changes.extend(change);
+                    changed |= change;
                 }
-                Ok::<_, StateError>((versions, changes))
+                Ok::<_, StateError>((versions, changed))
             })
             .await?;
-        self.publish(changes.into_iter());
-        Ok(versions)
-    }
-
-    /// Hand committed changes to the feed. Only after the commit: a trigger never fires for
-    /// a write that did not happen.
-    fn publish(&self, changes: impl Iterator<Item = ChangeRecord>) {
-        let mut any = false;
-        {
-            let mut feed = self.feed.lock().unwrap_or_else(|p| p.into_inner());
-            for record in changes {
-                feed.insert(record.seq, record);
-                any = true;
-            }
-        }
-        if any {
+        if changed {
             self.change_notify.notify_one();
         }
+        Ok(versions)
     }
 }
 
+/// A change record as `changes` stores it, written from borrowed parts (the same JSON as
+/// [`ChangeRecord`]'s, which reads it back; `position` is a DynamoDB Streams field).
+#[derive(serde::Serialize)]
+struct StoredChange<'a> {
+    seq: u64,
+    kind: ChangeKind,
+    scope: &'a str,
+    key: &'a str,
+    old_value: Option<&'a Value>,
+    new_value: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    baggage: Option<&'a str>,
+}
+
 /// One record's write inside `txn`, with its change record (none for the engine's own scopes
-/// or an unwatched write): checked against `expected_version`, then `compute` maps the current
+/// or an unwatched write; `true` when one was written): checked against `expected_version`, then `compute` maps the current
 /// record to the new value (`None` deletes).
 #[allow(clippy::too_many_arguments)]
 fn write_in<F>(
@@ -321,7 +323,7 @@ fn write_in<F>(
     expected_version: Option<u64>,
     meta: &WriteMeta,
     compute: F,
-) -> Result<(WriteOutcome, Option<ChangeRecord>), StateError>
+) -> Result<(WriteOutcome, bool), StateError>
 where
     F: FnOnce(Option<&Versioned>) -> Result<Option<Value>, StateError>,
 {
@@ -358,19 +360,18 @@ where
             current_version.unwrap_or(0)
         }
     };
-    let mut change = None;
+    let mut changed = false;
     if let (Some(kind), false, false) = (kind, is_reserved_scope(scope), meta.unwatched) {
         let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
-        let record = ChangeRecord {
+        let record = StoredChange {
             seq,
-            position: None,
             kind,
-            scope: scope.to_string(),
-            key: key.to_string(),
-            old_value: old_value.clone(),
-            new_value: new_value.clone(),
-            traceparent: meta.traceparent.clone(),
-            baggage: meta.baggage.clone(),
+            scope,
+            key,
+            old_value: old_value.as_ref(),
+            new_value: new_value.as_ref(),
+            traceparent: meta.traceparent.as_deref(),
+            baggage: meta.baggage.as_deref(),
         };
         let bytes = serde_json::to_vec(&record).map_err(storage)?;
         txn.open_table(CHANGES)
@@ -378,7 +379,7 @@ where
             .insert(seq, bytes.as_slice())
             .map_err(storage)?;
         log.push(Op::ChangePut(seq, bytes));
-        change = Some(record);
+        changed = true;
     }
     Ok((
         WriteOutcome {
@@ -386,7 +387,7 @@ where
             new_value,
             version,
         },
-        change,
+        changed,
     ))
 }
 

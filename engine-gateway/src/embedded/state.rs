@@ -112,6 +112,35 @@ impl StateStore for EmbeddedBackend {
     }
 }
 
+impl EmbeddedBackend {
+    /// The next committed change records after the last one handed out, at most `max`, read
+    /// from the `changes` table (seq order is commit order, and a write transaction is visible
+    /// once committed, so no record can appear later behind one already handed out). A record
+    /// that does not decode is logged and passed over: it could never be delivered, and
+    /// stopping at it would stop every trigger behind it.
+    fn read_changes(&self, max: usize) -> Result<Vec<ChangeRecord>, StateError> {
+        let mut handed_out = self.handed_out.lock().unwrap_or_else(|p| p.into_inner());
+        let read = self.db.begin_read().map_err(storage)?;
+        let table = read.open_table(CHANGES).map_err(storage)?;
+        let mut out = Vec::new();
+        for row in table.range(*handed_out + 1..).map_err(storage)? {
+            if out.len() >= max.max(1) {
+                break;
+            }
+            let (seq, bytes) = row.map_err(storage)?;
+            let seq = seq.value();
+            *handed_out = seq;
+            match serde_json::from_slice::<ChangeRecord>(bytes.value()) {
+                Ok(record) => out.push(record),
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "change record does not decode; passed over")
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 #[async_trait]
 impl ChangeFeed for EmbeddedBackend {
     async fn next_batch(
@@ -122,17 +151,7 @@ impl ChangeFeed for EmbeddedBackend {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.change_notify.notified();
-            let batch: Vec<ChangeRecord> = {
-                let mut feed = self.feed.lock().unwrap_or_else(|p| p.into_inner());
-                let mut out = Vec::new();
-                while out.len() < max {
-                    match feed.pop_first() {
-                        Some((_, r)) => out.push(r),
-                        None => break,
-                    }
-                }
-                out
-            };
+            let batch = self.read_changes(max)?;
             if !batch.is_empty() {
                 return Ok(batch);
             }
@@ -155,5 +174,69 @@ impl ChangeFeed for EmbeddedBackend {
             Ok::<_, StateError>(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn keys(records: &[ChangeRecord]) -> Vec<&str> {
+        records.iter().map(|r| r.key.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn the_feed_reads_changes_from_the_table_once_each_and_passes_over_one_that_does_not_decode()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let wait = Duration::from_millis(50);
+        let meta = WriteMeta::default();
+        let b = EmbeddedBackend::open(dir.path()).unwrap();
+        b.set("s", "a", json!(1), None, &meta).await.unwrap();
+        // A record that does not decode, between two that do.
+        let seq = b.change_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        b.commit(true, |txn, log| {
+            let garbage = b"not a change record".as_slice();
+            txn.open_table(CHANGES)
+                .map_err(storage)?
+                .insert(seq, garbage)
+                .map_err(storage)?;
+            log.push(Op::ChangePut(seq, garbage.to_vec()));
+            Ok::<_, StateError>(())
+        })
+        .await
+        .unwrap();
+        b.set("s", "b", json!(2), None, &meta).await.unwrap();
+
+        let got = b.next_batch(1, wait).await.unwrap();
+        assert_eq!(keys(&got), ["a"], "at most `max` a batch");
+        let got = b.next_batch(10, wait).await.unwrap();
+        assert_eq!(keys(&got), ["b"]);
+        assert_eq!(got[0].new_value, Some(json!(2)));
+        assert!(
+            b.next_batch(10, wait).await.unwrap().is_empty(),
+            "none twice"
+        );
+
+        // Not acknowledged: a restart hands them out again, with their values.
+        drop(b);
+        let b = EmbeddedBackend::open(dir.path()).unwrap();
+        let got = b.next_batch(10, wait).await.unwrap();
+        assert_eq!(keys(&got), ["a", "b"]);
+        assert_eq!(got[0].new_value, Some(json!(1)));
+        // What the dispatcher keeps of them is enough to acknowledge them.
+        let marks: Vec<ChangeRecord> = got.iter().map(ChangeRecord::acknowledgement).collect();
+        assert!(
+            marks
+                .iter()
+                .all(|m| m.new_value.is_none() && m.key.is_empty())
+        );
+        ChangeFeed::ack(b.as_ref(), &marks).await.unwrap();
+        drop(b);
+        let b = EmbeddedBackend::open(dir.path()).unwrap();
+        assert!(b.next_batch(10, wait).await.unwrap().is_empty());
+        b.set("s", "c", json!(3), None, &meta).await.unwrap();
+        assert_eq!(keys(&b.next_batch(10, wait).await.unwrap()), ["c"]);
     }
 }

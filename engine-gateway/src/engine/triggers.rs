@@ -254,7 +254,8 @@ impl Engine {
 /// which at-least-once allows). At 200 ms the AWS backend wrote 6 checkpoints per tool call.
 pub(super) const ACK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Change-feed records handed to their triggers, waiting for every handler to settle.
+/// Change-feed records handed to their triggers, waiting for every handler to settle (only
+/// what their acknowledgement needs: the handlers hold their own copies).
 pub(super) struct Dispatched {
     records: Vec<ChangeRecord>,
     handlers: Vec<JoinHandle<bool>>,
@@ -337,7 +338,7 @@ pub(super) async fn run_state_dispatcher(engine: Weak<Engine>) {
             }
             handlers.extend(e.fire_lambda_state_batch(&batch));
             unsettled.push_back(Dispatched {
-                records: batch,
+                records: batch.iter().map(ChangeRecord::acknowledgement).collect(),
                 handlers,
             });
         }
