@@ -311,8 +311,8 @@ struct StoredChange<'a> {
 }
 
 /// One record's write inside `txn`, with its change record (none for the engine's own scopes
-/// or an unwatched write; `true` when one was written): checked against `expected_version`, then `compute` maps the current
-/// record to the new value (`None` deletes).
+/// or an unwatched write; `true` when one was written): checked against `expected_version`,
+/// then `compute` maps the current record to the new value (`None` deletes).
 #[allow(clippy::too_many_arguments)]
 fn write_in<F>(
     txn: &WriteTransaction,

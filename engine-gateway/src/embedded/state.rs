@@ -191,7 +191,13 @@ mod tests {
      {
         let dir = tempfile::tempdir().unwrap();
         let wait = Duration::from_millis(50);
-        let meta = WriteMeta::default();
+        // The stored form is written from borrowed parts and read back as a `ChangeRecord`:
+        // every field must survive the trip, the trace context too.
+        let meta = WriteMeta {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            baggage: Some("tenant=a".into()),
+            ..WriteMeta::default()
+        };
         let b = EmbeddedBackend::open(dir.path()).unwrap();
         b.set("s", "a", json!(1), None, &meta).await.unwrap();
         // A record that does not decode, between two that do.
@@ -225,6 +231,14 @@ mod tests {
         let got = b.next_batch(10, wait).await.unwrap();
         assert_eq!(keys(&got), ["a", "b"]);
         assert_eq!(got[0].new_value, Some(json!(1)));
+        assert_eq!(got[1].old_value, None);
+        assert_eq!(
+            (got[1].kind, got[1].scope.as_str()),
+            (ChangeKind::Created, "s")
+        );
+        assert_eq!(got[1].traceparent, meta.traceparent);
+        assert_eq!(got[1].baggage, meta.baggage);
+        assert!(got[0].seq < got[1].seq && got[1].position.is_none());
         // What the dispatcher keeps of them is enough to acknowledge them.
         let marks: Vec<ChangeRecord> = got.iter().map(ChangeRecord::acknowledgement).collect();
         assert!(
