@@ -43,6 +43,22 @@ fn write_meta_of(engine: &Engine, inv: &Invocation) -> WriteMeta {
     meta
 }
 
+/// A transaction's meta, marked unwatched when no trigger watches the scope of any of its
+/// writes (its stream items are in the engine's own scopes, which never have change records).
+/// One watched scope records them all; the dispatcher drops the ones nobody watches.
+fn transact_meta_of(engine: &Engine, inv: &Invocation) -> WriteMeta {
+    let mut meta = meta_of(inv);
+    meta.unwatched = match inv.data.get("writes") {
+        Some(Value::Array(writes)) => writes.iter().all(|w| {
+            w["scope"]
+                .as_str()
+                .is_some_and(|scope| engine.scope_unwatched(scope))
+        }),
+        _ => true,
+    };
+    meta
+}
+
 fn add<F, Fut>(engine: &Arc<Engine>, id: &str, description: &str, request: Value, f: F)
 where
     F: Fn(Arc<Engine>, Invocation) -> Fut + Send + Sync + 'static,
@@ -342,7 +358,7 @@ pub fn register(engine: &Arc<Engine>) {
             }),
         ),
         |e, mut inv| async move {
-            let meta = meta_of(&inv);
+            let meta = transact_meta_of(&e, &inv);
             let (answer, items) =
                 crate::state_api::transact(e.state.as_ref(), &mut inv.data, &meta).await?;
             // Pushed only after the commit, in order; whether an item was new is not known.

@@ -631,6 +631,15 @@ async fn a_trigger_sees_the_changes_from_its_registration_on() {
     let client = remote(&srv, Worker::new("writer"));
     let ctx = client.ctx();
     ctx.state_set("late", "k", json!(1)).await.unwrap();
+    let transact = |writes: Value| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.trigger("state::transact", json!({ "writes": writes }))
+                .await
+                .unwrap()
+        }
+    };
+    transact(json!([{"scope": "late", "key": "t", "value": 1}])).await;
 
     let events: Arc<Mutex<Vec<Value>>> = Arc::default();
     let e = events.clone();
@@ -666,12 +675,32 @@ async fn a_trigger_sees_the_changes_from_its_registration_on() {
         after_registration().is_some()
     })
     .await;
+    // A transaction that touches a watched scope records its changes; one write to a watched
+    // scope is enough (the dispatcher drops the other scope's).
+    transact(json!([{"scope": "late", "key": "t", "value": 2}, {"scope": "other", "key": "o", "value": 1}])).await;
+    let transacted = || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|e| e["key"] == "t")
+            .cloned()
+    };
+    wait_for("the transaction's change", || async {
+        transacted().is_some()
+    })
+    .await;
+    assert_eq!(
+        transacted().map(|e| (e["old_value"].clone(), e["new_value"].clone())),
+        Some((json!(1), json!(2))),
+        "a transaction's change carries the value it replaced"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     if !common::aws_backend() {
         // DynamoDB Streams carry every write (and may deliver the first one after the trigger
         // registered); only the embedded feed skips unwatched ones.
         let ev = events.lock().unwrap().clone();
-        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev.len(), 2, "{ev:?}");
     }
     assert_eq!(
         after_registration().map(|e| e["old_value"].clone()),

@@ -8,6 +8,7 @@
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,19 +243,29 @@ impl EmbeddedBackend {
         compute: F,
     ) -> Result<WriteOutcome, StateError>
     where
-        F: FnOnce(Option<&Versioned>) -> Result<Option<Value>, StateError> + Send + 'static,
+        F: FnOnce(Option<&Current>) -> Result<Option<Value>, StateError> + Send + 'static,
     {
         validate_address(scope, key)?;
         let seqs = &self.change_seq;
-        let (outcome, changed) = self
+        let written = self
             .commit(meta.deferred(), |txn, log| {
-                write_in(txn, log, seqs, scope, key, expected_version, meta, compute)
+                write_in(
+                    txn,
+                    log,
+                    seqs,
+                    scope,
+                    key,
+                    expected_version,
+                    meta,
+                    true,
+                    compute,
+                )
             })
             .await?;
-        if changed {
+        if written.recorded {
             self.change_notify.notify_one();
         }
-        Ok(outcome)
+        Ok(written.outcome)
     }
 
     /// Several conditional writes in one redb transaction: all commit or none does.
@@ -271,7 +282,7 @@ impl EmbeddedBackend {
                 let mut changed = false;
                 for w in writes {
                     let value = w.value;
-                    let (out, change) = write_in(
+                    let written = write_in(
                         txn,
                         log,
                         seqs,
@@ -279,10 +290,11 @@ impl EmbeddedBackend {
                         &w.key,
                         w.expected_version,
                         meta,
+                        false,
                         move |_| Ok(Some(value)),
                     )?;
-                    versions.push(Some(out.version));
-                    changed |= change;
+                    versions.push(Some(written.outcome.version));
+                    changed |= written.recorded;
                 }
                 Ok::<_, StateError>((versions, changed))
             })
@@ -294,6 +306,40 @@ impl EmbeddedBackend {
     }
 }
 
+impl EmbeddedBackend {
+    /// Unconditional writes in one transaction (one commit and one log record for a batch of
+    /// stream items, instead of one each); whether each record existed before.
+    pub(crate) async fn set_many_in_one(
+        &self,
+        items: Vec<(String, String, Value)>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<bool>>, StateError> {
+        for (scope, key, _) in &items {
+            validate_address(scope, key)?;
+        }
+        let seqs = &self.change_seq;
+        let (existed, changed) = self
+            .commit(meta.deferred(), |txn, log| {
+                let mut existed = Vec::with_capacity(items.len());
+                let mut changed = false;
+                for (scope, key, value) in items {
+                    let written =
+                        write_in(txn, log, seqs, &scope, &key, None, meta, false, move |_| {
+                            Ok(Some(value))
+                        })?;
+                    existed.push(Some(written.existed));
+                    changed |= written.recorded;
+                }
+                Ok::<_, StateError>((existed, changed))
+            })
+            .await?;
+        if changed {
+            self.change_notify.notify_one();
+        }
+        Ok(existed)
+    }
+}
+
 /// A change record as `changes` stores it, written from borrowed parts (the same JSON as
 /// [`ChangeRecord`]'s, which reads it back; `position` is a DynamoDB Streams field).
 #[derive(serde::Serialize)]
@@ -302,17 +348,45 @@ struct StoredChange<'a> {
     kind: ChangeKind,
     scope: &'a str,
     key: &'a str,
-    old_value: Option<&'a Value>,
-    new_value: Option<&'a Value>,
+    old_value: Option<&'a RawValue>,
+    new_value: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     traceparent: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     baggage: Option<&'a str>,
 }
 
+/// A record as `state` holds it: its version, then its value's JSON, decoded only when
+/// someone needs the value (an update's base, a single write's answer). A transaction's
+/// writes and its change records do not: they carry the bytes as they are.
+pub(super) struct Current {
+    version: u64,
+    bytes: Vec<u8>,
+}
+
+impl Current {
+    fn new(bytes: Vec<u8>) -> Result<Self, StateError> {
+        let version = bytes
+            .get(..8)
+            .and_then(|v| v.try_into().ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| StateError::Storage("corrupt state record".into()))?;
+        Ok(Self { version, bytes })
+    }
+
+    pub(super) fn value(&self) -> Result<Value, StateError> {
+        serde_json::from_slice(&self.bytes[8..]).map_err(storage)
+    }
+
+    fn raw(&self) -> Result<&RawValue, StateError> {
+        serde_json::from_slice(&self.bytes[8..]).map_err(storage)
+    }
+}
+
 /// One record's write inside `txn`, with its change record (none for the engine's own scopes
-/// or an unwatched write; `true` when one was written): checked against `expected_version`,
-/// then `compute` maps the current record to the new value (`None` deletes).
+/// or an unwatched write): checked against `expected_version`,
+/// then `compute` maps the current record to the new value (`None` deletes). The answer's
+/// `old_value` is decoded only when `want_old`.
 #[allow(clippy::too_many_arguments)]
 fn write_in<F>(
     txn: &WriteTransaction,
@@ -322,31 +396,57 @@ fn write_in<F>(
     key: &str,
     expected_version: Option<u64>,
     meta: &WriteMeta,
+    want_old: bool,
     compute: F,
-) -> Result<(WriteOutcome, bool), StateError>
+) -> Result<Written, StateError>
 where
-    F: FnOnce(Option<&Versioned>) -> Result<Option<Value>, StateError>,
+    F: FnOnce(Option<&Current>) -> Result<Option<Value>, StateError>,
 {
     let mut table = txn.open_table(STATE).map_err(storage)?;
     let k = state_key(scope, key);
     let current = match table.get(k.as_str()).map_err(storage)? {
-        Some(g) => Some(decode(g.value())?),
+        Some(g) => Some(Current::new(g.value().to_vec())?),
         None => None,
     };
     let current_version = current.as_ref().map(|c| c.version);
     check_expected(scope, key, expected_version, current_version)?;
     let new_value = compute(current.as_ref())?;
-    let old_value = current.map(|c| c.value);
-    let kind = match (&old_value, &new_value) {
+    let kind = match (&current, &new_value) {
         (None, Some(_)) => Some(ChangeKind::Created),
         (Some(_), Some(_)) => Some(ChangeKind::Updated),
         (Some(_), None) => Some(ChangeKind::Deleted),
         (None, None) => None,
     };
-    let version = match &new_value {
-        Some(v) => {
-            let version = crate::state::next_version(current_version);
-            let bytes = encode(version, v);
+    let recorded = kind.filter(|_| !is_reserved_scope(scope) && !meta.unwatched);
+    // Computed once: a first version is a clock reading.
+    let next_version = crate::state::next_version(current_version);
+    let new_bytes = new_value.as_ref().map(|v| encode(next_version, v));
+    if let Some(kind) = recorded {
+        let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
+        let record = StoredChange {
+            seq,
+            kind,
+            scope,
+            key,
+            old_value: current.as_ref().map(Current::raw).transpose()?,
+            new_value: new_bytes
+                .as_deref()
+                .map(|b| serde_json::from_slice(&b[8..]))
+                .transpose()
+                .map_err(storage)?,
+            traceparent: meta.traceparent.as_deref(),
+            baggage: meta.baggage.as_deref(),
+        };
+        let bytes = serde_json::to_vec(&record).map_err(storage)?;
+        txn.open_table(CHANGES)
+            .map_err(storage)?
+            .insert(seq, bytes.as_slice())
+            .map_err(storage)?;
+        log.push(Op::ChangePut(seq, bytes));
+    }
+    let version = match new_bytes {
+        Some(bytes) => {
+            let version = next_version;
             table
                 .insert(k.as_str(), bytes.as_slice())
                 .map_err(storage)?;
@@ -360,35 +460,28 @@ where
             current_version.unwrap_or(0)
         }
     };
-    let mut changed = false;
-    if let (Some(kind), false, false) = (kind, is_reserved_scope(scope), meta.unwatched) {
-        let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
-        let record = StoredChange {
-            seq,
-            kind,
-            scope,
-            key,
-            old_value: old_value.as_ref(),
-            new_value: new_value.as_ref(),
-            traceparent: meta.traceparent.as_deref(),
-            baggage: meta.baggage.as_deref(),
-        };
-        let bytes = serde_json::to_vec(&record).map_err(storage)?;
-        txn.open_table(CHANGES)
-            .map_err(storage)?
-            .insert(seq, bytes.as_slice())
-            .map_err(storage)?;
-        log.push(Op::ChangePut(seq, bytes));
-        changed = true;
-    }
-    Ok((
-        WriteOutcome {
+    let old_value = match (&current, want_old) {
+        (Some(c), true) => Some(c.value()?),
+        _ => None,
+    };
+    Ok(Written {
+        outcome: WriteOutcome {
             old_value,
             new_value,
             version,
         },
-        changed,
-    ))
+        recorded: recorded.is_some(),
+        existed: current.is_some(),
+    })
+}
+
+/// What [`write_in`] did.
+struct Written {
+    outcome: WriteOutcome,
+    /// A change record was written.
+    recorded: bool,
+    /// The record existed before the write.
+    existed: bool,
 }
 
 impl From<String> for StateError {

@@ -38,9 +38,10 @@ impl StateStore for EmbeddedBackend {
         meta: &WriteMeta,
     ) -> Result<WriteOutcome, StateError> {
         self.write(scope, key, expected_version, meta, move |current| {
-            let base = current
-                .map(|c| c.value.clone())
-                .unwrap_or_else(|| Value::Object(Default::default()));
+            let base = match current {
+                Some(c) => c.value()?,
+                None => Value::Object(Default::default()),
+            };
             apply_ops(base, &ops).map(Some)
         })
         .await
@@ -55,6 +56,14 @@ impl StateStore for EmbeddedBackend {
     ) -> Result<WriteOutcome, StateError> {
         self.write(scope, key, expected_version, meta, |_| Ok(None))
             .await
+    }
+
+    async fn set_many(
+        &self,
+        items: Vec<(String, String, Value)>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Option<bool>>, StateError> {
+        self.set_many_in_one(items, meta).await
     }
 
     async fn transact(
@@ -77,39 +86,58 @@ impl StateStore for EmbeddedBackend {
         }
         let start = state_key(scope, prefix.unwrap_or(""));
         let after = after.map(|a| state_key(scope, a));
+        // A small page (an inbox peek, a session's few heads) is read in place like a point
+        // read: the hand-off to the blocking pool and back cost more than the scan (about
+        // 60 µs against 10). A large one may decode megabytes, so it leaves the runtime.
+        if limit <= LIST_IN_PLACE_MAX {
+            return scan_page(&self.db, &start, after.as_deref(), scope.len() + 1, limit);
+        }
         let scope_len = scope.len() + 1;
-        self.blocking(move |db| {
-            use std::ops::Bound;
-            let read = db.begin_read().map_err(storage)?;
-            let table = read.open_table(STATE).map_err(storage)?;
-            let from = match after.as_deref() {
-                Some(a) if a >= start.as_str() => Bound::Excluded(a),
-                _ => Bound::Included(start.as_str()),
-            };
-            let mut out = Vec::new();
-            for row in table
-                .range::<&str>((from, Bound::Unbounded))
-                .map_err(storage)?
-            {
-                let (k, v) = row.map_err(storage)?;
-                let k = k.value();
-                if !k.starts_with(start.as_str()) {
-                    break;
-                }
-                if out.len() == limit {
-                    return Ok((out, true));
-                }
-                let rec = decode(v.value())?;
-                out.push(Entry {
-                    key: k[scope_len..].to_string(),
-                    value: rec.value,
-                    version: rec.version,
-                });
-            }
-            Ok((out, false))
-        })
-        .await
+        self.blocking(move |db| scan_page(db, &start, after.as_deref(), scope_len, limit))
+            .await
     }
+}
+
+/// The largest `state::list` page read without leaving the caller's task.
+const LIST_IN_PLACE_MAX: usize = 64;
+
+/// Up to `limit` records whose keys start with `start` (scope and prefix), after `after`;
+/// `true` when more follow. `scope_len` is cut from each key.
+fn scan_page(
+    db: &Database,
+    start: &str,
+    after: Option<&str>,
+    scope_len: usize,
+    limit: usize,
+) -> Result<(Vec<Entry>, bool), StateError> {
+    use std::ops::Bound;
+    let read = db.begin_read().map_err(storage)?;
+    let table = read.open_table(STATE).map_err(storage)?;
+    let from = match after {
+        Some(a) if a >= start => Bound::Excluded(a),
+        _ => Bound::Included(start),
+    };
+    let mut out = Vec::new();
+    for row in table
+        .range::<&str>((from, Bound::Unbounded))
+        .map_err(storage)?
+    {
+        let (k, v) = row.map_err(storage)?;
+        let k = k.value();
+        if !k.starts_with(start) {
+            break;
+        }
+        if out.len() == limit {
+            return Ok((out, true));
+        }
+        let rec = decode(v.value())?;
+        out.push(Entry {
+            key: k[scope_len..].to_string(),
+            value: rec.value,
+            version: rec.version,
+        });
+    }
+    Ok((out, false))
 }
 
 impl EmbeddedBackend {
