@@ -19,8 +19,19 @@
 //! A record reaches the kernel as soon as it is appended, so a killed process loses nothing
 //! it committed. Only a machine crash can lose the records after the last fdatasync, and the
 //! log then ends at an earlier commit.
+//!
+//! redb sees the writes through one write transaction that stays open across many of them:
+//! a write computes its effects reading that transaction, appends them to the log, and only
+//! then applies them to it, so nobody reads what the log does not hold. Every read goes
+//! through the same transaction, so it sees every logged write. It is committed (without an
+//! fsync) every `WRITES_PER_COMMIT` writes and durably at a checkpoint: a redb commit (page
+//! allocation, checksums, root updates) cost more than the write itself, once per write.
+//! A killed process loses the uncommitted part with the transaction; the log replays it.
 
-use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+    WriteTransaction,
+};
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -44,6 +55,9 @@ const APPLIED_LSN: &str = "wal_lsn";
 const CHECKPOINT_BYTES: u64 = 8 << 20;
 /// Zero-filled ahead of the writes (a record past it still lands; the file just grows).
 const PREALLOCATED_BYTES: u64 = CHECKPOINT_BYTES + (1 << 20);
+/// Writes applied to the open transaction before it is committed to redb (in memory): bounds
+/// the dirty pages it holds.
+const WRITES_PER_COMMIT: u32 = 64;
 
 /// One physical effect of a write transaction.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,6 +141,35 @@ struct Tail {
     next_lsn: u64,
     /// Where the next record goes (the bytes written since the last checkpoint).
     bytes: u64,
+    /// The transaction every write is applied to and every read goes through (begun when
+    /// first needed, committed every `WRITES_PER_COMMIT` writes and at a checkpoint).
+    open: Option<WriteTransaction>,
+    /// Writes applied to `open` since it began.
+    applied: u32,
+}
+
+impl Tail {
+    /// The open transaction, begun if there is none.
+    fn txn(&mut self, db: &Database) -> Result<&WriteTransaction, WalError> {
+        if self.open.is_none() {
+            let mut txn = db.begin_write()?;
+            txn.set_durability(Durability::None)?;
+            self.open = Some(txn);
+            self.applied = 0;
+        }
+        // Just set when it was empty.
+        self.open
+            .as_ref()
+            .ok_or_else(|| WalError::Failed("no open transaction".into()))
+    }
+
+    /// Commit the open transaction to redb without an fsync (the log holds its writes).
+    fn commit_open(&mut self) -> Result<(), WalError> {
+        if let Some(txn) = self.open.take() {
+            txn.commit()?;
+        }
+        Ok(())
+    }
 }
 
 impl Wal {
@@ -197,6 +240,8 @@ impl Wal {
             tail: Mutex::new(Tail {
                 next_lsn: last + 1,
                 bytes: 0,
+                open: None,
+                applied: 0,
             }),
             file: wrap(file),
             path: display,
@@ -207,9 +252,11 @@ impl Wal {
         })
     }
 
-    /// Run `f` in one write transaction, commit it (without an fsync), and log its effects.
-    /// Returns `f`'s value and the record's sequence number (0 when it changed nothing);
-    /// `sync_to` with that number makes it durable.
+    /// Run `f` against the store as it is (every logged write included), log the effects it
+    /// names, then apply them. `f` only reads the transaction it is given: its effects go in
+    /// the list, so that nothing is visible before the log holds it. Returns `f`'s value and
+    /// the record's sequence number (0 when it changed nothing); `sync_to` with that number
+    /// makes it durable.
     pub(crate) fn write<T, E>(
         &self,
         db: &Database,
@@ -220,37 +267,67 @@ impl Wal {
     {
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         self.check()?;
-        let mut txn = db.begin_write().map_err(WalError::from)?;
-        txn.set_durability(Durability::None)
-            .map_err(WalError::from)?;
         let mut ops = Vec::new();
-        let out = f(&txn, &mut ops)?;
+        let out = f(tail.txn(db)?, &mut ops)?;
         if ops.is_empty() {
-            txn.commit().map_err(WalError::from)?;
             return Ok((out, 0));
         }
-        // The record goes to the log before the commit: a failed append aborts the
-        // transaction, so nobody ever reads what the log does not hold.
         let lsn = tail.next_lsn;
         let record = encode_record(lsn, &ops);
         if let Err(source) = self.file.write_all_at(&record, tail.bytes) {
-            let _ = txn.abort();
+            // Nothing was applied: the open transaction still holds exactly what the log does.
             return Err(self.fail(format!("append: {source}")).into());
-        }
-        if let Err(e) = txn.commit() {
-            // Unsay the record (best effort: zeros end a replay), then stop.
-            let _ = self.file.write_all_at(&[0u8; 16], tail.bytes);
-            return Err(self.fail(format!("commit: {e}")).into());
         }
         tail.next_lsn += 1;
         tail.bytes += record.len() as u64;
         self.appended.store(lsn, Ordering::Release);
-        if tail.bytes > CHECKPOINT_BYTES
-            && let Err(e) = self.checkpoint_locked(db, &mut tail)
-        {
-            self.fail(format!("checkpoint: {e}"));
+        let applied = tail
+            .txn(db)
+            .and_then(|txn| ops.iter().try_for_each(|op| apply(txn, op)));
+        if let Err(e) = applied {
+            // Half applied: reads fall back to redb's last commit, writes stop, and a restart
+            // replays the log, which holds this record whole.
+            tail.open = None;
+            return Err(self.fail(format!("apply: {e}")).into());
+        }
+        tail.applied += 1;
+        let flushed = if tail.bytes > CHECKPOINT_BYTES {
+            self.checkpoint_locked(db, &mut tail)
+                .map_err(|e| format!("checkpoint: {e}"))
+        } else if tail.applied >= WRITES_PER_COMMIT {
+            tail.commit_open().map_err(|e| format!("commit: {e}"))
+        } else {
+            Ok(())
+        };
+        if let Err(why) = flushed {
+            tail.open = None;
+            self.fail(why);
         }
         Ok((out, lsn))
+    }
+
+    /// Run `f` against the store as it is, every logged write included (`f` only reads).
+    pub(crate) fn read<T, E>(
+        &self,
+        db: &Database,
+        f: impl FnOnce(&WriteTransaction) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<WalError>,
+    {
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        f(tail.txn(db)?)
+    }
+
+    /// A read transaction holding every logged write, for a long scan that should not hold
+    /// up the writers (the open transaction is committed first).
+    pub(crate) fn snapshot(&self, db: &Database) -> Result<ReadTransaction, WalError> {
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = tail.commit_open() {
+            tail.open = None;
+            return Err(self.fail(format!("commit: {e}")));
+        }
+        Ok(db.begin_read()?)
     }
 
     /// `Err(Failed)` once an I/O error stopped the store.
@@ -305,8 +382,12 @@ impl Wal {
 
     fn checkpoint_locked(&self, db: &Database, tail: &mut Tail) -> Result<(), WalError> {
         let last = tail.next_lsn - 1;
-        let txn = db.begin_write()?;
+        tail.txn(db)?;
+        let Some(mut txn) = tail.open.take() else {
+            return Err(WalError::Failed("no open transaction".into()));
+        };
         txn.open_table(META)?.insert(APPLIED_LSN, last)?;
+        txn.set_durability(Durability::Immediate)?;
         txn.commit()?;
         // The old records stay behind the new ones until overwritten; replay skips them (their
         // numbers are not above the checkpoint's) and stops at the first one out of sequence.
@@ -518,7 +599,6 @@ fn parse(buf: &[u8]) -> Vec<(u64, Vec<Op>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redb::ReadableDatabase;
 
     fn all_ops() -> Vec<Op> {
         vec![
@@ -561,15 +641,24 @@ mod tests {
         assert_eq!(parse(&bad).len(), 2);
     }
 
-    fn state_of(db: &Database, key: &str) -> Option<Vec<u8>> {
+    /// `key`'s value as the store reads it: every logged write included.
+    fn state_of(wal: &Wal, db: &Database, key: &str) -> Option<Vec<u8>> {
+        wal.read(db, |txn| -> Result<_, WalError> {
+            let t = txn.open_table(STATE)?;
+            Ok(t.get(key)?.map(|g| g.value().to_vec()))
+        })
+        .unwrap()
+    }
+
+    /// `key`'s value in redb's last commit, without the open transaction.
+    fn committed_state_of(db: &Database, key: &str) -> Option<Vec<u8>> {
         let read = db.begin_read().unwrap();
         let t = read.open_table(STATE).unwrap();
         t.get(key).unwrap().map(|g| g.value().to_vec())
     }
 
     fn put(wal: &Wal, db: &Database, key: &str, value: &[u8]) -> u64 {
-        wal.write(db, |txn, log| -> Result<(), WalError> {
-            txn.open_table(STATE)?.insert(key, value)?;
+        wal.write(db, |_, log| -> Result<(), WalError> {
             log.push(Op::StatePut(key.into(), value.to_vec()));
             Ok(())
         })
@@ -604,8 +693,8 @@ mod tests {
         std::fs::write(&wal_path, &torn).unwrap();
         let db = Database::create(dir.path().join("b.redb")).unwrap();
         let wal = Wal::open(&db, &wal_path).unwrap();
-        assert_eq!(state_of(&db, "s\0one").as_deref(), Some(&b"1"[..]));
-        assert_eq!(state_of(&db, "s\0two").as_deref(), Some(&b"2"[..]));
+        assert_eq!(state_of(&wal, &db, "s\0one").as_deref(), Some(&b"1"[..]));
+        assert_eq!(state_of(&wal, &db, "s\0two").as_deref(), Some(&b"2"[..]));
         // Replayed and checkpointed: the log is empty (zero-filled) and numbering goes on.
         assert!(parse(&std::fs::read(&wal_path).unwrap()).is_empty());
         assert_eq!(
@@ -613,14 +702,15 @@ mod tests {
             PREALLOCATED_BYTES
         );
         assert_eq!(put(&wal, &db, "s\0three", b"3"), 3);
+        wal.checkpoint(&db).unwrap();
         drop(wal);
         drop(db);
         // Records the database already holds (by its checkpoint) are not applied twice: a
         // stale log from before a checkpoint would otherwise undo later writes.
         std::fs::write(&wal_path, &saved).unwrap();
         let db = Database::create(dir.path().join("b.redb")).unwrap();
-        let _wal = Wal::open(&db, &wal_path).unwrap();
-        assert_eq!(state_of(&db, "s\0three").as_deref(), Some(&b"3"[..]));
+        let wal = Wal::open(&db, &wal_path).unwrap();
+        assert_eq!(state_of(&wal, &db, "s\0three").as_deref(), Some(&b"3"[..]));
     }
 
     #[test]
@@ -645,9 +735,53 @@ mod tests {
         // record 2 behind it is not, so `s\0a` keeps its value.
         let db = Database::create(dir.path().join("a.redb")).unwrap();
         let wal = Wal::open(&db, &wal_path).unwrap();
-        assert_eq!(state_of(&db, "s\0a").as_deref(), Some(&b"22"[..]));
-        assert_eq!(state_of(&db, "s\0b").as_deref(), Some(&b"3"[..]));
+        assert_eq!(state_of(&wal, &db, "s\0a").as_deref(), Some(&b"22"[..]));
+        assert_eq!(state_of(&wal, &db, "s\0b").as_deref(), Some(&b"3"[..]));
         assert_eq!(put(&wal, &db, "s\0c", b"4"), 4);
+    }
+
+    /// Reads see every logged write at once; redb gets them in batches. A process killed
+    /// before a batch is committed loses nothing: the log holds it.
+    #[test]
+    fn reads_see_logged_writes_before_redb_commits_them_and_a_kill_loses_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let db_path = dir.path().join("a.redb");
+        let wal_path = dir.path().join("engine.wal");
+        {
+            let db = Database::create(&db_path).unwrap();
+            let wal = Wal::open(&db, &wal_path).unwrap();
+            put(&wal, &db, "s\0first", b"1");
+            assert_eq!(state_of(&wal, &db, "s\0first").as_deref(), Some(&b"1"[..]));
+            // A long scan's snapshot commits first, so it holds the write too.
+            let snap = wal.snapshot(&db).unwrap();
+            let t = snap.open_table(STATE).unwrap();
+            assert_eq!(t.get("s\0first").unwrap().unwrap().value(), b"1");
+            drop((t, snap));
+            for i in 0..WRITES_PER_COMMIT - 1 {
+                put(&wal, &db, &format!("s\0k{i}"), b"v");
+            }
+            assert_eq!(committed_state_of(&db, "s\0k0"), None, "not committed yet");
+            put(&wal, &db, "s\0last", b"v");
+            assert_eq!(
+                committed_state_of(&db, "s\0k0").as_deref(),
+                Some(&b"v"[..]),
+                "committed after {WRITES_PER_COMMIT} writes"
+            );
+            // Logged and applied, never committed to redb: then the process dies (the open
+            // transaction goes with it, uncommitted).
+            put(&wal, &db, "s\0unflushed", b"u");
+            assert_eq!(committed_state_of(&db, "s\0unflushed"), None);
+            drop(wal);
+            assert_eq!(committed_state_of(&db, "s\0unflushed"), None);
+        }
+        let db = Database::create(&db_path).unwrap();
+        let wal = Wal::open(&db, &wal_path).unwrap();
+        assert_eq!(
+            committed_state_of(&db, "s\0unflushed").as_deref(),
+            Some(&b"u"[..]),
+            "replayed from the log"
+        );
+        assert_eq!(state_of(&wal, &db, "s\0first").as_deref(), Some(&b"1"[..]));
     }
 
     /// A log file whose appends or fdatasyncs fail on demand (EIO, as a failing disk).
@@ -675,8 +809,7 @@ mod tests {
     }
 
     fn try_put(wal: &Wal, db: &Database, key: &str, value: &[u8]) -> Result<u64, WalError> {
-        wal.write(db, |txn, log| -> Result<(), WalError> {
-            txn.open_table(STATE)?.insert(key, value)?;
+        wal.write(db, |_, log| -> Result<(), WalError> {
             log.push(Op::StatePut(key.into(), value.to_vec()));
             Ok(())
         })
@@ -708,7 +841,7 @@ mod tests {
                     fail_writes.store(true, Ordering::SeqCst);
                     let e = try_put(&wal, &db, "s\0lost", b"2").unwrap_err();
                     // The append failed before the commit: nobody reads what is not logged.
-                    assert_eq!(state_of(&db, "s\0lost"), None);
+                    assert_eq!(state_of(&wal, &db, "s\0lost"), None);
                     e
                 } else {
                     let lsn = try_put(&wal, &db, "s\0unsynced", b"2").unwrap();
@@ -727,20 +860,20 @@ mod tests {
                     let e = try_put(&wal, &db, "s\0after", b"3").unwrap_err();
                     assert!(e.to_string().contains("restart"), "{e}");
                 }
-                assert_eq!(state_of(&db, "s\0after"), None);
+                assert_eq!(state_of(&wal, &db, "s\0after"), None);
                 assert!(wal.sync_to(u64::MAX).is_err());
                 // What was synced is untouched.
-                assert_eq!(state_of(&db, "s\0kept").as_deref(), Some(&b"1"[..]));
+                assert_eq!(state_of(&wal, &db, "s\0kept").as_deref(), Some(&b"1"[..]));
             }
             // Restarted: the synced write is there and writing works again.
             let db = Database::create(&db_path).unwrap();
             let wal = Wal::open(&db, &wal_path).unwrap();
             assert_eq!(
-                state_of(&db, "s\0kept").as_deref(),
+                state_of(&wal, &db, "s\0kept").as_deref(),
                 Some(&b"1"[..]),
                 "{failing}"
             );
-            assert_eq!(state_of(&db, "s\0lost"), None, "{failing}");
+            assert_eq!(state_of(&wal, &db, "s\0lost"), None, "{failing}");
             let lsn = try_put(&wal, &db, "s\0after", b"3").unwrap();
             wal.sync_to(lsn).unwrap();
         }

@@ -317,6 +317,19 @@ impl EmbeddedBackend {
         for (scope, key, _) in &items {
             validate_address(scope, key)?;
         }
+        // A write reads the store as it was before the batch: a key written twice in one
+        // batch would get the same version twice, so such a batch is written one by one.
+        let mut seen = HashSet::with_capacity(items.len());
+        if !items.iter().all(|(s, k, _)| seen.insert((s, k))) {
+            let mut existed = Vec::with_capacity(items.len());
+            for (scope, key, value) in items {
+                let written = self
+                    .write(&scope, &key, None, meta, move |_| Ok(Some(value)))
+                    .await?;
+                existed.push(Some(written.old_value.is_some()));
+            }
+            return Ok(existed);
+        }
         let seqs = &self.change_seq;
         let (existed, changed) = self
             .commit(meta.deferred(), |txn, log| {
@@ -383,7 +396,8 @@ impl Current {
     }
 }
 
-/// One record's write inside `txn`, with its change record (none for the engine's own scopes
+/// One record's write, read from `txn` and written as effects in `log` (applied once
+/// logged), with its change record (none for the engine's own scopes
 /// or an unwatched write): checked against `expected_version`,
 /// then `compute` maps the current record to the new value (`None` deletes). The answer's
 /// `old_value` is decoded only when `want_old`.
@@ -402,9 +416,13 @@ fn write_in<F>(
 where
     F: FnOnce(Option<&Current>) -> Result<Option<Value>, StateError>,
 {
-    let mut table = txn.open_table(STATE).map_err(storage)?;
     let k = state_key(scope, key);
-    let current = match table.get(k.as_str()).map_err(storage)? {
+    let current = match txn
+        .open_table(STATE)
+        .map_err(storage)?
+        .get(k.as_str())
+        .map_err(storage)?
+    {
         Some(g) => Some(Current::new(g.value().to_vec())?),
         None => None,
     };
@@ -438,23 +456,15 @@ where
             baggage: meta.baggage.as_deref(),
         };
         let bytes = serde_json::to_vec(&record).map_err(storage)?;
-        txn.open_table(CHANGES)
-            .map_err(storage)?
-            .insert(seq, bytes.as_slice())
-            .map_err(storage)?;
         log.push(Op::ChangePut(seq, bytes));
     }
     let version = match new_bytes {
         Some(bytes) => {
-            let version = next_version;
-            table
-                .insert(k.as_str(), bytes.as_slice())
-                .map_err(storage)?;
             log.push(Op::StatePut(k, bytes));
-            version
+            next_version
         }
         None => {
-            if table.remove(k.as_str()).map_err(storage)?.is_some() {
+            if current.is_some() {
                 log.push(Op::StateDel(k));
             }
             current_version.unwrap_or(0)

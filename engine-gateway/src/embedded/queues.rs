@@ -23,11 +23,7 @@ impl QueueBackend for EmbeddedBackend {
     async fn declare(&self, cfg: &QueueConfig) -> Result<(), QueueError> {
         let bytes = serde_json::to_vec(cfg).map_err(qstorage)?;
         let name = cfg.name.clone();
-        self.commit(false, |txn, log| {
-            txn.open_table(QUEUE_CONFIGS)
-                .map_err(qstorage)?
-                .insert(name.as_str(), bytes.as_slice())
-                .map_err(qstorage)?;
+        self.commit(false, |_, log| {
             log.push(Op::QueueConfigPut(name, bytes));
             Ok::<_, QueueError>(())
         })
@@ -60,12 +56,8 @@ impl QueueBackend for EmbeddedBackend {
         let seqs = self.queue_seq.clone();
         let deferred = crate::state::baggage_defers(msg.baggage.as_deref());
         let seq = self
-            .commit(deferred, |txn, log| {
+            .commit(deferred, |_, log| {
                 let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
-                txn.open_table(QUEUE_MSGS)
-                    .map_err(qstorage)?
-                    .insert((queue.as_str(), seq), bytes.as_slice())
-                    .map_err(qstorage)?;
                 log.push(Op::MsgPut(queue, seq, bytes));
                 Ok::<_, QueueError>(seq)
             })
@@ -184,11 +176,7 @@ impl QueueBackend for EmbeddedBackend {
             q.msgs.remove(&seq);
             q.notify.notify_one();
         });
-        self.commit(deferred, |txn, log| {
-            txn.open_table(QUEUE_MSGS)
-                .map_err(qstorage)?
-                .remove((queue.as_str(), seq))
-                .map_err(qstorage)?;
+        self.commit(deferred, |_, log| {
             log.push(Op::MsgDel(queue, seq));
             Ok::<_, QueueError>(())
         })
@@ -208,19 +196,11 @@ impl QueueBackend for EmbeddedBackend {
         message.last_error = Some(error.chars().take(2000).collect());
         let bytes = serde_json::to_vec(&message).map_err(qstorage)?;
         let queue = message.queue.clone();
-        self.commit(false, |txn, log| {
-            let mut msgs = txn.open_table(QUEUE_MSGS).map_err(qstorage)?;
+        self.commit(false, |_, log| {
             if dead_letter {
-                msgs.remove((queue.as_str(), seq)).map_err(qstorage)?;
-                txn.open_table(QUEUE_DEAD)
-                    .map_err(qstorage)?
-                    .insert((queue.as_str(), seq), bytes.as_slice())
-                    .map_err(qstorage)?;
                 log.push(Op::MsgDel(queue.clone(), seq));
                 log.push(Op::DeadPut(queue, seq, bytes));
             } else {
-                msgs.insert((queue.as_str(), seq), bytes.as_slice())
-                    .map_err(qstorage)?;
                 log.push(Op::MsgPut(queue, seq, bytes));
             }
             Ok::<_, QueueError>(())
@@ -258,8 +238,7 @@ impl QueueBackend for EmbeddedBackend {
             .commit(false, |txn, log| {
                 let mut out = Vec::new();
                 {
-                    let mut dead = txn.open_table(QUEUE_DEAD).map_err(qstorage)?;
-                    let mut msgs = txn.open_table(QUEUE_MSGS).map_err(qstorage)?;
+                    let dead = txn.open_table(QUEUE_DEAD).map_err(qstorage)?;
                     let mut revived = Vec::new();
                     for row in dead
                         .range((name.as_str(), 0)..=(name.as_str(), u64::MAX))
@@ -272,11 +251,8 @@ impl QueueBackend for EmbeddedBackend {
                         revived.push((k.value().1, m));
                     }
                     for (old_seq, m) in revived {
-                        dead.remove((name.as_str(), old_seq)).map_err(qstorage)?;
                         let seq = seqs.fetch_add(1, Ordering::SeqCst) + 1;
                         let bytes = serde_json::to_vec(&m).map_err(qstorage)?;
-                        msgs.insert((name.as_str(), seq), bytes.as_slice())
-                            .map_err(qstorage)?;
                         log.push(Op::DeadDel(name.clone(), old_seq));
                         log.push(Op::MsgPut(name.clone(), seq, bytes));
                         out.push((seq, m));
@@ -305,8 +281,9 @@ impl QueueBackend for EmbeddedBackend {
 
     async fn dead_letters(&self, queue: &str) -> Result<Vec<QueueMessage>, QueueError> {
         let name = queue.to_string();
+        let wal = self.wal.clone();
         self.blocking(move |db| {
-            let read = db.begin_read().map_err(qstorage)?;
+            let read = wal.snapshot(db)?;
             let dead = read.open_table(QUEUE_DEAD).map_err(qstorage)?;
             let mut out = Vec::new();
             for row in dead

@@ -8,13 +8,14 @@ impl StateStore for EmbeddedBackend {
         validate_address(scope, key)?;
         let k = state_key(scope, key);
         // A point read is a few microseconds from redb's cache: done in place, not handed to
-        // the blocking pool (that hand-off cost more than the read).
-        let read = self.db.begin_read().map_err(storage)?;
-        let table = read.open_table(STATE).map_err(storage)?;
-        match table.get(k.as_str()).map_err(storage)? {
-            Some(g) => Ok(Some(decode(g.value())?)),
-            None => Ok(None),
-        }
+        // the blocking pool (that hand-off cost more than the read). The bytes are copied out
+        // and decoded after the store is let go.
+        let bytes = self.wal.read(&self.db, |txn| {
+            let table = txn.open_table(STATE).map_err(storage)?;
+            let bytes = table.get(k.as_str()).map_err(storage)?;
+            Ok::<_, StateError>(bytes.map(|g| g.value().to_vec()))
+        })?;
+        bytes.as_deref().map(decode).transpose()
     }
 
     async fn set(
@@ -89,12 +90,20 @@ impl StateStore for EmbeddedBackend {
         // A small page (an inbox peek, a session's few heads) is read in place like a point
         // read: the hand-off to the blocking pool and back cost more than the scan (about
         // 60 µs against 10). A large one may decode megabytes, so it leaves the runtime.
-        if limit <= LIST_IN_PLACE_MAX {
-            return scan_page(&self.db, &start, after.as_deref(), scope.len() + 1, limit);
-        }
         let scope_len = scope.len() + 1;
-        self.blocking(move |db| scan_page(db, &start, after.as_deref(), scope_len, limit))
-            .await
+        if limit <= LIST_IN_PLACE_MAX {
+            return self.wal.read(&self.db, |txn| {
+                let table = txn.open_table(STATE).map_err(storage)?;
+                scan_page(&table, &start, after.as_deref(), scope_len, limit)
+            });
+        }
+        let wal = self.wal.clone();
+        self.blocking(move |db| {
+            let read = wal.snapshot(db)?;
+            let table = read.open_table(STATE).map_err(storage)?;
+            scan_page(&table, &start, after.as_deref(), scope_len, limit)
+        })
+        .await
     }
 }
 
@@ -104,15 +113,13 @@ const LIST_IN_PLACE_MAX: usize = 64;
 /// Up to `limit` records whose keys start with `start` (scope and prefix), after `after`;
 /// `true` when more follow. `scope_len` is cut from each key.
 fn scan_page(
-    db: &Database,
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
     start: &str,
     after: Option<&str>,
     scope_len: usize,
     limit: usize,
 ) -> Result<(Vec<Entry>, bool), StateError> {
     use std::ops::Bound;
-    let read = db.begin_read().map_err(storage)?;
-    let table = read.open_table(STATE).map_err(storage)?;
     let from = match after {
         Some(a) if a >= start => Bound::Excluded(a),
         _ => Bound::Included(start),
@@ -148,17 +155,22 @@ impl EmbeddedBackend {
     /// stopping at it would stop every trigger behind it.
     fn read_changes(&self, max: usize) -> Result<Vec<ChangeRecord>, StateError> {
         let mut handed_out = self.handed_out.lock().unwrap_or_else(|p| p.into_inner());
-        let read = self.db.begin_read().map_err(storage)?;
-        let table = read.open_table(CHANGES).map_err(storage)?;
-        let mut out = Vec::new();
-        for row in table.range(*handed_out + 1..).map_err(storage)? {
-            if out.len() >= max.max(1) {
-                break;
+        let rows = self.wal.read(&self.db, |txn| {
+            let table = txn.open_table(CHANGES).map_err(storage)?;
+            let mut rows = Vec::new();
+            for row in table.range(*handed_out + 1..).map_err(storage)? {
+                if rows.len() >= max.max(1) {
+                    break;
+                }
+                let (seq, bytes) = row.map_err(storage)?;
+                rows.push((seq.value(), bytes.value().to_vec()));
             }
-            let (seq, bytes) = row.map_err(storage)?;
-            let seq = seq.value();
+            Ok::<_, StateError>(rows)
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (seq, bytes) in rows {
             *handed_out = seq;
-            match serde_json::from_slice::<ChangeRecord>(bytes.value()) {
+            match serde_json::from_slice::<ChangeRecord>(&bytes) {
                 Ok(record) => out.push(record),
                 Err(e) => {
                     tracing::error!(seq, error = %e, "change record does not decode; passed over")
@@ -195,9 +207,7 @@ impl ChangeFeed for EmbeddedBackend {
         };
         // Not waited for on disk: a lost acknowledgement fires the trigger again after a
         // machine crash (at least once), and a killed process loses no log record.
-        self.commit(true, |txn, log| {
-            let mut table = txn.open_table(CHANGES).map_err(storage)?;
-            table.retain_in(..=seq, |_, _| false).map_err(storage)?;
+        self.commit(true, |_, log| {
             log.push(Op::ChangesRetainAfter(seq));
             Ok::<_, StateError>(())
         })
@@ -230,13 +240,8 @@ mod tests {
         b.set("s", "a", json!(1), None, &meta).await.unwrap();
         // A record that does not decode, between two that do.
         let seq = b.change_seq.fetch_add(1, Ordering::SeqCst) + 1;
-        b.commit(true, |txn, log| {
-            let garbage = b"not a change record".as_slice();
-            txn.open_table(CHANGES)
-                .map_err(storage)?
-                .insert(seq, garbage)
-                .map_err(storage)?;
-            log.push(Op::ChangePut(seq, garbage.to_vec()));
+        b.commit(true, |_, log| {
+            log.push(Op::ChangePut(seq, b"not a change record".to_vec()));
             Ok::<_, StateError>(())
         })
         .await
