@@ -1,8 +1,8 @@
 //! The embedded durable backend: state, the change feed and queues in one redb file under the
-//! data dir, with a write-ahead log beside it (`wal`). Every write is one committed
-//! transaction, logged in commit order; a durable write returns once its log record is on disk.
-//! A state write and its change-feed record commit together, so a trigger is never lost for a
-//! committed write. Queue scheduling state (in flight, visibility) is kept in memory: after a
+//! data dir, with a write-ahead log beside it (`wal`). Every write is one log record, in
+//! commit order, applied to redb's open write transaction once appended (redb commits in
+//! batches); a durable write returns once its log record is on disk. A state write and its
+//! change-feed record are one record, so a trigger is never lost for a committed write. Queue scheduling state (in flight, visibility) is kept in memory: after a
 //! crash every unacknowledged message is simply visible again.
 
 use async_trait::async_trait;
