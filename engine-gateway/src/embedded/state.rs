@@ -87,44 +87,52 @@ impl StateStore for EmbeddedBackend {
         }
         let start = state_key(scope, prefix.unwrap_or(""));
         let after = after.map(|a| state_key(scope, a));
-        // A small page (an inbox peek, a session's few heads) is read in place like a point
-        // read: the hand-off to the blocking pool and back cost more than the scan (about
-        // 60 µs against 10). A large one may decode megabytes, so it leaves the runtime.
+        // The rows are copied out under the store's lock (every logged write included) and
+        // decoded after it is let go: in place when small (the hand-off to the blocking pool
+        // and back cost more than an inbox peek or a session's history), else on the pool.
+        let (rows, more) = self.wal.read(&self.db, |txn| {
+            let table = txn.open_table(STATE).map_err(storage)?;
+            raw_page(&table, &start, after.as_deref(), limit)
+        })?;
         let scope_len = scope.len() + 1;
-        if limit <= LIST_IN_PLACE_MAX {
-            return self.wal.read(&self.db, |txn| {
-                let table = txn.open_table(STATE).map_err(storage)?;
-                scan_page(&table, &start, after.as_deref(), scope_len, limit)
-            });
-        }
-        let wal = self.wal.clone();
-        self.blocking(move |db| {
-            let read = wal.snapshot(db)?;
-            let table = read.open_table(STATE).map_err(storage)?;
-            scan_page(&table, &start, after.as_deref(), scope_len, limit)
-        })
-        .await
+        let bytes: usize = rows.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let entries = if bytes <= DECODE_IN_PLACE_BYTES {
+            decode_rows(rows, scope_len)?
+        } else {
+            match tokio::task::spawn_blocking(move || decode_rows(rows, scope_len)).await {
+                Ok(r) => r?,
+                Err(e) => return Err(storage(format!("storage task failed: {e}"))),
+            }
+        };
+        Ok((entries, more))
     }
 }
 
-/// The largest `state::list` page read without leaving the caller's task.
-const LIST_IN_PLACE_MAX: usize = 64;
+/// A page of at most this much JSON is decoded in the caller's task.
+const DECODE_IN_PLACE_BYTES: usize = 256 << 10;
+/// A page stops early (with `more`) once it holds this many rows and `PAGE_BYTES` of them,
+/// so one page never copies and decodes hundreds of large records at once.
+const PAGE_ROWS_BEFORE_BYTES_COUNT: usize = 64;
+const PAGE_BYTES: usize = 1 << 20;
 
-/// Up to `limit` records whose keys start with `start` (scope and prefix), after `after`;
-/// `true` when more follow. `scope_len` is cut from each key.
-fn scan_page(
+/// A record's full key and its stored bytes.
+type RawRow = (String, Vec<u8>);
+
+/// Up to `limit` rows whose keys start with `start` (scope and prefix),
+/// after `after`; `true` when more follow.
+fn raw_page(
     table: &impl ReadableTable<&'static str, &'static [u8]>,
     start: &str,
     after: Option<&str>,
-    scope_len: usize,
     limit: usize,
-) -> Result<(Vec<Entry>, bool), StateError> {
+) -> Result<(Vec<RawRow>, bool), StateError> {
     use std::ops::Bound;
     let from = match after {
         Some(a) if a >= start => Bound::Excluded(a),
         _ => Bound::Included(start),
     };
     let mut out = Vec::new();
+    let mut bytes = 0;
     for row in table
         .range::<&str>((from, Bound::Unbounded))
         .map_err(storage)?
@@ -134,17 +142,27 @@ fn scan_page(
         if !k.starts_with(start) {
             break;
         }
-        if out.len() == limit {
+        if out.len() == limit || (out.len() >= PAGE_ROWS_BEFORE_BYTES_COUNT && bytes >= PAGE_BYTES)
+        {
             return Ok((out, true));
         }
-        let rec = decode(v.value())?;
-        out.push(Entry {
-            key: k[scope_len..].to_string(),
-            value: rec.value,
-            version: rec.version,
-        });
+        bytes += v.value().len();
+        out.push((k.to_string(), v.value().to_vec()));
     }
     Ok((out, false))
+}
+
+fn decode_rows(rows: Vec<RawRow>, scope_len: usize) -> Result<Vec<Entry>, StateError> {
+    rows.into_iter()
+        .map(|(k, v)| {
+            let rec = decode(&v)?;
+            Ok(Entry {
+                key: k[scope_len..].to_string(),
+                value: rec.value,
+                version: rec.version,
+            })
+        })
+        .collect()
 }
 
 impl EmbeddedBackend {
@@ -222,6 +240,36 @@ mod tests {
 
     fn keys(records: &[ChangeRecord]) -> Vec<&str> {
         records.iter().map(|r| r.key.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_page_of_large_records_stops_early_and_the_next_page_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = EmbeddedBackend::open(dir.path()).unwrap();
+        let big = "x".repeat(20 << 10);
+        for i in 0..100 {
+            b.set(
+                "big",
+                &format!("k{i:03}"),
+                json!(big),
+                None,
+                &WriteMeta::default(),
+            )
+            .await
+            .unwrap();
+        }
+        let (page, more) = b.list_page("big", None, None, 1000).await.unwrap();
+        assert!(more, "2 MB of records do not fit one page");
+        assert!(
+            (PAGE_ROWS_BEFORE_BYTES_COUNT..100).contains(&page.len()),
+            "{} rows",
+            page.len()
+        );
+        let all = b.list("big", None).await.unwrap();
+        let keys: Vec<String> = all.iter().map(|e| e.key.clone()).collect();
+        let expected: Vec<String> = (0..100).map(|i| format!("k{i:03}")).collect();
+        assert_eq!(keys, expected, "every record once, in order");
+        assert_eq!(all[99].value, json!(big));
     }
 
     #[tokio::test]
