@@ -6,7 +6,10 @@
 //! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5), `BENCH_CONCURRENT`
 //! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went
 //! (with `BENCH_TIMELINE=1`, every span of one tool call in start order),
-//! `BENCH_CONCURRENT_POLL_MS` how often each concurrent session asks for its state (default 25).
+//! `BENCH_CONCURRENT_POLL_MS` how often each concurrent session asks for its state (default 25),
+//! `BENCH_MODEL=in-process` the scripted model called through its router in this process
+//! instead of over a loopback socket (the provider still builds the HTTP request and parses
+//! the SSE answer), as the peers' fake models answer in process.
 
 use auth_credentials::Auth;
 use engine_gateway::secrets::FileSecrets;
@@ -16,6 +19,10 @@ use scripted_model::{Cassette, ScriptedModel, ToolCall, Turn};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "../tests/support/in_process_model.rs"]
+mod in_process_model;
+use in_process_model::InProcessModel;
 
 // glibc's allocator spent about a quarter of the CPU of a turn (arena locking and chunk
 // consolidation under many small JSON values); mimalloc is much cheaper for that pattern.
@@ -278,6 +285,7 @@ async fn main() {
         ..Default::default()
     });
     let base = model.serve().await.expect("model");
+    let in_process_model = std::env::var("BENCH_MODEL").is_ok_and(|m| m == "in-process");
     let perms = dir.path().join("perms.yaml");
     std::fs::write(&perms, "version: 1\nrules:\n  - \"demo::echo\"\n").unwrap();
     let holder = harness_worker::PolicyHolder::new(perms);
@@ -306,11 +314,21 @@ async fn main() {
         )
         .unwrap(),
         run_embedded(
-            provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
-                name: "scripted".into(),
-                base_url: format!("{base}/v1"),
-                key_optional: true,
-            })),
+            {
+                let dialect = Arc::new(provider_openai::OpenAiDialect {
+                    name: "scripted".into(),
+                    base_url: format!("{base}/v1"),
+                    key_optional: true,
+                });
+                if in_process_model {
+                    provider_core::worker_with_transport(
+                        dialect,
+                        Arc::new(InProcessModel(model.router())),
+                    )
+                } else {
+                    provider_core::worker(dialect)
+                }
+            },
             e,
         )
         .unwrap(),
@@ -331,7 +349,12 @@ async fn main() {
         }
     }
     println!(
-        "# turn benchmark: {backend} backend, zero-latency scripted model, K = {k} tool calls per session"
+        "# turn benchmark: {backend} backend, zero-latency scripted model ({}), K = {k} tool calls per session",
+        if in_process_model {
+            "in process"
+        } else {
+            "over loopback HTTP"
+        }
     );
     println!("metric | value");
     println!("--- | ---");

@@ -44,6 +44,10 @@ const CASES: &[Case] = &[
     },
 ];
 
+#[path = "support/in_process_model.rs"]
+mod in_process_model;
+use in_process_model::InProcessModel;
+
 struct Rig {
     _dir: tempfile::TempDir,
     _srv: RunningServer,
@@ -66,6 +70,11 @@ fn dialect(name: &str, base: &str) -> Arc<dyn Dialect> {
 }
 
 async fn rig(name: &str, env: &[(&str, &str)]) -> Rig {
+    rig_on(name, env, false).await
+}
+
+/// [`rig`], with the provider's requests going to the model in process when `in_process`.
+async fn rig_on(name: &str, env: &[(&str, &str)], in_process: bool) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let model = ScriptedModel::default();
     let base = model.serve().await.unwrap();
@@ -87,7 +96,18 @@ async fn rig(name: &str, env: &[(&str, &str)]) -> Rig {
             &srv.engine,
         )
         .unwrap(),
-        run_embedded(provider_core::worker(dialect(name, &base)), &srv.engine).unwrap(),
+        run_embedded(
+            if in_process {
+                provider_core::worker_with_transport(
+                    dialect(name, &base),
+                    Arc::new(InProcessModel(model.router())),
+                )
+            } else {
+                provider_core::worker(dialect(name, &base))
+            },
+            &srv.engine,
+        )
+        .unwrap(),
     ];
     let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
     Rig {
@@ -325,6 +345,47 @@ async fn an_attached_history_goes_upstream_as_the_same_request() {
             "{}: the conversation went upstream: {}",
             case.name,
             sent[1]["body"]
+        );
+    }
+}
+
+/// The benchmark's in-process model: the provider sends the same request and streams the
+/// same frames as over the network, and an upstream error maps to the same error event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_in_process_gets_the_same_request_and_answers_the_same_frames() {
+    for case in CASES {
+        let mut seen = Vec::new();
+        for in_process in [false, true] {
+            let rig = rig_on(case.name, KEYS, in_process).await;
+            rig.model.load(Cassette {
+                turns: vec![
+                    full_turn(),
+                    Turn {
+                        http_status: Some(401),
+                        error_message: Some("invalid x-api-key".into()),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            });
+            let ctx = rig.client.ctx();
+            let (frames, answer) = stream(&ctx, case.name, case.model, history()).await;
+            let (failed, _) = stream(&ctx, case.name, case.model, history()).await;
+            let error = failed.last().unwrap()["error"].clone();
+            assert_eq!(
+                error["error_kind"], "auth_expired",
+                "{}: {error}",
+                case.name
+            );
+            let sent = rig.model.requests();
+            assert_eq!(sent.len(), 2, "{}", case.name);
+            let done = frames.last().unwrap()["message"]["content"].clone();
+            seen.push((types(&frames), answer, done, sent[0]["body"].clone()));
+        }
+        assert_eq!(
+            seen[0], seen[1],
+            "{}: over the network, then in process",
+            case.name
         );
     }
 }

@@ -191,27 +191,56 @@ async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (E
     Ok(Credentials { api_key: key })
 }
 
+/// Where a provider's HTTP requests go: the network by default (`reqwest`), or a model
+/// served in the same process (a benchmark's zero-latency model, which should cost no
+/// sockets). Either way the dialect builds the same request and reads the same SSE answer.
+#[async_trait]
+pub trait Transport: Send + Sync {
+    async fn execute(&self, request: reqwest::Request) -> Result<reqwest::Response, String>;
+}
+
+/// How `send` reaches the model.
+#[derive(Clone)]
+enum Route {
+    Network(engine_gateway::prewarm::Prewarmed<reqwest::Client>),
+    InProcess(Arc<dyn Transport>),
+}
+
 /// Send the request, honouring `retry-after` on 429 (bounded); the successful response.
 async fn send(
     dialect: &dyn Dialect,
-    client: &reqwest::Client,
+    route: &Route,
     creds: &Credentials,
     req: &StreamRequest,
     stream: bool,
 ) -> Result<reqwest::Response, (ErrorKind, String)> {
     let mut attempt = 0;
+    let failed = |e: String| {
+        (
+            ErrorKind::Transient,
+            format!("{} request failed: {e}", dialect.name()),
+        )
+    };
     loop {
-        let resp = dialect
-            .request(client, creds, req, stream)
-            .timeout(REQUEST_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| {
-                (
-                    ErrorKind::Transient,
-                    format!("{} request failed: {e}", dialect.name()),
-                )
-            })?;
+        let resp = match route {
+            Route::Network(client) => {
+                let client = client.get();
+                dialect
+                    .request(client, creds, req, stream)
+                    .timeout(REQUEST_TIMEOUT)
+                    .send()
+                    .await
+                    .map_err(|e| failed(e.to_string()))?
+            }
+            Route::InProcess(transport) => {
+                // The builder needs a client; it is not used to send.
+                let request = dialect
+                    .request(&reqwest::Client::new(), creds, req, stream)
+                    .build()
+                    .map_err(|e| failed(e.to_string()))?;
+                transport.execute(request).await.map_err(failed)?
+            }
+        };
         let status = resp.status().as_u16();
         if resp.status().is_success() {
             return Ok(resp);
@@ -289,10 +318,10 @@ async fn record_spend(ctx: &Ctx, budget_ids: &[String], cost_usd: f64) {
 
 /// The whole call: credentials, request, translation, usage/stop/done or error; the writer
 /// is always closed. Returns the final message.
-pub async fn run(
+async fn run(
     ctx: &Ctx,
     dialect: &dyn Dialect,
-    client: &reqwest::Client,
+    route: &Route,
     req: &StreamRequest,
     writer: Option<ChannelWriter>,
 ) -> AgentMessage {
@@ -303,7 +332,7 @@ pub async fn run(
     .await;
     let outcome: Outcome = async {
         let creds = credentials(ctx, dialect).await?;
-        let resp = send(dialect, client, &creds, req, true).await?;
+        let resp = send(dialect, route, &creds, req, true).await?;
         let stream = resp.bytes_stream().map(|r| r.map_err(|e| e.to_string()));
         let mut events: EventStream = Box::pin(
             eventsource_stream::EventStream::new(stream)
@@ -370,6 +399,17 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
             .build()
             .unwrap_or_default()
     });
+    worker_on(dialect, Route::Network(client))
+}
+
+/// [`worker`] whose requests go to `transport` instead of the network.
+pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Transport>) -> Worker {
+    engine_gateway::ensure_crypto_provider();
+    worker_on(dialect, Route::InProcess(transport))
+}
+
+fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
+    let client = route;
     let name = dialect.name().to_string();
     let mut w = Worker::new(&format!("provider-{name}"));
     let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"))
@@ -388,7 +428,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
                 .clone()
                 .ok_or_else(|| ErrorBody::invalid("missing required field `writer_ref`"))?;
             let writer = ctx.open_writer(&writer_ref).await?;
-            let message = run(&ctx, d.as_ref(), c.get(), &req, Some(writer)).await;
+            let message = run(&ctx, d.as_ref(), &c, &req, Some(writer)).await;
             let stop_reason = match &message {
                 AgentMessage::Assistant { stop_reason, .. } => Some(*stop_reason),
                 _ => None,
@@ -410,7 +450,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
         let (d, c) = (dialect.clone(), client.clone());
         async move {
             let req = parse_request(&ctx, data)?;
-            let message = run(&ctx, d.as_ref(), c.get(), &req, None).await;
+            let message = run(&ctx, d.as_ref(), &c, &req, None).await;
             Ok(serde_json::to_value(message).unwrap_or(Value::Null))
         }
     });
