@@ -203,7 +203,9 @@ pub trait Transport: Send + Sync {
 #[derive(Clone)]
 enum Route {
     Network(engine_gateway::prewarm::Prewarmed<reqwest::Client>),
-    InProcess(Arc<dyn Transport>),
+    /// The client only builds requests (building one per request loaded the root
+    /// certificates each time).
+    InProcess(Arc<dyn Transport>, reqwest::Client),
 }
 
 /// Send the request, honouring `retry-after` on 429 (bounded); the successful response.
@@ -232,10 +234,9 @@ async fn send(
                     .await
                     .map_err(|e| failed(e.to_string()))?
             }
-            Route::InProcess(transport) => {
-                // The builder needs a client; it is not used to send.
+            Route::InProcess(transport, builder) => {
                 let request = dialect
-                    .request(&reqwest::Client::new(), creds, req, stream)
+                    .request(builder, creds, req, stream)
                     .build()
                     .map_err(|e| failed(e.to_string()))?;
                 transport.execute(request).await.map_err(failed)?
@@ -405,7 +406,13 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
 /// [`worker`] whose requests go to `transport` instead of the network.
 pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Transport>) -> Worker {
     engine_gateway::ensure_crypto_provider();
-    worker_on(dialect, Route::InProcess(transport))
+    worker_on(
+        dialect,
+        Route::InProcess(
+            transport,
+            reqwest::Client::builder().build().unwrap_or_default(),
+        ),
+    )
 }
 
 fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
