@@ -151,16 +151,19 @@ struct Tail {
 impl Tail {
     /// The open transaction, begun if there is none.
     fn txn(&mut self, db: &Database) -> Result<&WriteTransaction, WalError> {
-        if self.open.is_none() {
-            let mut txn = db.begin_write()?;
-            txn.set_durability(Durability::None)?;
-            self.open = Some(txn);
-            self.applied = 0;
+        let txn = self.take_txn(db)?;
+        Ok(self.open.insert(txn))
+    }
+
+    /// The open transaction taken out (to commit it), or a new one.
+    fn take_txn(&mut self, db: &Database) -> Result<WriteTransaction, WalError> {
+        if let Some(txn) = self.open.take() {
+            return Ok(txn);
         }
-        // Just set when it was empty.
-        self.open
-            .as_ref()
-            .ok_or_else(|| WalError::Failed("no open transaction".into()))
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::None)?;
+        self.applied = 0;
+        Ok(txn)
     }
 
     /// Commit the open transaction to redb without an fsync (the log holds its writes).
@@ -285,10 +288,8 @@ impl Wal {
             .txn(db)
             .and_then(|txn| ops.iter().try_for_each(|op| apply(txn, op)));
         if let Err(e) = applied {
-            // Half applied: reads fall back to redb's last commit, writes stop, and a restart
-            // replays the log, which holds this record whole.
-            tail.open = None;
-            return Err(self.fail(format!("apply: {e}")).into());
+            // Half applied: a restart replays the log, which holds this record whole.
+            return Err(self.fail_open(&mut tail, format!("apply: {e}")).into());
         }
         tail.applied += 1;
         let flushed = if tail.bytes > CHECKPOINT_BYTES {
@@ -300,8 +301,7 @@ impl Wal {
             Ok(())
         };
         if let Err(why) = flushed {
-            tail.open = None;
-            self.fail(why);
+            self.fail_open(&mut tail, why);
         }
         Ok((out, lsn))
     }
@@ -324,8 +324,7 @@ impl Wal {
     pub(crate) fn snapshot(&self, db: &Database) -> Result<ReadTransaction, WalError> {
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = tail.commit_open() {
-            tail.open = None;
-            return Err(self.fail(format!("commit: {e}")));
+            return Err(self.fail_open(&mut tail, format!("commit: {e}")));
         }
         Ok(db.begin_read()?)
     }
@@ -346,6 +345,13 @@ impl Wal {
             *failed = Some(format!("{}: {why}", self.path));
         }
         WalError::Failed(failed.clone().unwrap_or_default())
+    }
+
+    /// Stop writing after redb refused the open transaction: it is dropped (it may hold part
+    /// of a record), so reads fall back to redb's last commit until a restart replays the log.
+    fn fail_open(&self, tail: &mut Tail, why: String) -> WalError {
+        tail.open = None;
+        self.fail(why)
     }
 
     /// True when record `lsn` is already on disk.
@@ -382,10 +388,7 @@ impl Wal {
 
     fn checkpoint_locked(&self, db: &Database, tail: &mut Tail) -> Result<(), WalError> {
         let last = tail.next_lsn - 1;
-        tail.txn(db)?;
-        let Some(mut txn) = tail.open.take() else {
-            return Err(WalError::Failed("no open transaction".into()));
-        };
+        let mut txn = tail.take_txn(db)?;
         txn.open_table(META)?.insert(APPLIED_LSN, last)?;
         txn.set_durability(Durability::Immediate)?;
         txn.commit()?;

@@ -2,8 +2,9 @@
 //! data dir, with a write-ahead log beside it (`wal`). Every write is one log record, in
 //! commit order, applied to redb's open write transaction once appended (redb commits in
 //! batches); a durable write returns once its log record is on disk. A state write and its
-//! change-feed record are one record, so a trigger is never lost for a committed write. Queue scheduling state (in flight, visibility) is kept in memory: after a
-//! crash every unacknowledged message is simply visible again.
+//! change-feed record are one record, so a trigger is never lost for a committed write.
+//! Queue scheduling state (in flight, visibility) is kept in memory: after a crash every
+//! unacknowledged message is simply visible again.
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
@@ -54,17 +55,23 @@ fn encode(version: u64, value: &Value) -> Vec<u8> {
     out
 }
 
-fn decode(bytes: &[u8]) -> Result<Versioned, StateError> {
-    if bytes.len() < 8 {
-        return Err(StateError::Storage("corrupt state record".into()));
+/// A stored record's version and its value's JSON (the layout `encode` writes).
+fn split_stored(bytes: &[u8]) -> Result<(u64, &[u8]), StateError> {
+    match bytes.split_first_chunk::<8>() {
+        Some((version, json)) => Ok((u64::from_be_bytes(*version), json)),
+        None => Err(StateError::Storage("corrupt state record".into())),
     }
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&bytes[..8]);
-    let value = serde_json::from_slice(&bytes[8..]).map_err(storage)?;
-    Ok(Versioned {
-        value,
-        version: u64::from_be_bytes(v),
-    })
+}
+
+fn decode(bytes: &[u8]) -> Result<Versioned, StateError> {
+    let (version, json) = split_stored(bytes)?;
+    let value = serde_json::from_slice(json).map_err(storage)?;
+    Ok(Versioned { value, version })
+}
+
+/// A stored record's value as the JSON it is, checked but not decoded into a tree.
+fn raw_value(bytes: &[u8]) -> Result<&RawValue, StateError> {
+    serde_json::from_slice(split_stored(bytes)?.1).map_err(storage)
 }
 
 struct MemMsg {
@@ -275,38 +282,13 @@ impl EmbeddedBackend {
         meta: &WriteMeta,
     ) -> Result<Vec<Option<u64>>, StateError> {
         crate::state::check_transaction(&writes)?;
-        let seqs = &self.change_seq;
-        let (versions, changed) = self
-            .commit(meta.deferred(), |txn, log| {
-                let mut versions = Vec::with_capacity(writes.len());
-                let mut changed = false;
-                for w in writes {
-                    let value = w.value;
-                    let written = write_in(
-                        txn,
-                        log,
-                        seqs,
-                        &w.scope,
-                        &w.key,
-                        w.expected_version,
-                        meta,
-                        false,
-                        move |_| Ok(Some(value)),
-                    )?;
-                    versions.push(Some(written.outcome.version));
-                    changed |= written.recorded;
-                }
-                Ok::<_, StateError>((versions, changed))
-            })
-            .await?;
-        if changed {
-            self.change_notify.notify_one();
-        }
-        Ok(versions)
+        let batch = writes
+            .into_iter()
+            .map(|w| (w.scope, w.key, w.expected_version, w.value));
+        let written = self.write_batch(batch, meta).await?;
+        Ok(written.iter().map(|w| Some(w.outcome.version)).collect())
     }
-}
 
-impl EmbeddedBackend {
     /// Unconditional writes in one transaction (one commit and one log record for a batch of
     /// stream items, instead of one each); whether each record existed before.
     pub(crate) async fn set_many_in_one(
@@ -330,26 +312,45 @@ impl EmbeddedBackend {
             }
             return Ok(existed);
         }
+        let batch = items
+            .into_iter()
+            .map(|(scope, key, value)| (scope, key, None, value));
+        let written = self.write_batch(batch, meta).await?;
+        Ok(written.iter().map(|w| Some(w.existed)).collect())
+    }
+
+    /// Writes of (scope, key, expected version, value), each with its change record, as one
+    /// log record: all are written or none is. Keys are distinct (each write reads the store
+    /// as it was before the batch).
+    async fn write_batch(
+        &self,
+        batch: impl Iterator<Item = (String, String, Option<u64>, Value)>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<Written>, StateError> {
         let seqs = &self.change_seq;
-        let (existed, changed) = self
+        let written = self
             .commit(meta.deferred(), |txn, log| {
-                let mut existed = Vec::with_capacity(items.len());
-                let mut changed = false;
-                for (scope, key, value) in items {
-                    let written =
-                        write_in(txn, log, seqs, &scope, &key, None, meta, false, move |_| {
-                            Ok(Some(value))
-                        })?;
-                    existed.push(Some(written.existed));
-                    changed |= written.recorded;
-                }
-                Ok::<_, StateError>((existed, changed))
+                batch
+                    .map(|(scope, key, expected_version, value)| {
+                        write_in(
+                            txn,
+                            log,
+                            seqs,
+                            &scope,
+                            &key,
+                            expected_version,
+                            meta,
+                            false,
+                            move |_| Ok(Some(value)),
+                        )
+                    })
+                    .collect::<Result<Vec<_>, StateError>>()
             })
             .await?;
-        if changed {
+        if written.iter().any(|w| w.recorded) {
             self.change_notify.notify_one();
         }
-        Ok(existed)
+        Ok(written)
     }
 }
 
@@ -379,28 +380,23 @@ pub(super) struct Current {
 
 impl Current {
     fn new(bytes: Vec<u8>) -> Result<Self, StateError> {
-        let version = bytes
-            .get(..8)
-            .and_then(|v| v.try_into().ok())
-            .map(u64::from_be_bytes)
-            .ok_or_else(|| StateError::Storage("corrupt state record".into()))?;
+        let (version, _) = split_stored(&bytes)?;
         Ok(Self { version, bytes })
     }
 
     pub(super) fn value(&self) -> Result<Value, StateError> {
-        serde_json::from_slice(&self.bytes[8..]).map_err(storage)
+        decode(&self.bytes).map(|v| v.value)
     }
 
     fn raw(&self) -> Result<&RawValue, StateError> {
-        serde_json::from_slice(&self.bytes[8..]).map_err(storage)
+        raw_value(&self.bytes)
     }
 }
 
-/// One record's write, read from `txn` and written as effects in `log` (applied once
-/// logged), with its change record (none for the engine's own scopes
-/// or an unwatched write): checked against `expected_version`,
-/// then `compute` maps the current record to the new value (`None` deletes). The answer's
-/// `old_value` is decoded only when `want_old`.
+/// One record's write, read from `txn` and written as effects in `log` (applied once logged),
+/// with its change record (none for the engine's own scopes or an unwatched write): checked
+/// against `expected_version`, then `compute` maps the current record to the new value
+/// (`None` deletes). The answer's `old_value` is decoded only when `want_old`.
 #[allow(clippy::too_many_arguments)]
 fn write_in<F>(
     txn: &WriteTransaction,
@@ -447,11 +443,7 @@ where
             scope,
             key,
             old_value: current.as_ref().map(Current::raw).transpose()?,
-            new_value: new_bytes
-                .as_deref()
-                .map(|b| serde_json::from_slice(&b[8..]))
-                .transpose()
-                .map_err(storage)?,
+            new_value: new_bytes.as_deref().map(raw_value).transpose()?,
             traceparent: meta.traceparent.as_deref(),
             baggage: meta.baggage.as_deref(),
         };

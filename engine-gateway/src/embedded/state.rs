@@ -99,10 +99,7 @@ impl StateStore for EmbeddedBackend {
         let entries = if bytes <= DECODE_IN_PLACE_BYTES {
             decode_rows(rows, scope_len)?
         } else {
-            match tokio::task::spawn_blocking(move || decode_rows(rows, scope_len)).await {
-                Ok(r) => r?,
-                Err(e) => return Err(storage(format!("storage task failed: {e}"))),
-            }
+            self.blocking(move |_| decode_rows(rows, scope_len)).await?
         };
         Ok((entries, more))
     }

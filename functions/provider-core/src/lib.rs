@@ -416,7 +416,6 @@ pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Trans
 }
 
 fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
-    let client = route;
     let name = dialect.name().to_string();
     let mut w = Worker::new(&format!("provider-{name}"));
     let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"))
@@ -424,7 +423,7 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
     stream_def.description = Some(format!(
         "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
     ));
-    let (d, c) = (dialect.clone(), client.clone());
+    let (d, c) = (dialect.clone(), route.clone());
     let stream_id = stream_def.id.clone();
     w.register_function(stream_def, move |ctx, data: Value| {
         let (d, c) = (d.clone(), c.clone());
@@ -454,7 +453,7 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
     ));
     let complete_id = complete_def.id.clone();
     w.register_function(complete_def, move |ctx, data: Value| {
-        let (d, c) = (dialect.clone(), client.clone());
+        let (d, c) = (dialect.clone(), route.clone());
         async move {
             let req = parse_request(&ctx, data)?;
             let message = run(&ctx, d.as_ref(), &c, &req, None).await;
