@@ -9,7 +9,8 @@
 //! `BENCH_CONCURRENT_POLL_MS` how often each concurrent session asks for its state (default 25),
 //! `BENCH_MODEL=in-process` the scripted model called through its router in this process
 //! instead of over a loopback socket (the provider still builds the HTTP request and parses
-//! the SSE answer), as the peers' fake models answer in process.
+//! the SSE answer), as the peers' fake models answer in process. `BENCH_THREADS` the
+//! runtime's worker threads (default 2).
 
 use auth_credentials::Auth;
 use engine_gateway::secrets::FileSecrets;
@@ -248,8 +249,16 @@ fn p50(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(env_usize("BENCH_THREADS", 2))
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(bench());
+}
+
+async fn bench() {
     server::disable_transparent_huge_pages();
     let k = env_usize("BENCH_K", 50);
     let sessions = env_usize("BENCH_SESSIONS", 5);

@@ -602,3 +602,56 @@ async fn complete_answers_the_final_message() {
         assert_eq!(m["content"][2]["arguments"]["payload"]["path"], "a.txt");
     }
 }
+
+/// A model's pricing is read from `models::get` once and reused (`PRICE_TTL`): every
+/// completion is still priced the same, with one catalog call instead of one per completion.
+/// A model the catalog does not know is asked about each time (nothing is kept for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_price_is_read_once_and_reused() {
+    let rig = rig("openai", KEYS).await;
+    let catalog_calls = |rig: &Rig| {
+        rig._srv
+            .engine
+            .spans
+            .snapshot()
+            .iter()
+            .filter(|s| s.name == "models::get" && s.service == "engine")
+            .count()
+    };
+    let mut costs = Vec::new();
+    for _ in 0..3 {
+        rig.model.load(Cassette {
+            turns: vec![full_turn()],
+            ..Default::default()
+        });
+        let (frames, _) = stream(&rig.client.ctx(), "openai", "gpt-5.4-mini", history()).await;
+        let done = &frames.last().unwrap()["message"];
+        costs.push(done["usage"]["cost_usd"].as_f64().unwrap());
+    }
+    assert!(costs[0] > 0.0, "priced: {costs:?}");
+    assert!(
+        costs.iter().all(|c| *c == costs[0]),
+        "same price: {costs:?}"
+    );
+    assert_eq!(
+        catalog_calls(&rig),
+        1,
+        "one models::get for three completions"
+    );
+
+    for _ in 0..2 {
+        rig.model.load(Cassette {
+            turns: vec![full_turn()],
+            ..Default::default()
+        });
+        let (frames, _) =
+            stream(&rig.client.ctx(), "openai", "not-in-the-catalog", history()).await;
+        let done = &frames.last().unwrap()["message"];
+        assert_eq!(done["usage"]["cost_usd"], 0.0, "unknown model: no price");
+    }
+    assert_eq!(
+        catalog_calls(&rig),
+        3,
+        "an unknown model is asked about every time"
+    );
+}

@@ -4,7 +4,8 @@
 //! `auth::get_token` on every call (none: `auth_missing`, naming the provider), the HTTP call with `retry-after` honoured for 429s (bounded), HTTP status
 //! → `error_kind` (401/403 auth_expired, 429 rate_limited, 400 context → context_overflow,
 //! 5xx/timeouts transient, other 4xx permanent), the channel emitter that always closes the
-//! writer, and the completion's cost from the model's pricing.
+//! writer, and the completion's cost from the model's pricing (read from `models::get`,
+//! reused for a minute: [`PRICE_TTL`]).
 
 use async_trait::async_trait;
 use engine_gateway::builtins::req_str;
@@ -16,7 +17,7 @@ use harness_sdk::{ChannelRef, ChannelWriter, Ctx, DefExt, ErrorBody, RegisterFun
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A 429 is retried after its `retry-after` when that is at most this long.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -274,18 +275,68 @@ fn upstream_message(body: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// How long a model's pricing read from `models::get` is reused.
+pub const PRICE_TTL: Duration = Duration::from_secs(60);
+/// Most models whose pricing a provider keeps (a caller names the model: without a bound,
+/// calls naming ever new models would grow the cache).
+const PRICES_MAX: usize = 256;
+
+/// Pricing by model, read from `models::get` at most once per [`PRICE_TTL`]: a model call
+/// does not pay a catalog round trip (a hop to another worker, a Lambda invocation when
+/// deployed) for a price that rarely changes. Only answers are kept: a catalog that could
+/// not be asked is asked again on the next call.
+#[derive(Default)]
+struct Prices {
+    by_model:
+        std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<models_catalog::Model>)>>,
+}
+
+impl Prices {
+    fn fresh(&self, model: &str) -> Option<Arc<models_catalog::Model>> {
+        let by_model = self.by_model.lock().unwrap_or_else(|p| p.into_inner());
+        by_model
+            .get(model)
+            .filter(|(at, _)| at.elapsed() < PRICE_TTL)
+            .map(|(_, m)| m.clone())
+    }
+
+    fn keep(&self, model: &str, found: Arc<models_catalog::Model>) {
+        let mut by_model = self.by_model.lock().unwrap_or_else(|p| p.into_inner());
+        if by_model.len() >= PRICES_MAX && !by_model.contains_key(model) {
+            by_model.retain(|_, (at, _)| at.elapsed() < PRICE_TTL);
+            if by_model.len() >= PRICES_MAX {
+                by_model.clear();
+            }
+        }
+        by_model.insert(model.to_string(), (Instant::now(), found));
+    }
+
+    /// The model's catalog entry (`None` when the catalog is unreachable or does not know it).
+    async fn get(
+        &self,
+        ctx: &Ctx,
+        provider: &str,
+        model: &str,
+    ) -> Option<Arc<models_catalog::Model>> {
+        if let Some(m) = self.fresh(model) {
+            return Some(m);
+        }
+        let answer = ctx
+            .trigger(
+                "models::get",
+                json!({"provider": provider, "model_id": model}),
+            )
+            .await
+            .ok()?;
+        let found = Arc::new(serde_json::from_value::<models_catalog::Model>(answer).ok()?);
+        self.keep(model, found.clone());
+        Some(found)
+    }
+}
+
 /// Price the usage with the model's pricing from `models::get` (0 when unknown).
-async fn cost(ctx: &Ctx, provider: &str, em: &mut Emitter) {
-    let Ok(model) = ctx
-        .trigger(
-            "models::get",
-            json!({"provider": provider, "model_id": em.builder.model}),
-        )
-        .await
-    else {
-        return;
-    };
-    let Ok(model) = serde_json::from_value::<models_catalog::Model>(model) else {
+async fn cost(ctx: &Ctx, prices: &Prices, provider: &str, em: &mut Emitter) {
+    let Some(model) = prices.get(ctx, provider, &em.builder.model).await else {
         return;
     };
     let u = &em.builder.usage;
@@ -323,6 +374,7 @@ async fn run(
     ctx: &Ctx,
     dialect: &dyn Dialect,
     route: &Route,
+    prices: &Prices,
     req: &StreamRequest,
     writer: Option<ChannelWriter>,
 ) -> AgentMessage {
@@ -344,7 +396,7 @@ async fn run(
     .await;
     let message = match outcome {
         Ok(stop) => {
-            cost(ctx, dialect.name(), &mut em).await;
+            cost(ctx, prices, dialect.name(), &mut em).await;
             record_spend(ctx, &req.budget_ids, em.builder.usage.cost_usd).await;
             em.emit(AssistantMessageEvent::Usage {
                 usage: em.builder.usage.clone(),
@@ -423,10 +475,11 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
     stream_def.description = Some(format!(
         "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
     ));
-    let (d, c) = (dialect.clone(), route.clone());
+    let prices = Arc::new(Prices::default());
+    let (d, c, p) = (dialect.clone(), route.clone(), prices.clone());
     let stream_id = stream_def.id.clone();
     w.register_function(stream_def, move |ctx, data: Value| {
-        let (d, c) = (d.clone(), c.clone());
+        let (d, c, p) = (d.clone(), c.clone(), p.clone());
         async move {
             let req = parse_request(&ctx, data)?;
             let writer_ref = req
@@ -434,7 +487,7 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
                 .clone()
                 .ok_or_else(|| ErrorBody::invalid("missing required field `writer_ref`"))?;
             let writer = ctx.open_writer(&writer_ref).await?;
-            let message = run(&ctx, d.as_ref(), &c, &req, Some(writer)).await;
+            let message = run(&ctx, d.as_ref(), &c, &p, &req, Some(writer)).await;
             let stop_reason = match &message {
                 AgentMessage::Assistant { stop_reason, .. } => Some(*stop_reason),
                 _ => None,
@@ -453,10 +506,10 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
     ));
     let complete_id = complete_def.id.clone();
     w.register_function(complete_def, move |ctx, data: Value| {
-        let (d, c) = (dialect.clone(), route.clone());
+        let (d, c, p) = (dialect.clone(), route.clone(), prices.clone());
         async move {
             let req = parse_request(&ctx, data)?;
-            let message = run(&ctx, d.as_ref(), &c, &req, None).await;
+            let message = run(&ctx, d.as_ref(), &c, &p, &req, None).await;
             Ok(serde_json::to_value(message).unwrap_or(Value::Null))
         }
     });
