@@ -46,6 +46,17 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
         .await
         .unwrap();
     assert_eq!(pending["pending"][0]["function_call_id"], "c-write");
+    // While it waits, the history shows the call (the model's answer is appended with its
+    // batch's results, or on its own when the batch parks).
+    let parked = record(&s, "s1").await;
+    let last = parked["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "assistant", "{last}");
+    assert_eq!(last["content"][1]["id"], "c-write", "{last}");
     // A second client approves it.
     let approver = connect_client("approver", RemoteOptions::new(&s.srv.url())).await;
     let bad = approver
@@ -79,6 +90,26 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
 
     // The conversation: each call's result, in order, once.
     let rec = record(&s, "s1").await;
+    let roles: Vec<&str> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "function_result",
+            "assistant",
+            "function_result",
+            "assistant",
+            "function_result",
+            "assistant"
+        ],
+        "each call before its result"
+    );
     let results: Vec<&Value> = rec["messages"]
         .as_array()
         .unwrap()
@@ -180,6 +211,23 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
         1,
         "one trace for the run: {group}"
     );
+    // A call that ran goes into the history with its result in one append. The run's trace
+    // (up to the park; the approval's wake-up starts its own) holds four: the user's message,
+    // c-list and c-deny each with its result, c-write on its own when it parked.
+    let spans = ctx
+        .trigger(
+            "engine::traces::list",
+            json!({"trace_id": group["trace_ids"][0]}),
+        )
+        .await
+        .unwrap();
+    let appends = spans["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "session-tree::append_batch" && s["service"] == "engine")
+        .count();
+    assert_eq!(appends, 4, "history appends of the run up to the park");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

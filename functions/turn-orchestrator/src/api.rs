@@ -99,6 +99,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         tree_leaf: None,
         run_key,
         budget_ids: Vec::new(),
+        assistant_pending: false,
         // The first event's seq, reserved: it is written once the record is (a busy session
         // keeps its own events).
         event_seq,
@@ -159,6 +160,9 @@ pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
             message: "aborted by run::abort".into(),
         });
         rec.awaiting_approval = None;
+        // A model answer held back for its batch's results goes into the history now (best
+        // effort: the abort must not wait on the session store).
+        let _ = append_pending_answer(&ctx, &mut rec).await;
         let messages = history_for_event(&ctx, &rec).await;
         emit(&mut rec, "agent_end", json!({"messages": messages}));
         match save(&ctx, &mut rec, &mut version, false).await {

@@ -228,7 +228,9 @@ const HISTORY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Append messages to the history → the messages as stored. In the tree each gets the id
 /// `<run_key>-t<turn>-<tag><i>`: a step that runs again appends nothing new and gets back
-/// what the first run stored (so it decides on the same messages).
+/// what the first run stored (so it decides on the same messages). A model answer held back
+/// (`assistant_pending`) goes first, as `<run_key>-t<turn>-a0`, the id it would have had
+/// on its own.
 pub(crate) async fn append_history(
     ctx: &Ctx,
     rec: &mut Record,
@@ -239,20 +241,30 @@ pub(crate) async fn append_history(
         rec.messages.extend(messages.iter().cloned());
         return Ok(messages);
     }
-    if messages.is_empty() {
+    let pending = rec.last_assistant.clone().filter(|_| rec.assistant_pending);
+    if messages.is_empty() && pending.is_none() {
         return Ok(messages);
     }
+    let id = |tag: &str, i: usize| format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count);
+    let held_back = pending.is_some();
+    let entries = pending
+        .map(|m| (id("a", 0), m))
+        .into_iter()
+        .chain(
+            messages
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| (id(tag, i), m)),
+        )
+        .map(|(id, message)| session_tree::EntryInput {
+            id: Some(id),
+            timestamp: None,
+            body: session_tree::EntryBody::Message { message },
+        })
+        .collect();
     let request = session_tree::AppendBatchRequest {
         session_id: rec.session_id.clone(),
-        entries: messages
-            .into_iter()
-            .enumerate()
-            .map(|(i, message)| session_tree::EntryInput {
-                id: Some(format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count)),
-                timestamp: None,
-                body: session_tree::EntryBody::Message { message },
-            })
-            .collect(),
+        entries,
         // The run's leaf; none yet: a new root.
         parent_id: Some(json!(rec.tree_leaf)),
     };
@@ -282,5 +294,19 @@ pub(crate) async fn append_history(
         let _ =
             CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
     }
-    Ok(stored)
+    let mut stored = stored.into_iter();
+    if held_back {
+        rec.assistant_pending = false;
+        // As stored: a batch that ran again gets the first run's message back.
+        if let Some(m) = stored.next() {
+            rec.last_assistant = Some(m);
+        }
+    }
+    Ok(stored.collect())
+}
+
+/// Append the model answer held back for its batch's results now (a batch that parks, a run
+/// that is aborted): nothing else to append with it.
+pub(crate) async fn append_pending_answer(ctx: &Ctx, rec: &mut Record) -> StepResult<()> {
+    append_history(ctx, rec, Vec::new(), "r").await.map(drop)
 }

@@ -174,6 +174,11 @@ pub struct Record {
     /// Budgets checked before each model call and charged by the provider.
     #[serde(default)]
     pub budget_ids: Vec<String>,
+    /// The model's last answer (`last_assistant`, which has calls) is not in the session
+    /// tree yet: the next append writes it first, so a batch's call and results go in one
+    /// write.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub assistant_pending: bool,
     /// Counter for event item ids.
     #[serde(default)]
     pub event_seq: u64,

@@ -65,6 +65,8 @@ pub(crate) async fn function_execute(
                     rec.awaiting_approval
                         .get_or_insert_with(Vec::new)
                         .push(call.clone());
+                    // The history shows the call while it waits (maybe for hours).
+                    append_pending_answer(ctx, rec).await?;
                     save(ctx, rec, version, false).await?;
                     emit(
                         rec,
