@@ -228,6 +228,30 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
         .filter(|s| s["name"] == "session-tree::append_batch" && s["service"] == "engine")
         .count();
     assert_eq!(appends, 4, "history appends of the run up to the park");
+    // Between the policy's answer and the call, one write: the record's save with the call's
+    // start event (and the batch), not an event write of its own.
+    let engine_spans: Vec<&Value> = spans["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["service"] == "engine")
+        .collect();
+    let start_of = |name: &str| {
+        engine_spans
+            .iter()
+            .filter(|s| s["name"] == name)
+            .map(|s| s["start_unix_nanos"].as_u64().unwrap())
+            .min()
+            .unwrap()
+    };
+    let (asked, ran) = (start_of("policy::check_permissions"), start_of("fs::list"));
+    let writes: Vec<&str> = engine_spans
+        .iter()
+        .filter(|s| (asked..ran).contains(&s["start_unix_nanos"].as_u64().unwrap()))
+        .map(|s| s["name"].as_str().unwrap())
+        .filter(|n| n.starts_with("state::") || n.starts_with("stream::"))
+        .collect();
+    assert_eq!(writes, ["state::transact"], "writes before the call ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

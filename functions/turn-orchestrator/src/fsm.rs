@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! provisioning ──Provisioned──▶ assistant_streaming
-//! assistant_streaming ──Answered(calls)──▶ function_execute (saved, then in the same step)
+//! assistant_streaming ──Answered(calls)──▶ function_execute (in the same step; saved before a call runs)
 //!                     ──Answered(none)───▶ steering_check (in the same step)
 //!                     ──BudgetRefused / ModelFailed──▶ stopped
 //! function_execute ──Parked──▶ function_awaiting_approval
@@ -140,14 +140,12 @@ fn to(state: TurnState, mut effects: Vec<Effect>) -> Transition {
     }
 }
 
-/// The model's calls are saved (the batch is the truth a crash resumes from) and run in the
-/// step that got them, instead of a step of their own.
-fn saved_then_inline(state: TurnState, mut effects: Vec<Effect>) -> Transition {
-    effects.extend([
-        Effect::EmitStateChanged,
-        Effect::Save { durable: false },
-        Effect::ContinueInline,
-    ]);
+/// The model's calls run in the step that got them, instead of a step of their own. The
+/// batch (the truth a crash resumes from) is saved before anything comes of it: with the
+/// first call's start, just before it runs, or when a call is decided without running or
+/// parks; that save carries the events so far, so no write of its own is needed here.
+fn batch_inline(state: TurnState, mut effects: Vec<Effect>) -> Transition {
+    effects.extend([Effect::EmitStateChanged, Effect::ContinueInline]);
     Transition {
         to: Some(state),
         effects,
@@ -225,7 +223,7 @@ pub fn transition(from: TurnState, outcome: &Outcome) -> Result<Transition, Inva
             S::SteeringCheck,
             vec![Effect::EmitTurnEnd(Vec::new())],
         )),
-        (S::AssistantStreaming, O::Answered { calls }) => Some(saved_then_inline(
+        (S::AssistantStreaming, O::Answered { calls }) => Some(batch_inline(
             S::FunctionExecute,
             vec![Effect::PrepareBatch(calls.clone())],
         )),
@@ -351,7 +349,6 @@ mod tests {
                 vec![
                     E::PrepareBatch(vec![call()]),
                     E::EmitStateChanged,
-                    E::Save { durable: false },
                     E::ContinueInline,
                 ],
             ),

@@ -40,7 +40,7 @@ pub(crate) async fn function_awaiting_approval(
         );
         let executed = match decision.decision {
             // Approved: dispatched without asking the policy again.
-            approval::Verdict::Allow => dispatch(ctx, hooks, rec, &call, false).await,
+            approval::Verdict::Allow => dispatch(ctx, hooks, rec, version, &call, false).await?,
             approval::Verdict::Deny => {
                 let why = if reason.is_empty() {
                     "denied by the user".to_string()

@@ -9,24 +9,28 @@ pub(crate) async fn dispatch(
     ctx: &Ctx,
     hooks: &Hooks,
     rec: &mut Record,
+    version: &mut u64,
     call: &Call,
     announce: bool,
-) -> Executed {
+) -> StepResult<Executed> {
     let decision = announce.then(|| json!({"decision": "allow"}));
-    dispatch_with(ctx, hooks, rec, call, decision, false).await
+    dispatch_with(ctx, hooks, rec, version, call, decision, false).await
 }
 
 /// `network`: the policy's allow rule opened the network to this call's sandbox. The model
 /// cannot ask for it: a `sandbox` field in its arguments is dropped. `announce`: emit
 /// `function_execution_start` with this policy decision (`{decision, rule_id?}`), for the UI.
+/// The record is saved (at `version`) just before the call runs: a delivery that another
+/// has overtaken stops here (stale) instead of running the call.
 pub(crate) async fn dispatch_with(
     ctx: &Ctx,
     hooks: &Hooks,
     rec: &mut Record,
+    version: &mut u64,
     call: &Call,
     announce: Option<Value>,
     network: bool,
-) -> Executed {
+) -> StepResult<Executed> {
     if let Some(decision) = announce {
         emit(
             rec,
@@ -35,7 +39,7 @@ pub(crate) async fn dispatch_with(
         );
     }
     if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
-        return refused(rec, call, envelope);
+        return Ok(refused(rec, call, envelope));
     }
     let started = Instant::now();
     let mut payload = call.args.clone();
@@ -48,8 +52,9 @@ pub(crate) async fn dispatch_with(
         o.insert("function_call_id".into(), json!(call.function_call_id));
         o.insert("function_id".into(), json!(call.function_id));
     }
-    // The call's start is shown before it runs, however long it takes.
-    flush_events(ctx, rec).await;
+    // The call's start is shown before it runs, however long it takes: its event goes with
+    // the record's save (the batch, the first time), one write.
+    save(ctx, rec, version, false).await?;
     let mut span = tool_span(ctx, call);
     let (result, is_error) = match span
         .ctx()
@@ -86,7 +91,7 @@ pub(crate) async fn dispatch_with(
         terminate: false,
     };
     emit_execution_end(rec, &executed);
-    executed
+    Ok(executed)
 }
 
 /// An `execute_tool {function}` span (GenAI semantic conventions) around one tool call; the

@@ -57,7 +57,16 @@ pub(crate) async fn function_execute(
             Ok(Ok(answer)) => match answer.decision {
                 policy::Decision::Allow => {
                     let decision = json!({"decision": "allow", "rule_id": answer.rule_id});
-                    dispatch_with(ctx, hooks, rec, &call, Some(decision), answer.network).await
+                    dispatch_with(
+                        ctx,
+                        hooks,
+                        rec,
+                        version,
+                        &call,
+                        Some(decision),
+                        answer.network,
+                    )
+                    .await?
                 }
                 policy::Decision::NeedsApproval => {
                     // Parked (and saved) before it is announced, so an approver who reacts
