@@ -281,18 +281,21 @@ pub const PRICE_TTL: Duration = Duration::from_secs(60);
 /// calls naming ever new models would grow the cache).
 const PRICES_MAX: usize = 256;
 
+/// A model's catalog entry as the catalog answered it (`None`: it does not know the model).
+type Priced = Option<Arc<models_catalog::Model>>;
+
 /// Pricing by model, read from `models::get` at most once per [`PRICE_TTL`]: a model call
 /// does not pay a catalog round trip (a hop to another worker, a Lambda invocation when
-/// deployed) for a price that rarely changes. Only answers are kept: a catalog that could
-/// not be asked is asked again on the next call.
+/// deployed) for a price that rarely changes. Answers are kept, "not in the catalog"
+/// included; a catalog that could not be asked, or answered something unreadable, is asked
+/// again on the next call.
 #[derive(Default)]
 struct Prices {
-    by_model:
-        std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<models_catalog::Model>)>>,
+    by_model: std::sync::Mutex<std::collections::HashMap<String, (Instant, Priced)>>,
 }
 
 impl Prices {
-    fn fresh(&self, model: &str) -> Option<Arc<models_catalog::Model>> {
+    fn fresh(&self, model: &str) -> Option<Priced> {
         let by_model = self.by_model.lock().unwrap_or_else(|p| p.into_inner());
         by_model
             .get(model)
@@ -300,7 +303,7 @@ impl Prices {
             .map(|(_, m)| m.clone())
     }
 
-    fn keep(&self, model: &str, found: Arc<models_catalog::Model>) {
+    fn keep(&self, model: &str, found: Priced) {
         let mut by_model = self.by_model.lock().unwrap_or_else(|p| p.into_inner());
         if by_model.len() >= PRICES_MAX && !by_model.contains_key(model) {
             by_model.retain(|_, (at, _)| at.elapsed() < PRICE_TTL);
@@ -311,15 +314,11 @@ impl Prices {
         by_model.insert(model.to_string(), (Instant::now(), found));
     }
 
-    /// The model's catalog entry (`None` when the catalog is unreachable or does not know it).
-    async fn get(
-        &self,
-        ctx: &Ctx,
-        provider: &str,
-        model: &str,
-    ) -> Option<Arc<models_catalog::Model>> {
-        if let Some(m) = self.fresh(model) {
-            return Some(m);
+    /// The model's catalog entry (`None` when the catalog does not know it or cannot be
+    /// asked).
+    async fn get(&self, ctx: &Ctx, provider: &str, model: &str) -> Priced {
+        if let Some(known) = self.fresh(model) {
+            return known;
         }
         let answer = ctx
             .trigger(
@@ -328,9 +327,11 @@ impl Prices {
             )
             .await
             .ok()?;
-        let found = Arc::new(serde_json::from_value::<models_catalog::Model>(answer).ok()?);
+        let found: Priced = serde_json::from_value::<Option<models_catalog::Model>>(answer)
+            .ok()?
+            .map(Arc::new);
         self.keep(model, found.clone());
-        Some(found)
+        found
     }
 }
 
