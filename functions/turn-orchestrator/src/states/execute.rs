@@ -74,9 +74,12 @@ pub(crate) async fn function_execute(
                     rec.awaiting_approval
                         .get_or_insert_with(Vec::new)
                         .push(call.clone());
-                    // The history shows the call while it waits (maybe for hours).
-                    append_pending_answer(ctx, rec).await?;
                     save(ctx, rec, version, false).await?;
+                    // The history shows the call while it waits (maybe for hours). Appended
+                    // after the save that holds the answer: a crash between the two leaves
+                    // the answer to be appended later, never a history entry for an answer
+                    // the record does not have (a redelivery would ask the model again).
+                    append_pending_answer(ctx, rec).await?;
                     emit(
                         rec,
                         "function_execution_start",
