@@ -225,25 +225,35 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "key": s("string")}),
         ),
         |e, inv| async move {
-            let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
-                .await
-                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
+            // A read writes nothing: no trace headers to format for a change record.
+            crate::state_api::call(
+                e.state.as_ref(),
+                &inv.function_id,
+                inv.data,
+                &WriteMeta::default(),
+            )
+            .await
+            .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
         engine,
         "state::get_versioned",
-        "Read a value with its version: {value, version} or null.",
+        "Read a value with its version: {value, version} or null; with unless_version, {version, unchanged: true} when the record is still at that version.",
         schema(
             &["scope", "key"],
-            json!({"scope": s("string"), "key": s("string")}),
+            json!({"scope": s("string"), "key": s("string"), "unless_version": s("integer")}),
         ),
         |e, inv| async move {
-            let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
-                .await
-                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
+            // A read writes nothing: no trace headers to format for a change record.
+            crate::state_api::call(
+                e.state.as_ref(),
+                &inv.function_id,
+                inv.data,
+                &WriteMeta::default(),
+            )
+            .await
+            .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
     add(
@@ -300,10 +310,15 @@ pub fn register(engine: &Arc<Engine>) {
             json!({"scope": s("string"), "prefix": s("string")}),
         ),
         |e, inv| async move {
-            let meta = meta_of(&inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
-                .await
-                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
+            // A read writes nothing: no trace headers to format for a change record.
+            crate::state_api::call(
+                e.state.as_ref(),
+                &inv.function_id,
+                inv.data,
+                &WriteMeta::default(),
+            )
+            .await
+            .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
         },
     );
 

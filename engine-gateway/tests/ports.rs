@@ -438,3 +438,76 @@ async fn a_transaction_commits_every_write_or_none() {
         assert!(b.state.get(&scope, key).await.unwrap().is_none(), "{key}");
     }
 }
+
+/// `get_unless`: a caller holding the record at its current version is told so (the value
+/// is not read out again); any other version, or none held, gets the record. Through
+/// `state::get_versioned {unless_version}` the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_holding_the_current_version_is_told_it_is_unchanged() {
+    use engine_gateway::state::Fresh;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = common::options(dir.path());
+    let b = server::backends(&opts).await.unwrap();
+    let meta = WriteMeta::default();
+    let first = b
+        .state
+        .set("held", "rec", json!({"n": 1}), None, &meta)
+        .await
+        .unwrap()
+        .version;
+    assert_eq!(
+        b.state.get_unless("held", "rec", first).await.unwrap(),
+        Some(Fresh::Unchanged(first))
+    );
+    let second = b
+        .state
+        .set("held", "rec", json!({"n": 2}), Some(first), &meta)
+        .await
+        .unwrap()
+        .version;
+    match b.state.get_unless("held", "rec", first).await.unwrap() {
+        Some(Fresh::Changed(v)) => {
+            assert_eq!((v.value, v.version), (json!({"n": 2}), second));
+        }
+        other => panic!("a newer record is read out: {other:?}"),
+    }
+    assert_eq!(
+        b.state.get_unless("held", "absent", first).await.unwrap(),
+        None
+    );
+
+    let store = b.state.clone();
+    let call = |data: serde_json::Value| {
+        let store = store.clone();
+        async move {
+            engine_gateway::state_api::call(
+                store.as_ref(),
+                "state::get_versioned",
+                data,
+                &WriteMeta::default(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(
+        call(json!({"scope": "held", "key": "rec", "unless_version": second}))
+            .await
+            .unwrap(),
+        json!({"version": second, "unchanged": true})
+    );
+    assert_eq!(
+        call(json!({"scope": "held", "key": "rec", "unless_version": first}))
+            .await
+            .unwrap(),
+        json!({"value": {"n": 2}, "version": second})
+    );
+    assert_eq!(
+        call(json!({"scope": "held", "key": "rec"})).await.unwrap(),
+        json!({"value": {"n": 2}, "version": second})
+    );
+    let bad = call(json!({"scope": "held", "key": "rec", "unless_version": "two"}))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code, "invalid_message", "{bad:?}");
+}
