@@ -239,10 +239,10 @@ pub fn register(engine: &Arc<Engine>) {
     add(
         engine,
         "state::get_versioned",
-        "Read a value with its version: {value, version} or null; with unless_version, {version, unchanged: true} when the record is still at that version.",
+        "Read a value with its version: {value, version} or null.",
         schema(
             &["scope", "key"],
-            json!({"scope": s("string"), "key": s("string"), "unless_version": s("integer")}),
+            json!({"scope": s("string"), "key": s("string")}),
         ),
         |e, inv| async move {
             // A read writes nothing: no trace headers to format for a change record.

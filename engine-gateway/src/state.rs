@@ -203,33 +203,9 @@ pub fn validate_address(scope: &str, key: &str) -> Result<(), StateError> {
     Ok(())
 }
 
-/// What [`StateStore::get_unless`] found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Fresh {
-    /// Still at the version the caller holds (its value was not read out).
-    Unchanged(u64),
-    Changed(Versioned),
-}
-
 #[async_trait]
 pub trait StateStore: Send + Sync {
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError>;
-    /// The record, unless it is still at version `known` (a caller that holds it then skips
-    /// decoding it again). A backend that reads whole items anyway compares after the read.
-    async fn get_unless(
-        &self,
-        scope: &str,
-        key: &str,
-        known: u64,
-    ) -> Result<Option<Fresh>, StateError> {
-        Ok(self.get(scope, key).await?.map(|v| {
-            if v.version == known {
-                Fresh::Unchanged(known)
-            } else {
-                Fresh::Changed(v)
-            }
-        }))
-    }
     /// `expected_version`: `Some(0)` means "only if absent", `Some(n)` "only if at version n".
     async fn set(
         &self,

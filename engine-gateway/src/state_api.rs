@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 use crate::fields::{opt_str, opt_u64, req_str};
 use crate::protocol::ErrorBody;
 use crate::protocol::kind_of;
-use crate::state::{Fresh, LIST_PAGE_MAX, StateStore, TxWrite, UpdateOp, WriteMeta, WriteOutcome};
+use crate::state::{LIST_PAGE_MAX, StateStore, TxWrite, UpdateOp, WriteMeta, WriteOutcome};
 use crate::stream_item::{StreamItem, stream_items};
 
 pub const FUNCTIONS: &[&str] = &[
@@ -59,23 +59,7 @@ pub async fn call(
 
 async fn get(store: &dyn StateStore, data: &Value, versioned: bool) -> Result<Value, ErrorBody> {
     let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
-    // `unless_version`: the caller holds the record at that version; if it still is, the
-    // answer says so instead of carrying the value again.
-    let unless = if versioned {
-        opt_u64(data, "unless_version")?
-    } else {
-        None
-    };
-    let v = match unless {
-        Some(known) => match store.get_unless(&scope, &key, known).await? {
-            Some(Fresh::Unchanged(version)) => {
-                return Ok(json!({"version": version, "unchanged": true}));
-            }
-            Some(Fresh::Changed(v)) => Some(v),
-            None => None,
-        },
-        None => store.get(&scope, &key).await?,
-    };
+    let v = store.get(&scope, &key).await?;
     Ok(match (v, versioned) {
         (Some(v), true) => {
             let mut m = Map::with_capacity(2);

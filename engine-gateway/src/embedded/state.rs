@@ -1,7 +1,6 @@
 //! The embedded backend as a state store and a change feed.
 
 use super::*;
-use crate::state::Fresh;
 
 #[async_trait]
 impl StateStore for EmbeddedBackend {
@@ -17,34 +16,6 @@ impl StateStore for EmbeddedBackend {
             Ok::<_, StateError>(bytes.map(|g| g.value().to_vec()))
         })?;
         bytes.as_deref().map(decode).transpose()
-    }
-
-    async fn get_unless(
-        &self,
-        scope: &str,
-        key: &str,
-        known: u64,
-    ) -> Result<Option<Fresh>, StateError> {
-        validate_address(scope, key)?;
-        let k = state_key(scope, key);
-        // Only the version header is read when it is the caller's: nothing copied or decoded.
-        let found = self.wal.read(&self.db, |txn| {
-            let table = txn.open_table(STATE).map_err(storage)?;
-            let Some(stored) = table.get(k.as_str()).map_err(storage)? else {
-                return Ok::<_, StateError>(None);
-            };
-            let bytes = stored.value();
-            Ok(Some(if split_stored(bytes)?.0 == known {
-                Err(known)
-            } else {
-                Ok(bytes.to_vec())
-            }))
-        })?;
-        Ok(match found {
-            None => None,
-            Some(Err(known)) => Some(Fresh::Unchanged(known)),
-            Some(Ok(bytes)) => Some(Fresh::Changed(decode(&bytes)?)),
-        })
     }
 
     async fn set(

@@ -97,7 +97,7 @@ where
     P: Ports + ?Sized,
     S: States + ?Sized,
 {
-    let (mut rec, mut version) = match RecordStore::load_for_step(ports, sid).await {
+    let (mut rec, mut version) = match RecordStore::load(ports, sid).await {
         Ok(Some(x)) => x,
         Ok(None) => return Ok(stale()),
         Err(e) => return invocation_error(e),
@@ -125,8 +125,6 @@ where
         let dedup = format!("{sid}-{to:?}-{loaded_version}");
         match apply_all(ports, &mut rec, &mut version, t.effects, Some(dedup)).await? {
             Flow::Done => {
-                // Saved last (then only the next step queued): what the store holds.
-                ports.keep(rec, version);
                 return Ok(json!({"ok": true, "from_state": expected, "to_state": to}));
             }
             Flow::Stale => return Ok(stale()),
@@ -329,50 +327,6 @@ mod tests {
             function_id: "fs::list".into(),
             args: json!({}),
         }
-    }
-
-    #[tokio::test]
-    async fn the_next_step_reuses_the_saved_record_while_its_version_holds() {
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(TurnState::AssistantStreaming), 7));
-        let answered = || Ok(Outcome::Answered { calls: vec![] });
-        let script = Scripted::new(vec![
-            answered(),
-            Ok(Outcome::Steered),
-            answered(),
-            Ok(Outcome::Steered),
-            answered(),
-            Ok(Outcome::Steered),
-        ]);
-        let step = || drive(&ports, &script, TurnState::AssistantStreaming, "s1");
-        step().await.expect("first step");
-        assert_eq!(*ports.reused.lock().unwrap(), 0, "nothing held yet");
-        let (held, version) = ports.kept.lock().unwrap()["s1"].clone();
-        assert_eq!((held.clone(), version), saved(&ports), "held as saved");
-
-        step().await.expect("second step");
-        assert_eq!(
-            *ports.reused.lock().unwrap(),
-            1,
-            "the held record, still current"
-        );
-
-        // Another writer moved the record on: the step reads it from the store.
-        let mut moved = saved(&ports);
-        moved.0.turn_count = 40;
-        moved.1 += 1;
-        ports.records.lock().unwrap().insert("s1".into(), moved);
-        step().await.expect("third step");
-        assert_eq!(*ports.reused.lock().unwrap(), 1, "not reused once moved on");
-        assert_eq!(
-            saved(&ports).0.turn_count,
-            40,
-            "the step ran on (and saved) the stored record, not the held one"
-        );
     }
 
     #[tokio::test]

@@ -55,8 +55,6 @@ pub(crate) async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) ->
 pub struct InstanceCache {
     inner: std::sync::Mutex<std::collections::HashMap<String, (String, History)>>,
     runs: std::sync::Mutex<std::collections::HashMap<String, CachedRun>>,
-    /// The record each running session's last step here ended with, and its version.
-    records: std::sync::Mutex<std::collections::HashMap<String, (u64, Record)>>,
     /// The instance's compaction reserve (its [`Settings`]).
     pub(crate) reserved_tokens: u64,
 }
@@ -104,26 +102,11 @@ impl InstanceCache {
             f(entry);
         }
     }
-    pub(crate) fn keep_record(&self, version: u64, rec: Record) {
-        if let Ok(mut records) = self.records.lock() {
-            if records.len() >= CACHE_SESSIONS && !records.contains_key(&rec.session_id) {
-                records.clear();
-            }
-            records.insert(rec.session_id.clone(), (version, rec));
-        }
-    }
-    /// The record held for `sid` (taken: the step that uses it owns it).
-    pub(crate) fn take_record(&self, sid: &str) -> Option<(u64, Record)> {
-        self.records.lock().ok()?.remove(sid)
-    }
     /// Drop what is held for a session whose run ended: a stopped session keeps nothing here
     /// (its next run provisions again), so idle sessions cost no memory in this instance.
     pub(crate) fn forget(&self, sid: &str) {
         if let Ok(mut runs) = self.runs.lock() {
             runs.remove(sid);
-        }
-        if let Ok(mut records) = self.records.lock() {
-            records.remove(sid);
         }
         if let Ok(mut inner) = self.inner.lock() {
             inner.remove(sid);

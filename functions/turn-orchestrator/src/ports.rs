@@ -35,15 +35,6 @@ pub type EventItem = (String, String, String, Value);
 #[async_trait]
 pub trait RecordStore: Send + Sync {
     async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>>;
-    /// [`Self::load`] for a step: the record this instance [`Self::keep`]s from its last
-    /// step of the session is reused while the store still has it at that version (the
-    /// store says so without sending it again).
-    async fn load_for_step(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
-        self.load(sid).await
-    }
-    /// Hold the record a step ended with (as saved, at `version`) for the session's next
-    /// step in this instance.
-    fn keep(&self, _rec: Record, _version: u64) {}
     /// Save the record and the UI events held with it, together: both or neither (a
     /// delivery that loses the save to another wrote nothing; the winner wrote the same
     /// items). → the new version; `Stale` when another delivery saved first. `durable`: on
@@ -87,44 +78,17 @@ impl<T: RecordStore + StepQueue + EventStream + Calls> Ports for T {}
 
 // ------------------------------------------------------------------ the bus
 
-/// A `state::get_versioned` answer → the record and its version.
-fn loaded(mut v: Value) -> StepResult<Option<(Record, u64)>> {
-    if v.is_null() {
-        return Ok(None);
-    }
-    let version = v["version"].as_u64().unwrap_or(0);
-    let rec: Record = serde_json::from_value(v["value"].take())
-        .map_err(|e| StepError::Fatal(format!("unreadable turn record: {e}")))?;
-    Ok(Some((rec, version)))
-}
-
 #[async_trait]
 impl RecordStore for Ctx {
     async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
-        loaded(self.state_get_versioned(SCOPE, &record_key(sid)).await?)
-    }
-
-    async fn load_for_step(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
-        let Some((version, held)) = CACHE.try_with(|c| c.take_record(sid)).ok().flatten() else {
-            return self.load(sid).await;
-        };
-        let v = self
-            .trigger(
-                "state::get_versioned",
-                json!({"scope": SCOPE, "key": record_key(sid), "unless_version": version}),
-            )
-            .await?;
-        if v["unchanged"] == true && v["version"].as_u64() == Some(version) {
-            return Ok(Some((held, version)));
+        let mut v = self.state_get_versioned(SCOPE, &record_key(sid)).await?;
+        if v.is_null() {
+            return Ok(None);
         }
-        loaded(v)
-    }
-
-    fn keep(&self, rec: Record, version: u64) {
-        // A run that ended keeps nothing here (idle sessions cost no memory).
-        if !rec.state.terminal() && rec.outbox.is_empty() {
-            let _ = CACHE.try_with(|c| c.keep_record(version, rec));
-        }
+        let version = v["version"].as_u64().unwrap_or(0);
+        let rec: Record = serde_json::from_value(v["value"].take())
+            .map_err(|e| StepError::Fatal(format!("unreadable turn record: {e}")))?;
+        Ok(Some((rec, version)))
     }
 
     async fn save(
@@ -252,29 +216,12 @@ pub struct Memory {
     pub queued: Mutex<Vec<(String, TurnState, String)>>,
     pub events: Mutex<Vec<EventItem>>,
     pub answers: Mutex<HashMap<String, Value>>,
-    /// Records a step ended with ([`RecordStore::keep`]), and how many loads reused one.
-    pub kept: Mutex<HashMap<String, (Record, u64)>>,
-    pub reused: Mutex<u32>,
 }
 
 #[async_trait]
 impl RecordStore for Memory {
     async fn load(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
         Ok(lock(&self.records).get(sid).cloned())
-    }
-    async fn load_for_step(&self, sid: &str) -> StepResult<Option<(Record, u64)>> {
-        let kept = lock(&self.kept).remove(sid);
-        let stored = lock(&self.records).get(sid).map(|(_, v)| *v);
-        match kept {
-            Some((rec, version)) if stored == Some(version) => {
-                *lock(&self.reused) += 1;
-                Ok(Some((rec, version)))
-            }
-            _ => self.load(sid).await,
-        }
-    }
-    fn keep(&self, rec: Record, version: u64) {
-        lock(&self.kept).insert(rec.session_id.clone(), (rec, version));
     }
     async fn save(
         &self,
