@@ -59,6 +59,25 @@ fn transact_meta_of(engine: &Engine, inv: &Invocation) -> WriteMeta {
     meta
 }
 
+/// `state::get`, `get_versioned`, `list`: a read writes nothing, so no trace headers are
+/// formatted for a change record.
+async fn state_read(e: Arc<Engine>, inv: Invocation) -> HandlerResult {
+    state_call(&e, inv, &WriteMeta::default()).await
+}
+
+/// `state::set`, `update`, `delete`: the write's meta, marked unwatched when no trigger
+/// watches its scope.
+async fn state_write(e: Arc<Engine>, inv: Invocation) -> HandlerResult {
+    let meta = write_meta_of(&e, &inv);
+    state_call(&e, inv, &meta).await
+}
+
+async fn state_call(e: &Engine, inv: Invocation, meta: &WriteMeta) -> HandlerResult {
+    crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, meta)
+        .await
+        .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
+}
+
 fn add<F, Fut>(engine: &Arc<Engine>, id: &str, description: &str, request: Value, f: F)
 where
     F: Fn(Arc<Engine>, Invocation) -> Fut + Send + Sync + 'static,
@@ -224,17 +243,7 @@ pub fn register(engine: &Arc<Engine>) {
             &["scope", "key"],
             json!({"scope": s("string"), "key": s("string")}),
         ),
-        |e, inv| async move {
-            // A read writes nothing: no trace headers to format for a change record.
-            crate::state_api::call(
-                e.state.as_ref(),
-                &inv.function_id,
-                inv.data,
-                &WriteMeta::default(),
-            )
-            .await
-            .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
-        },
+        state_read,
     );
     add(
         engine,
@@ -244,17 +253,7 @@ pub fn register(engine: &Arc<Engine>) {
             &["scope", "key"],
             json!({"scope": s("string"), "key": s("string")}),
         ),
-        |e, inv| async move {
-            // A read writes nothing: no trace headers to format for a change record.
-            crate::state_api::call(
-                e.state.as_ref(),
-                &inv.function_id,
-                inv.data,
-                &WriteMeta::default(),
-            )
-            .await
-            .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
-        },
+        state_read,
     );
     add(
         engine,
@@ -264,12 +263,7 @@ pub fn register(engine: &Arc<Engine>) {
             &["scope", "key", "value"],
             json!({"scope": s("string"), "key": s("string"), "value": {}, "expected_version": s("integer")}),
         ),
-        |e, inv| async move {
-            let meta = write_meta_of(&e, &inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
-                .await
-                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
-        },
+        state_write,
     );
     add(
         engine,
@@ -279,12 +273,7 @@ pub fn register(engine: &Arc<Engine>) {
             &["scope", "key", "ops"],
             json!({"scope": s("string"), "key": s("string"), "ops": s("array"), "expected_version": s("integer")}),
         ),
-        |e, inv| async move {
-            let meta = write_meta_of(&e, &inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
-                .await
-                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
-        },
+        state_write,
     );
     add(
         engine,
@@ -294,12 +283,7 @@ pub fn register(engine: &Arc<Engine>) {
             &["scope", "key"],
             json!({"scope": s("string"), "key": s("string"), "expected_version": s("integer")}),
         ),
-        |e, inv| async move {
-            let meta = write_meta_of(&e, &inv);
-            crate::state_api::call(e.state.as_ref(), &inv.function_id, inv.data, &meta)
-                .await
-                .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
-        },
+        state_write,
     );
     add(
         engine,
@@ -309,17 +293,7 @@ pub fn register(engine: &Arc<Engine>) {
             &["scope"],
             json!({"scope": s("string"), "prefix": s("string")}),
         ),
-        |e, inv| async move {
-            // A read writes nothing: no trace headers to format for a change record.
-            crate::state_api::call(
-                e.state.as_ref(),
-                &inv.function_id,
-                inv.data,
-                &WriteMeta::default(),
-            )
-            .await
-            .unwrap_or_else(|| Err(ErrorBody::invalid("not a state function")))
-        },
+        state_read,
     );
 
     // ---- streams

@@ -241,7 +241,10 @@ pub(crate) async fn append_history(
         rec.messages.extend(messages.iter().cloned());
         return Ok(messages);
     }
-    let pending = rec.last_assistant.clone().filter(|_| rec.assistant_pending);
+    let pending = rec
+        .assistant_pending
+        .then(|| rec.last_assistant.clone())
+        .flatten();
     if messages.is_empty() && pending.is_none() {
         return Ok(messages);
     }

@@ -408,30 +408,43 @@ pub(crate) async fn assistant_streaming(
         );
     }
     span.finish(failed.as_deref());
-    let message = if rec.tree && has_calls_to_run(&message) {
-        // Appended with the batch's results, in one write (`append_history`): the record
-        // holds it until then, and a batch that parks appends it first.
-        rec.assistant_pending = true;
-        message
-    } else {
-        // The stored message is the one decided on (a re-run step gets the first run's back).
-        append_history(ctx, rec, vec![message], "a")
-            .await?
-            .pop()
-            .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?
+    let (message, outcome) = match outcome_of(&message) {
+        // An answer whose calls will run is appended with the batch's results, in one write
+        // (`append_history`): the record holds it until then, and a batch that parks appends
+        // it first.
+        Ok(Outcome::Answered { calls }) if rec.tree && !calls.is_empty() => {
+            rec.assistant_pending = true;
+            (message, Ok(Outcome::Answered { calls }))
+        }
+        _ => {
+            // The stored message is the one decided on (a re-run step gets the first run's
+            // back).
+            let stored = append_history(ctx, rec, vec![message], "a")
+                .await?
+                .pop()
+                .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
+            let outcome = outcome_of(&stored);
+            (stored, outcome)
+        }
     };
     emit(rec, "message_complete", json!({"message": message}));
     if let AgentMessage::Assistant { usage: Some(u), .. } = &message {
         rec.totals.add_usage(u);
     }
-    rec.last_assistant = Some(message.clone());
+    rec.last_assistant = Some(message);
+    outcome
+}
+
+/// What the model's answer decides: failed (an error or abort), or answered with these calls
+/// (maybe none).
+fn outcome_of(message: &AgentMessage) -> StepResult<Outcome> {
     let AgentMessage::Assistant {
         stop_reason,
         content,
         error_kind,
         error_message,
         ..
-    } = &message
+    } = message
     else {
         return Err(StepError::Fatal(
             "the provider answered with a non-assistant message".into(),
@@ -483,16 +496,6 @@ pub(crate) async fn assistant_streaming(
             Ok(Outcome::Answered { calls })
         }
     }
-}
-
-/// An answer whose calls will run (not an error or abort, at least one call).
-fn has_calls_to_run(message: &AgentMessage) -> bool {
-    matches!(
-        message,
-        AgentMessage::Assistant { stop_reason, content, .. }
-            if !matches!(stop_reason, StopReason::Error | StopReason::Aborted)
-                && content.iter().any(|c| matches!(c, ContentBlock::FunctionCall { .. }))
-    )
 }
 
 /// Call ids the orchestrator can key results and approvals by: a provider id that is empty,
