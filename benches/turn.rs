@@ -6,7 +6,9 @@
 //! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5), `BENCH_CONCURRENT`
 //! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went
 //! (with `BENCH_TIMELINE=1`, every span of one tool call in start order),
-//! `BENCH_CONCURRENT_POLL_MS` how often each concurrent session asks for its state (default 25),
+//! `BENCH_POLL_MS` how often a sequential session asks for its state (default 10; its time
+//! ends with its last step's span, not with the poll that saw it), `BENCH_CONCURRENT_POLL_MS`
+//! how often each concurrent session asks for its state (default 25),
 //! `BENCH_MODEL=in-process` the scripted model called through its router in this process
 //! instead of over a loopback socket (the provider still builds the HTTP request and parses
 //! the SSE answer), as the peers' fake models answer in process. `BENCH_THREADS` the
@@ -17,7 +19,7 @@ use engine_gateway::secrets::FileSecrets;
 use engine_gateway::server::{self, ServeOptions};
 use harness_sdk::{Ctx, RemoteOptions, connect_client, run_embedded};
 use scripted_model::{Cassette, ScriptedModel, ToolCall, Turn};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,10 +39,72 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// One session's time: from just before its trigger to the end of its last step, as the
+/// engine's trace store shows it (the step span ends once the final save is committed). Its
+/// end is found by polling the turn's state every `poll_interval`, but that poll's delay is
+/// not counted, so the polls can be rare: frequent ones were a `turn::get_state` round trip
+/// over the WebSocket every 2 ms, load of the bench's own on the same two cores, and still
+/// added half an interval per session. Falls back to the polled time when the spans are gone.
 async fn run_session(ctx: &Ctx, sid: &str) -> Duration {
-    run_session_counting_polls(ctx, sid, poll_interval())
+    let started = unix_nanos();
+    let polled = run_session_counting_polls(ctx, sid, poll_interval())
         .await
-        .0
+        .0;
+    match last_step_end(ctx, &[sid.to_string()]).await {
+        // Never later than the poll that saw the session stopped.
+        Some(end) if end > started => Duration::from_nanos(end - started).min(polled),
+        _ => polled,
+    }
+}
+
+fn unix_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// When the last turn step of these sessions ended (unix nanos), from the engine's spans
+/// (the trace store is a ring: the latest steps are the ones it still holds); `None` when it
+/// holds none of them.
+async fn last_step_end(ctx: &Ctx, sids: &[String]) -> Option<u64> {
+    let groups = ctx
+        .trigger(
+            "engine::traces::group_by",
+            json!({"attribute": "iii.session.id"}),
+        )
+        .await
+        .ok()?;
+    let sessions: std::collections::BTreeSet<&str> = sids.iter().map(String::as_str).collect();
+    // The bench's sessions share its trace: listed once, each step span names its session.
+    let traces: std::collections::BTreeSet<&str> = groups["groups"]
+        .as_array()?
+        .iter()
+        .filter(|g| g["value"].as_str().is_some_and(|v| sessions.contains(v)))
+        .flat_map(|g| g["trace_ids"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    let mut last = 0;
+    for trace in traces {
+        let spans = ctx
+            .trigger("engine::traces::list", json!({"trace_id": trace}))
+            .await
+            .ok()?;
+        for s in spans["spans"].as_array().into_iter().flatten() {
+            let name = s["name"].as_str().unwrap_or_default();
+            let session = s["attributes"]["iii.session.id"]
+                .as_str()
+                .unwrap_or_default();
+            if s["service"] == "engine"
+                && sessions.contains(session)
+                && name.starts_with("turn::")
+                && name != "turn::get_state"
+            {
+                last = last.max(s["end_unix_nanos"].as_u64().unwrap_or(0));
+            }
+        }
+    }
+    (last > 0).then_some(last)
 }
 
 /// The session's time and how many times it asked for the turn's state, every `poll`.
@@ -240,7 +304,7 @@ fn poll_interval() -> Duration {
     if std::env::var("BENCH_BACKEND").is_ok_and(|b| b == "aws") {
         Duration::from_millis(50)
     } else {
-        Duration::from_millis(2)
+        Duration::from_millis(env_usize("BENCH_POLL_MS", 10) as u64)
     }
 }
 
@@ -385,25 +449,31 @@ async fn bench() {
     }
 
     let concurrent = env_usize("BENCH_CONCURRENT", 50);
-    // Each session asks for its state every `poll`: at 2 ms, 50 sessions made 25 000 state
-    // reads a second over the WebSocket, load of the bench's own on the same two cores. The
-    // end of a run of several seconds is still found within 1%.
+    // Each session asks for its state every `poll`, load of the bench's own on the same two
+    // cores (at 25 ms, fifty sessions asked more often than they made tool calls), so the run
+    // ends with the last step's span, not with the poll that saw it: polls can be rare.
     let poll = Duration::from_millis(env_usize(
         "BENCH_CONCURRENT_POLL_MS",
-        if backend == "aws" { 50 } else { 25 },
+        if backend == "aws" { 50 } else { 100 },
     ) as u64);
+    let sids: Vec<String> = (0..concurrent).map(|i| format!("conc-{i}")).collect();
+    let started = unix_nanos();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for i in 0..concurrent {
-        let ctx = ctx.clone();
+    for sid in &sids {
+        let (ctx, sid) = (ctx.clone(), sid.clone());
         tasks.push(tokio::spawn(async move {
-            run_session_counting_polls(&ctx, &format!("conc-{i}"), poll).await
+            run_session_counting_polls(&ctx, &sid, poll).await
         }));
     }
     for t in tasks {
         t.await.expect("session");
     }
-    let secs = t0.elapsed().as_secs_f64();
+    let polled = t0.elapsed().as_secs_f64();
+    let secs = match last_step_end(&ctx, &sids).await {
+        Some(end) if end > started => ((end - started) as f64 / 1e9).min(polled),
+        _ => polled,
+    };
     let turns = concurrent as f64 * (k + 1) as f64;
     println!(
         "{concurrent} concurrent sessions: turns/s | {:.1}",

@@ -475,6 +475,81 @@ async fn each_call_is_dispatched_once() {
     assert_eq!(ran, "d1\nd2\nd3\nd4\nd5\n");
 }
 
+/// The batch's last call is held by the step's next save (after the history append), not a
+/// save of its own: when the step fails between the two (here the append, once), the record
+/// after the call is still saved durably, and the redelivered step does not run it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_fails_after_its_last_call_does_not_run_it_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = stack("version: 1\nrules:\n  - \"shell::exec\"\n").await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    s.model.load(Cassette {
+        turns: vec![
+            call(
+                "e1",
+                "shell::exec",
+                json!({"command": "echo e1 >> ran.log"}),
+            ),
+            text("done"),
+        ],
+        ..Default::default()
+    });
+    // The session tree's append, failing once for the batch's results, else the real one.
+    const APPEND: &str = "session-tree::append_batch";
+    let owner = s
+        .client
+        .ctx()
+        .functions(false)
+        .await
+        .unwrap()
+        .iter()
+        .find(|f| f["function_id"] == APPEND)
+        .map(|f| f["worker_id"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(s.srv.engine.unregister_function(&owner, APPEND));
+    let real = session_worker::worker().handler(APPEND).cloned().unwrap();
+    let failures = std::sync::Arc::new(AtomicUsize::new(0));
+    let f = failures.clone();
+    let flaky = harness_sdk::Worker::new("flaky-session").function(
+        APPEND,
+        "fails the first append of function results, then appends",
+        move |ctx, data: Value| {
+            let (real, f) = (real.clone(), f.clone());
+            async move {
+                let results = data["entries"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["message"]["role"] == "function_result"));
+                if results && f.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(engine_gateway::protocol::ErrorBody::new(
+                        "storage_error",
+                        "the session store is away for a moment",
+                    ));
+                }
+                real(ctx, data).await
+            }
+        },
+    );
+    let _flaky = harness_sdk::run_embedded(flaky, &s.srv.engine).unwrap();
+    let ctx = s.client.ctx();
+    start(&ctx, "after-call", None).await;
+    wait_state(&ctx, "after-call", "stopped").await;
+    assert!(
+        failures.load(Ordering::SeqCst) >= 2,
+        "the append failed once, then ran again"
+    );
+    let ran = std::fs::read_to_string(s.work.join("ran.log")).unwrap();
+    assert_eq!(ran, "e1\n", "the call ran once");
+    let rec = record(&s, "after-call").await;
+    assert_eq!(rec["error"], Value::Null, "{rec}");
+    let roles: Vec<&str> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "function_result", "assistant"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ui_subscribers_get_the_session_events_pushed() {
     let s = stack(PERMISSIONS).await;

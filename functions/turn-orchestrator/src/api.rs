@@ -105,6 +105,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         event_seq,
         totals,
         outbox: Vec::new(),
+        unsaved_call: None,
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version, false).await {

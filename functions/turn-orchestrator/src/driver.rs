@@ -110,7 +110,11 @@ where
         let outcome = match states.run(state, &mut rec, &mut version).await {
             Ok(o) => o,
             Err(StepError::Fatal(m)) => Outcome::Fatal(m),
-            Err(e) => return invocation_error(e),
+            Err(StepError::Stale) => return Ok(stale()),
+            Err(e) => {
+                save_unsaved_call(ports, &mut rec, &mut version).await;
+                return invocation_error(e);
+            }
         };
         let t =
             fsm::transition(state, &outcome).unwrap_or_else(|e| failure_of(state, e.to_string()));
@@ -123,7 +127,11 @@ where
         };
         rec.state = to;
         let dedup = format!("{sid}-{to:?}-{loaded_version}");
-        match apply_all(ports, &mut rec, &mut version, t.effects, Some(dedup)).await? {
+        let applied = apply_all(ports, &mut rec, &mut version, t.effects, Some(dedup)).await;
+        if applied.is_err() {
+            save_unsaved_call(ports, &mut rec, &mut version).await;
+        }
+        match applied? {
             Flow::Done => {
                 return Ok(json!({"ok": true, "from_state": expected, "to_state": to}));
             }

@@ -14,7 +14,8 @@ pub(crate) fn durably(ctx: &Ctx) -> Ctx {
 
 /// Save at `version` (updated to the new one); a conflict means another delivery moved on.
 /// The events held so far are written with it, in one write: a reader that sees the saved
-/// record finds them.
+/// record finds them. Durable at once when asked, or when it is the first save since a call
+/// ran ([`Record::unsaved_call`]).
 pub(crate) async fn save<P: RecordStore + ?Sized>(
     ports: &P,
     rec: &mut Record,
@@ -23,8 +24,25 @@ pub(crate) async fn save<P: RecordStore + ?Sized>(
 ) -> StepResult<()> {
     let events = std::mem::take(&mut rec.outbox);
     rec.updated_at_ms = now();
+    let durable = durable || rec.unsaved_call.is_some();
     *version = ports.save(rec, *version, durable, events).await?;
+    rec.unsaved_call = None;
     Ok(())
+}
+
+/// A step ends in an error after its batch's last call ran and before the save that was to
+/// hold it: the record as it was after the call is saved now, durably (best effort: a store
+/// that refuses it is the crash case, the call runs again).
+pub(crate) async fn save_unsaved_call<P: RecordStore + ?Sized>(
+    ports: &P,
+    rec: &mut Record,
+    version: &mut u64,
+) {
+    if let Some(mut after_call) = rec.unsaved_call.take()
+        && let Err(e) = save(ports, &mut after_call, version, true).await
+    {
+        tracing::warn!(session = %rec.session_id, error = ?e, "the record after an executed call could not be saved");
+    }
 }
 
 /// One UI event on `agent::events` (item `<sid>-<seq>`). Seq numbers come from the record, so

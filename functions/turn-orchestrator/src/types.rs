@@ -190,6 +190,11 @@ pub struct Record {
     /// in the record.
     #[serde(skip)]
     pub outbox: Vec<(String, String, String, Value)>,
+    /// The record just after the batch's last call ran, when its save was left to the step's
+    /// next one (which is then durable). A step that ends in an error before that save saves
+    /// this instead, durably, so no redelivery runs the call again. Never stored.
+    #[serde(skip)]
+    pub unsaved_call: Option<Box<Record>>,
 }
 
 impl Record {

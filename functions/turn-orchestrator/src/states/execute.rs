@@ -14,7 +14,8 @@ pub(crate) async fn function_execute(
         .as_ref()
         .map(|w| w.prepared.clone())
         .unwrap_or_default();
-    for call in prepared {
+    let last = prepared.len().saturating_sub(1);
+    for (index, call) in prepared.into_iter().enumerate() {
         let done = rec
             .work
             .as_ref()
@@ -129,8 +130,14 @@ pub(crate) async fn function_execute(
             w.executed.insert(call.function_call_id.clone(), executed);
         }
         // Saved durably after every call (with whatever the call itself wrote): a
-        // redelivered step never runs it again.
-        save(ctx, rec, version, true).await?;
+        // redelivered step never runs it again. The batch's last call is held by the step's
+        // next save instead (after the history append, made durable for it): one write fewer
+        // per batch; a step that fails before that save saves this record (the driver).
+        if index == last {
+            rec.unsaved_call = Some(Box::new(rec.clone()));
+        } else {
+            save(ctx, rec, version, true).await?;
+        }
     }
     if rec
         .awaiting_approval
