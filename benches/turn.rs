@@ -5,7 +5,8 @@
 //! `BENCH_BACKEND=aws` runs it on the AWS backend (LocalStack), `BENCH_K` tool calls per
 //! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5), `BENCH_CONCURRENT`
 //! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went
-//! (with `BENCH_TIMELINE=1`, every span of one tool call in start order),
+//! (with `BENCH_TIMELINE=1`, every span of one tool call in start order; `=provisioning`, of
+//! the run's provisioning step),
 //! `BENCH_POLL_MS` how often a sequential session asks for its state (default 10; its time
 //! ends with its last step's span, not with the poll that saw it), `BENCH_CONCURRENT_POLL_MS`
 //! how often each concurrent session asks for its state (default 25),
@@ -231,6 +232,24 @@ fn timeline(spans: &[serde_json::Value]) {
     };
     let (Some(&a), Some(&b)) = (steps.get(pick), steps.get(pick + 1)) else {
         return;
+    };
+    // `BENCH_TIMELINE=provisioning`: the session's provisioning step instead (once per run).
+    let (a, b) = match std::env::var("BENCH_TIMELINE").as_deref() {
+        Ok("provisioning") => {
+            let Some(p) = engine
+                .iter()
+                .rposition(|s| s["name"] == "turn::provisioning")
+            else {
+                return;
+            };
+            let next = steps
+                .iter()
+                .copied()
+                .find(|&i| i > p)
+                .unwrap_or(engine.len());
+            (p, next)
+        }
+        _ => (a, b),
     };
     let t0 = start(engine[a]);
     println!("\ntimeline of one tool call (engine spans; offset and duration in µs)");

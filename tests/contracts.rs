@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use scripted_model::Cassette;
 use serde_json::{Value, json};
 
 /// SPEC §1 and §3's function IDs, as the thick harness registers them.
@@ -341,12 +342,22 @@ async fn answers_read_back_into_their_contract_types() {
         call(&ctx, "turn::get_state", json!({"session_id": "nobody"})).await;
 }
 
-/// A download at every run start does nothing while the catalogue is the same, and picks up
-/// a function registered since.
+/// What every run start derives from the catalogue (the skills download, the skills index,
+/// the `agent_trigger` tool) is kept while the catalogue is the same, and picks up a function
+/// registered since: the engine's `catalogue_version` moves with every registration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skills_download_sees_a_function_registered_since_the_last_one() {
     let s = stack(PERMISSIONS).await;
     let ctx = s.composition.workers[0].ctx();
+    let version = |page: &Value| page["catalogue_version"].as_str().unwrap().to_string();
+    let one = json!({"formats": false, "limit": 1});
+    let page = ctx
+        .trigger("engine::functions::list", one.clone())
+        .await
+        .unwrap();
+    assert_eq!(page["functions"].as_array().unwrap().len(), 1, "{page}");
+    assert!(page["next"].is_string(), "{page}");
+    let before = version(&page);
     let all = json!({"id": "iii://iii-directory/index"});
     let first = ctx
         .trigger("directory::skills::download", all.clone())
@@ -357,12 +368,67 @@ async fn a_skills_download_sees_a_function_registered_since_the_last_one() {
         .await
         .unwrap();
     assert_eq!(first["ids"], again["ids"]);
+    let index = ctx
+        .trigger("directory::skills::index", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        index,
+        ctx.trigger("directory::skills::index", json!({}))
+            .await
+            .unwrap()
+    );
+    assert!(!index["body"].as_str().unwrap().contains("late::hello"));
+    s.model.load(Cassette {
+        turns: vec![text("one"), text("two")],
+        ..Default::default()
+    });
+    let tool_of = |sid: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let prompt = ctx
+                .state_get("agent", &format!("session/{sid}/prompt"))
+                .await
+                .unwrap();
+            prompt["tools"][0]["description"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    start(&ctx, "cat-1", None).await;
+    wait_state(&ctx, "cat-1", "stopped").await;
+    assert!(!tool_of("cat-1").await.contains("late::hello"));
+    assert_eq!(
+        version(
+            &ctx.trigger("engine::functions::list", one.clone())
+                .await
+                .unwrap()
+        ),
+        before,
+        "a run changes no registration"
+    );
     let mut late = harness_sdk::Worker::new("late");
     late.register_function(
         harness_sdk::def("late::hello", "Registered after the first download."),
         |_c, _d| async { Ok(json!({"hi": true})) },
     );
     let _late = harness_sdk::run_embedded(late, &s.srv.engine).unwrap();
+    assert_ne!(
+        version(&ctx.trigger("engine::functions::list", one).await.unwrap()),
+        before
+    );
+    let index = ctx
+        .trigger("directory::skills::index", json!({}))
+        .await
+        .unwrap();
+    assert!(
+        index["body"].as_str().unwrap().contains("late::hello"),
+        "{index}"
+    );
+    start(&ctx, "cat-2", None).await;
+    wait_state(&ctx, "cat-2", "stopped").await;
+    assert!(tool_of("cat-2").await.contains("late::hello"));
     let third = ctx
         .trigger("directory::skills::download", all)
         .await

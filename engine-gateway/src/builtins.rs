@@ -113,14 +113,29 @@ pub fn register(engine: &Arc<Engine>) {
     add(
         engine,
         "engine::functions::list",
-        "Registered functions with their schemas and owners, by id, in pages of about 96 KiB: {prefix?, after? (the last page's `next`), limit? (1-1000), formats? (default true)} → {functions, next?}.",
+        "Registered functions with their schemas and owners, by id, in pages of about 96 KiB: {prefix?, after? (the last page's `next`), limit? (1-1000), formats? (default true)} → {functions, next?, catalogue_version} (`catalogue_version` changes whenever the catalogue does).",
         schema(
             &[],
             json!({"prefix": s("string"), "after": s("string"), "limit": s("integer"), "formats": s("boolean")}),
         ),
         |e, inv| async move {
+            // Read before the entries: a change in between makes the page look older, never
+            // newer, than it is.
+            let version = e.catalogue_version();
             let formats = inv.data.get("formats") != Some(&Value::Bool(false));
-            crate::paging::functions_page(e.function_entries(formats), &inv.data)
+            let limit = inv.data["limit"]
+                .as_u64()
+                .map_or(usize::MAX, |l| l as usize);
+            let entries = e.function_entries_from(
+                formats,
+                inv.data["prefix"].as_str(),
+                inv.data["after"].as_str(),
+                // One more than a page can hold: the page knows there is a next one.
+                limit.saturating_add(1),
+            );
+            let mut page = crate::paging::functions_page(entries, &inv.data)?;
+            page["catalogue_version"] = json!(version);
+            Ok(page)
         },
     );
     add(

@@ -53,7 +53,10 @@ async fn last_registration_wins_and_cleanup_is_owner_safe() {
     let mut a = Raw::connect(&srv.url()).await;
     a.register("t::f").await;
     let mut b = Raw::connect(&srv.url()).await;
+    // Every change of the catalogue moves its version; anything else leaves it.
+    let version = srv.engine.catalogue_version();
     b.register("t::f").await; // b now owns t::f
+    assert_ne!(srv.engine.catalogue_version(), version);
 
     // A call goes to b, the newest registrant.
     let url = srv.url();
@@ -75,22 +78,27 @@ async fn last_registration_wins_and_cleanup_is_owner_safe() {
     assert_eq!(call.await.unwrap()["result"], "still b");
 
     // a foreign unregister is ignored; the owner's works.
+    let version = srv.engine.catalogue_version();
     c.send(json!({"type": "unregisterfunction", "id": "t::f"}))
         .await;
     c.barrier().await;
     assert!(srv.engine.has_function("t::f"));
+    assert_eq!(srv.engine.catalogue_version(), version);
     b.send(json!({"type": "unregisterfunction", "id": "t::f"}))
         .await;
     b.barrier().await;
     assert!(!srv.engine.has_function("t::f"));
+    assert_ne!(srv.engine.catalogue_version(), version);
 
     // b disconnects: its remaining registrations go away.
     b.register("t::g").await;
+    let version = srv.engine.catalogue_version();
     drop(b);
     common::wait_for("b's clean-up", || async {
         !srv.engine.has_function("t::g")
     })
     .await;
+    assert_ne!(srv.engine.catalogue_version(), version);
     let r = c.call("t::g", json!({})).await;
     assert_eq!(r["error"]["code"], "function_not_found");
 }

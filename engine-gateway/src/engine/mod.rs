@@ -355,6 +355,9 @@ pub struct Engine {
     /// Tasks aborted by `shutdown`, for `wait_stopped`.
     stopping: Mutex<Vec<JoinHandle<()>>>,
     call_seq: AtomicU64,
+    /// Bumped whenever the catalogue (a function, or a worker's name) changes: see
+    /// [`Engine::catalogue_version`].
+    catalogue_generation: AtomicU64,
     boot_id: String,
     started: std::time::Instant,
     closing: tokio::sync::watch::Sender<bool>,
@@ -414,6 +417,7 @@ impl Engine {
             tasks: Mutex::new(Vec::new()),
             stopping: Mutex::new(Vec::new()),
             call_seq: AtomicU64::new(0),
+            catalogue_generation: AtomicU64::new(0),
             boot_id: crate::trace::random_hex(4),
             started: std::time::Instant::now(),
             closing: tokio::sync::watch::channel(false).0,

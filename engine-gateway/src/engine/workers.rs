@@ -77,7 +77,15 @@ impl Engine {
                 owner: worker_id.to_string(),
             });
         }
-        write(&self.functions).retain(|_, f| f.owner != worker_id);
+        let removed = {
+            let mut functions = write(&self.functions);
+            let before = functions.len();
+            functions.retain(|_, f| f.owner != worker_id);
+            functions.len() != before
+        };
+        if removed {
+            self.catalogue_changed();
+        }
         write(&self.triggers).retain(|_, t| t.owner != worker_id);
         write(&self.stream_subs).retain(|_, subs| {
             subs.remove(worker_id);
@@ -103,8 +111,10 @@ impl Engine {
     pub fn set_worker_info(&self, worker_id: &str, name: Option<String>, metadata: Value) -> bool {
         match write(&self.workers).get_mut(worker_id) {
             Some(w) => {
-                if name.is_some() {
+                if name.is_some() && name != w.name {
                     w.name = name;
+                    // A skill's id names its worker.
+                    self.catalogue_changed();
                 }
                 if !metadata.is_null() {
                     w.metadata = metadata;
@@ -265,6 +275,7 @@ impl Engine {
                 registered_at_ms: now_ms(),
             },
         );
+        self.catalogue_changed();
     }
 
     /// Remove a registration only if `owner` still owns it.
@@ -272,6 +283,7 @@ impl Engine {
         let mut f = write(&self.functions);
         if f.get(id).is_some_and(|e| e.owner == owner) {
             f.remove(id);
+            self.catalogue_changed();
             self.publish_registry(RegistryOp::Remove {
                 kind: "function",
                 id: id.to_string(),
@@ -291,12 +303,50 @@ impl Engine {
         json!({ "functions": self.function_entries(true) })
     }
 
+    fn catalogue_changed(&self) {
+        self.catalogue_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Names this engine's catalogue as it is now: it changes whenever a function is
+    /// registered or removed or a worker is named, and differs between engine runs. A worker
+    /// that derives something from the catalogue (the directory's skills, a run's tool list)
+    /// keeps it while this is the same, instead of reading the whole catalogue again. Read it
+    /// before the catalogue, so a change in between only makes the derived thing look stale.
+    pub fn catalogue_version(&self) -> String {
+        format!(
+            "{}-{}",
+            self.boot_id,
+            self.catalogue_generation.load(Ordering::SeqCst)
+        )
+    }
+
     /// Every function by id; `formats`: with the schemas (a run's tool catalogue needs none,
     /// and copying them for every run start cost a tenth of 50 concurrent sessions' turns).
     pub fn function_entries(&self, formats: bool) -> Vec<Value> {
-        let mut out: Vec<Value> = read(&self.functions)
-            .values()
-            .map(|f| {
+        self.function_entries_from(formats, None, None, usize::MAX)
+    }
+
+    /// [`Self::function_entries`] of the ids after `after` that start with `prefix`, at most
+    /// `limit` of them: only those are built (a page of one costs one entry, not the catalogue).
+    pub fn function_entries_from(
+        &self,
+        formats: bool,
+        prefix: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<Value> {
+        let functions = read(&self.functions);
+        let mut ids: Vec<&String> = functions
+            .keys()
+            .filter(|id| {
+                prefix.is_none_or(|p| id.starts_with(p)) && after.is_none_or(|a| id.as_str() > a)
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.truncate(limit);
+        ids.into_iter()
+            .map(|id| {
+                let f = &functions[id];
                 let mut entry = json!({
                     "function_id": f.def.id,
                     "description": f.def.description,
@@ -310,9 +360,7 @@ impl Engine {
                 }
                 entry
             })
-            .collect();
-        out.sort_by(|a, b| a["function_id"].as_str().cmp(&b["function_id"].as_str()));
-        out
+            .collect()
     }
 
     pub fn list_workers(&self) -> Value {

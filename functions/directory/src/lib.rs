@@ -148,10 +148,10 @@ fn namespace_of(id: &str) -> Option<&str> {
     Some(rest.split('/').next().unwrap_or(rest))
 }
 
-async fn get(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+async fn get(memo: Arc<Downloads>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = req_str(&data, "id")?;
     if id == INDEX_ID {
-        return index(ctx, json!({})).await.map(|mut v| {
+        return index(memo, ctx, json!({})).await.map(|mut v| {
             v["id"] = json!(INDEX_ID);
             v
         });
@@ -205,9 +205,29 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     Ok(json!({"skills": skills}))
 }
 
-/// A compact index for the system prompt: one line per namespace.
-async fn index(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
-    let listed = list(ctx, json!({})).await?;
+/// A compact index for the system prompt: one line per namespace. Every run's provisioning
+/// asks for it: while the catalogue is the same, the last one is answered again (reading the
+/// cached skills, bodies and all, was most of a run's start).
+async fn index(memo: Arc<Downloads>, ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
+    let key = catalogue_key(&ctx).await.map_err(storage)?;
+    if let Some(key) = &key
+        && let Ok(last) = memo.index.lock()
+        && let Some((k, v)) = last.as_ref()
+        && k == key
+    {
+        return Ok(v.clone());
+    }
+    let out = index_now(&ctx).await?;
+    if let Some(key) = key
+        && let Ok(mut last) = memo.index.lock()
+    {
+        *last = Some((key, out.clone()));
+    }
+    Ok(out)
+}
+
+async fn index_now(ctx: &Ctx) -> Result<Value, ErrorBody> {
+    let listed = list(ctx.clone(), json!({})).await?;
     let mut by_worker: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for s in listed["skills"].as_array().into_iter().flatten() {
         by_worker
@@ -224,23 +244,45 @@ async fn index(ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
     Ok(json!({"body": body, "namespaces": by_worker.keys().collect::<Vec<_>>()}))
 }
 
-/// What this worker last downloaded: the catalogue it rendered (function, owner, registration
-/// time) and the skill ids. Every run's provisioning downloads the defaults; while the
-/// catalogue is the same, there is nothing to render, compare or write.
+/// What this worker last derived from the catalogue, with the catalogue it was derived from:
+/// the last download (its skill ids) and the last index. Every run's provisioning downloads
+/// the defaults and asks for the index; while the catalogue is the same, there is nothing to
+/// render, compare, write or list.
 #[derive(Default)]
 pub struct Downloads {
     last: std::sync::Mutex<Option<LastDownload>>,
+    index: std::sync::Mutex<Option<(CatalogueKey, Value)>>,
 }
 
 struct LastDownload {
     id: String,
-    catalogue: Vec<Value>,
+    catalogue: CatalogueKey,
     ids: Vec<String>,
 }
 
-/// The catalogue as it bears on the skills: who registered what, when.
-async fn fingerprint(ctx: &Ctx) -> Result<Vec<Value>, BusError> {
-    Ok(ctx
+/// Which catalogue something was derived from: the engine's `catalogue_version`, or where
+/// it gives none, every function's id, owner, registration time and description.
+#[derive(Debug, Clone, PartialEq)]
+enum CatalogueKey {
+    Version(String),
+    Print(Vec<Value>),
+}
+
+/// The catalogue's key now; `None`: it cannot be compared (the deployed catalogue has no
+/// version and no registration times), so nothing is kept.
+async fn catalogue_key(ctx: &Ctx) -> Result<Option<CatalogueKey>, BusError> {
+    let version = ctx
+        .trigger(
+            "engine::functions::list",
+            json!({"formats": false, "limit": 1}),
+        )
+        .await
+        .ok()
+        .and_then(|page| page["catalogue_version"].as_str().map(str::to_owned));
+    if let Some(v) = version {
+        return Ok(Some(CatalogueKey::Version(v)));
+    }
+    let print: Vec<Value> = ctx
         .functions(false)
         .await?
         .into_iter()
@@ -252,28 +294,36 @@ async fn fingerprint(ctx: &Ctx) -> Result<Vec<Value>, BusError> {
                 f["description"]
             ])
         })
-        .collect())
+        .collect();
+    Ok(print
+        .iter()
+        .all(|f| f[2].is_u64())
+        .then_some(CatalogueKey::Print(print)))
 }
 
 async fn download(memo: Arc<Downloads>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let id = req_str(&data, "id")?;
-    // Known registration times only (the deployed catalogue has none): then compare.
-    let print = fingerprint(&ctx).await.map_err(storage)?;
-    let comparable = print.iter().all(|f| f[2].is_u64());
-    if comparable
+    let key = catalogue_key(&ctx).await.map_err(storage)?;
+    if let Some(key) = &key
         && let Ok(last) = memo.last.lock()
         && let Some(l) = last.as_ref()
         && l.id == id
-        && l.catalogue == print
+        && &l.catalogue == key
     {
         return Ok(json!({"id": id, "downloaded": l.ids.len(), "ids": l.ids}));
     }
     let out = download_now(&ctx, &id).await?;
-    if comparable && let Ok(mut last) = memo.last.lock() {
+    // What was cached changed: the index is derived again.
+    if let Ok(mut index) = memo.index.lock() {
+        *index = None;
+    }
+    if let Some(key) = key
+        && let Ok(mut last) = memo.last.lock()
+    {
         let ids: Vec<String> = serde_json::from_value(out["ids"].clone()).unwrap_or_default();
         *last = Some(LastDownload {
             id,
-            catalogue: print,
+            catalogue: key,
             ids,
         });
     }
@@ -324,11 +374,15 @@ pub fn worker() -> Worker {
         ("storage", "the state store failed"),
     ];
     let mut w = Worker::new("directory");
+    let memo = Arc::new(Downloads::default());
     w.register_function(
         def("directory::skills::get", "A function's skill: what it does, request and response shapes, error codes, usage. Read it before first use.")
             .contract::<types::SkillRequest, types::Skill>()
             .errors(errs),
-        get,
+        {
+            let memo = memo.clone();
+            move |ctx, data| get(memo.clone(), ctx, data)
+        },
     );
     w.register_function(
         def(
@@ -346,7 +400,10 @@ pub fn worker() -> Worker {
         )
         .contract::<types::IndexRequest, types::IndexAnswer>()
         .errors(errs),
-        index,
+        {
+            let memo = memo.clone();
+            move |ctx, data| index(memo.clone(), ctx, data)
+        },
     );
     w.register_function(
         def(
@@ -355,10 +412,7 @@ pub fn worker() -> Worker {
         )
         .contract::<types::SkillRequest, types::DownloadAnswer>()
         .errors(errs),
-        {
-            let memo = Arc::new(Downloads::default());
-            move |ctx, data| download(memo.clone(), ctx, data)
-        },
+        move |ctx, data| download(memo.clone(), ctx, data),
     );
     w
 }

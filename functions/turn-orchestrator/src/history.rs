@@ -45,7 +45,8 @@ pub(crate) async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) ->
 }
 
 /// What this orchestrator instance keeps between steps, by session, so a step does not re-read
-/// what cannot have changed:
+/// what cannot have changed (and, for every run, the tool listing the catalogue while the
+/// engine's catalogue version is the same):
 /// - the history it read or wrote last, with the leaf it ends at. A run appends only through
 ///   this worker, so while the record's leaf is the cached one, the cache is the tree's path
 ///   (an entry rewritten in place by `session-tree::update_part` is seen from the next run on);
@@ -55,6 +56,9 @@ pub(crate) async fn best_effort(ctx: &Ctx, function_id: &str, payload: Value) ->
 pub struct InstanceCache {
     inner: std::sync::Mutex<std::collections::HashMap<String, (String, History)>>,
     runs: std::sync::Mutex<std::collections::HashMap<String, CachedRun>>,
+    /// The `agent_trigger` tool with the catalogue it lists, by the engine's
+    /// `catalogue_version` it was built from.
+    pub(crate) tool: std::sync::Mutex<Option<(String, harness_sdk::messages::ToolSpec)>>,
     /// The instance's compaction reserve (its [`Settings`]).
     pub(crate) reserved_tokens: u64,
 }

@@ -40,12 +40,10 @@ pub(crate) async fn provisioning(
     )
     .await
     .filter(|v| !v.is_null());
-    // Ids and descriptions are all the tool's description needs.
-    let catalogue = json!({"functions": ctx.functions(false).await?});
     let run_prompt = Prompt {
         run_key: rec.run_key.clone(),
         system_prompt,
-        tools: vec![prompt::agent_trigger_tool(&catalogue)],
+        tools: vec![catalogue_tool(ctx).await?],
     };
     ctx.state_set(
         SCOPE,
@@ -84,4 +82,39 @@ pub(crate) async fn provisioning(
         append_history(ctx, rec, req.messages.clone(), "u").await?;
     }
     Ok(Outcome::Provisioned)
+}
+
+/// The `agent_trigger` tool listing the catalogue: built again only when the engine's
+/// `catalogue_version` changed since this instance last built it (an engine that gives none:
+/// every run).
+async fn catalogue_tool(ctx: &Ctx) -> StepResult<harness_sdk::messages::ToolSpec> {
+    let version = ctx
+        .trigger(
+            "engine::functions::list",
+            json!({"formats": false, "limit": 1}),
+        )
+        .await
+        .ok()
+        .and_then(|page| page["catalogue_version"].as_str().map(str::to_owned));
+    if let Some(v) = &version
+        && let Ok(Some(tool)) = CACHE.try_with(|c| {
+            c.tool
+                .lock()
+                .ok()
+                .and_then(|t| t.as_ref().filter(|(k, _)| k == v).map(|(_, t)| t.clone()))
+        })
+    {
+        return Ok(tool);
+    }
+    // Ids and descriptions are all the tool's description needs.
+    let catalogue = json!({"functions": ctx.functions(false).await?});
+    let tool = prompt::agent_trigger_tool(&catalogue);
+    if let Some(v) = version {
+        let _ = CACHE.try_with(|c| {
+            if let Ok(mut t) = c.tool.lock() {
+                *t = Some((v, tool.clone()));
+            }
+        });
+    }
+    Ok(tool)
 }
