@@ -271,15 +271,7 @@ enum CatalogueKey {
 /// The catalogue's key now; `None`: it cannot be compared (the deployed catalogue has no
 /// version and no registration times), so nothing is kept.
 async fn catalogue_key(ctx: &Ctx) -> Result<Option<CatalogueKey>, BusError> {
-    let version = ctx
-        .trigger(
-            "engine::functions::list",
-            json!({"formats": false, "limit": 1}),
-        )
-        .await
-        .ok()
-        .and_then(|page| page["catalogue_version"].as_str().map(str::to_owned));
-    if let Some(v) = version {
+    if let Some(v) = ctx.catalogue_version().await {
         return Ok(Some(CatalogueKey::Version(v)));
     }
     let print: Vec<Value> = ctx

@@ -104,6 +104,19 @@ impl Ctx {
         self.bus.call(function_id, payload, &self.trace, None).await
     }
 
+    /// The engine's `catalogue_version` (asked with a page of one function): it moves whenever
+    /// a function is registered or removed or a worker is named. `None` where the engine gives
+    /// none (the deployed catalogue) or cannot be asked.
+    pub async fn catalogue_version(&self) -> Option<String> {
+        self.trigger(
+            "engine::functions::list",
+            serde_json::json!({"formats": false, "limit": 1}),
+        )
+        .await
+        .ok()
+        .and_then(|page| page["catalogue_version"].as_str().map(str::to_owned))
+    }
+
     /// Every registered function (`engine::functions::list`, page after page); `formats`:
     /// with their request and response schemas.
     pub async fn functions(&self, formats: bool) -> Result<Vec<Value>, BusError> {

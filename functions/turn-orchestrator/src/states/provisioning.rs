@@ -88,14 +88,7 @@ pub(crate) async fn provisioning(
 /// `catalogue_version` changed since this instance last built it (an engine that gives none:
 /// every run).
 async fn catalogue_tool(ctx: &Ctx) -> StepResult<harness_sdk::messages::ToolSpec> {
-    let version = ctx
-        .trigger(
-            "engine::functions::list",
-            json!({"formats": false, "limit": 1}),
-        )
-        .await
-        .ok()
-        .and_then(|page| page["catalogue_version"].as_str().map(str::to_owned));
+    let version = ctx.catalogue_version().await;
     if let Some(v) = &version
         && let Ok(Some(tool)) = CACHE.try_with(|c| {
             c.tool
