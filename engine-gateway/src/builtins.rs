@@ -122,18 +122,15 @@ pub fn register(engine: &Arc<Engine>) {
             // Read before the entries: a change in between makes the page look older, never
             // newer, than it is.
             let version = e.catalogue_version();
-            let formats = inv.data.get("formats") != Some(&Value::Bool(false));
-            let limit = inv.data["limit"]
-                .as_u64()
-                .map_or(usize::MAX, |l| l as usize);
+            let req = crate::paging::PageRequest::parse(&inv.data)?;
             let entries = e.function_entries_from(
-                formats,
-                inv.data["prefix"].as_str(),
-                inv.data["after"].as_str(),
+                req.formats,
+                req.prefix.as_deref(),
+                req.after.as_deref(),
                 // One more than a page can hold: the page knows there is a next one.
-                limit.saturating_add(1),
+                req.limit as usize + 1,
             );
-            let mut page = crate::paging::functions_page(entries, &inv.data)?;
+            let mut page = crate::paging::page(entries, &req);
             page["catalogue_version"] = json!(version);
             Ok(page)
         },

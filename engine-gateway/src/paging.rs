@@ -11,42 +11,69 @@ use serde_json::{Value, json};
 pub const PAGE_BYTES: usize = 96 * 1024;
 pub const MAX_LIMIT: u64 = 1000;
 
-/// `functions`: every registered function, sorted by `function_id`. Request fields:
-/// `prefix?`, `after?` (the previous page's `next`), `limit?` (1-1000), `formats?` (default
-/// true: the request and response schemas).
+/// What a page asks for: `prefix?`, `after?` (the previous page's `next`), `limit?` (1-1000),
+/// `formats?` (default true: the request and response schemas).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageRequest {
+    pub prefix: Option<String>,
+    pub after: Option<String>,
+    pub limit: u64,
+    pub formats: bool,
+}
+
+impl PageRequest {
+    pub fn parse(data: &Value) -> Result<Self, ErrorBody> {
+        let limit = match opt_u64(data, "limit")? {
+            None => MAX_LIMIT,
+            Some(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            Some(n) => {
+                return Err(ErrorBody::invalid(format!(
+                    "`limit` must be 1 to {MAX_LIMIT}, not {n}"
+                )));
+            }
+        };
+        let formats = match data.get("formats") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ErrorBody::invalid("`formats` must be a boolean")),
+        };
+        Ok(Self {
+            prefix: opt_str(data, "prefix")?,
+            after: opt_str(data, "after")?,
+            limit,
+            formats,
+        })
+    }
+}
+
+/// `functions`: every registered function, sorted by `function_id`; `data`: the request
+/// ([`PageRequest`]).
 pub fn functions_page(functions: Vec<Value>, data: &Value) -> Result<Value, ErrorBody> {
-    let prefix = opt_str(data, "prefix")?;
-    let after = opt_str(data, "after")?;
-    let limit = match opt_u64(data, "limit")? {
-        None => MAX_LIMIT,
-        Some(n) if (1..=MAX_LIMIT).contains(&n) => n,
-        Some(n) => {
-            return Err(ErrorBody::invalid(format!(
-                "`limit` must be 1 to {MAX_LIMIT}, not {n}"
-            )));
-        }
-    };
-    let formats = match data.get("formats") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ErrorBody::invalid("`formats` must be a boolean")),
-    };
+    Ok(page(functions, &PageRequest::parse(data)?))
+}
+
+/// One page of `functions` (sorted by `function_id`; those before `after` or outside `prefix`
+/// are skipped, so a caller may pass only the ones that can be on it, plus one to know
+/// whether a next page exists).
+pub fn page(functions: Vec<Value>, req: &PageRequest) -> Value {
     let mut page = Vec::new();
     let mut bytes = 0;
     let mut next = None;
     let eligible = functions.into_iter().filter(|f| {
         let id = f["function_id"].as_str().unwrap_or("");
-        prefix.as_deref().is_none_or(|p| id.starts_with(p))
-            && after.as_deref().is_none_or(|a| id > a)
+        req.prefix.as_deref().is_none_or(|p| id.starts_with(p))
+            && req.after.as_deref().is_none_or(|a| id > a)
     });
     for mut f in eligible {
-        if !formats && let Some(o) = f.as_object_mut() {
+        if !req.formats
+            && let Some(o) = f.as_object_mut()
+        {
             o.remove("request_format");
             o.remove("response_format");
         }
         let size = f.to_string().len() + 1;
         // At least one per page, so paging always moves on.
-        if !page.is_empty() && (page.len() as u64 >= limit || bytes + size > PAGE_BYTES) {
+        if !page.is_empty() && (page.len() as u64 >= req.limit || bytes + size > PAGE_BYTES) {
             next = page
                 .last()
                 .and_then(|l: &Value| l["function_id"].as_str())
@@ -60,7 +87,7 @@ pub fn functions_page(functions: Vec<Value>, data: &Value) -> Result<Value, Erro
     if let Some(n) = next {
         out["next"] = json!(n);
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]

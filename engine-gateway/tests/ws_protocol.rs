@@ -458,3 +458,35 @@ async fn void_and_enqueue_actions() {
     let next = c.recv().await;
     assert_eq!(next["type"], "pong", "no answer to a void call: {next}");
 }
+
+/// `engine::functions::list` over the WebSocket: a page of one names the catalogue's version
+/// and the next id; bad page fields answer a clear error before anything is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_pages_name_the_catalogue_and_refuse_bad_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut c = Raw::connect(&srv.url()).await;
+    let page = c
+        .call(
+            "engine::functions::list",
+            json!({"formats": false, "limit": 1}),
+        )
+        .await;
+    let page = &page["result"];
+    assert_eq!(page["functions"].as_array().unwrap().len(), 1, "{page}");
+    assert!(page["next"].is_string(), "{page}");
+    assert_eq!(page["catalogue_version"], srv.engine.catalogue_version());
+    let deep = (0..100).fold(json!(1), |v, _| json!([v]));
+    for bad in [
+        json!({"limit": 0}),
+        json!({"limit": 5000}),
+        json!({"limit": "one"}),
+        json!({"formats": "yes"}),
+        json!({"after": 3}),
+        json!({"prefix": deep}),
+    ] {
+        let r = c.call("engine::functions::list", bad.clone()).await;
+        assert!(r.get("result").is_none_or(Value::is_null), "{bad}: {r}");
+        assert!(r["error"]["code"].is_string(), "{bad}: {r}");
+    }
+}
