@@ -496,17 +496,7 @@ async fn a_step_that_fails_after_its_last_call_does_not_run_it_again() {
     });
     // The session tree's append, failing once for the batch's results, else the real one.
     const APPEND: &str = "session-tree::append_batch";
-    let owner = s
-        .client
-        .ctx()
-        .functions(false)
-        .await
-        .unwrap()
-        .iter()
-        .find(|f| f["function_id"] == APPEND)
-        .map(|f| f["worker_id"].as_str().unwrap().to_string())
-        .unwrap();
-    assert!(s.srv.engine.unregister_function(&owner, APPEND));
+    unregister(&s, APPEND).await;
     let real = session_worker::worker().handler(APPEND).cloned().unwrap();
     let failures = std::sync::Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
@@ -622,22 +612,8 @@ async fn ui_subscribers_get_the_session_events_pushed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_policy_means_every_call_is_denied_as_gate_unavailable() {
     let s = stack(PERMISSIONS).await;
-    // Take the policy away: the harness worker is the third one registered in `stack`.
-    let policy_owner = s
-        .client
-        .ctx()
-        .functions(false)
-        .await
-        .unwrap()
-        .iter()
-        .find(|f| f["function_id"] == "policy::check_permissions")
-        .map(|f| f["worker_id"].as_str().unwrap().to_string())
-        .unwrap();
-    assert!(
-        s.srv
-            .engine
-            .unregister_function(&policy_owner, "policy::check_permissions")
-    );
+    // Take the policy away.
+    unregister(&s, "policy::check_permissions").await;
     s.model.load(Cassette {
         turns: vec![call("r1", "fs::list", json!({})), text("I could not list.")],
         ..Default::default()

@@ -111,6 +111,22 @@ pub async fn stack_on(
     }
 }
 
+/// Take `function_id` away from the stack's worker that registered it (a test then runs
+/// without it, or registers a stand-in).
+pub async fn unregister(s: &Stack, function_id: &str) {
+    let owner = s
+        .client
+        .ctx()
+        .functions(false)
+        .await
+        .unwrap()
+        .iter()
+        .find(|f| f["function_id"] == function_id)
+        .map(|f| f["worker_id"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("nobody registered {function_id}"));
+    assert!(s.srv.engine.unregister_function(&owner, function_id));
+}
+
 pub const PERMISSIONS: &str = "version: 1\nrules:\n  - \"fs::read\"\n  - \"fs::list\"\n";
 
 pub fn call(id: &str, function: &str, payload: Value) -> Turn {
