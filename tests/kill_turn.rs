@@ -168,6 +168,110 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
     harness.kill9();
 }
 
+/// Fast turns run chained in one queued step (`turn_orchestrator::Chain`): `kill -9`s while a
+/// step is several turns in resume from the last turn it saved. Thirty turns of one call
+/// each; every effect once, the run stopped without an error, and only calls in flight at a
+/// kill ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9s_inside_a_chain_of_fast_turns_resume_from_its_last_saved_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("work")).unwrap();
+    std::fs::write(
+        dir.path().join("perms.yaml"),
+        "version: 1\nrules:\n  - \"shell::exec\"\n",
+    )
+    .unwrap();
+    let ids: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    let mut turns: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            json!({"when": format!("results>={i} && results<{}", i + 1), "text": format!("step {i}"),
+                "tool_calls": [{"id": id, "name": "agent_trigger", "arguments": {"function": "shell::exec", "payload": {
+                    "command": format!("echo {id} >> ran.log; grep -qx {id} effects.log 2>/dev/null || echo {id} >> effects.log")
+                }}}]})
+        })
+        .collect();
+    turns.push(json!({"when": "results>=30", "text": "All thirty steps ran."}));
+    std::fs::write(
+        dir.path().join("cassette.json"),
+        json!({ "turns": turns }).to_string(),
+    )
+    .unwrap();
+    let seed: u64 = std::env::var("HARNESS_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill schedule seed {seed}");
+
+    let mut harness = spawn_harness(dir.path(), &[]);
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
+    let r = client
+        .ctx()
+        .trigger("harness::trigger", json!({"session_id": "chain", "payload": {"provider": "scripted", "model": "scripted-demo", "max_turns": 100,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1}]}}))
+        .await
+        .unwrap();
+    assert_eq!(r["status_code"], 200, "{r}");
+    drop(client);
+    let mut kills = Vec::new();
+    let mut state = seed;
+    for _ in 0..4 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        // Kill once some effects are in and the run is not over: inside a chain.
+        let waited = std::time::Instant::now();
+        let wanted = 1 + (state % 4) as usize;
+        let before = lines(&dir.path().join("work/effects.log")).len();
+        while lines(&dir.path().join("work/effects.log")).len() < (before + wanted).min(29)
+            && waited.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let done = lines(&dir.path().join("work/effects.log")).len();
+        kills.push(done);
+        harness.kill9();
+        harness = spawn_harness(dir.path(), &[]);
+    }
+    eprintln!("effects at each kill: {kills:?}");
+    assert!(
+        kills.iter().any(|&n| n > 0 && n < 30),
+        "no kill landed inside the run (seed {seed}): {kills:?}"
+    );
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
+    let state = wait_finished(
+        &client.ctx(),
+        "chain",
+        Duration::from_secs(90),
+        &format!("the session never finished (seed {seed})"),
+    )
+    .await;
+    assert_eq!(state["state"], "stopped", "seed {seed}: {state}");
+    assert_eq!(
+        state["error"],
+        serde_json::Value::Null,
+        "seed {seed}: {state}"
+    );
+    let effects = lines(&dir.path().join("work/effects.log"));
+    assert_eq!(
+        effects, ids,
+        "every effect once, in turn order (seed {seed})"
+    );
+    let ran = lines(&dir.path().join("work/ran.log"));
+    assert!(
+        ran.len() <= ids.len() + kills.len(),
+        "only calls in flight at a kill ran again (seed {seed}): {ran:?}"
+    );
+    harness.kill9();
+}
+
 /// A command does not outlive the harness: `kill -9` of the binary takes the command's whole
 /// process tree with it (each command's waiter kills its group when the harness dies; with
 /// namespaces the PID namespace goes too), under each isolation.

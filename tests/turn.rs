@@ -1135,3 +1135,83 @@ async fn an_approval_wake_up_that_fails_twice_still_resumes_the_session_once() {
         .count();
     assert_eq!(ends, 1, "the call ran once");
 }
+
+/// Fast turns run chained in the step that queued the first of them (`driver::Chain`): a run
+/// of twelve quick tool turns takes fewer `assistant_streaming` steps than turns, and every
+/// turn still reaches the history. On the AWS backend a turn may outlast the chain's budget,
+/// so there only the history is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_turns_run_in_fewer_steps_than_turns() {
+    let s = stack("version: 1\nrules:\n  - \"fs::list\"\n").await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    let mut turns: Vec<Turn> = (0..12)
+        .map(|i| Turn {
+            when: Some(format!("results>={i} && results<{}", i + 1)),
+            tool_calls: vec![ToolCall {
+                id: format!("l{i}"),
+                name: "agent_trigger".into(),
+                arguments: json!({"function": "fs::list", "payload": {"path": "."}}),
+            }],
+            ..text(&format!("turn {i}"))
+        })
+        .collect();
+    turns.push(Turn {
+        when: Some("results>=12".into()),
+        ..text("done")
+    });
+    s.model.load(Cassette {
+        turns,
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "chained", Some(50)).await;
+    let view = wait_state(&ctx, "chained", "stopped").await;
+    assert_eq!(view["error"], Value::Null, "{view}");
+    assert_eq!(view["turn_count"], 13, "{view}");
+    let history = ctx
+        .trigger("session-tree::messages", json!({"session_id": "chained"}))
+        .await
+        .unwrap();
+    let results = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "function_result")
+        .count();
+    assert_eq!(results, 12, "{history}");
+    if engine_gateway::server::aws_test_backend() {
+        return;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = ctx
+        .trigger(
+            "engine::traces::group_by",
+            json!({"attribute": ATTR_SESSION_ID}),
+        )
+        .await
+        .unwrap();
+    let traces: Vec<Value> = g["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["value"] == "chained")
+        .flat_map(|x| x["trace_ids"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let mut steps = 0;
+    for trace in traces {
+        let spans = ctx
+            .trigger("engine::traces::list", json!({"trace_id": trace}))
+            .await
+            .unwrap();
+        steps += spans["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"] == "turn::assistant_streaming" && s["service"] == "engine")
+            .count();
+    }
+    assert!(
+        (1..13).contains(&steps),
+        "thirteen model turns in {steps} assistant_streaming steps"
+    );
+}

@@ -58,7 +58,7 @@ pub(crate) async fn step(
     // record after each executed call) is written durably at once.
     let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
-    let out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid).await;
+    let out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, Chain::STEP).await;
     if let Some(m) = engine_gateway::metrics::get() {
         let outcome = match &out {
             Ok(v) if v["skipped"] == true => "stale",
@@ -84,14 +84,45 @@ fn invocation_error(e: StepError) -> Result<Value, ErrorBody> {
     }
 }
 
+/// How far one `assistant_streaming` step goes on into the run's next turns instead of
+/// queuing each of them: a turn that starts while the step is younger than `budget` (and
+/// fewer than `max_turns` have started so) runs in the same step. Only fast turns chain (a
+/// model that takes longer than the budget ends the step as before), so a step stays within
+/// its queue's visibility timeout and a busy queue still goes round its sessions every
+/// `budget`. Each chained turn is saved as a queued one is (durably after its calls), so a
+/// crash mid-chain resumes from the last saved turn: the redelivered `assistant_streaming`
+/// finds `assistant_streaming` or `function_execute` ([`fsm::resumes`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Chain {
+    pub budget: Duration,
+    pub max_turns: u32,
+}
+
+impl Chain {
+    /// Every turn queued as its own step.
+    #[cfg(test)]
+    pub const NONE: Chain = Chain {
+        budget: Duration::ZERO,
+        max_turns: 0,
+    };
+    /// What a queued step does: a turn is a queue hop, a record load and an acknowledgement
+    /// (a fifth of a fast tool call's cost) only when the step has run a while.
+    pub const STEP: Chain = Chain {
+        budget: Duration::from_millis(100),
+        max_turns: 64,
+    };
+}
+
 /// One step of session `sid` in state `expected`: a record in another state means the
 /// delivery is stale (skipped), unless the state was entered inline by an earlier delivery
-/// of this step that died ([`fsm::resumes`]): then that state runs.
+/// of this step that died ([`fsm::resumes`]): then that state runs. An `assistant_streaming`
+/// step runs the next turns too while `chain` allows.
 pub async fn drive<P, S>(
     ports: &P,
     states: &S,
     expected: TurnState,
     sid: &str,
+    chain: Chain,
 ) -> Result<Value, ErrorBody>
 where
     P: Ports + ?Sized,
@@ -106,6 +137,8 @@ where
         return Ok(stale());
     };
     let loaded_version = version;
+    let started = Instant::now();
+    let mut chained = 0;
     loop {
         let outcome = match states.run(state, &mut rec, &mut version).await {
             Ok(o) => o,
@@ -126,8 +159,19 @@ where
             return Ok(json!({"ok": true, "from_state": expected, "to_state": state}));
         };
         rec.state = to;
-        let dedup = format!("{sid}-{to:?}-{loaded_version}");
-        let applied = apply_all(ports, &mut rec, &mut version, t.effects, Some(dedup)).await;
+        // Only a step that was queued as assistant_streaming chains: its redelivery resumes
+        // whatever turn the chain had saved.
+        let next = if expected == TurnState::AssistantStreaming
+            && to == TurnState::AssistantStreaming
+            && chained < chain.max_turns
+            && started.elapsed() < chain.budget
+        {
+            chained += 1;
+            Next::InThisStep
+        } else {
+            Next::Queued(format!("{sid}-{to:?}-{loaded_version}"))
+        };
+        let applied = apply_all(ports, &mut rec, &mut version, t.effects, Some(next)).await;
         if applied.is_err() {
             save_unsaved_call(ports, &mut rec, &mut version).await;
         }
@@ -151,13 +195,21 @@ enum Flow {
     Continue,
 }
 
-/// Apply a transition's effects in order. `dedup`: the next step's deduplication id.
+/// Where the next state runs, when the transition queues it.
+enum Next {
+    /// As its own step, with this deduplication id.
+    Queued(String),
+    /// In this step ([`Chain`]).
+    InThisStep,
+}
+
+/// Apply a transition's effects in order (`None`: the transition stays in its state).
 async fn apply_all<P: Ports + ?Sized>(
     ports: &P,
     rec: &mut Record,
     version: &mut u64,
     effects: Vec<Effect>,
-    dedup: Option<String>,
+    next: Option<Next>,
 ) -> Result<Flow, ErrorBody> {
     for effect in effects {
         match effect {
@@ -170,9 +222,13 @@ async fn apply_all<P: Ports + ?Sized>(
                 }
             }
             Effect::Enqueue => {
+                let dedup = match &next {
+                    Some(Next::InThisStep) => return Ok(Flow::Continue),
+                    Some(Next::Queued(dedup)) => dedup.clone(),
+                    None => String::new(),
+                };
                 // Entering function_awaiting_approval also queues one check: a decision
                 // written before this transition found no parked session to wake.
-                let dedup = dedup.clone().unwrap_or_default();
                 if let Err(StepError::Transient(e)) =
                     StepQueue::enqueue(ports, &rec.session_id, rec.state, dedup).await
                 {
@@ -309,7 +365,7 @@ mod tests {
             .lock()
             .unwrap()
             .insert("s1".into(), (record(state), 7));
-        let out = drive(&ports, &Scripted::new(script), state, "s1")
+        let out = drive(&ports, &Scripted::new(script), state, "s1", Chain::NONE)
             .await
             .expect("the step answers");
         (ports, out)
@@ -369,9 +425,15 @@ mod tests {
             .lock()
             .unwrap()
             .insert("s1".into(), (record(TurnState::AssistantStreaming), 7));
-        let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
-            .await
-            .expect("the step answers");
+        let out = drive(
+            &ports,
+            &script,
+            TurnState::AssistantStreaming,
+            "s1",
+            Chain::NONE,
+        )
+        .await
+        .expect("the step answers");
         assert_eq!(out["to_state"], "function_awaiting_approval", "{out}");
         assert_eq!(
             *script.1.lock().unwrap(),
@@ -395,6 +457,70 @@ mod tests {
         assert_eq!(queued[0].1, TurnState::FunctionAwaitingApproval);
     }
 
+    /// One turn with a call: the model answers, the batch runs, steering finds results.
+    fn a_turn() -> Vec<StepResult<Outcome>> {
+        vec![
+            Ok(Outcome::Answered {
+                calls: vec![call()],
+            }),
+            Ok(Outcome::BatchDone {
+                results: vec![],
+                terminated: false,
+            }),
+            Ok(Outcome::ResultsPending),
+        ]
+    }
+
+    #[tokio::test]
+    async fn fast_turns_run_in_the_step_until_its_chain_ends() {
+        use TurnState::{AssistantStreaming as AS, FunctionExecute as FE, SteeringCheck as SC};
+        let chain = Chain {
+            budget: Duration::from_secs(60),
+            max_turns: 1,
+        };
+        let script = Scripted::new(a_turn().into_iter().chain(a_turn()).collect());
+        let ports = Memory::default();
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(AS), 7));
+        let out = drive(&ports, &script, AS, "s1", chain).await.unwrap();
+        assert_eq!(out["to_state"], "assistant_streaming", "{out}");
+        assert_eq!(*script.1.lock().unwrap(), [AS, FE, SC, AS, FE, SC]);
+        // Each turn saved as a queued one is; only the turn past the chain is queued, under
+        // the step's own deduplication id.
+        assert_eq!(saved(&ports).1, 9);
+        assert_eq!(
+            *ports.queued.lock().unwrap(),
+            [("s1".to_string(), AS, "s1-AssistantStreaming-7".to_string())]
+        );
+        // A spent budget chains nothing.
+        let chain = Chain {
+            budget: Duration::ZERO,
+            max_turns: 64,
+        };
+        let script = Scripted::new(a_turn());
+        let out = drive(&ports, &script, AS, "s1", chain).await.unwrap();
+        assert_eq!(out["to_state"], "assistant_streaming", "{out}");
+        assert_eq!(*script.1.lock().unwrap(), [AS, FE, SC]);
+        assert_eq!(ports.queued.lock().unwrap().len(), 2);
+        // A step queued as another state does not chain: its redelivery would find the
+        // chained turn's state and skip it as stale.
+        let ports = Memory::default();
+        ports
+            .records
+            .lock()
+            .unwrap()
+            .insert("s1".into(), (record(TurnState::Provisioning), 3));
+        let script = Scripted::new(vec![Ok(Outcome::Provisioned)]);
+        drive(&ports, &script, TurnState::Provisioning, "s1", Chain::STEP)
+            .await
+            .unwrap();
+        assert_eq!(*script.1.lock().unwrap(), [TurnState::Provisioning]);
+        assert_eq!(ports.queued.lock().unwrap().len(), 1);
+    }
+
     #[tokio::test]
     async fn a_redelivered_step_resumes_the_batch_its_first_delivery_saved() {
         // The first delivery of assistant_streaming saved function_execute and died running
@@ -406,9 +532,15 @@ mod tests {
             .lock()
             .unwrap()
             .insert("s1".into(), (record(TurnState::FunctionExecute), 8));
-        let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
-            .await
-            .expect("the step answers");
+        let out = drive(
+            &ports,
+            &script,
+            TurnState::AssistantStreaming,
+            "s1",
+            Chain::NONE,
+        )
+        .await
+        .expect("the step answers");
         assert_eq!(out["to_state"], "function_awaiting_approval", "{out}");
         assert_eq!(*script.1.lock().unwrap(), [TurnState::FunctionExecute]);
         // Any other state found is stale.
@@ -418,9 +550,15 @@ mod tests {
             .lock()
             .unwrap()
             .insert("s1".into(), (record(TurnState::SteeringCheck), 9));
-        let out = drive(&ports, &script, TurnState::AssistantStreaming, "s1")
-            .await
-            .unwrap();
+        let out = drive(
+            &ports,
+            &script,
+            TurnState::AssistantStreaming,
+            "s1",
+            Chain::NONE,
+        )
+        .await
+        .unwrap();
         assert_eq!(out["reason"], "stale", "{out}");
         assert!(script.1.lock().unwrap().is_empty());
     }
@@ -518,6 +656,7 @@ mod tests {
             &Scripted::new(vec![]),
             TurnState::Provisioning,
             "s1",
+            Chain::NONE,
         )
         .await
         .unwrap();
@@ -536,6 +675,7 @@ mod tests {
             )))]),
             TurnState::Provisioning,
             "s1",
+            Chain::NONE,
         )
         .await
         .unwrap_err();
