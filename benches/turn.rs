@@ -77,7 +77,7 @@ async fn last_step_end(ctx: &Ctx, sids: &[String]) -> Option<u64> {
         .await
         .ok()?;
     let sessions: std::collections::BTreeSet<&str> = sids.iter().map(String::as_str).collect();
-    // The bench's sessions share its trace: listed once, each step span names its session.
+    // A trace may hold several sessions' steps: listed once, each step span names its session.
     let traces: std::collections::BTreeSet<&str> = groups["groups"]
         .as_array()?
         .iter()
@@ -110,6 +110,9 @@ async fn last_step_end(ctx: &Ctx, sids: &[String]) -> Option<u64> {
 
 /// The session's time and how many times it asked for the turn's state, every `poll`.
 async fn run_session_counting_polls(ctx: &Ctx, sid: &str, poll: Duration) -> (Duration, u64) {
+    // Each session in a trace of its own, as separate users' runs are: the span queries that
+    // end a session's time then read its own steps, not every earlier session's.
+    let ctx = &Ctx::root(ctx.bus().clone());
     let t0 = Instant::now();
     let mut polls = 0;
     let r = ctx
@@ -190,8 +193,9 @@ async fn breakdown(ctx: &Ctx, sid: &str, k: usize) {
     }
 }
 
-/// `BENCH_TIMELINE=1`: the engine-side spans of one tool call in the middle of the session,
-/// in start order, with their offsets (µs): the gaps between them are waits.
+/// `BENCH_TIMELINE=1`: the engine-side spans of one tool call in the middle of the session
+/// (from one model call to the next), in start order, with their offsets (µs): the gaps
+/// between them are waits.
 fn timeline(spans: &[serde_json::Value]) {
     let start = |s: &serde_json::Value| s["start_unix_nanos"].as_u64().unwrap_or(0);
     let mut engine: Vec<&serde_json::Value> =
@@ -200,8 +204,12 @@ fn timeline(spans: &[serde_json::Value]) {
     let steps: Vec<usize> = engine
         .iter()
         .enumerate()
-        // One model turn (and its tool call, run in the same step) per queued step.
-        .filter(|(_, s)| s["name"] == "turn::assistant_streaming")
+        // One model call per turn (a step may run several turns: `driver::Chain`).
+        .filter(|(_, s)| {
+            s["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("provider::") && n.ends_with("::stream"))
+        })
         .map(|(i, _)| i)
         .collect();
     // How far apart consecutive tool calls start, over the whole session.

@@ -221,12 +221,10 @@ pub fn register(engine: &Arc<Engine>) {
         schema(&[], json!({"trace_id": s("string")})),
         |e, inv| async move {
             let trace_id = opt_str(&inv.data, "trace_id")?;
-            let spans: Vec<Span> = e
-                .spans
-                .snapshot()
-                .into_iter()
-                .filter(|s| trace_id.as_deref().is_none_or(|t| s.trace_id == t))
-                .collect();
+            let spans: Vec<Span> = match trace_id {
+                Some(t) => e.spans.of_trace(&t),
+                None => e.spans.snapshot(),
+            };
             Ok(json!({"spans": spans}))
         },
     );

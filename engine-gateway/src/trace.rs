@@ -308,6 +308,21 @@ impl SpanStore {
         self.inner.lock().map(|i| i.recent_bytes).unwrap_or(0)
     }
 
+    /// The kept spans of one trace: the others are not unpacked (the ring holds many traces,
+    /// and a trace view asks for one).
+    pub fn of_trace(&self, trace_id: &str) -> Vec<Span> {
+        self.inner
+            .lock()
+            .map(|i| {
+                i.recent
+                    .iter()
+                    .filter(|p| p.trace_id(&i.interner) == trace_id)
+                    .map(|p| p.unpack(&i.interner))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn snapshot(&self) -> Vec<Span> {
         self.inner
             .lock()
@@ -435,6 +450,22 @@ mod tests {
             queue.is_empty(),
             "another process's spans are not exported again"
         );
+    }
+
+    #[test]
+    fn one_traces_spans_are_listed_without_the_others() {
+        let store = SpanStore::new(100);
+        let (a, b) = (TraceContext::new_root(), TraceContext::new_root());
+        for i in 0..30 {
+            let trace = if i % 3 == 0 { &a } else { &b };
+            store.record(Span::start(&format!("s{i}"), "engine", trace));
+        }
+        let of_a = store.of_trace(&a.trace_id);
+        assert_eq!(of_a.len(), 10);
+        assert!(of_a.iter().all(|s| s.trace_id == a.trace_id));
+        assert_eq!(of_a[0].name, "s0", "in the order they were kept");
+        assert_eq!(store.of_trace(&b.trace_id).len(), 20);
+        assert!(store.of_trace("no-such-trace").is_empty());
     }
 
     #[test]

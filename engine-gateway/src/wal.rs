@@ -135,6 +135,27 @@ pub(crate) struct Wal {
     /// The last record known to be on disk (by fdatasync or a checkpoint).
     synced: AtomicU64,
     sync_lock: Mutex<()>,
+    /// Async writers waiting for the fdatasync in progress to end ([`Wal::wait_synced`]).
+    group: Mutex<Group>,
+}
+
+/// The group commit of async writers: one of them syncs (the leader), the others wait
+/// without holding a thread, and the next sync covers every one of them.
+#[derive(Default)]
+struct Group {
+    /// A leader is syncing (or has been handed the lead).
+    syncing: bool,
+    waiting: Vec<(u64, tokio::sync::oneshot::Sender<Turn>)>,
+}
+
+/// What a waiting writer is told when a sync ends.
+enum Turn {
+    /// Its record is on disk.
+    Synced,
+    /// Its record is not: it syncs next, for everyone waiting then.
+    Lead,
+    /// The sync failed: the store writes no more.
+    Failed,
 }
 
 struct Tail {
@@ -252,6 +273,7 @@ impl Wal {
             appended: AtomicU64::new(last),
             synced: AtomicU64::new(last),
             sync_lock: Mutex::new(()),
+            group: Mutex::new(Group::default()),
         })
     }
 
@@ -376,6 +398,73 @@ impl Wal {
         }
         self.synced.fetch_max(target, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// [`Wal::sync_to`] for async writers, as a group commit: a writer that finds a sync in
+    /// progress waits for it without blocking its thread, and the next sync (by one of the
+    /// waiters, handed the lead) covers all that waited meanwhile. Blocking on the sync lock
+    /// instead held both of a two-core runtime's threads, one syncing and one waiting, and
+    /// every durable write made its own fdatasync.
+    pub(crate) async fn wait_synced(&self, lsn: u64) -> Result<(), WalError> {
+        loop {
+            if self.is_synced(lsn) {
+                return Ok(());
+            }
+            let waiting = {
+                let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+                if self.is_synced(lsn) {
+                    return Ok(());
+                }
+                if group.syncing {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    group.waiting.push((lsn, tx));
+                    Some(rx)
+                } else {
+                    group.syncing = true;
+                    None
+                }
+            };
+            let Some(waiting) = waiting else {
+                return self.lead(lsn);
+            };
+            match waiting.await {
+                Ok(Turn::Synced) => return Ok(()),
+                Ok(Turn::Lead) => return self.lead(lsn),
+                Ok(Turn::Failed) => {
+                    self.check()?;
+                    return Err(WalError::Failed("an fdatasync failed".into()));
+                }
+                // The leader went away without a word (it panicked): ask again.
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// Sync as the group's leader, then tell the waiters: those now on disk (all, on an
+    /// error) are released, and the first of the others leads the next sync.
+    fn lead(&self, lsn: u64) -> Result<(), WalError> {
+        let synced = self.sync_to(lsn);
+        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+        let on_disk = self.synced.load(Ordering::Acquire);
+        let mut rest = Vec::new();
+        for (waiter, tx) in std::mem::take(&mut group.waiting) {
+            match &synced {
+                Err(_) => drop(tx.send(Turn::Failed)),
+                Ok(()) if waiter <= on_disk => drop(tx.send(Turn::Synced)),
+                Ok(()) => rest.push((waiter, tx)),
+            }
+        }
+        group.syncing = false;
+        let mut rest = rest.into_iter();
+        // A waiter that went away (its future dropped) cannot lead: the next one does.
+        for (_, tx) in rest.by_ref() {
+            if tx.send(Turn::Lead).is_ok() {
+                group.syncing = true;
+                break;
+            }
+        }
+        group.waiting.extend(rest);
+        synced
     }
 
     /// Commit redb durably with the log's position, then empty the log (writes do this
@@ -880,5 +969,78 @@ mod tests {
             let lsn = try_put(&wal, &db, "s\0after", b"3").unwrap();
             wal.sync_to(lsn).unwrap();
         }
+    }
+
+    /// A log whose fdatasync takes a while, counts its calls, and fails when told.
+    struct SlowSync {
+        file: File,
+        syncs: std::sync::Arc<AtomicU64>,
+        fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl LogFile for SlowSync {
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            FileExt::write_all_at(&self.file, buf, offset)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.syncs.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.file.sync_data()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_writers_share_fdatasyncs_and_all_see_a_failed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = std::sync::Arc::new(Database::create(dir.path().join("a.redb")).unwrap());
+        let syncs = std::sync::Arc::new(AtomicU64::new(0));
+        let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (c, f) = (syncs.clone(), fail.clone());
+        let wal = std::sync::Arc::new(
+            Wal::open_with(&db, &dir.path().join("engine.wal"), move |file| {
+                Box::new(SlowSync {
+                    file,
+                    syncs: c,
+                    fail: f,
+                })
+            })
+            .unwrap(),
+        );
+        // Forty durable writers at once, each writing then waiting for its record.
+        let writers = |n: usize, tag: &'static str| {
+            (0..n)
+                .map(|i| {
+                    let (wal, db) = (wal.clone(), db.clone());
+                    tokio::spawn(async move {
+                        let lsn = try_put(&wal, &db, &format!("s\0{tag}{i}"), b"v")?;
+                        wal.wait_synced(lsn).await.map(|()| lsn)
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let before = syncs.load(Ordering::SeqCst);
+        for w in writers(40, "a") {
+            let lsn = w.await.unwrap().expect("synced");
+            assert!(wal.is_synced(lsn));
+        }
+        let used = syncs.load(Ordering::SeqCst) - before;
+        // Without the group each writer made its own (20 ms each).
+        assert!(used < 20, "{used} fdatasyncs for 40 durable writers");
+        // A failed fdatasync fails the leader and every writer that waited for it.
+        fail.store(true, Ordering::SeqCst);
+        let mut failed = 0;
+        for w in writers(10, "b") {
+            match w.await.unwrap() {
+                Err(WalError::Failed(why)) => {
+                    assert!(why.contains("fdatasync"), "{why}");
+                    failed += 1;
+                }
+                other => panic!("expected the store to stop: {other:?}"),
+            }
+        }
+        assert_eq!(failed, 10);
     }
 }

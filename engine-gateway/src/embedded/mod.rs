@@ -211,8 +211,9 @@ impl EmbeddedBackend {
 
     /// Run one write transaction and log it; unless `deferred`, return once its log record is
     /// on disk. All of it runs in place: redb commits to memory, the log append is one
-    /// write(2), and the fdatasync (about 0.1 ms, shared by concurrent durable writers) cost
-    /// less than a hand-off to the blocking pool and back.
+    /// write(2), and the fdatasync (about 0.1 ms) cost less than a hand-off to the blocking
+    /// pool and back. Concurrent durable writers share it: those that come while one syncs
+    /// wait for the next sync without holding a thread ([`Wal::wait_synced`]).
     async fn commit<T, E, F>(&self, deferred: bool, f: F) -> Result<T, E>
     where
         E: From<WalError>,
@@ -220,7 +221,7 @@ impl EmbeddedBackend {
     {
         let (out, lsn) = self.wal.write(&self.db, f)?;
         if !deferred {
-            self.wal.sync_to(lsn)?;
+            self.wal.wait_synced(lsn).await?;
         }
         Ok(out)
     }
