@@ -219,7 +219,7 @@ impl EmbeddedBackend {
         E: From<WalError>,
         F: FnOnce(&WriteTransaction, &mut Vec<Op>) -> Result<T, E>,
     {
-        let (out, lsn) = self.wal.write(&self.db, f)?;
+        let (out, lsn) = self.wal.write_async(&self.db, f).await?;
         if !deferred {
             self.wal.wait_synced(lsn).await?;
         }

@@ -10,11 +10,14 @@ impl StateStore for EmbeddedBackend {
         // A point read is a few microseconds from redb's cache: done in place, not handed to
         // the blocking pool (that hand-off cost more than the read). The bytes are copied out
         // and decoded after the store is let go.
-        let bytes = self.wal.read(&self.db, |txn| {
-            let table = txn.open_table(STATE).map_err(storage)?;
-            let bytes = table.get(k.as_str()).map_err(storage)?;
-            Ok::<_, StateError>(bytes.map(|g| g.value().to_vec()))
-        })?;
+        let bytes = self
+            .wal
+            .read_async(&self.db, |txn| {
+                let table = txn.open_table(STATE).map_err(storage)?;
+                let bytes = table.get(k.as_str()).map_err(storage)?;
+                Ok::<_, StateError>(bytes.map(|g| g.value().to_vec()))
+            })
+            .await?;
         bytes.as_deref().map(decode).transpose()
     }
 
@@ -90,10 +93,13 @@ impl StateStore for EmbeddedBackend {
         // The rows are copied out under the store's lock (every logged write included) and
         // decoded after it is let go: in place when small (the hand-off to the blocking pool
         // and back cost more than an inbox peek or a session's history), else on the pool.
-        let (rows, more) = self.wal.read(&self.db, |txn| {
-            let table = txn.open_table(STATE).map_err(storage)?;
-            raw_page(&table, &start, after.as_deref(), limit)
-        })?;
+        let (rows, more) = self
+            .wal
+            .read_async(&self.db, |txn| {
+                let table = txn.open_table(STATE).map_err(storage)?;
+                raw_page(&table, &start, after.as_deref(), limit)
+            })
+            .await?;
         let scope_len = scope.len() + 1;
         let bytes: usize = rows.iter().map(|(k, v)| k.len() + v.len()).sum();
         let entries = if bytes <= DECODE_IN_PLACE_BYTES {
