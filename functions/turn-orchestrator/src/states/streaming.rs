@@ -203,6 +203,49 @@ fn provider_name(provider: &str) -> &str {
     }
 }
 
+/// The latest frames with a partial message kept per batch, newest first read.
+const MAX_FALLBACK_FRAMES: usize = 8;
+
+/// What a provider frame is, read from its `type` alone.
+#[derive(Debug, PartialEq)]
+enum FrameKind {
+    /// `done` or `error`: the final message.
+    Final,
+    /// An event that carries the partial message.
+    Partial,
+    /// `usage`, `stop`, or a type this version does not know.
+    Other,
+}
+
+/// The frame's kind without building its message (`None`: not a JSON object with a `type`).
+fn frame_kind(text: &str) -> Option<FrameKind> {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    let typed: Typed = serde_json::from_str(text).ok()?;
+    Some(match typed.kind.as_ref() {
+        "done" | "error" => FrameKind::Final,
+        "usage" | "stop" => FrameKind::Other,
+        "start" | "text_start" | "text_delta" | "text_end" | "thinking_start"
+        | "thinking_delta" | "thinking_end" | "functioncall_start" | "functioncall_delta"
+        | "functioncall_end" => FrameKind::Partial,
+        _ => FrameKind::Other,
+    })
+}
+
+/// The `message_update` of a batch: the latest frame that reads as an event with a partial
+/// message (a malformed one is passed over, as before, for the one before it).
+fn latest_update(partials: &[String]) -> Option<Value> {
+    partials.iter().rev().find_map(|text| {
+        let event = serde_json::from_str::<AssistantMessageEvent>(text).ok()?;
+        let mut llm_event = serde_json::to_value(&event).ok()?;
+        let partial = llm_event.as_object_mut()?.remove("partial")?;
+        Some(json!({"message": partial, "llm_event": llm_event}))
+    })
+}
+
 /// Errors that mean the call never reached a handler that decided anything.
 pub(crate) fn is_unreachable(e: &BusError) -> bool {
     matches!(
@@ -290,22 +333,29 @@ pub(crate) async fn assistant_streaming(
                 // Frames already waiting are merged into one `message_update` (the latest
                 // partial holds every earlier delta), so a fast stream costs one push per
                 // batch instead of one per token.
-                let mut update: Option<Value> = None;
+                // Only the final message and the batch's latest partial are read whole: the
+                // others are superseded, so their type is all that is looked at.
+                let mut partials: Vec<String> = Vec::new();
                 let mut closed = false;
                 let mut next = Some(frame);
                 while let Some(frame) = next.take() {
-                    if let ChannelFrame::Text(text) = frame
-                        && let Ok(ev) = serde_json::from_str::<AssistantMessageEvent>(&text)
-                    {
-                        match ev {
-                            AssistantMessageEvent::Done { message } | AssistantMessageEvent::Error { error: message } => final_message = Some(message),
-                            other => {
-                                let mut llm_event = serde_json::to_value(&other).unwrap_or(Value::Null);
-                                let partial = llm_event.as_object_mut().and_then(|o| o.remove("partial"));
-                                if let Some(p) = partial {
-                                    update = Some(json!({"message": p, "llm_event": llm_event}));
+                    if let ChannelFrame::Text(text) = frame {
+                        match frame_kind(&text) {
+                            Some(FrameKind::Final) => {
+                                if let Ok(AssistantMessageEvent::Done { message } | AssistantMessageEvent::Error { error: message }) =
+                                    serde_json::from_str::<AssistantMessageEvent>(&text)
+                                {
+                                    final_message = Some(message);
                                 }
                             }
+                            Some(FrameKind::Partial) => {
+                                // A few to fall back on, not the whole of a long burst.
+                                if partials.len() == MAX_FALLBACK_FRAMES {
+                                    partials.remove(0);
+                                }
+                                partials.push(text);
+                            }
+                            Some(FrameKind::Other) | None => {}
                         }
                     }
                     match reader.next().now_or_never() {
@@ -314,7 +364,7 @@ pub(crate) async fn assistant_streaming(
                         None => {}
                     }
                 }
-                if let Some(u) = update {
+                if let Some(u) = latest_update(&partials) {
                     emit_transient(ctx, rec, "message_update", u).await;
                 }
                 if closed {
@@ -525,6 +575,47 @@ pub(crate) fn with_usable_call_ids(mut message: AgentMessage, turn: u32) -> Agen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_of_frames_yields_its_latest_partial_and_skips_the_malformed() {
+        let partial = |text: &str| {
+            serde_json::to_value(AgentMessage::Assistant {
+                content: vec![ContentBlock::Text { text: text.into() }],
+                stop_reason: StopReason::End,
+                error_message: None,
+                error_kind: None,
+                usage: None,
+                model: "m".into(),
+                provider: "p".into(),
+                timestamp: 1,
+            })
+            .unwrap()
+        };
+        let frame = |v: Value| v.to_string();
+        let start = frame(json!({"type": "start", "partial": partial("")}));
+        let delta = frame(json!({"type": "text_delta", "delta": "hi", "partial": partial("hi")}));
+        let usage = frame(json!({"type": "usage", "usage": {"input": 1, "output": 1}}));
+        let done = frame(json!({"type": "done", "message": partial("hi")}));
+        assert_eq!(frame_kind(&start), Some(FrameKind::Partial));
+        assert_eq!(frame_kind(&usage), Some(FrameKind::Other));
+        assert_eq!(frame_kind(&done), Some(FrameKind::Final));
+        assert_eq!(
+            frame_kind(r#"{"type": "from_the_future"}"#),
+            Some(FrameKind::Other)
+        );
+        for hostile in ["", "[]", "{}", r#"{"type": 7}"#, "{\"type\": \"start\""] {
+            assert_eq!(frame_kind(hostile), None, "{hostile}");
+        }
+        let u = latest_update(&[start.clone(), delta.clone()]).unwrap();
+        assert_eq!(u["message"]["content"][0]["text"], "hi");
+        assert_eq!(u["llm_event"]["type"], "text_delta");
+        assert!(u["llm_event"].get("partial").is_none());
+        // A malformed latest frame (a partial that is not a message) gives way to the one before.
+        let broken = frame(json!({"type": "text_delta", "delta": "x", "partial": 3}));
+        let u = latest_update(&[start.clone(), delta, broken.clone()]).unwrap();
+        assert_eq!(u["llm_event"]["delta"], "hi");
+        assert!(latest_update(&[broken]).is_none());
+    }
 
     #[test]
     fn json_chars_counts_what_the_string_would_hold() {
