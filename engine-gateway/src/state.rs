@@ -320,7 +320,7 @@ pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
         )));
     }
     let mut seen = std::collections::HashSet::with_capacity(writes.len());
-    let mut bytes = 0usize;
+    let mut bound = 0usize;
     for (i, w) in writes.iter().enumerate() {
         validate_address(&w.scope, &w.key)
             .map_err(|e| StateError::Invalid(format!("write {i}: {e}")))?;
@@ -331,6 +331,14 @@ pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
             )));
         }
         check_value_depth(&format!("write {i}'s `value`"), &w.value)?;
+        bound += w.scope.len() + w.key.len() + json_len_bound(&w.value);
+    }
+    if bound <= TRANSACT_MAX_BYTES {
+        return Ok(());
+    }
+    // Maybe over: counted exactly.
+    let mut bytes = 0usize;
+    for (i, w) in writes.iter().enumerate() {
         bytes += w.scope.len() + w.key.len() + json_len(&w.value);
         if bytes > TRANSACT_MAX_BYTES {
             return Err(StateError::Invalid(format!(
@@ -339,6 +347,28 @@ pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
         }
     }
     Ok(())
+}
+
+/// At least the length of `v`'s JSON text, from the lengths of its strings and the count of
+/// its nodes (a string counted as if every byte were escaped), without writing it: a check
+/// that a value fits under a limit needs [`json_len`] only when this is over it.
+pub fn json_len_bound(v: &Value) -> usize {
+    fn string(s: &str) -> usize {
+        2 + 6 * s.len()
+    }
+    match v {
+        Value::Null | Value::Bool(_) => 5,
+        // The longest a number is written: `-1.7976931348623157e308`, 23 bytes.
+        Value::Number(_) => 24,
+        Value::String(s) => string(s),
+        Value::Array(items) => 2 + items.iter().map(|i| json_len_bound(i) + 1).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| string(k) + 2 + json_len_bound(v))
+                .sum::<usize>()
+        }
+    }
 }
 
 /// The length of `v`'s JSON text, counted without building it.
@@ -639,6 +669,29 @@ fn remove_at(root: &mut Value, path: &str) -> Result<(), StateError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_json_length_bound_is_never_under_the_length() {
+        let samples = [
+            json!(null),
+            json!(true),
+            json!(-1.7976931348623157e308),
+            json!(u64::MAX),
+            json!("plain"),
+            json!("\u{1}\u{2}\"\\\n\t"),
+            json!("héllo → 世界 🦀"),
+            json!([]),
+            json!({}),
+            json!([1, [2, [3, {"a": null}]], "x"]),
+            json!({"k\u{0}ey": {"nested": [true, false, 0.5]}, "": ""}),
+        ];
+        for v in samples {
+            assert!(json_len_bound(&v) >= json_len(&v), "{v}");
+        }
+        // A big value is bounded within a small factor, so the exact count is rarely needed.
+        let text = json!({"message": {"content": [{"type": "text", "text": "a".repeat(10_000)}]}});
+        assert!(json_len_bound(&text) < 7 * json_len(&text));
+    }
 
     fn ops(v: Value) -> Vec<UpdateOp> {
         serde_json::from_value(v).expect("ops")

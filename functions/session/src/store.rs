@@ -180,7 +180,9 @@ async fn fast_append(
     parent: &str,
     inputs: &[EntryInput],
 ) -> Result<Option<Vec<(Entry, bool)>>, ErrorBody> {
-    use engine_gateway::state::{TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len};
+    use engine_gateway::state::{
+        TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound,
+    };
     let Some(m) = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) else {
         return Ok(None);
     };
@@ -211,7 +213,7 @@ async fn fast_append(
         };
         parent_id = Some(entry.id.clone());
         let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
-        bytes += json_len(&value);
+        bytes += json_len_bound(&value);
         writes.push(TxWrite {
             scope: ENTRIES.into(),
             key: entry_key(sid, &entry.id),
@@ -220,7 +222,14 @@ async fn fast_append(
         });
         entries.push((entry, true));
     }
-    if bytes >= TRANSACT_MAX_BYTES / 2 {
+    // Exactly only when the bound says it may be over.
+    if bytes >= TRANSACT_MAX_BYTES / 2
+        && writes[1..]
+            .iter()
+            .map(|w| json_len(&w.value))
+            .sum::<usize>()
+            >= TRANSACT_MAX_BYTES / 2
+    {
         return Ok(None);
     }
     match ctx.state_commit(writes, Vec::new()).await {

@@ -6,7 +6,7 @@
 use crate::prelude::*;
 use async_trait::async_trait;
 use engine_gateway::state::{
-    SET_MANY_MAX, TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len,
+    SET_MANY_MAX, TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound,
 };
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -139,6 +139,13 @@ const EVENT_IN_TRANSACTION_MAX: usize = 256 * 1024;
 fn one_write(record: &Value, events: &[EventItem]) -> bool {
     if events.is_empty() || events.len() >= TRANSACT_MAX_WRITES {
         return false;
+    }
+    // Most saves are far under the limits: their bound says so without writing the JSON.
+    let bound = events.iter().map(|e| json_len_bound(&e.3));
+    if bound.clone().all(|n| n <= EVENT_IN_TRANSACTION_MAX)
+        && json_len_bound(record) + bound.sum::<usize>() < TRANSACT_MAX_BYTES / 2
+    {
+        return true;
     }
     let mut bytes = json_len(record);
     for e in events {
