@@ -29,6 +29,49 @@ fn effect_once_cassette<S: AsRef<str>>(dir: &std::path::Path, ids: &[S], sleep: 
     std::fs::write(dir.join("cassette.json"), cassette.to_string()).unwrap();
 }
 
+/// A kill schedule that differs per run and can be replayed (`HARNESS_SOAK_SEED=<seed>`):
+/// the seed, and a generator of the numbers that place the kills (xorshift64: enough to
+/// spread kills over a run).
+fn kill_schedule() -> (u64, impl FnMut() -> u64) {
+    let seed: u64 = std::env::var("HARNESS_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill schedule seed {seed}");
+    let mut state = seed;
+    let next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (seed, next)
+}
+
+/// The session ends `stopped`, with no error, on the harness that runs after the kills.
+async fn stopped_without_error(harness: &common::process::Harness, sid: &str, seed: u64) {
+    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
+    let state = wait_finished(
+        &client.ctx(),
+        sid,
+        Duration::from_secs(90),
+        &format!("the session never finished (seed {seed})"),
+    )
+    .await;
+    assert_eq!(state["state"], "stopped", "seed {seed}: {state}");
+    assert_eq!(
+        state["error"],
+        serde_json::Value::Null,
+        "seed {seed}: {state}"
+    );
+}
+
 /// Start a session on the scripted provider.
 async fn start_scripted(ctx: &harness_sdk::Ctx, sid: &str) {
     let r = ctx
@@ -104,26 +147,8 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
     .unwrap();
     let ids: Vec<String> = (1..=8).map(|i| format!("s{i}")).collect();
     effect_once_cassette(dir.path(), &ids, "0.25", "eight");
-    // A schedule that differs per run and can be replayed: HARNESS_SOAK_SEED=<seed>.
-    let seed: u64 = std::env::var("HARNESS_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("kill schedule seed {seed}");
-    let mut state = seed;
-    let mut next_ms = move |lo: u64, hi: u64| {
-        // xorshift64: enough to spread kills over the run.
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        lo + state % (hi - lo)
-    };
+    let (seed, mut next) = kill_schedule();
+    let mut next_ms = move |lo: u64, hi: u64| lo + next() % (hi - lo);
 
     let mut harness = spawn_harness(dir.path(), &[]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
@@ -141,20 +166,7 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
         harness = spawn_harness(dir.path(), &[]);
     }
     eprintln!("kills (ms after start, effects so far): {kills:?}");
-    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
-    let state = wait_finished(
-        &client.ctx(),
-        "soak",
-        Duration::from_secs(90),
-        &format!("the session never finished (seed {seed})"),
-    )
-    .await;
-    assert_eq!(state["state"], "stopped", "seed {seed}: {state}");
-    assert_eq!(
-        state["error"],
-        serde_json::Value::Null,
-        "seed {seed}: {state}"
-    );
+    stopped_without_error(&harness, "soak", seed).await;
     let mut effects = lines(&dir.path().join("work/effects.log"));
     effects.sort();
     assert_eq!(effects, ids, "every effect exactly once (seed {seed})");
@@ -198,17 +210,7 @@ async fn kill_9s_inside_a_chain_of_fast_turns_resume_from_its_last_saved_turn() 
         json!({ "turns": turns }).to_string(),
     )
     .unwrap();
-    let seed: u64 = std::env::var("HARNESS_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("kill schedule seed {seed}");
+    let (seed, mut next) = kill_schedule();
 
     let mut harness = spawn_harness(dir.path(), &[]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
@@ -221,14 +223,10 @@ async fn kill_9s_inside_a_chain_of_fast_turns_resume_from_its_last_saved_turn() 
     assert_eq!(r["status_code"], 200, "{r}");
     drop(client);
     let mut kills = Vec::new();
-    let mut state = seed;
     for _ in 0..4 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
         // Kill once some effects are in and the run is not over: inside a chain.
         let waited = std::time::Instant::now();
-        let wanted = 1 + (state % 4) as usize;
+        let wanted = 1 + (next() % 4) as usize;
         let before = lines(&dir.path().join("work/effects.log")).len();
         while lines(&dir.path().join("work/effects.log")).len() < (before + wanted).min(29)
             && waited.elapsed() < Duration::from_secs(20)
@@ -245,20 +243,7 @@ async fn kill_9s_inside_a_chain_of_fast_turns_resume_from_its_last_saved_turn() 
         kills.iter().any(|&n| n > 0 && n < 30),
         "no kill landed inside the run (seed {seed}): {kills:?}"
     );
-    let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
-    let state = wait_finished(
-        &client.ctx(),
-        "chain",
-        Duration::from_secs(90),
-        &format!("the session never finished (seed {seed})"),
-    )
-    .await;
-    assert_eq!(state["state"], "stopped", "seed {seed}: {state}");
-    assert_eq!(
-        state["error"],
-        serde_json::Value::Null,
-        "seed {seed}: {state}"
-    );
+    stopped_without_error(&harness, "chain", seed).await;
     let effects = lines(&dir.path().join("work/effects.log"));
     assert_eq!(
         effects, ids,

@@ -192,20 +192,7 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
 
     // One connected trace for the session.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let g = ctx
-        .trigger(
-            "engine::traces::group_by",
-            json!({"attribute": ATTR_SESSION_ID}),
-        )
-        .await
-        .unwrap();
-    let group = g["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["value"] == "s1")
-        .cloned()
-        .unwrap();
+    let group = session_group(&ctx, "s1").await;
     assert_eq!(
         group["trace_ids"].as_array().unwrap().len(),
         1,
@@ -1183,22 +1170,9 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
         return;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let g = ctx
-        .trigger(
-            "engine::traces::group_by",
-            json!({"attribute": ATTR_SESSION_ID}),
-        )
-        .await
-        .unwrap();
-    let traces: Vec<Value> = g["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|x| x["value"] == "chained")
-        .flat_map(|x| x["trace_ids"].as_array().cloned().unwrap_or_default())
-        .collect();
+    let group = session_group(&ctx, "chained").await;
     let mut steps = 0;
-    for trace in traces {
+    for trace in group["trace_ids"].as_array().unwrap() {
         let spans = ctx
             .trigger("engine::traces::list", json!({"trace_id": trace}))
             .await
@@ -1214,4 +1188,22 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
         (1..13).contains(&steps),
         "thirteen model turns in {steps} assistant_streaming steps"
     );
+}
+
+/// The engine's span group of session `sid` (its trace ids), by `engine::traces::group_by`.
+async fn session_group(ctx: &harness_sdk::Ctx, sid: &str) -> Value {
+    let g = ctx
+        .trigger(
+            "engine::traces::group_by",
+            json!({"attribute": ATTR_SESSION_ID}),
+        )
+        .await
+        .unwrap();
+    g["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["value"] == sid)
+        .cloned()
+        .unwrap_or_else(|| panic!("no spans of session {sid}: {g}"))
 }

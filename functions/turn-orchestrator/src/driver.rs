@@ -358,13 +358,15 @@ mod tests {
         rec
     }
 
-    async fn run(state: TurnState, script: Vec<StepResult<Outcome>>) -> (Memory, Value) {
+    /// In-memory ports holding session `s1`'s record at a version.
+    fn ports_with(stored: (Record, u64)) -> Memory {
         let ports = Memory::default();
+        ports.records.lock().unwrap().insert("s1".into(), stored);
         ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(state), 7));
+    }
+
+    async fn run(state: TurnState, script: Vec<StepResult<Outcome>>) -> (Memory, Value) {
+        let ports = ports_with((record(state), 7));
         let out = drive(&ports, &Scripted::new(script), state, "s1", Chain::NONE)
             .await
             .expect("the step answers");
@@ -419,12 +421,7 @@ mod tests {
             }),
             Ok(Outcome::Parked),
         ]);
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(TurnState::AssistantStreaming), 7));
+        let ports = ports_with((record(TurnState::AssistantStreaming), 7));
         let out = drive(
             &ports,
             &script,
@@ -479,12 +476,7 @@ mod tests {
             max_turns: 1,
         };
         let script = Scripted::new(a_turn().into_iter().chain(a_turn()).collect());
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(AS), 7));
+        let ports = ports_with((record(AS), 7));
         let out = drive(&ports, &script, AS, "s1", chain).await.unwrap();
         assert_eq!(out["to_state"], "assistant_streaming", "{out}");
         assert_eq!(*script.1.lock().unwrap(), [AS, FE, SC, AS, FE, SC]);
@@ -507,12 +499,7 @@ mod tests {
         assert_eq!(ports.queued.lock().unwrap().len(), 2);
         // A step queued as another state does not chain: its redelivery would find the
         // chained turn's state and skip it as stale.
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(TurnState::Provisioning), 3));
+        let ports = ports_with((record(TurnState::Provisioning), 3));
         let script = Scripted::new(vec![Ok(Outcome::Provisioned)]);
         drive(&ports, &script, TurnState::Provisioning, "s1", Chain::STEP)
             .await
@@ -526,12 +513,7 @@ mod tests {
         // The first delivery of assistant_streaming saved function_execute and died running
         // the calls: the redelivery runs the batch (not the model again).
         let script = Scripted::new(vec![Ok(Outcome::Parked)]);
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(TurnState::FunctionExecute), 8));
+        let ports = ports_with((record(TurnState::FunctionExecute), 8));
         let out = drive(
             &ports,
             &script,
@@ -645,12 +627,7 @@ mod tests {
     #[tokio::test]
     async fn stale_deliveries_and_transient_errors() {
         // The record is in another state: skipped, nothing written.
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(TurnState::Stopped), 3));
+        let ports = ports_with((record(TurnState::Stopped), 3));
         let out = drive(
             &ports,
             &Scripted::new(vec![]),
@@ -662,12 +639,7 @@ mod tests {
         .unwrap();
         assert_eq!(out["reason"], "stale");
         // A transient error goes back to the queue (retried), the record untouched.
-        let ports = Memory::default();
-        ports
-            .records
-            .lock()
-            .unwrap()
-            .insert("s1".into(), (record(TurnState::Provisioning), 3));
+        let ports = ports_with((record(TurnState::Provisioning), 3));
         let err = drive(
             &ports,
             &Scripted::new(vec![Err(StepError::Transient(ErrorBody::new(
