@@ -201,7 +201,8 @@ async fn fast_append(
         expected_version: Some(m.version),
     }];
     let mut entries = Vec::with_capacity(inputs.len());
-    let mut bytes = 0;
+    // At least the entries' JSON length (`json_len_bound`).
+    let mut bound = 0;
     let mut parent_id = Some(parent.to_string());
     for (i, input) in inputs.iter().enumerate() {
         let entry = Entry {
@@ -213,7 +214,7 @@ async fn fast_append(
         };
         parent_id = Some(entry.id.clone());
         let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
-        bytes += json_len_bound(&value);
+        bound += json_len_bound(&value);
         writes.push(TxWrite {
             scope: ENTRIES.into(),
             key: entry_key(sid, &entry.id),
@@ -223,7 +224,7 @@ async fn fast_append(
         entries.push((entry, true));
     }
     // Exactly only when the bound says it may be over.
-    if bytes >= TRANSACT_MAX_BYTES / 2
+    if bound >= TRANSACT_MAX_BYTES / 2
         && writes[1..]
             .iter()
             .map(|w| json_len(&w.value))

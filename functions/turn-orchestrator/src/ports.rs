@@ -141,10 +141,14 @@ fn one_write(record: &Value, events: &[EventItem]) -> bool {
         return false;
     }
     // Most saves are far under the limits: their bound says so without writing the JSON.
-    let bound = events.iter().map(|e| json_len_bound(&e.3));
-    if bound.clone().all(|n| n <= EVENT_IN_TRANSACTION_MAX)
-        && json_len_bound(record) + bound.sum::<usize>() < TRANSACT_MAX_BYTES / 2
-    {
+    let mut bound = json_len_bound(record);
+    let mut each_small = true;
+    for e in events {
+        let n = json_len_bound(&e.3);
+        each_small &= n <= EVENT_IN_TRANSACTION_MAX;
+        bound += n;
+    }
+    if each_small && bound < TRANSACT_MAX_BYTES / 2 {
         return true;
     }
     let mut bytes = json_len(record);
