@@ -305,6 +305,13 @@ pub fn register(engine: &Arc<Engine>) {
         ),
         state_read,
     );
+    add(
+        engine,
+        "state::sync",
+        "Return once every write committed before this call is durable, deferred ones too: {synced: true}.",
+        schema(&[], json!({})),
+        state_read,
+    );
 
     // ---- streams
     add(

@@ -205,6 +205,12 @@ pub fn validate_address(scope: &str, key: &str) -> Result<(), StateError> {
 
 #[async_trait]
 pub trait StateStore: Send + Sync {
+    /// Return once every write committed before this call is durable, deferred ones too
+    /// (`iii.durability=deferred`). A store whose writes are durable when they return
+    /// (DynamoDB) has nothing to wait for.
+    async fn sync(&self) -> Result<(), StateError> {
+        Ok(())
+    }
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError>;
     /// `expected_version`: `Some(0)` means "only if absent", `Some(n)` "only if at version n".
     async fn set(

@@ -17,6 +17,7 @@ pub const FUNCTIONS: &[&str] = &[
     "state::delete",
     "state::list",
     "state::transact",
+    "state::sync",
 ];
 
 /// Take `field` out of a request the caller owns (no copy of a large value).
@@ -52,6 +53,11 @@ pub async fn call(
         // Stored stream items reach subscribers from the store's change feed here (the
         // engine's built-in pushes them itself).
         "state::transact" => transact(store, &mut data, meta).await.map(|(v, _)| v),
+        "state::sync" => store
+            .sync()
+            .await
+            .map(|()| json!({"synced": true}))
+            .map_err(Into::into),
         _ => return None,
     };
     Some(r)

@@ -464,6 +464,11 @@ impl Wal {
         self.fail(why)
     }
 
+    /// The last record appended (in the kernel, maybe not yet on disk).
+    pub(crate) fn last_appended(&self) -> u64 {
+        self.appended.load(Ordering::Acquire)
+    }
+
     /// True when record `lsn` is already on disk.
     pub(crate) fn is_synced(&self, lsn: u64) -> bool {
         self.synced.load(Ordering::Acquire) >= lsn

@@ -4,6 +4,14 @@ use super::*;
 
 #[async_trait]
 impl StateStore for EmbeddedBackend {
+    /// The log fdatasynced up to its last record (the group commit: a sync in progress or
+    /// the next one covers it).
+    async fn sync(&self) -> Result<(), StateError> {
+        let last = self.wal.last_appended();
+        self.wal.wait_synced(last).await?;
+        Ok(())
+    }
+
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError> {
         validate_address(scope, key)?;
         let k = state_key(scope, key);
@@ -243,6 +251,27 @@ mod tests {
 
     fn keys(records: &[ChangeRecord]) -> Vec<&str> {
         records.iter().map(|r| r.key.as_str()).collect()
+    }
+
+    /// `state::sync` makes the deferred writes before it durable (they return before their
+    /// log record is on disk).
+    #[tokio::test]
+    async fn sync_makes_the_deferred_writes_before_it_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = EmbeddedBackend::open(dir.path()).unwrap();
+        let deferred = WriteMeta {
+            baggage: Some(format!("{}=deferred", crate::state::DURABILITY_BAGGAGE)),
+            ..WriteMeta::default()
+        };
+        b.set("s", "a", json!(1), None, &deferred).await.unwrap();
+        let last = b.wal.last_appended();
+        assert!(!b.wal.is_synced(last), "a deferred write does not wait");
+        let answer = crate::state_api::call(b.as_ref(), "state::sync", json!({}), &deferred)
+            .await
+            .expect("a state function")
+            .unwrap();
+        assert_eq!(answer, json!({"synced": true}));
+        assert!(b.wal.is_synced(last));
     }
 
     #[tokio::test]

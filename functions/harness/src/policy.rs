@@ -86,6 +86,8 @@ pub const DEFAULT_DENY: &[&str] = &[
     "state::update",
     "state::delete",
     "state::transact",
+    // Forces the store's disk syncs: the harness's own pacing, not the agent's.
+    "state::sync",
     // The UI's event stream is the harness's to write: an agent could forge events.
     "stream::set",
     "stream::set_many",

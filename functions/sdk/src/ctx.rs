@@ -246,6 +246,13 @@ impl Ctx {
         .await
     }
 
+    /// Return once every write committed before it is durable, deferred ones too
+    /// (`state::sync`).
+    pub async fn state_sync(&self) -> Result<Value, BusError> {
+        self.trigger("state::sync", Value::Object(Default::default()))
+            .await
+    }
+
     /// Writes and stream items that commit together or not at all (`state::transact`);
     /// stream items as `(stream_name, group_id, item_id, data)`. → `{versions, stream_items}`;
     /// a conflict on any write answers `version_conflict` and nothing is written.

@@ -106,6 +106,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         totals,
         outbox: Vec::new(),
         unsaved_call: None,
+        pending_sync: Default::default(),
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version, false).await {

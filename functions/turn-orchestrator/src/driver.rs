@@ -55,7 +55,8 @@ pub(crate) async fn step(
 ) -> Result<Value, ErrorBody> {
     // Everything this step writes (record, events, history, the next step) becomes durable
     // with the step's queue acknowledgement; only what must outlive a crash on its own (the
-    // record after each executed call) is written durably at once.
+    // record after each executed call) is made durable before anything else runs (a chained
+    // turn's, before its next call: `save_syncing_later`).
     let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
     let out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, Chain::STEP).await;
@@ -89,9 +90,10 @@ fn invocation_error(e: StepError) -> Result<Value, ErrorBody> {
 /// fewer than `max_turns` have started so) runs in the same step. Only fast turns chain (a
 /// model that takes longer than the budget ends the step as before), so a step stays within
 /// its queue's visibility timeout and a busy queue still goes round its sessions every
-/// `budget`. Each chained turn is saved as a queued one is (durably after its calls), so a
-/// crash mid-chain resumes from the last saved turn: the redelivered `assistant_streaming`
-/// finds `assistant_streaming` or `function_execute` ([`fsm::resumes`]).
+/// `budget`. Each chained turn is saved as a queued one is, so a crash mid-chain resumes from
+/// the last saved turn: the redelivered `assistant_streaming` finds `assistant_streaming` or
+/// `function_execute` ([`fsm::resumes`]). Its calls' results become durable beside the next
+/// model call, before the next call runs ([`save_syncing_later`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Chain {
     pub budget: Duration,
@@ -128,11 +130,37 @@ where
     P: Ports + ?Sized,
     S: States + ?Sized,
 {
+    let pending = PendingSync::default();
+    let out = drive_turns(ports, states, expected, sid, chain, &pending).await;
+    // However the step ends, not before the sync it started is done: its acknowledgement
+    // is deferred, so that sync is what makes the last call's result durable.
+    match (pending.settle().await, out) {
+        (Err(e), Ok(_)) => Err(ErrorBody::new(
+            "storage",
+            format!("the turn record could not be made durable: {e}"),
+        )),
+        (_, out) => out,
+    }
+}
+
+async fn drive_turns<P, S>(
+    ports: &P,
+    states: &S,
+    expected: TurnState,
+    sid: &str,
+    chain: Chain,
+    pending: &PendingSync,
+) -> Result<Value, ErrorBody>
+where
+    P: Ports + ?Sized,
+    S: States + ?Sized,
+{
     let (mut rec, mut version) = match RecordStore::load(ports, sid).await {
         Ok(Some(x)) => x,
         Ok(None) => return Ok(stale()),
         Err(e) => return invocation_error(e),
     };
+    rec.pending_sync = pending.clone();
     let Some(mut state) = fsm::resumes(expected, rec.state) else {
         return Ok(stale());
     };
@@ -214,7 +242,14 @@ async fn apply_all<P: Ports + ?Sized>(
     for effect in effects {
         match effect {
             Effect::Save { durable } => {
-                if let Err(e) = save(ports, rec, version, durable).await {
+                // A turn that goes on in this step syncs its calls' results beside the next
+                // model call rather than before it.
+                let saved = if !durable && matches!(next, Some(Next::InThisStep)) {
+                    save_syncing_later(ports, rec, version).await
+                } else {
+                    save(ports, rec, version, durable).await
+                };
+                if let Err(e) = saved {
                     return match invocation_error(e) {
                         Ok(_) => Ok(Flow::Stale),
                         Err(e) => Err(e),
@@ -466,6 +501,102 @@ mod tests {
             }),
             Ok(Outcome::ResultsPending),
         ]
+    }
+
+    /// Runs the scripted outcomes as [`Scripted`] does, and a `function_execute` as the real
+    /// one does around its calls: it waits for the sync pending ([`settle`], as every call
+    /// does first) and leaves its last call's record to the next save. Notes each state with
+    /// the syncs finished when it ran.
+    struct Calling<'a> {
+        script: Mutex<Vec<StepResult<Outcome>>>,
+        synced: &'a std::sync::atomic::AtomicUsize,
+        ran: Mutex<Vec<(TurnState, usize)>>,
+    }
+
+    #[async_trait]
+    impl States for Calling<'_> {
+        async fn run(
+            &self,
+            state: TurnState,
+            rec: &mut Record,
+            _: &mut u64,
+        ) -> StepResult<Outcome> {
+            if state == TurnState::FunctionExecute {
+                settle(rec).await?;
+                rec.unsaved_call = Some(Box::new(rec.clone()));
+            }
+            let synced = self.synced.load(std::sync::atomic::Ordering::SeqCst);
+            self.ran.lock().unwrap().push((state, synced));
+            self.script.lock().unwrap().remove(0)
+        }
+    }
+
+    /// A turn that goes on in the step saves its calls' results without waiting for the
+    /// disk: their sync runs beside the next model call, the next call waits for it, and the
+    /// step ends only once the last one is done. A turn that is queued instead saves them
+    /// durably, as before.
+    #[tokio::test]
+    async fn a_chained_turn_syncs_beside_the_next_model_call_and_before_the_next_call() {
+        use TurnState::{AssistantStreaming as AS, FunctionExecute as FE, SteeringCheck as SC};
+        let ports = ports_with((record(AS), 7));
+        let states = Calling {
+            script: Mutex::new(a_turn().into_iter().chain(a_turn()).collect()),
+            synced: &ports.synced,
+            ran: Mutex::default(),
+        };
+        let chain = Chain {
+            budget: Duration::from_secs(60),
+            max_turns: 1,
+        };
+        drive(&ports, &states, AS, "s1", chain).await.unwrap();
+        assert_eq!(
+            *states.ran.lock().unwrap(),
+            [(AS, 0), (FE, 0), (SC, 0), (AS, 0), (FE, 1), (SC, 1)],
+            "the second model call ran while the first turn's sync did; its call after it"
+        );
+        assert_eq!(*ports.syncs_started.lock().unwrap(), 1);
+        // The turn past the chain is queued: its results saved durably before the step ends.
+        assert_eq!(
+            *ports.durable_saves.lock().unwrap(),
+            [("s1".to_string(), AS)]
+        );
+
+        // A run that ends in the chained turn (no more calls) ends the step only after the
+        // sync of the turn before it.
+        let ports = ports_with((record(AS), 7));
+        let mut script = a_turn();
+        script.extend([Ok(Outcome::Answered { calls: vec![] }), Ok(Outcome::Idle)]);
+        let states = Calling {
+            script: Mutex::new(script),
+            synced: &ports.synced,
+            ran: Mutex::default(),
+        };
+        let out = drive(&ports, &states, AS, "s1", Chain::STEP).await.unwrap();
+        assert_eq!(out["to_state"], "stopped", "{out}");
+        assert_eq!(*ports.syncs_started.lock().unwrap(), 1);
+        assert_eq!(ports.synced.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // A sync that fails stops the step before the next call: nothing runs on a result
+        // the store could not keep, and the step answers an error (its redelivery finds the
+        // record as the store has it).
+        let ports = ports_with((record(AS), 7));
+        ports
+            .sync_fails
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let states = Calling {
+            script: Mutex::new(a_turn().into_iter().chain(a_turn()).collect()),
+            synced: &ports.synced,
+            ran: Mutex::default(),
+        };
+        let err = drive(&ports, &states, AS, "s1", Chain::STEP)
+            .await
+            .expect_err("the step fails");
+        assert!(err.message.contains("could not be made durable"), "{err:?}");
+        assert_eq!(
+            states.ran.lock().unwrap().last(),
+            Some(&(AS, 0)),
+            "no call after the failed sync"
+        );
     }
 
     #[tokio::test]

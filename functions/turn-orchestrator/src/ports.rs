@@ -46,6 +46,11 @@ pub trait RecordStore: Send + Sync {
         durable: bool,
         events: Vec<EventItem>,
     ) -> StepResult<u64>;
+    /// Start making every save so far durable, in a task of its own (`state::sync`), so the
+    /// step goes on meanwhile. `None`: nothing to wait for.
+    fn start_sync(&self) -> Option<crate::types::SyncHandle> {
+        None
+    }
 }
 
 /// The `turn-steps` FIFO queue (grouped by session, deduplicated by id).
@@ -125,6 +130,13 @@ impl RecordStore for Ctx {
             Err(BusError::VersionConflict(_)) => Err(StepError::Stale),
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn start_sync(&self) -> Option<crate::types::SyncHandle> {
+        let ctx = self.clone();
+        Some(tokio::spawn(async move {
+            ctx.state_sync().await.map(drop).map_err(|e| e.to_string())
+        }))
     }
 }
 
@@ -227,6 +239,12 @@ pub struct Memory {
     pub queued: Mutex<Vec<(String, TurnState, String)>>,
     pub events: Mutex<Vec<EventItem>>,
     pub answers: Mutex<HashMap<String, Value>>,
+    /// Syncs started ([`RecordStore::start_sync`]) and finished: each takes 20 ms, as a
+    /// disk's would take a while.
+    pub syncs_started: Mutex<usize>,
+    pub synced: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Every sync fails (a failing disk).
+    pub sync_fails: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -252,6 +270,20 @@ impl RecordStore for Memory {
             lock(&self.durable_saves).push((rec.session_id.clone(), rec.state));
         }
         Ok(version + 1)
+    }
+
+    fn start_sync(&self) -> Option<crate::types::SyncHandle> {
+        *lock(&self.syncs_started) += 1;
+        let synced = self.synced.clone();
+        let fails = self.sync_fails.load(std::sync::atomic::Ordering::SeqCst);
+        Some(tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            if fails {
+                return Err("fdatasync: Input/output error".into());
+            }
+            synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }))
     }
 }
 

@@ -30,6 +30,41 @@ pub(crate) async fn save<P: RecordStore + ?Sized>(
     Ok(())
 }
 
+/// [`save`] for a step that goes on into the run's next turn ([`crate::driver::Chain`]): the
+/// record after the batch's last call is saved without waiting for the disk, and its sync
+/// runs meanwhile, beside the next model call. The next call (and the step's end) waits for
+/// it ([`settle`]), so a call still never runs before the result of the one before it is
+/// durable; the model call it overlaps is redone anyway by a redelivery.
+pub(crate) async fn save_syncing_later<P: RecordStore + ?Sized>(
+    ports: &P,
+    rec: &mut Record,
+    version: &mut u64,
+) -> StepResult<()> {
+    if rec.unsaved_call.is_none() {
+        return save(ports, rec, version, false).await;
+    }
+    let events = std::mem::take(&mut rec.outbox);
+    rec.updated_at_ms = now();
+    *version = ports.save(rec, *version, false, events).await?;
+    if let Some(sync) = ports.start_sync() {
+        rec.pending_sync.start(sync);
+    }
+    rec.unsaved_call = None;
+    Ok(())
+}
+
+/// Wait for the sync started by [`save_syncing_later`], if any: before a call runs and before
+/// the step ends. A store that cannot make the writes durable fails the step (the call is not
+/// run; a redelivery finds the record as the store has it).
+pub(crate) async fn settle(rec: &Record) -> StepResult<()> {
+    rec.pending_sync.settle().await.map_err(|e| {
+        StepError::Transient(ErrorBody::new(
+            "storage",
+            format!("the turn record could not be made durable: {e}"),
+        ))
+    })
+}
+
 /// A step ends in an error after its batch's last call ran and before the save that was to
 /// hold it: the record as it was after the call is saved now, durably (best effort: a store
 /// that refuses it is the crash case, the call runs again).

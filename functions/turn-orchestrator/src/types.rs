@@ -195,6 +195,56 @@ pub struct Record {
     /// this instead, durably, so no redelivery runs the call again. Never stored.
     #[serde(skip)]
     pub unsaved_call: Option<Box<Record>>,
+    /// A sync started in the background for a record saved without waiting for its disk
+    /// ([`crate::record::save_syncing_later`]): no call runs, and the step does not end,
+    /// before it is done. Never stored.
+    #[serde(skip)]
+    pub pending_sync: PendingSync,
+}
+
+/// The sync a step started and has not waited for yet (shared by the record's clones).
+#[derive(Clone, Default)]
+pub struct PendingSync(std::sync::Arc<std::sync::Mutex<Option<SyncHandle>>>);
+
+/// A started `state::sync`: `Err` names why the store could not make the writes durable.
+pub type SyncHandle = tokio::task::JoinHandle<Result<(), String>>;
+
+impl PendingSync {
+    pub fn start(&self, sync: SyncHandle) {
+        let previous = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(sync);
+        // One at a time: a second start comes after a later save, whose sync covers the
+        // earlier one's writes too (the store's log is in commit order).
+        drop(previous);
+    }
+
+    /// Wait for the started sync, if any.
+    pub async fn settle(&self) -> Result<(), String> {
+        let started = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match started {
+            None => Ok(()),
+            Some(handle) => match handle.await {
+                Ok(synced) => synced,
+                Err(e) => Err(format!("the sync task failed: {e}")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingSync")
+    }
+}
+
+/// Not part of a record's value.
+impl PartialEq for PendingSync {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Record {

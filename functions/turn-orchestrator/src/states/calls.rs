@@ -31,6 +31,8 @@ pub(crate) async fn dispatch_with(
     announce: Option<Value>,
     network: bool,
 ) -> StepResult<Executed> {
+    // Neither the call nor its hooks run before the result of the call before it is durable.
+    settle(rec).await?;
     if let Some(decision) = announce {
         emit(
             rec,
