@@ -196,7 +196,7 @@ pub struct Record {
     #[serde(skip)]
     pub unsaved_call: Option<Box<Record>>,
     /// A sync started in the background for a record saved without waiting for its disk
-    /// ([`crate::record::save_syncing_later`]): no call runs, and the step does not end,
+    /// (`record::save_syncing_later`): no call runs, and the step does not end,
     /// before it is done. Never stored.
     #[serde(skip)]
     pub pending_sync: PendingSync,
