@@ -134,11 +134,8 @@ where
     let out = drive_turns(ports, states, expected, sid, chain, &pending).await;
     // However the step ends, not before the sync it started is done: its acknowledgement
     // is deferred, so that sync is what makes the last call's result durable.
-    match (pending.settle().await, out) {
-        (Err(e), Ok(_)) => Err(ErrorBody::new(
-            "storage",
-            format!("the turn record could not be made durable: {e}"),
-        )),
+    match (settle(&pending).await, out) {
+        (Err(e), Ok(_)) => invocation_error(e),
         (_, out) => out,
     }
 }
@@ -522,7 +519,7 @@ mod tests {
             _: &mut u64,
         ) -> StepResult<Outcome> {
             if state == TurnState::FunctionExecute {
-                settle(rec).await?;
+                settle(&rec.pending_sync).await?;
                 rec.unsaved_call = Some(Box::new(rec.clone()));
             }
             let synced = self.synced.load(std::sync::atomic::Ordering::SeqCst);

@@ -22,12 +22,7 @@ pub(crate) async fn save<P: RecordStore + ?Sized>(
     version: &mut u64,
     durable: bool,
 ) -> StepResult<()> {
-    let events = std::mem::take(&mut rec.outbox);
-    rec.updated_at_ms = now();
-    let durable = durable || rec.unsaved_call.is_some();
-    *version = ports.save(rec, *version, durable, events).await?;
-    rec.unsaved_call = None;
-    Ok(())
+    save_holding(ports, rec, version, durable, HeldCall::DurableNow).await
 }
 
 /// [`save`] for a step that goes on into the run's next turn ([`crate::driver::Chain`]): the
@@ -40,13 +35,34 @@ pub(crate) async fn save_syncing_later<P: RecordStore + ?Sized>(
     rec: &mut Record,
     version: &mut u64,
 ) -> StepResult<()> {
-    if rec.unsaved_call.is_none() {
-        return save(ports, rec, version, false).await;
-    }
+    save_holding(ports, rec, version, false, HeldCall::SyncLater).await
+}
+
+/// How a save that holds an executed call's record ([`Record::unsaved_call`]) makes it
+/// durable.
+enum HeldCall {
+    /// The save itself is durable.
+    DurableNow,
+    /// The save is not; a sync started after it is ([`settle`]).
+    SyncLater,
+}
+
+async fn save_holding<P: RecordStore + ?Sized>(
+    ports: &P,
+    rec: &mut Record,
+    version: &mut u64,
+    durable: bool,
+    held: HeldCall,
+) -> StepResult<()> {
     let events = std::mem::take(&mut rec.outbox);
     rec.updated_at_ms = now();
-    *version = ports.save(rec, *version, false, events).await?;
-    if let Some(sync) = ports.start_sync() {
+    let holds_call = rec.unsaved_call.is_some();
+    let durable = durable || (holds_call && matches!(held, HeldCall::DurableNow));
+    *version = ports.save(rec, *version, durable, events).await?;
+    if holds_call
+        && matches!(held, HeldCall::SyncLater)
+        && let Some(sync) = ports.start_sync()
+    {
         rec.pending_sync.start(sync);
     }
     rec.unsaved_call = None;
@@ -56,8 +72,8 @@ pub(crate) async fn save_syncing_later<P: RecordStore + ?Sized>(
 /// Wait for the sync started by [`save_syncing_later`], if any: before a call runs and before
 /// the step ends. A store that cannot make the writes durable fails the step (the call is not
 /// run; a redelivery finds the record as the store has it).
-pub(crate) async fn settle(rec: &Record) -> StepResult<()> {
-    rec.pending_sync.settle().await.map_err(|e| {
+pub(crate) async fn settle(pending: &PendingSync) -> StepResult<()> {
+    pending.settle().await.map_err(|e| {
         StepError::Transient(ErrorBody::new(
             "storage",
             format!("the turn record could not be made durable: {e}"),

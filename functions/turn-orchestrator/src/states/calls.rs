@@ -32,7 +32,7 @@ pub(crate) async fn dispatch_with(
     network: bool,
 ) -> StepResult<Executed> {
     // Neither the call nor its hooks run before the result of the call before it is durable.
-    settle(rec).await?;
+    settle(&rec.pending_sync).await?;
     if let Some(decision) = announce {
         emit(
             rec,
