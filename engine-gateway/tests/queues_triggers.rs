@@ -991,6 +991,51 @@ async fn state_transact_writes_records_and_stream_items_together_or_not_at_all()
     );
 }
 
+/// `state::sync` over the WebSocket: it has no inputs, so whatever a caller sends (a string,
+/// an array, a value nested past the 64-level limit, 30 KB) it answers `{synced: true}`
+/// or refuses with an error that names what is wrong; never a panic or a stall, and the
+/// engine goes on serving. (A frame over the edge's 32 KiB closes the connection before any
+/// function sees it: the edge's own tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_sync_answers_any_payload_over_the_websocket() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut raw = Raw::connect(&srv.url()).await;
+    let nested = (0..100).fold(json!(1), |v, _| json!([v]));
+    for data in [
+        json!("sync please"),
+        json!([1, 2, 3]),
+        Value::Null,
+        json!({"unknown": true}),
+        json!({"deep": nested}),
+        json!({"big": "x".repeat(30_000)}),
+    ] {
+        let shown: String = data.to_string().chars().take(40).collect();
+        let r = tokio::time::timeout(Duration::from_secs(10), raw.call("state::sync", data))
+            .await
+            .unwrap_or_else(|_| panic!("state::sync stalled on {shown}"));
+        if r["result"].is_null() {
+            let code = r["error"]["code"].as_str().unwrap_or_default();
+            let message = r["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                !code.is_empty() && !message.is_empty(),
+                "{shown}: an error names what is wrong: {r}"
+            );
+        } else {
+            assert_eq!(r["result"], json!({"synced": true}), "{shown}: {r}");
+        }
+    }
+    let r = raw
+        .call(
+            "state::set",
+            json!({"scope": "synced", "key": "k", "value": 1}),
+        )
+        .await;
+    assert!(r["result"]["version"].is_u64(), "{r}");
+    let r = raw.call("state::sync", json!({})).await;
+    assert_eq!(r["result"], json!({"synced": true}), "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_stream_frames_between_workers_over_websockets() {
     let dir = tempfile::tempdir().unwrap();
