@@ -1,6 +1,6 @@
 //! The SDK's AWS transport (a Lambda with no engine connection, as deployed): a queued step
 //! handled from an SQS event writes DynamoDB directly, the write reaches the table's stream
-//! with the handler's trace, and `enqueue` lands on SQS. Runs with `HARNESS_TEST_BACKEND=aws`.
+//! with the handler's trace, `enqueue` lands on SQS and `state::sync` answers at once. Runs with `HARNESS_TEST_BACKEND=aws`.
 
 use engine_gateway::aws::{AwsClients, AwsNames};
 use engine_gateway::queue::{Delivery, QueueBackend, QueueMessage};
@@ -111,6 +111,14 @@ async fn a_lambda_without_the_bus_reaches_dynamodb_and_sqs_directly() {
         Some("s-9"),
         "FIFO group from the queue's message_group_field"
     );
+
+    // state::sync answers at once (DynamoDB's writes are durable when they return), whatever
+    // it is sent: it has no inputs.
+    let deep = (0..100).fold(json!(1), |v, _| json!([v]));
+    for data in [json!({}), json!("sync"), json!([1, 2]), json!(null), deep] {
+        let answer = ctx.trigger("state::sync", data).await.unwrap();
+        assert_eq!(answer, json!({"synced": true}));
+    }
 
     // Any other function is a Lambda found in the registry; none is registered here, and the
     // error says how one would be (tests/aws_router.rs covers registered ones).
