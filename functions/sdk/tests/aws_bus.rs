@@ -1,6 +1,7 @@
 //! The SDK's AWS transport (a Lambda with no engine connection, as deployed): a queued step
 //! handled from an SQS event writes DynamoDB directly, the write reaches the table's stream
-//! with the handler's trace, `enqueue` lands on SQS and `state::sync` answers at once. Runs with `HARNESS_TEST_BACKEND=aws`.
+//! with the handler's trace, `enqueue` lands on SQS and `state::sync` answers at once.
+//! Runs with `HARNESS_TEST_BACKEND=aws`.
 
 use engine_gateway::aws::{AwsClients, AwsNames};
 use engine_gateway::queue::{Delivery, QueueBackend, QueueMessage};
