@@ -31,8 +31,6 @@ pub(crate) async fn dispatch_with(
     announce: Option<Value>,
     network: bool,
 ) -> StepResult<Executed> {
-    // Neither the call nor its hooks run before the result of the call before it is durable.
-    settle(&rec.pending_sync).await?;
     if let Some(decision) = announce {
         emit(
             rec,
@@ -40,8 +38,13 @@ pub(crate) async fn dispatch_with(
             json!({"function_call_id": call.function_call_id, "function_id": call.function_id, "args": redact(&call.args), "decision": decision}),
         );
     }
-    if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
-        return Ok(refused(rec, call, envelope));
+    // Neither the call nor its hooks run before the result of the call before it is durable
+    // (the sync that a chained turn left running beside its model call).
+    if hooks.present(ctx, BEFORE_CALL_TOPIC).await {
+        settle(&rec.pending_sync).await?;
+        if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
+            return Ok(refused(rec, call, envelope));
+        }
     }
     let started = Instant::now();
     let mut payload = call.args.clone();
@@ -55,8 +58,11 @@ pub(crate) async fn dispatch_with(
         o.insert("function_id".into(), json!(call.function_id));
     }
     // The call's start is shown before it runs, however long it takes: its event goes with
-    // the record's save (the batch, the first time), one write.
+    // the record's save (the batch, the first time), one write. That save is no call: it
+    // goes into the log behind the writes being synced, while they are (with no hook, the
+    // wait for the sync starts after it, off the path of one session's turn).
     save(ctx, rec, version, false).await?;
+    settle(&rec.pending_sync).await?;
     let mut span = tool_span(ctx, call);
     let (result, is_error) = match span
         .ctx()
@@ -119,7 +125,13 @@ pub(crate) fn emit_execution_end(rec: &mut Record, e: &Executed) {
     emit(
         rec,
         "function_execution_end",
-        json!({"function_call_id": e.call.function_call_id, "function_id": e.call.function_id, "result": e.result, "is_error": e.is_error, "duration_ms": e.duration_ms}),
+        harness_sdk::fields([
+            ("function_call_id", e.call.function_call_id.as_str().into()),
+            ("function_id", e.call.function_id.as_str().into()),
+            ("result", e.result.clone()),
+            ("is_error", e.is_error.into()),
+            ("duration_ms", e.duration_ms.into()),
+        ]),
     );
 }
 
