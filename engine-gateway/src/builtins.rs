@@ -490,9 +490,15 @@ pub fn register(engine: &Arc<Engine>) {
                 .list(&scope, Some(&prefix))
                 .await?
                 .into_iter()
-                .map(|en| json!({"item_id": en.key[prefix.len()..], "data": en.value}))
+                .map(|en| {
+                    let mut item = json!({"item_id": en.key[prefix.len()..]});
+                    item["data"] = en.value;
+                    item
+                })
                 .collect();
-            Ok(json!({"items": items}))
+            let mut answer = json!({});
+            answer["items"] = Value::Array(items);
+            Ok(answer)
         },
     );
 

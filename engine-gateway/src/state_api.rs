@@ -132,7 +132,21 @@ async fn list(store: &dyn StateStore, data: &Value) -> Result<Value, ErrorBody> 
     let next_cursor = more
         .then(|| entries.last().map(|e| e.key.clone()))
         .flatten();
-    Ok(json!({"items": entries, "next_cursor": next_cursor}))
+    // Moved into the answer, not copied through `json!`.
+    let items: Vec<Value> = entries
+        .into_iter()
+        .map(|e| {
+            let mut m = Map::with_capacity(3);
+            m.insert("key".into(), Value::String(e.key));
+            m.insert("value".into(), e.value);
+            m.insert("version".into(), Value::from(e.version));
+            Value::Object(m)
+        })
+        .collect();
+    let mut m = Map::with_capacity(2);
+    m.insert("items".into(), Value::Array(items));
+    m.insert("next_cursor".into(), json!(next_cursor));
+    Ok(Value::Object(m))
 }
 
 /// `state::transact {writes: [{scope, key, value, expected_version?}], stream_items?: [...]}`:

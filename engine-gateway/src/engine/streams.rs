@@ -87,13 +87,17 @@ impl Engine {
             return;
         }
         let Some(engine) = self.arc() else { return };
-        let payload = json!({
+        // Built by moving one copy of `data` in (`json!` would serialize it node by node).
+        let mut body = serde_json::Map::with_capacity(2);
+        body.insert("type".into(), Value::from(event_type));
+        body.insert("data".into(), data.clone());
+        let mut payload = json!({
             "type": "stream",
             "stream_name": stream_name,
             "group_id": group_id,
             "item_id": item_id,
-            "event": event(),
         });
+        payload["event"] = Value::Object(body);
         for f in functions {
             let engine = engine.clone();
             let payload = payload.clone();

@@ -248,9 +248,14 @@ impl AwsBus {
                         .list(&scope, Some(&prefix))
                         .await?
                         .into_iter()
-                        .map(|e| serde_json::json!({"item_id": e.key[prefix.len()..], "data": e.value}))
+                        .map(|e| {
+                            crate::fields([
+                                ("item_id", e.key[prefix.len()..].into()),
+                                ("data", e.value),
+                            ])
+                        })
                         .collect();
-                    Ok(serde_json::json!({"items": items}))
+                    Ok(crate::fields([("items", Value::Array(items))]))
                 }
                 "stream::send" => {
                     let Some(connections) = &self.connections else {

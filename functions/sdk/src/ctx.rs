@@ -275,15 +275,13 @@ impl Ctx {
                 o
             })
             .collect();
-        let items: Vec<Value> = stream_items
-            .into_iter()
-            .map(|(stream_name, group_id, item_id, data)| {
-                json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data})
-            })
-            .collect();
+        let items: Vec<Value> = stream_items.into_iter().map(stream_item).collect();
         self.trigger(
             "state::transact",
-            json!({"writes": writes, "stream_items": items}),
+            fields([
+                ("writes", Value::Array(writes)),
+                ("stream_items", Value::Array(items)),
+            ]),
         )
         .await
     }
@@ -319,7 +317,7 @@ impl Ctx {
             }
             match page["next_cursor"].as_str() {
                 Some(next) if cursor.as_deref() != Some(next) => cursor = Some(next.to_string()),
-                _ => return Ok(json!({ "items": items })),
+                _ => return Ok(fields([("items", Value::Array(items))])),
             }
         }
     }
@@ -366,13 +364,8 @@ impl Ctx {
         &self,
         items: Vec<(String, String, String, Value)>,
     ) -> Result<Value, BusError> {
-        let items: Vec<Value> = items
-            .into_iter()
-            .map(|(stream_name, group_id, item_id, data)| {
-                json!({"stream_name": stream_name, "group_id": group_id, "item_id": item_id, "data": data})
-            })
-            .collect();
-        self.trigger("stream::set_many", json!({ "items": items }))
+        let items: Vec<Value> = items.into_iter().map(stream_item).collect();
+        self.trigger("stream::set_many", fields([("items", Value::Array(items))]))
             .await
     }
 
@@ -497,4 +490,14 @@ pub fn fields<const N: usize>(pairs: [(&str, Value); N]) -> Value {
         map.insert(k.to_string(), v);
     }
     Value::Object(map)
+}
+
+/// A stream item as `state::transact` and `stream::set_many` take it, its data moved in.
+fn stream_item((stream_name, group_id, item_id, data): (String, String, String, Value)) -> Value {
+    fields([
+        ("stream_name", stream_name.into()),
+        ("group_id", group_id.into()),
+        ("item_id", item_id.into()),
+        ("data", data),
+    ])
 }

@@ -56,7 +56,7 @@ pub async fn handle_event(
         .dispatch(bus, &envelope.function_id, envelope.data, &trace)
         .await
     {
-        Ok(v) => json!({ "result": v }),
+        Ok(v) => crate::fields([("result", v)]),
         Err(e) => json!({ "error": e }),
     }
 }

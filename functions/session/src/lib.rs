@@ -17,7 +17,7 @@ pub use store::{Parent, append_chain, load_entries, load_meta};
 
 use engine_gateway::builtins::req_str;
 use harness_sdk::contracts::{inbox, session_tree};
-use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
+use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def, fields};
 use serde_json::{Value, json};
 use tree::TreeError;
 use types::*;
@@ -116,11 +116,14 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         _ => return Err(ErrorBody::invalid("`entries` must be an array")),
     };
     let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, inputs).await?;
-    Ok(json!({
-        "entry_ids": stored.iter().map(|s| s.0.id.clone()).collect::<Vec<_>>(),
-        "leaf_id": stored.last().map(|s| s.0.id.clone()),
-        "entries": stored.iter().map(stored_json).collect::<Vec<_>>(),
-    }))
+    Ok(fields([
+        (
+            "entry_ids",
+            stored.iter().map(|s| Value::from(s.0.id.clone())).collect(),
+        ),
+        ("leaf_id", json!(stored.last().map(|s| s.0.id.clone()))),
+        ("entries", stored.iter().map(stored_json).collect()),
+    ]))
 }
 
 /// The path to `leaf_id` (default: the current leaf) and its model context.

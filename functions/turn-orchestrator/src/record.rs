@@ -114,7 +114,7 @@ pub(crate) fn emit_at(rec: &mut Record, seq: u64, event_type: &str, mut data: Va
 
 /// A `turn_state_changed` event's data: the record's view (never the work list).
 pub(crate) fn state_changed(rec: &Record, event_type: &str) -> Value {
-    json!({"event_type": event_type, "new_value": rec.view()})
+    harness_sdk::fields([("event_type", event_type.into()), ("new_value", rec.view())])
 }
 
 /// Write the outbox's events in one call. A failure is logged, as a lost push would be: the

@@ -242,7 +242,10 @@ fn latest_update(partials: &[String]) -> Option<Value> {
         let event = serde_json::from_str::<AssistantMessageEvent>(text).ok()?;
         let mut llm_event = serde_json::to_value(&event).ok()?;
         let partial = llm_event.as_object_mut()?.remove("partial")?;
-        Some(json!({"message": partial, "llm_event": llm_event}))
+        Some(harness_sdk::fields([
+            ("message", partial),
+            ("llm_event", llm_event),
+        ]))
     })
 }
 
