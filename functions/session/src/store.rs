@@ -374,7 +374,40 @@ pub(crate) fn entry_input(mut v: Value) -> Result<EntryInput, ErrorBody> {
     if v.get("type").is_none() && v.get("message").is_some() {
         v["type"] = json!("message");
     }
+    if let Some(input) = message_entry(&mut v) {
+        return input;
+    }
     serde_json::from_value(v).map_err(|e| ErrorBody::invalid(format!("invalid entry: {e}")))
+}
+
+/// A message entry (nearly every append) read field by field: serde reads a flattened,
+/// tagged body by copying the whole entry into a buffer twice over before the message's own
+/// read. `None` (nothing taken from `v`) when it is not plainly one: the general read then
+/// decides, and names what is wrong.
+fn message_entry(v: &mut Value) -> Option<Result<EntryInput, ErrorBody>> {
+    let obj = v.as_object_mut()?;
+    if obj.get("type")?.as_str()? != "message" || !obj.get("message")?.is_object() {
+        return None;
+    }
+    let id = match obj.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => return None,
+    };
+    let timestamp = match obj.get("timestamp") {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(t.as_u64()?),
+    };
+    let message = obj.remove("message")?;
+    Some(
+        serde_json::from_value::<harness_sdk::messages::AgentMessage>(message)
+            .map(|message| EntryInput {
+                id,
+                timestamp,
+                body: EntryBody::Message { message },
+            })
+            .map_err(|e| ErrorBody::invalid(format!("invalid entry: message: {e}"))),
+    )
 }
 
 pub(crate) fn stored_json(stored: &(Entry, bool)) -> Value {
@@ -382,3 +415,64 @@ pub(crate) fn stored_json(stored: &(Entry, bool)) -> Value {
 }
 
 // ------------------------------------------------------------------ session-tree::*
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The general read of an entry, as before the message fast path.
+    fn general(v: Value) -> Result<EntryInput, String> {
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_message_entry_reads_as_the_general_read_does() {
+        let message =
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 5});
+        for v in [
+            json!({"type": "message", "message": message}),
+            json!({"type": "message", "message": message, "id": "e1", "timestamp": 7}),
+            json!({"type": "message", "message": message, "id": null, "timestamp": null, "extra": [1]}),
+        ] {
+            let fast = entry_input(v.clone()).expect("reads");
+            let slow = general(v).expect("reads");
+            assert_eq!(
+                (fast.id, fast.timestamp, fast.body),
+                (slow.id, slow.timestamp, slow.body)
+            );
+        }
+        // The shorthand (no `type`) is a message too.
+        let short = entry_input(json!({"message": message, "id": "e2"})).expect("reads");
+        assert_eq!(short.id.as_deref(), Some("e2"));
+        assert_eq!(short.body.kind(), "message");
+    }
+
+    #[test]
+    fn a_message_entry_of_the_wrong_shape_is_refused_with_what_is_wrong() {
+        let message =
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 5});
+        for (v, names) in [
+            (
+                json!({"type": "message", "message": {"role": "nobody"}}),
+                "message",
+            ),
+            (
+                json!({"type": "message", "message": message, "id": 3}),
+                "invalid type",
+            ),
+            (
+                json!({"type": "message", "message": message, "timestamp": -1}),
+                "invalid value",
+            ),
+            (
+                json!({"type": "message", "message": "text"}),
+                "invalid type",
+            ),
+            (json!({"type": "message"}), "message"),
+        ] {
+            let err = entry_input(v.clone()).expect_err(&v.to_string());
+            assert!(err.message.starts_with("invalid entry"), "{}", err.message);
+            assert!(err.message.contains(names), "{v}: {}", err.message);
+        }
+    }
+}
