@@ -254,7 +254,7 @@ pub(crate) async fn append_history(
     }
     let id = |tag: &str, i: usize| format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count);
     let held_back = pending.is_some();
-    let entries = pending
+    let sent: Vec<(String, AgentMessage)> = pending
         .map(|m| (id("a", 0), m))
         .into_iter()
         .chain(
@@ -263,40 +263,28 @@ pub(crate) async fn append_history(
                 .enumerate()
                 .map(|(i, m)| (id(tag, i), m)),
         )
-        .map(|(id, message)| session_tree::EntryInput {
-            id: Some(id),
-            timestamp: None,
-            body: session_tree::EntryBody::Message { message },
-        })
         .collect();
     let request = session_tree::AppendBatchRequest {
         session_id: rec.session_id.clone(),
-        entries,
+        entries: sent
+            .iter()
+            .map(|(id, message)| session_tree::EntryInput {
+                id: Some(id.clone()),
+                timestamp: None,
+                body: session_tree::EntryBody::Message {
+                    message: message.clone(),
+                },
+            })
+            .collect(),
         // The run's leaf; none yet: a new root.
         parent_id: Some(json!(rec.tree_leaf)),
     };
     let out = ctx
         .trigger(session_tree::APPEND_BATCH, json!(request))
         .await?;
-    let out: session_tree::AppendBatchAnswer = contracts::parse(session_tree::APPEND_BATCH, out)
-        .map_err(|e| {
-            StepError::Fatal(format!(
-                "the session store answered an unreadable entry: {e}"
-            ))
-        })?;
+    let (leaf_id, stored) = read_appended(out, sent)?;
     let old_leaf = rec.tree_leaf.take();
-    rec.tree_leaf = out.leaf_id;
-    let stored = out
-        .entries
-        .into_iter()
-        .map(|e| match e.entry.body {
-            session_tree::EntryBody::Message { message } => Ok(message),
-            other => Err(StepError::Fatal(format!(
-                "the session store answered a `{}` entry for a message",
-                other.kind()
-            ))),
-        })
-        .collect::<StepResult<Vec<AgentMessage>>>()?;
+    rec.tree_leaf = leaf_id;
     if let Some(new_leaf) = &rec.tree_leaf {
         let _ =
             CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
@@ -312,8 +300,169 @@ pub(crate) async fn append_history(
     Ok(stored.collect())
 }
 
+/// `session-tree::append_batch`'s answer → the leaf and the messages as stored. An entry the
+/// call created holds the message sent (so it is not read back: a tagged, flattened entry
+/// was the dearest read of a turn); one that already existed (a step that runs again) is
+/// read, and must be a message.
+fn read_appended(
+    mut out: Value,
+    sent: Vec<(String, AgentMessage)>,
+) -> StepResult<(Option<String>, Vec<AgentMessage>)> {
+    let unreadable = |why: String| {
+        StepError::Fatal(format!(
+            "the session store answered an unreadable entry: {}: {why}",
+            session_tree::APPEND_BATCH
+        ))
+    };
+    // Taken with `get_mut`: indexing a value that is not an object to take from it panics.
+    let take = |v: &mut Value, field: &str| v.get_mut(field).map(Value::take);
+    let leaf_id = match take(&mut out, "leaf_id").unwrap_or(Value::Null) {
+        Value::Null => None,
+        Value::String(leaf) => Some(leaf),
+        other => return Err(unreadable(format!("`leaf_id` is {other}"))),
+    };
+    let Some(Value::Array(entries)) = take(&mut out, "entries") else {
+        return Err(unreadable("no `entries` list".into()));
+    };
+    if entries.len() != sent.len() {
+        return Err(unreadable(format!(
+            "{} entries for {} appended",
+            entries.len(),
+            sent.len()
+        )));
+    }
+    let mut stored = Vec::with_capacity(sent.len());
+    for (mut answered, (id, message)) in entries.into_iter().zip(sent) {
+        if answered["created"] == true && answered["entry_id"] == id.as_str() {
+            stored.push(message);
+            continue;
+        }
+        let entry = take(&mut answered, "entry").unwrap_or(Value::Null);
+        let entry: session_tree::Entry =
+            serde_json::from_value(entry).map_err(|e| unreadable(e.to_string()))?;
+        match entry.body {
+            session_tree::EntryBody::Message { message } => stored.push(message),
+            other => {
+                return Err(StepError::Fatal(format!(
+                    "the session store answered a `{}` entry for a message",
+                    other.kind()
+                )));
+            }
+        }
+    }
+    Ok((leaf_id, stored))
+}
+
 /// Append the model answer held back for its batch's results now (a batch that parks, a run
 /// that is aborted): nothing else to append with it.
 pub(crate) async fn append_pending_answer(ctx: &Ctx, rec: &mut Record) -> StepResult<()> {
     append_history(ctx, rec, Vec::new(), "r").await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harness_sdk::messages::user_text;
+
+    fn entry(id: &str, created: bool, body: Value) -> Value {
+        let mut entry = json!({"id": id, "parent_id": null, "timestamp": 1, "seq": 1});
+        for (k, v) in body.as_object().unwrap() {
+            entry[k] = v.clone();
+        }
+        json!({"entry_id": id, "created": created, "entry": entry})
+    }
+
+    fn answer(leaf: &str, entries: Vec<Value>) -> Value {
+        json!({"entry_ids": [], "leaf_id": leaf, "entries": entries})
+    }
+
+    fn sent() -> Vec<(String, AgentMessage)> {
+        vec![
+            ("r-t1-a0".into(), user_text("sent first")),
+            ("r-t1-r0".into(), user_text("sent second")),
+        ]
+    }
+
+    #[test]
+    fn created_entries_are_the_messages_sent_and_existing_ones_are_read_back() {
+        let first_run = user_text("stored by the first run");
+        let out = answer(
+            "r-t1-r0",
+            vec![
+                entry(
+                    "r-t1-a0",
+                    true,
+                    json!({"type": "message", "message": {"role": "user", "content": "ignored", "timestamp": 0}}),
+                ),
+                entry(
+                    "r-t1-r0",
+                    false,
+                    json!({"type": "message", "message": first_run}),
+                ),
+            ],
+        );
+        let (leaf, stored) = read_appended(out, sent()).unwrap();
+        assert_eq!(leaf.as_deref(), Some("r-t1-r0"));
+        assert_eq!(stored, vec![sent()[0].1.clone(), first_run]);
+    }
+
+    #[test]
+    fn an_answer_that_does_not_fit_the_append_fails_the_step_with_what_is_wrong() {
+        let ok = |id| {
+            entry(
+                id,
+                true,
+                json!({"type": "message", "message": user_text("x")}),
+            )
+        };
+        let cases = [
+            (json!("not an object"), "no `entries` list"),
+            (json!({"entries": "no list"}), "no `entries` list"),
+            (answer("l", vec![ok("r-t1-a0")]), "1 entries for 2 appended"),
+            (
+                json!({"leaf_id": 7, "entries": [ok("r-t1-a0"), ok("r-t1-r0")]}),
+                "`leaf_id` is 7",
+            ),
+            (
+                answer(
+                    "l",
+                    vec![
+                        ok("r-t1-a0"),
+                        entry("r-t1-r0", false, json!({"type": "message", "message": 5})),
+                    ],
+                ),
+                "unreadable entry",
+            ),
+            (
+                answer(
+                    "l",
+                    vec![
+                        ok("r-t1-a0"),
+                        json!({"entry_id": "other", "created": true, "entry": []}),
+                    ],
+                ),
+                "unreadable entry",
+            ),
+            (
+                answer(
+                    "l",
+                    vec![
+                        ok("r-t1-a0"),
+                        entry(
+                            "r-t1-r0",
+                            false,
+                            json!({"type": "branch_summary", "summary": "s"}),
+                        ),
+                    ],
+                ),
+                "a `branch_summary` entry for a message",
+            ),
+        ];
+        for (out, names) in cases {
+            match read_appended(out.clone(), sent()) {
+                Err(StepError::Fatal(why)) => assert!(why.contains(names), "{out}: {why}"),
+                other => panic!("{out}: {other:?}"),
+            }
+        }
+    }
 }
