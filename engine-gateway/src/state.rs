@@ -336,7 +336,7 @@ pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
                 w.scope, w.key
             )));
         }
-        check_value_depth(&format!("write {i}'s `value`"), &w.value)?;
+        check_value_depth_of(&w.value, || format!("write {i}'s `value`"))?;
         bound += w.scope.len() + w.key.len() + json_len_bound(&w.value);
     }
     if bound <= TRANSACT_MAX_BYTES {
@@ -480,9 +480,16 @@ pub fn deeper_than(v: &Value, max: usize) -> bool {
 
 /// Refuse a value to be written that nests deeper than [`MAX_VALUE_DEPTH`].
 pub fn check_value_depth(what: &str, v: &Value) -> Result<(), StateError> {
+    check_value_depth_of(v, || what.to_string())
+}
+
+/// [`check_value_depth`], naming the value only when it is refused (a transaction checks
+/// every write's value, and a name formatted for each was a cost of every save).
+pub fn check_value_depth_of(v: &Value, what: impl FnOnce() -> String) -> Result<(), StateError> {
     if deeper_than(v, MAX_VALUE_DEPTH) {
         return Err(StateError::Invalid(format!(
-            "{what} nests deeper than {MAX_VALUE_DEPTH} levels (the limit for stored values)"
+            "{} nests deeper than {MAX_VALUE_DEPTH} levels (the limit for stored values)",
+            what()
         )));
     }
     Ok(())

@@ -65,7 +65,7 @@ pub fn stream_items(data: &mut Value, field: &str) -> Result<Vec<StreamItem>, Er
             let stream_name = req_str(&item, "stream_name").map_err(at)?;
             let item_id = req_str(&item, "item_id").map_err(at)?;
             let data = take_value(&mut item, "data").map_err(at)?;
-            crate::state::check_value_depth(&format!("`{field}[{i}].data`"), &data)?;
+            crate::state::check_value_depth_of(&data, || format!("`{field}[{i}].data`"))?;
             Ok(StreamItem {
                 key: format!("{group_id}\u{1}{item_id}"),
                 stream_name,

@@ -258,7 +258,7 @@ impl EmbeddedBackend {
         let written = self
             .commit(meta.deferred(), |txn, log| {
                 write_in(
-                    txn,
+                    &txn.open_table(STATE).map_err(storage)?,
                     log,
                     seqs,
                     scope,
@@ -331,10 +331,12 @@ impl EmbeddedBackend {
         let seqs = &self.change_seq;
         let written = self
             .commit(meta.deferred(), |txn, log| {
+                // Opened once for the batch (it is closed again before the log is applied).
+                let state = txn.open_table(STATE).map_err(storage)?;
                 batch
                     .map(|(scope, key, expected_version, value)| {
                         write_in(
-                            txn,
+                            &state,
                             log,
                             seqs,
                             &scope,
@@ -400,7 +402,7 @@ impl Current {
 /// (`None` deletes). The answer's `old_value` is decoded only when `want_old`.
 #[allow(clippy::too_many_arguments)]
 fn write_in<F>(
-    txn: &WriteTransaction,
+    state: &impl ReadableTable<&'static str, &'static [u8]>,
     log: &mut Vec<Op>,
     seqs: &AtomicU64,
     scope: &str,
@@ -414,12 +416,7 @@ where
     F: FnOnce(Option<&Current>) -> Result<Option<Value>, StateError>,
 {
     let k = state_key(scope, key);
-    let current = match txn
-        .open_table(STATE)
-        .map_err(storage)?
-        .get(k.as_str())
-        .map_err(storage)?
-    {
+    let current = match state.get(k.as_str()).map_err(storage)? {
         Some(g) => Some(Current::new(g.value().to_vec())?),
         None => None,
     };
