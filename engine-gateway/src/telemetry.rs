@@ -15,7 +15,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
 };
-use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use std::collections::HashMap;
@@ -120,8 +120,18 @@ pub fn extract_baggage(baggage: &str) -> Vec<(String, String)> {
     out
 }
 
-/// The `traceparent` of a position in a trace (always sampled: the export decides).
+/// The `traceparent` of a position in a trace (always sampled: the export decides). The
+/// SDK's propagator's text, written directly: it built a context and a map for each, and a
+/// `traceparent` is formatted for every state write and every remote call.
 pub fn inject_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
+    let sc = span_context(trace_id, span_id)?;
+    Some(format!("00-{}-{}-01", sc.trace_id(), sc.span_id()))
+}
+
+/// The SDK's propagator's `traceparent`, to check [`inject_traceparent`] against.
+#[cfg(test)]
+fn sdk_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
+    use opentelemetry::Context;
     let sc = span_context(trace_id, span_id)?;
     let cx = Context::new().with_remote_span_context(sc);
     let mut carrier: HashMap<String, String> = HashMap::new();
@@ -129,8 +139,68 @@ pub fn inject_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
     carrier.remove("traceparent")
 }
 
-/// The `baggage` header of these members (percent-encoded by the SDK).
+/// The W3C baggage limits the SDK keeps to: members, and bytes of their keys and values.
+const BAGGAGE_MAX_MEMBERS: usize = 64;
+const BAGGAGE_MAX_BYTES: usize = 8192;
+/// What the SDK percent-encodes in a member's key and value.
+const BAGGAGE_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b';')
+    .add(b',')
+    .add(b'=');
+
+/// The `baggage` header of these members, as the SDK's propagator writes it (a key that is
+/// not a token is dropped, a later member replaces an earlier one with its key, members past
+/// the limits are dropped, keys and values percent-encoded), written directly: the
+/// propagator built a context, a map and a vector for each, on every bus call and write.
 pub fn inject_baggage(items: &[(String, String)]) -> Option<String> {
+    let mut kept: Vec<(&str, &str)> = Vec::with_capacity(items.len());
+    let mut bytes = 0usize;
+    for (key, value) in items {
+        if let Some(member) = kept.iter_mut().find(|(k, _)| *k == key.as_str()) {
+            let replaced = bytes + value.len() - member.1.len();
+            if replaced <= BAGGAGE_MAX_BYTES {
+                bytes = replaced;
+                member.1 = value;
+            }
+            continue;
+        }
+        let token = !key.is_empty()
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !b"(),/:;<=>?@[\\]{}\"".contains(&b));
+        if !token
+            || kept.len() == BAGGAGE_MAX_MEMBERS
+            || bytes + key.len() + value.len() > BAGGAGE_MAX_BYTES
+        {
+            continue;
+        }
+        bytes += key.len() + value.len();
+        kept.push((key, value));
+    }
+    let mut header = String::new();
+    for (i, (key, value)) in kept.iter().enumerate() {
+        if i > 0 {
+            header.push(',');
+        }
+        header.extend(percent_encoding::utf8_percent_encode(
+            key.trim(),
+            BAGGAGE_ENCODED,
+        ));
+        header.push('=');
+        header.extend(percent_encoding::utf8_percent_encode(
+            value.trim(),
+            BAGGAGE_ENCODED,
+        ));
+    }
+    (!header.is_empty()).then_some(header)
+}
+
+/// The SDK's propagator's `baggage`, to check [`inject_baggage`] against.
+#[cfg(test)]
+fn sdk_baggage(items: &[(String, String)]) -> Option<String> {
+    use opentelemetry::Context;
     use opentelemetry::baggage::BaggageExt;
     if items.is_empty() {
         return None;
@@ -503,6 +573,99 @@ pub async fn run_export_loop(queue: Arc<ExportQueue>, exporter: Arc<Exporter>, i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The members of a `baggage` header, in order (the SDK writes them in a map's order).
+    fn members(header: Option<String>) -> Option<Vec<String>> {
+        header.map(|h| {
+            let mut m: Vec<String> = h.split(',').map(str::to_string).collect();
+            m.sort();
+            m
+        })
+    }
+
+    #[test]
+    fn baggage_is_written_as_the_sdk_writes_it() {
+        use rand::RngExt;
+        let mut rng = rand::rng();
+        // Keys and values built from pieces that hit each rule: characters to encode or to
+        // refuse in a key, spaces to trim, non-ASCII text, a repeated key, sizes near the limits.
+        let pieces = [
+            "a",
+            "iii.session.id",
+            "k",
+            " ",
+            "=",
+            ",",
+            ";",
+            "\"",
+            "(",
+            "/",
+            "%",
+            "é",
+            "🦀",
+            "\u{1}",
+            "",
+        ];
+        let piece = |rng: &mut rand::rngs::ThreadRng| pieces[rng.random_range(0..pieces.len())];
+        for round in 0..3000 {
+            let n = rng.random_range(0..if round % 10 == 0 { 80 } else { 6 });
+            let items: Vec<(String, String)> = (0..n)
+                .map(|_| {
+                    let key: String = (0..rng.random_range(1..3))
+                        .map(|_| piece(&mut rng))
+                        .collect();
+                    let mut value: String = (0..rng.random_range(0..4))
+                        .map(|_| piece(&mut rng))
+                        .collect();
+                    if rng.random_range(0..20) == 0 {
+                        value.push_str(&"v".repeat(rng.random_range(1000..4000)));
+                    }
+                    (key, value)
+                })
+                .collect();
+            assert_eq!(
+                members(inject_baggage(&items)),
+                members(sdk_baggage(&items)),
+                "{items:?}"
+            );
+        }
+        assert_eq!(inject_baggage(&[]), None);
+        // The limits, each crossed: members past 64, bytes past 8 192 by a new member and by
+        // a replaced value.
+        let kv = |k: String, v: usize| (k, "v".repeat(v));
+        let edges: [Vec<(String, String)>; 3] = [
+            (0..70).map(|i| kv(format!("k{i}"), 1)).collect(),
+            (0..5).map(|i| kv(format!("k{i}"), 3000)).collect(),
+            vec![
+                kv("a".into(), 10),
+                kv("b".into(), 5000),
+                kv("a".into(), 4000),
+            ],
+        ];
+        for items in edges {
+            let ours = inject_baggage(&items);
+            assert_eq!(
+                members(ours.clone()),
+                members(sdk_baggage(&items)),
+                "{items:?}"
+            );
+            assert!(ours.is_some_and(|h| h.len() <= BAGGAGE_MAX_BYTES + 64 * 2));
+        }
+    }
+
+    #[test]
+    fn traceparent_is_written_as_the_sdk_writes_it() {
+        for (t, s) in [
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"),
+            ("4BF92F3577B34DA6A3CE929D0E0E4736", "00F067AA0BA902B7"),
+            ("00000000000000000000000000000000", "00f067aa0ba902b7"),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "0000000000000000"),
+            ("4bf92f", "00f067aa0ba902b7"),
+            ("zz", ""),
+        ] {
+            assert_eq!(inject_traceparent(t, s), sdk_traceparent(t, s), "{t} {s}");
+        }
+    }
 
     #[test]
     fn traceparent_round_trips_and_bad_ones_are_refused() {

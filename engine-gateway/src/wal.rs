@@ -392,9 +392,7 @@ impl Wal {
         tail.next_lsn += 1;
         tail.bytes += record.len() as u64;
         self.appended.store(lsn, Ordering::Release);
-        let applied = tail
-            .txn(db)
-            .and_then(|txn| apply_ops(txn, &ops));
+        let applied = tail.txn(db).and_then(|txn| apply_ops(txn, &ops));
         if let Err(e) = applied {
             // Half applied: a restart replays the log, which holds this record whole.
             return Err(self.fail_open(&mut tail, format!("apply: {e}")).into());
