@@ -275,6 +275,20 @@ pub trait StateStore: Send + Sync {
         meta: &WriteMeta,
     ) -> Result<Vec<Option<u64>>, StateError>;
 
+    /// [`StateStore::transact`], handing each write's value back with its version, for a
+    /// caller that needs them after the commit (`state::transact` pushes its stream items to
+    /// subscribers): a store that keeps them through its write spares that caller a copy of
+    /// each made beforehand. By default they are copied before the write.
+    async fn transact_keeping(
+        &self,
+        writes: Vec<TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<(Option<u64>, Value)>, StateError> {
+        let values: Vec<Value> = writes.iter().map(|w| w.value.clone()).collect();
+        let versions = self.transact(writes, meta).await?;
+        Ok(versions.into_iter().zip(values).collect())
+    }
+
     /// Every record of a scope (page by page). For internal readers whose lists are bounded
     /// by retention; clients page through `state::list` themselves.
     async fn list(&self, scope: &str, prefix: Option<&str>) -> Result<Vec<Entry>, StateError> {

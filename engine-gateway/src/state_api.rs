@@ -159,19 +159,23 @@ pub async fn transact(
     meta: &WriteMeta,
 ) -> Result<(Value, Vec<StreamItem>), ErrorBody> {
     let mut writes = tx_writes(data)?;
-    let items = match data.get("stream_items") {
+    let mut items = match data.get("stream_items") {
         None | Some(Value::Null) => Vec::new(),
         Some(_) => stream_items(data, "stream_items")?,
     };
     let count = writes.len();
-    writes.extend(items.iter().map(|i| TxWrite {
+    // The items' data goes into the writes and comes back after the commit, to be pushed.
+    writes.extend(items.iter_mut().map(|i| TxWrite {
         scope: i.scope.clone(),
         key: i.key.clone(),
-        value: i.data.clone(),
+        value: i.data.take(),
         expected_version: None,
     }));
-    let mut versions = store.transact(writes, meta).await?;
-    versions.truncate(count);
+    let mut kept = store.transact_keeping(writes, meta).await?;
+    for (item, (_, data)) in items.iter_mut().zip(kept.drain(count..)) {
+        item.data = data;
+    }
+    let versions: Vec<Option<u64>> = kept.into_iter().map(|(version, _)| version).collect();
     let answer = json!({"versions": versions, "stream_items": items.len()});
     Ok((answer, items))
 }

@@ -916,6 +916,7 @@ async fn state_transact_writes_records_and_stream_items_together_or_not_at_all()
             format!("t1-{n}"),
             "pushed in order after the commit: {ev}"
         );
+        assert_eq!(ev["event"]["data"]["n"], n, "pushed with its data: {ev}");
     }
     // A stale version: nothing is written, no item is pushed, the error names the record.
     let r = raw

@@ -282,12 +282,28 @@ impl EmbeddedBackend {
         writes: Vec<crate::state::TxWrite>,
         meta: &WriteMeta,
     ) -> Result<Vec<Option<u64>>, StateError> {
+        let written = self.write_all_keeping(writes, meta).await?;
+        Ok(written.into_iter().map(|(version, _)| version).collect())
+    }
+
+    /// [`Self::write_all`] → each write's version and its value, which the write kept.
+    pub(crate) async fn write_all_keeping(
+        &self,
+        writes: Vec<crate::state::TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<(Option<u64>, Value)>, StateError> {
         crate::state::check_transaction(&writes)?;
         let batch = writes
             .into_iter()
             .map(|w| (w.scope, w.key, w.expected_version, w.value));
         let written = self.write_batch(batch, meta).await?;
-        Ok(written.iter().map(|w| Some(w.outcome.version)).collect())
+        Ok(written
+            .into_iter()
+            .map(|w| {
+                let value = w.outcome.new_value.unwrap_or(Value::Null);
+                (Some(w.outcome.version), value)
+            })
+            .collect())
     }
 
     /// Unconditional writes in one transaction (one commit and one log record for a batch of

@@ -86,6 +86,14 @@ impl StateStore for EmbeddedBackend {
         self.write_all(writes, meta).await
     }
 
+    async fn transact_keeping(
+        &self,
+        writes: Vec<crate::state::TxWrite>,
+        meta: &WriteMeta,
+    ) -> Result<Vec<(Option<u64>, Value)>, StateError> {
+        self.write_all_keeping(writes, meta).await
+    }
+
     async fn list_page(
         &self,
         scope: &str,
