@@ -477,17 +477,28 @@ pub const MAX_VALUE_DEPTH: usize = 64;
 /// Whether `v` nests deeper than `max`, found without recursion: a hostile value must not
 /// exhaust the stack of the check meant to refuse it.
 pub fn deeper_than(v: &Value, max: usize) -> bool {
+    // Only containers are stacked (a leaf adds no depth), and without a boxed iterator per
+    // node: this walk runs over every value written.
+    fn nested(v: &Value) -> bool {
+        matches!(v, Value::Array(_) | Value::Object(_))
+    }
+    if !nested(v) {
+        return false;
+    }
     let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
     while let Some((v, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
         if depth + 1 > max {
             return true;
         }
-        stack.extend(children.map(|c| (c, depth + 1)));
+        match v {
+            Value::Array(items) => {
+                stack.extend(items.iter().filter(|c| nested(c)).map(|c| (c, depth + 1)));
+            }
+            Value::Object(map) => {
+                stack.extend(map.values().filter(|c| nested(c)).map(|c| (c, depth + 1)));
+            }
+            _ => {}
+        }
     }
     false
 }
@@ -751,6 +762,13 @@ mod tests {
         assert!(deeper_than(&json!([1]), 0));
         assert!(!deeper_than(&nest(32), 64));
         assert!(deeper_than(&nest(33), 64));
+        // A container counts a level, even empty; a leaf does not.
+        assert!(deeper_than(&json!({}), 0));
+        assert!(deeper_than(&json!([[], 1]), 1));
+        assert!(!deeper_than(&json!([[], 1]), 2));
+        assert!(!deeper_than(&json!({"a": 1, "b": "x"}), 1));
+        assert!(deeper_than(&json!({"a": 1, "b": {"c": [2]}}), 2));
+        assert!(!deeper_than(&json!({"a": 1, "b": {"c": [2]}}), 3));
         // Far deeper than any stack would survive recursively.
         let mut deep = json!(1);
         for _ in 0..200_000 {
