@@ -46,7 +46,6 @@ pub(crate) async fn dispatch_with(
             return Ok(refused(rec, call, envelope));
         }
     }
-    let started = Instant::now();
     let mut payload = call.args.clone();
     if let Some(o) = payload.as_object_mut() {
         o.remove("sandbox");
@@ -63,6 +62,7 @@ pub(crate) async fn dispatch_with(
     // wait for the sync starts after it, off the path of one session's turn).
     save(ctx, rec, version, false).await?;
     settle(&rec.pending_sync).await?;
+    let started = Instant::now();
     let mut span = tool_span(ctx, call);
     let (result, is_error) = match span
         .ctx()
