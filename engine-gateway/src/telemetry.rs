@@ -128,17 +128,6 @@ pub fn inject_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
     Some(format!("00-{}-{}-01", sc.trace_id(), sc.span_id()))
 }
 
-/// The SDK's propagator's `traceparent`, to check [`inject_traceparent`] against.
-#[cfg(test)]
-fn sdk_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
-    use opentelemetry::Context;
-    let sc = span_context(trace_id, span_id)?;
-    let cx = Context::new().with_remote_span_context(sc);
-    let mut carrier: HashMap<String, String> = HashMap::new();
-    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
-    carrier.remove("traceparent")
-}
-
 /// The W3C baggage limits the SDK keeps to: members, and bytes of their keys and values.
 const BAGGAGE_MAX_MEMBERS: usize = 64;
 const BAGGAGE_MAX_BYTES: usize = 8192;
@@ -195,24 +184,6 @@ pub fn inject_baggage(items: &[(String, String)]) -> Option<String> {
         ));
     }
     (!header.is_empty()).then_some(header)
-}
-
-/// The SDK's propagator's `baggage`, to check [`inject_baggage`] against.
-#[cfg(test)]
-fn sdk_baggage(items: &[(String, String)]) -> Option<String> {
-    use opentelemetry::Context;
-    use opentelemetry::baggage::BaggageExt;
-    if items.is_empty() {
-        return None;
-    }
-    let cx = Context::new().with_baggage(
-        items
-            .iter()
-            .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-    );
-    let mut carrier: HashMap<String, String> = HashMap::new();
-    BaggagePropagator::new().inject_context(&cx, &mut carrier);
-    carrier.remove("baggage").filter(|b| !b.is_empty())
 }
 
 fn span_context(trace_id: &str, span_id: &str) -> Option<SpanContext> {
@@ -573,6 +544,33 @@ pub async fn run_export_loop(queue: Arc<ExportQueue>, exporter: Arc<Exporter>, i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SDK's propagator's `traceparent`, to check [`inject_traceparent`] against.
+    fn sdk_traceparent(trace_id: &str, span_id: &str) -> Option<String> {
+        use opentelemetry::Context;
+        let sc = span_context(trace_id, span_id)?;
+        let cx = Context::new().with_remote_span_context(sc);
+        let mut carrier: HashMap<String, String> = HashMap::new();
+        TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+        carrier.remove("traceparent")
+    }
+
+    /// The SDK's propagator's `baggage`, to check [`inject_baggage`] against.
+    fn sdk_baggage(items: &[(String, String)]) -> Option<String> {
+        use opentelemetry::Context;
+        use opentelemetry::baggage::BaggageExt;
+        if items.is_empty() {
+            return None;
+        }
+        let cx = Context::new().with_baggage(
+            items
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        );
+        let mut carrier: HashMap<String, String> = HashMap::new();
+        BaggagePropagator::new().inject_context(&cx, &mut carrier);
+        carrier.remove("baggage").filter(|b| !b.is_empty())
+    }
 
     /// The members of a `baggage` header, in order (the SDK writes them in a map's order).
     fn members(header: Option<String>) -> Option<Vec<String>> {
