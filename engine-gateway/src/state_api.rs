@@ -172,7 +172,9 @@ pub async fn transact(
         expected_version: None,
     }));
     let mut kept = store.transact_keeping(writes, meta).await?;
-    for (item, (_, data)) in items.iter_mut().zip(kept.drain(count..)) {
+    // One per write from every store; a short answer must not panic here either.
+    let pushed = kept.split_off(count.min(kept.len()));
+    for (item, (_, data)) in items.iter_mut().zip(pushed) {
         item.data = data;
     }
     let versions: Vec<Option<u64>> = kept.into_iter().map(|(version, _)| version).collect();
