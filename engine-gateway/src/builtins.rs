@@ -491,14 +491,13 @@ pub fn register(engine: &Arc<Engine>) {
                 .await?
                 .into_iter()
                 .map(|en| {
-                    let mut item = json!({"item_id": en.key[prefix.len()..]});
-                    item["data"] = en.value;
-                    item
+                    crate::fields::fields([
+                        ("item_id", en.key[prefix.len()..].into()),
+                        ("data", en.value),
+                    ])
                 })
                 .collect();
-            let mut answer = json!({});
-            answer["items"] = Value::Array(items);
-            Ok(answer)
+            Ok(crate::fields::fields([("items", Value::Array(items))]))
         },
     );
 

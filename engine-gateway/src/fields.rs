@@ -1,4 +1,5 @@
-//! Reading a request's fields, with errors that name the field and what it holds.
+//! Reading a request's fields, with errors that name the field and what it holds, and
+//! building an object from fields.
 
 use crate::protocol::{ErrorBody, kind_of};
 use serde_json::Value;
@@ -38,4 +39,15 @@ pub fn opt_u64(data: &Value, field: &str) -> Result<Option<u64>, ErrorBody> {
             ))
         }),
     }
+}
+
+/// An object of these fields, built by moving the values in: `json!` would copy a caller's
+/// value (it serializes by reference), which for a turn record or an event is a deep copy per
+/// call.
+pub fn fields<const N: usize>(pairs: [(&str, Value); N]) -> Value {
+    let mut map = serde_json::Map::with_capacity(N);
+    for (k, v) in pairs {
+        map.insert(k.to_string(), v);
+    }
+    Value::Object(map)
 }

@@ -1,9 +1,9 @@
 //! The `state::*` functions as plain logic over a `StateStore`, so the engine's built-ins and
 //! a Lambda talking to DynamoDB directly (the SDK's AWS transport) answer them identically.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::fields::{opt_str, opt_u64, req_str};
+use crate::fields::{fields, opt_str, opt_u64, req_str};
 use crate::protocol::ErrorBody;
 use crate::protocol::kind_of;
 use crate::state::{LIST_PAGE_MAX, StateStore, TxWrite, UpdateOp, WriteMeta, WriteOutcome};
@@ -29,11 +29,11 @@ pub(crate) fn take_value(data: &mut Value, field: &str) -> Result<Value, ErrorBo
 
 /// `{old_value, new_value, version}`, built by moving the values (`json!` would copy them).
 fn outcome_json(out: WriteOutcome) -> Value {
-    let mut m = Map::with_capacity(3);
-    m.insert("old_value".into(), out.old_value.unwrap_or(Value::Null));
-    m.insert("new_value".into(), out.new_value.unwrap_or(Value::Null));
-    m.insert("version".into(), Value::from(out.version));
-    Value::Object(m)
+    fields([
+        ("old_value", out.old_value.unwrap_or(Value::Null)),
+        ("new_value", out.new_value.unwrap_or(Value::Null)),
+        ("version", out.version.into()),
+    ])
 }
 
 /// Answer one `state::*` call; `None` when `function_id` is not a state function.
@@ -67,12 +67,7 @@ async fn get(store: &dyn StateStore, data: &Value, versioned: bool) -> Result<Va
     let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
     let v = store.get(&scope, &key).await?;
     Ok(match (v, versioned) {
-        (Some(v), true) => {
-            let mut m = Map::with_capacity(2);
-            m.insert("value".into(), v.value);
-            m.insert("version".into(), Value::from(v.version));
-            Value::Object(m)
-        }
+        (Some(v), true) => fields([("value", v.value), ("version", v.version.into())]),
         (Some(v), false) => v.value,
         (None, _) => Value::Null,
     })
@@ -136,17 +131,17 @@ async fn list(store: &dyn StateStore, data: &Value) -> Result<Value, ErrorBody> 
     let items: Vec<Value> = entries
         .into_iter()
         .map(|e| {
-            let mut m = Map::with_capacity(3);
-            m.insert("key".into(), Value::String(e.key));
-            m.insert("value".into(), e.value);
-            m.insert("version".into(), Value::from(e.version));
-            Value::Object(m)
+            fields([
+                ("key", e.key.into()),
+                ("value", e.value),
+                ("version", e.version.into()),
+            ])
         })
         .collect();
-    let mut m = Map::with_capacity(2);
-    m.insert("items".into(), Value::Array(items));
-    m.insert("next_cursor".into(), json!(next_cursor));
-    Ok(Value::Object(m))
+    Ok(fields([
+        ("items", Value::Array(items)),
+        ("next_cursor", json!(next_cursor)),
+    ]))
 }
 
 /// `state::transact {writes: [{scope, key, value, expected_version?}], stream_items?: [...]}`:

@@ -88,16 +88,16 @@ impl Engine {
         }
         let Some(engine) = self.arc() else { return };
         // Built by moving one copy of `data` in (`json!` would serialize it node by node).
-        let mut body = serde_json::Map::with_capacity(2);
-        body.insert("type".into(), Value::from(event_type));
-        body.insert("data".into(), data.clone());
-        let mut payload = json!({
-            "type": "stream",
-            "stream_name": stream_name,
-            "group_id": group_id,
-            "item_id": item_id,
-        });
-        payload["event"] = Value::Object(body);
+        let payload = crate::fields::fields([
+            ("type", "stream".into()),
+            ("stream_name", stream_name.into()),
+            ("group_id", group_id.into()),
+            ("item_id", item_id.into()),
+            (
+                "event",
+                crate::fields::fields([("type", event_type.into()), ("data", data.clone())]),
+            ),
+        ]);
         for f in functions {
             let engine = engine.clone();
             let payload = payload.clone();

@@ -482,15 +482,8 @@ impl Ctx {
     }
 }
 
-/// A request object built by moving its values in: `json!` would copy a caller's value (it
-/// serializes by reference), which for a turn record or an event is a deep copy per call.
-pub fn fields<const N: usize>(pairs: [(&str, Value); N]) -> Value {
-    let mut map = serde_json::Map::with_capacity(N);
-    for (k, v) in pairs {
-        map.insert(k.to_string(), v);
-    }
-    Value::Object(map)
-}
+/// A request object built by moving its values in (the engine's, shared by every worker).
+pub use engine_gateway::fields::fields;
 
 /// A stream item as `state::transact` and `stream::set_many` take it, its data moved in.
 fn stream_item((stream_name, group_id, item_id, data): (String, String, String, Value)) -> Value {
