@@ -401,9 +401,12 @@ mod tests {
                 ),
             ],
         );
-        let (leaf, stored) = read_appended(out, sent()).unwrap();
+        // One list: each `sent()` stamps its messages with the clock.
+        let sent = sent();
+        let sent_first = sent[0].1.clone();
+        let (leaf, stored) = read_appended(out, sent).unwrap();
         assert_eq!(leaf.as_deref(), Some("r-t1-r0"));
-        assert_eq!(stored, vec![sent()[0].1.clone(), first_run]);
+        assert_eq!(stored, vec![sent_first, first_run]);
     }
 
     #[test]
