@@ -615,6 +615,8 @@ mod tests {
             format!("{{\"messages\": {deep}"),
             format!("{{\"messages\": [{{\"content\": {deep}"),
             format!("{{\"messages\": [{{\"content\": [{{\"text\": {deep}"),
+            // Content skipped unread (a tool result's) is held to the same limit.
+            format!("{{\"messages\": [{{\"role\": \"tool\", \"content\": {deep}"),
         ] {
             assert!(read(&body).is_err(), "{}", &body[..40]);
         }
@@ -650,6 +652,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(openai.system_text(), "s\nd");
+        // A message's fields in any order: content before its role is kept, and skipped
+        // after a role whose content nothing reads (tool results count by role).
+        let r = read(
+            "{\"messages\": [{\"content\": \"first\", \"role\": \"user\"}, {\"role\": \"assistant\", \"content\": \"not user text\", \"tool_calls\": [{\"id\": \"c\"}]}, {\"role\": \"tool\", \"tool_call_id\": \"c\", \"content\": \"{\\\"n\\\": 1}\"}, {\"role\": \"user\", \"content\": \"second\", \"content\": \"third\"}]}",
+        )
+        .unwrap();
+        assert_eq!(r.user_text(), "first\nthird");
+        assert_eq!(r.tool_results(), 1);
     }
 
     #[test]

@@ -28,12 +28,16 @@ pub(crate) struct Request {
 #[derive(Debug, Default)]
 struct Messages(Vec<Message>);
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default)]
 struct Message {
-    #[serde(default)]
     role: Value,
-    #[serde(default)]
     content: Content,
+}
+
+/// Roles whose content nothing reads: their text is never matched, and their tool results
+/// are counted by role (`tool`) or come in user messages (Anthropic).
+fn content_unread(role: &Value) -> bool {
+    role == "tool" || role == "assistant"
 }
 
 /// A message's content: a string, or blocks of which the type and text are kept.
@@ -246,6 +250,65 @@ impl<'de> Deserialize<'de> for Messages {
             absent_scalars!(Messages);
         }
         d.deserialize_any(V)
+    }
+}
+
+enum MessageField {
+    Role,
+    Content,
+    Other,
+}
+
+/// A key read without copying it.
+impl<'de> Deserialize<'de> for MessageField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = MessageField;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<MessageField, E> {
+                Ok(match key {
+                    "role" => MessageField::Role,
+                    "content" => MessageField::Content,
+                    _ => MessageField::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+/// A message's fields by name (others skipped), its content skipped unread when the role
+/// before it says nothing reads it: most of a long conversation is tool calls and results.
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Message;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a message")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message, A::Error> {
+                let mut message = Message::default();
+                while let Some(key) = map.next_key::<MessageField>()? {
+                    match key {
+                        MessageField::Role => message.role = map.next_value()?,
+                        MessageField::Content if content_unread(&message.role) => {
+                            map.next_value::<IgnoredAny>()?;
+                            message.content = Content::None;
+                        }
+                        MessageField::Content => message.content = map.next_value()?,
+                        MessageField::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(message)
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 

@@ -135,10 +135,20 @@ pub(crate) async fn emit_transient<E: EventStream + ?Sized>(
     events: &E,
     rec: &Record,
     event_type: &str,
+    data: Value,
+) {
+    push_transient(events, &rec.session_id, event_type, data).await;
+}
+
+/// [`emit_transient`] by session id, for a push that outlives the borrow of the record.
+pub(crate) async fn push_transient<E: EventStream + ?Sized>(
+    events: &E,
+    session_id: &str,
+    event_type: &str,
     mut data: Value,
 ) {
     data["type"] = json!(event_type);
-    events.push(&rec.session_id, event_type, data).await;
+    events.push(session_id, event_type, data).await;
 }
 
 pub(crate) fn emit_turn_end(rec: &mut Record, results: Vec<AgentMessage>) {

@@ -218,14 +218,20 @@ enum FrameKind {
 }
 
 /// The frame's kind without building its message (`None`: not a JSON object with a `type`).
+/// Providers write the tag first (events are internally tagged), so it is read off the front
+/// without reading the rest; any other frame is parsed. A frame malformed after its tag is
+/// passed over where it is read whole (the final message, the latest partial), as before.
 fn frame_kind(text: &str) -> Option<FrameKind> {
     #[derive(serde::Deserialize)]
     struct Typed<'a> {
         #[serde(rename = "type", borrow)]
         kind: std::borrow::Cow<'a, str>,
     }
-    let typed: Typed = serde_json::from_str(text).ok()?;
-    Some(match typed.kind.as_ref() {
+    let kind = match leading_type(text) {
+        Some(kind) => std::borrow::Cow::Borrowed(kind),
+        None => serde_json::from_str::<Typed>(text).ok()?.kind,
+    };
+    Some(match kind.as_ref() {
         "done" | "error" => FrameKind::Final,
         "usage" | "stop" => FrameKind::Other,
         "start" | "text_start" | "text_delta" | "text_end" | "thinking_start"
@@ -233,6 +239,13 @@ fn frame_kind(text: &str) -> Option<FrameKind> {
         | "functioncall_end" => FrameKind::Partial,
         _ => FrameKind::Other,
     })
+}
+
+/// The type of a frame that starts `{"type":"<type>"` with nothing escaped in it.
+fn leading_type(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix(r#"{"type":""#)?;
+    let kind = &rest[..rest.find('"')?];
+    (!kind.contains('\\')).then_some(kind)
 }
 
 /// The `message_update` of a batch: the latest frame that reads as an event with a partial
@@ -326,6 +339,16 @@ pub(crate) async fn assistant_streaming(
     };
     let mut final_message: Option<AgentMessage> = None;
     let mut call_result: Option<Result<Value, BusError>> = None;
+    // One `message_update` in flight at a time: the partials that come while it is pushed
+    // merge into the next (the latest supersedes the others), so a fast stream costs a push
+    // or two instead of one per batch, and the stream is read on while one goes out.
+    let mut pushing: Option<futures_util::future::BoxFuture<'static, ()>> = None;
+    let mut next_update: Option<Value> = None;
+    let push_update = |update: Value| {
+        let ctx = ctx.clone();
+        let sid = rec.session_id.clone();
+        async move { push_transient(&ctx, &sid, "message_update", update).await }.boxed()
+    };
     let deadline = tokio::time::Instant::now() + PROVIDER_TIMEOUT + Duration::from_secs(5);
     let mut timed_out = false;
     loop {
@@ -368,11 +391,18 @@ pub(crate) async fn assistant_streaming(
                     }
                 }
                 if let Some(u) = latest_update(&partials) {
-                    emit_transient(ctx, rec, "message_update", u).await;
+                    if pushing.is_none() {
+                        pushing = Some(push_update(u));
+                    } else {
+                        next_update = Some(u);
+                    }
                 }
                 if closed {
                     break;
                 }
+            }
+            () = async { pushing.as_mut().expect("guarded").await }, if pushing.is_some() => {
+                pushing = next_update.take().map(push_update);
             }
             // A provider that fails before attaching the writer (not registered, refused the
             // request) must not leave us waiting for a stream that will never come.
@@ -389,6 +419,13 @@ pub(crate) async fn assistant_streaming(
                 break;
             }
         }
+    }
+    // The updates still going out go before anything this step records.
+    if let Some(p) = pushing.take() {
+        p.await;
+    }
+    if let Some(u) = next_update.take() {
+        push_update(u).await;
     }
     if call_result.is_none() && !timed_out {
         call_result = Some(call.await.map_err(|e| StepError::Fatal(e.to_string()))?);
@@ -618,6 +655,51 @@ mod tests {
         let u = latest_update(&[start.clone(), delta, broken.clone()]).unwrap();
         assert_eq!(u["llm_event"]["delta"], "hi");
         assert!(latest_update(&[broken]).is_none());
+    }
+
+    /// Frames as providers write them (the tag first) are typed from their front; a frame
+    /// broken after its tag is typed too, and then passed over where it is read whole.
+    #[test]
+    fn a_frame_is_typed_from_its_leading_tag_as_providers_write_it() {
+        let partial = AgentMessage::Assistant {
+            content: vec![ContentBlock::Text { text: "hi".into() }],
+            stop_reason: StopReason::End,
+            error_message: None,
+            error_kind: None,
+            usage: None,
+            model: "m".into(),
+            provider: "p".into(),
+            timestamp: 1,
+        };
+        let written = |ev: AssistantMessageEvent| serde_json::to_string(&ev).unwrap();
+        let delta = written(AssistantMessageEvent::TextDelta {
+            delta: "hi".into(),
+            partial: partial.clone(),
+        });
+        let done = written(AssistantMessageEvent::Done { message: partial });
+        for (frame, kind) in [(&delta, FrameKind::Partial), (&done, FrameKind::Final)] {
+            assert!(leading_type(frame).is_some(), "{frame}");
+            assert_eq!(frame_kind(frame), Some(kind), "{frame}");
+        }
+        assert_eq!(leading_type(r#"{"type":"stop","x":1}"#), Some("stop"));
+        // An escaped tag, or a tag not first, is read by the parser.
+        assert_eq!(leading_type(r#"{"type":"st\"art"}"#), None);
+        assert_eq!(frame_kind(r#"{"type":"st\"art"}"#), Some(FrameKind::Other));
+        assert_eq!(leading_type(r#"{"delta":"x","type":"text_delta"}"#), None);
+        assert_eq!(
+            frame_kind(r#"{"delta":"x","type":"text_delta"}"#),
+            Some(FrameKind::Partial)
+        );
+        // Unterminated tags and broken frames.
+        for hostile in [r#"{"type":""#, r#"{"type":"start"#, r#"{"type":"#] {
+            assert_eq!(frame_kind(hostile), None, "{hostile}");
+        }
+        let truncated = &delta[..delta.len() / 2];
+        assert_eq!(frame_kind(truncated), Some(FrameKind::Partial));
+        assert!(latest_update(&[truncated.to_string()]).is_none());
+        let truncated_done = &done[..done.len() / 2];
+        assert_eq!(frame_kind(truncated_done), Some(FrameKind::Final));
+        assert!(serde_json::from_str::<AssistantMessageEvent>(truncated_done).is_err());
     }
 
     #[test]
