@@ -31,7 +31,7 @@ use in_process_model::InProcessModel;
 // glibc's allocator spent about a quarter of the CPU of a turn (arena locking and chunk
 // consolidation under many small JSON values); mimalloc is much cheaper for that pattern.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: agent_harness::alloc::MiMalloc = agent_harness::alloc::MiMalloc;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

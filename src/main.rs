@@ -24,7 +24,7 @@ use std::time::Duration;
 // glibc's allocator spent about a quarter of the CPU of a turn (arena locking and chunk
 // consolidation under many small JSON values); mimalloc is much cheaper for that pattern.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: agent_harness::alloc::MiMalloc = agent_harness::alloc::MiMalloc;
 
 unsafe extern "C" {
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
