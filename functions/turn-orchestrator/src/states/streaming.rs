@@ -616,21 +616,23 @@ pub(crate) fn with_usable_call_ids(mut message: AgentMessage, turn: u32) -> Agen
 mod tests {
     use super::*;
 
+    /// An assistant message holding `text`.
+    fn answer(text: &str) -> AgentMessage {
+        AgentMessage::Assistant {
+            content: vec![ContentBlock::Text { text: text.into() }],
+            stop_reason: StopReason::End,
+            error_message: None,
+            error_kind: None,
+            usage: None,
+            model: "m".into(),
+            provider: "p".into(),
+            timestamp: 1,
+        }
+    }
+
     #[test]
     fn a_batch_of_frames_yields_its_latest_partial_and_skips_the_malformed() {
-        let partial = |text: &str| {
-            serde_json::to_value(AgentMessage::Assistant {
-                content: vec![ContentBlock::Text { text: text.into() }],
-                stop_reason: StopReason::End,
-                error_message: None,
-                error_kind: None,
-                usage: None,
-                model: "m".into(),
-                provider: "p".into(),
-                timestamp: 1,
-            })
-            .unwrap()
-        };
+        let partial = |text: &str| serde_json::to_value(answer(text)).unwrap();
         let frame = |v: Value| v.to_string();
         let start = frame(json!({"type": "start", "partial": partial("")}));
         let delta = frame(json!({"type": "text_delta", "delta": "hi", "partial": partial("hi")}));
@@ -661,16 +663,7 @@ mod tests {
     /// broken after its tag is typed too, and then passed over where it is read whole.
     #[test]
     fn a_frame_is_typed_from_its_leading_tag_as_providers_write_it() {
-        let partial = AgentMessage::Assistant {
-            content: vec![ContentBlock::Text { text: "hi".into() }],
-            stop_reason: StopReason::End,
-            error_message: None,
-            error_kind: None,
-            usage: None,
-            model: "m".into(),
-            provider: "p".into(),
-            timestamp: 1,
-        };
+        let partial = answer("hi");
         let written = |ev: AssistantMessageEvent| serde_json::to_string(&ev).unwrap();
         let delta = written(AssistantMessageEvent::TextDelta {
             delta: "hi".into(),
