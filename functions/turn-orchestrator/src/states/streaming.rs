@@ -342,13 +342,10 @@ pub(crate) async fn assistant_streaming(
     // One `message_update` in flight at a time: the partials that come while it is pushed
     // merge into the next (the latest supersedes the others), so a fast stream costs a push
     // or two instead of one per batch, and the stream is read on while one goes out.
-    let mut pushing: Option<futures_util::future::BoxFuture<'static, ()>> = None;
+    let mut pushing: Option<futures_util::future::BoxFuture<'_, ()>> = None;
     let mut next_update: Option<Value> = None;
-    let push_update = |update: Value| {
-        let ctx = ctx.clone();
-        let sid = rec.session_id.clone();
-        async move { push_transient(&ctx, &sid, "message_update", update).await }.boxed()
-    };
+    let sid = rec.session_id.as_str();
+    let push_update = |update: Value| push_transient(ctx, sid, "message_update", update).boxed();
     let deadline = tokio::time::Instant::now() + PROVIDER_TIMEOUT + Duration::from_secs(5);
     let mut timed_out = false;
     loop {
@@ -420,12 +417,11 @@ pub(crate) async fn assistant_streaming(
             }
         }
     }
-    // The updates still going out go before anything this step records.
-    if let Some(p) = pushing.take() {
+    // The updates still going out go before anything this step records (in order: the one
+    // in flight, then the latest; both end the borrow of the session id here).
+    let last = next_update.map(push_update);
+    for p in [pushing, last].into_iter().flatten() {
         p.await;
-    }
-    if let Some(u) = next_update.take() {
-        push_update(u).await;
     }
     if call_result.is_none() && !timed_out {
         call_result = Some(call.await.map_err(|e| StepError::Fatal(e.to_string()))?);
