@@ -7,7 +7,9 @@
 //! - **sqlite**: SQLite in WAL mode (rusqlite, bundled), `synchronous=FULL` for a durable
 //!   commit and `NORMAL` for a deferred one (its WAL sync then covers both);
 //! - **fjall**: fjall's transactional keyspace, `PersistMode::SyncData` for a durable commit
-//!   and none for a deferred one.
+//!   and none for a deferred one (its journal holds it in the process until the next sync);
+//! - **fjall-buffered**: the same with `PersistMode::Buffer` for a deferred commit, which hands
+//!   it to the OS as the engine's log does, so a killed process loses none of it.
 //!
 //! Per tool call: two point reads (the turn record, the session head), eight deferred
 //! single-record writes of ~300 B (UI events, history entries, sequence counters, the queue's
@@ -46,7 +48,10 @@ fn env_usize(name: &str, default: usize) -> usize {
 enum Store {
     Engine(Arc<EmbeddedBackend>),
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
-    Fjall(fjall::TxKeyspace, fjall::TxPartitionHandle),
+    /// The keyspace, its partition, and whether a deferred commit flushes its journal to the
+    /// OS (`PersistMode::Buffer`) as the engine's log does, so that a killed process loses
+    /// none of it; without, fjall keeps it in the process until the next durable commit.
+    Fjall(fjall::TxKeyspace, fjall::TxPartitionHandle, bool),
 }
 
 fn meta(deferred: bool) -> WriteMeta {
@@ -89,14 +94,14 @@ impl Store {
                 .expect("sqlite schema");
                 Store::Sqlite(Arc::new(Mutex::new(conn)))
             }
-            "fjall" => {
+            "fjall" | "fjall-buffered" => {
                 let ks = fjall::Config::new(dir.join("fjall"))
                     .open_transactional()
                     .expect("fjall");
                 let part = ks
                     .open_partition("state", fjall::PartitionCreateOptions::default())
                     .expect("partition");
-                Store::Fjall(ks, part)
+                Store::Fjall(ks, part, kind == "fjall-buffered")
             }
             other => panic!("unknown store {other}"),
         }
@@ -119,7 +124,7 @@ impl Store {
                     .expect("row")
                     .map(|r| decode(&r.get::<_, Vec<u8>>(0).expect("blob")))
             }
-            Store::Fjall(_, p) => p.get(address(scope, key)).expect("get").map(|v| decode(&v)),
+            Store::Fjall(_, p, _) => p.get(address(scope, key)).expect("get").map(|v| decode(&v)),
         }
     }
 
@@ -177,10 +182,14 @@ impl Store {
                 };
                 in_place_unless_durable(deferred, work).await;
             }
-            Store::Fjall(ks, p) => {
-                let (ks, p) = (ks.clone(), p.clone());
+            Store::Fjall(ks, p, buffered) => {
+                let (ks, p, buffered) = (ks.clone(), p.clone(), *buffered);
                 let work = move || {
-                    let mode = (!deferred).then_some(fjall::PersistMode::SyncData);
+                    let mode = match (deferred, buffered) {
+                        (false, _) => Some(fjall::PersistMode::SyncData),
+                        (true, true) => Some(fjall::PersistMode::Buffer),
+                        (true, false) => None,
+                    };
                     let mut tx = ks.write_tx().durability(mode);
                     for (scope, key, value, expected) in writes {
                         let k = address(&scope, &key);
@@ -326,7 +335,7 @@ async fn main() {
         dir.path().display()
     );
     let only = std::env::var("STORE_ONLY").ok();
-    let kinds: Vec<&str> = ["engine", "sqlite", "fjall"]
+    let kinds: Vec<&str> = ["engine", "sqlite", "fjall", "fjall-buffered"]
         .into_iter()
         .filter(|k| only.as_deref().is_none_or(|o| o == *k))
         .collect();
