@@ -19,7 +19,7 @@ use auth_credentials::Auth;
 use engine_gateway::secrets::FileSecrets;
 use engine_gateway::server::{self, ServeOptions};
 use harness_sdk::{Ctx, RemoteOptions, connect_client, run_embedded};
-use scripted_model::{Cassette, ScriptedModel, ToolCall, Turn};
+use scripted_model::{Cassette, ScriptedModel, ToolCall, Turn, TurnUsage};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -365,6 +365,13 @@ async fn bench() {
         opts.aws.create_resources = true;
     }
     let srv = server::start(&opts).await.expect("engine");
+    // The model reports its usage, as every provider's API does (a fixed count here: the
+    // bench's context stays far below any window either way).
+    let usage = TurnUsage {
+        input: 2_000,
+        output: 30,
+        ..Default::default()
+    };
     let model = ScriptedModel::new(Cassette {
         turns: vec![
             Turn {
@@ -374,11 +381,13 @@ async fn bench() {
                     name: "agent_trigger".into(),
                     arguments: json!({"function": "demo::echo", "payload": {"n": 1}}),
                 }],
+                usage: usage.clone(),
                 ..Default::default()
             },
             Turn {
                 when: Some(format!("results>={k}")),
                 text: Some("done".into()),
+                usage,
                 ..Default::default()
             },
         ],

@@ -468,6 +468,70 @@ async fn a_long_session_crosses_a_small_window_is_compacted_and_completes() {
     );
 }
 
+/// The end-of-run check trusts the model's own count of the context when it gave one, and
+/// loads the history to estimate it otherwise (a usage of zero, none, or over the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_run_compaction_check_uses_the_models_count_when_it_gave_one() {
+    let mut catalog = models_catalog::Catalog::builtin();
+    let mut tiny = catalog
+        .get("anthropic", "claude-sonnet-5-5")
+        .unwrap()
+        .clone();
+    tiny.id = "claude-tiny-window".into();
+    tiny.context_window = 30_000;
+    catalog.models.push(tiny);
+    let s = stack_with(PERMISSIONS, catalog).await;
+    let ctx = s.client.ctx();
+    s.model.load(Cassette {
+        turns: vec![text("Hello back.")],
+        ..Default::default()
+    });
+    start_with(
+        &ctx,
+        "counted",
+        "hello",
+        json!({"model": "claude-tiny-window"}),
+    )
+    .await;
+    wait_state(&ctx, "counted", "stopped").await;
+    let turn_end = |usage: Value| {
+        json!({"group_id": "counted", "event": {"data": {"function_results": [], "message": {
+            "role": "assistant", "content": [{"type": "text", "text": "Hello back."}],
+            "stop_reason": "end", "usage": usage, "provider": "anthropic",
+            "model": "claude-tiny-window", "timestamp": 1}}}})
+    };
+    // 30 000 − 15 000 reserved (at most half the window) = 15 000 usable tokens.
+    let under = ctx
+        .trigger(
+            "context-compaction::on_turn_end",
+            turn_end(json!({"input": 4_000, "cache_read": 10_000, "output": 500})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        under,
+        json!({"status": "ok", "compacted": false, "session_id": "counted", "tokens": 14_500,
+               "usable": 15_000, "counted_by": "model"})
+    );
+    // Over the window by the model's count, no count, or junk: the history is loaded and
+    // estimated (it is small, so there is nothing to compact either way).
+    for usage in [
+        json!({"input": 15_001}),
+        json!({"input": 0, "output": 0}),
+        Value::Null,
+        json!({"input": "lots"}),
+    ] {
+        let answer = ctx
+            .trigger("context-compaction::on_turn_end", turn_end(usage.clone()))
+            .await
+            .unwrap();
+        assert_eq!(answer["compacted"], false, "{usage}: {answer}");
+        assert!(answer.get("counted_by").is_none(), "{usage}: {answer}");
+        let estimated = answer["tokens"].as_u64().unwrap();
+        assert!(estimated > 0 && estimated < 1_000, "{usage}: {answer}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skills_are_generated_from_registrations_and_fetched_before_first_use() {
     let s = stack(PERMISSIONS).await;

@@ -339,6 +339,25 @@ async fn on_turn_end(s: Arc<Settings>, ctx: Ctx, data: Value) -> Result<Value, E
             json!({"skipped": "run live; the pre-flight check compacts", "session_id": sid}),
         );
     }
+    // The model's own count of the turn's context, when it gave one: under the window, the
+    // history need not be loaded to know there is nothing to compact. A count that is wrong
+    // (or forged) only defers a compaction to the orchestrator's pre-flight check.
+    let message = &data["event"]["data"]["message"];
+    if let (Some(tokens), Some(provider), Some(model)) = (
+        plan::reported_context_tokens(&message["usage"]),
+        message["provider"].as_str(),
+        message["model"].as_str(),
+    ) {
+        let usable = plan::usable_with(
+            context_window(&ctx, provider, model).await,
+            s.reserved_tokens,
+        );
+        if tokens <= usable {
+            return Ok(
+                json!({"status": "ok", "compacted": false, "session_id": sid, "tokens": tokens, "usable": usable, "counted_by": "model"}),
+            );
+        }
+    }
     let state = ctx
         .trigger("turn::get_state", json!({"session_id": sid}))
         .await

@@ -14,6 +14,16 @@ pub fn estimate<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
     serde_json::to_string(v).map_or(0, |s| s.chars().count() as u64 / 4)
 }
 
+/// The context a model turn took, as the model counted it (its usage: what it read, cached or
+/// not, plus what it wrote), or `None` when the usage is absent, zero or not numbers.
+pub fn reported_context_tokens(usage: &serde_json::Value) -> Option<u64> {
+    let total = ["input", "cache_read", "cache_write", "output"]
+        .iter()
+        .map(|k| usage[*k].as_u64().unwrap_or(0))
+        .fold(0u64, u64::saturating_add);
+    (total > 0).then_some(total)
+}
+
 /// Usable context: the window minus the reserve (at most half the window, so small test
 /// windows keep a usable part).
 pub fn usable(context_window: u64) -> u64 {
@@ -201,6 +211,31 @@ mod tests {
         assert!(!matches!(small[start], AgentMessage::FunctionResult { .. }));
         // Too short to compact.
         assert_eq!(select_tail(&ms[..3], 100_000, KEEP_TURNS), None);
+    }
+
+    #[test]
+    fn a_reported_context_counts_every_token_and_ignores_what_is_not_a_count() {
+        use serde_json::json;
+        assert_eq!(
+            reported_context_tokens(
+                &json!({"input": 100, "cache_read": 900, "cache_write": 50, "output": 7, "cost_usd": 0.5})
+            ),
+            Some(1057)
+        );
+        assert_eq!(reported_context_tokens(&json!({"output": 3})), Some(3));
+        for nothing in [
+            json!(null),
+            json!({}),
+            json!({"input": 0, "output": 0}),
+            json!({"input": "1000", "output": -5, "cache_read": 1.5}),
+            json!([1, 2]),
+        ] {
+            assert_eq!(reported_context_tokens(&nothing), None, "{nothing}");
+        }
+        assert_eq!(
+            reported_context_tokens(&json!({"input": u64::MAX, "output": 10})),
+            Some(u64::MAX)
+        );
     }
 
     #[test]
