@@ -350,8 +350,9 @@ async fn a_remote_hook_worker_blocks_one_call_and_redacts_another_result() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_session_crosses_a_small_window_is_compacted_and_completes() {
+/// The builtin catalog plus `claude-tiny-window`: a 30 000-token window, so that a short
+/// session reaches the compaction threshold.
+fn tiny_window_catalog() -> models_catalog::Catalog {
     let mut catalog = models_catalog::Catalog::builtin();
     let mut tiny = catalog
         .get("anthropic", "claude-sonnet-5-5")
@@ -360,7 +361,12 @@ async fn a_long_session_crosses_a_small_window_is_compacted_and_completes() {
     tiny.id = "claude-tiny-window".into();
     tiny.context_window = 30_000;
     catalog.models.push(tiny);
-    let s = stack_with(PERMISSIONS, catalog).await;
+    catalog
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_session_crosses_a_small_window_is_compacted_and_completes() {
+    let s = stack_with(PERMISSIONS, tiny_window_catalog()).await;
     std::fs::create_dir_all(&s.work).unwrap();
     for i in 0..16 {
         std::fs::write(
@@ -472,15 +478,7 @@ async fn a_long_session_crosses_a_small_window_is_compacted_and_completes() {
 /// loads the history to estimate it otherwise (a usage of zero, none, or over the window).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_end_of_run_compaction_check_uses_the_models_count_when_it_gave_one() {
-    let mut catalog = models_catalog::Catalog::builtin();
-    let mut tiny = catalog
-        .get("anthropic", "claude-sonnet-5-5")
-        .unwrap()
-        .clone();
-    tiny.id = "claude-tiny-window".into();
-    tiny.context_window = 30_000;
-    catalog.models.push(tiny);
-    let s = stack_with(PERMISSIONS, catalog).await;
+    let s = stack_with(PERMISSIONS, tiny_window_catalog()).await;
     let ctx = s.client.ctx();
     s.model.load(Cassette {
         turns: vec![text("Hello back.")],
