@@ -341,6 +341,8 @@ fn p50(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
+    // The allocator as the `harness` binary sets it up.
+    agent_harness::alloc::purge_freed_pages_at_once();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(env_usize("BENCH_THREADS", 2))
         .enable_all()

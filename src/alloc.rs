@@ -20,6 +20,25 @@ unsafe extern "C" {
     fn mi_zalloc_aligned(size: usize, alignment: usize) -> *mut c_void;
     fn mi_realloc_aligned(p: *mut c_void, new_size: usize, alignment: usize) -> *mut c_void;
     fn mi_free(p: *mut c_void);
+    fn mi_option_set(option: core::ffi::c_int, value: core::ffi::c_long);
+    #[cfg(test)]
+    fn mi_option_get(option: core::ffi::c_int) -> core::ffi::c_long;
+}
+
+/// `mi_option_purge_delay` in mimalloc's option enum (the same index in its v2 and v3; the
+/// `mimalloc` crate builds v3).
+const MI_OPTION_PURGE_DELAY: core::ffi::c_int = 15;
+
+/// mimalloc (v3) holds freed pages for a second and purges them only on later allocator
+/// activity, so an idle harness kept about 12 MiB it no longer used (bench/results/memory.md).
+/// The `harness` binary and the turn bench both call this, so the bench measures the
+/// allocator as it ships (bench/results/turn-speed.md, ninth session: within the noise at
+/// fifty sessions). `MIMALLOC_PURGE_DELAY` still wins.
+pub fn purge_freed_pages_at_once() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: a plain setter of mimalloc's; options may be changed at any time.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
 }
 
 /// The alignment of every block mimalloc hands out (`MI_INTPTR_SIZE`: its size classes are
@@ -79,6 +98,20 @@ unsafe impl GlobalAlloc for MiMalloc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The index is mimalloc's enum position, not a name: if an upgrade moved it, this would
+    /// set another option. Its v3 default (1 000 ms, though the header's comment says 10) is
+    /// there before, and 0 after.
+    #[test]
+    fn the_purge_delay_option_is_the_one_set() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        // SAFETY: plain getters and setters of mimalloc's options.
+        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 1000);
+        purge_freed_pages_at_once();
+        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 0);
+    }
 
     /// Every size and alignment a program asks for comes back aligned, holds what was written,
     /// keeps it through a resize, and zeroed blocks are zero.

@@ -26,26 +26,6 @@ use std::time::Duration;
 #[global_allocator]
 static GLOBAL: agent_harness::alloc::MiMalloc = agent_harness::alloc::MiMalloc;
 
-unsafe extern "C" {
-    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-    #[cfg(test)]
-    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
-}
-/// `mi_option_purge_delay` in mimalloc's option enum (the same index in its v2 and v3; the
-/// `mimalloc` crate builds v3).
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
-
-/// mimalloc (v3) holds freed pages for a second and purges them only on later allocator activity, so
-/// an idle harness kept about 12 MiB it no longer used (bench/results/memory.md); purging at
-/// once cost nothing measurable in the turn bench. `MIMALLOC_PURGE_DELAY` still wins.
-fn purge_freed_pages_at_once() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: a plain setter of mimalloc's (linked by the `mimalloc` crate); options may
-        // be changed at any time.
-        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
-    }
-}
-
 #[derive(Parser)]
 #[command(
     name = "harness",
@@ -145,7 +125,7 @@ fn ask(question: &str) -> bool {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    purge_freed_pages_at_once();
+    agent_harness::alloc::purge_freed_pages_at_once();
     let mut cli = Cli::parse();
     server::disable_transparent_huge_pages();
     server::init_logging();
@@ -386,23 +366,4 @@ async fn main() -> anyhow::Result<()> {
     drop((composition, client, engine));
     running.shutdown().await;
     Ok(())
-}
-
-#[cfg(test)]
-mod allocator_tests {
-    use super::*;
-
-    /// The index is mimalloc's enum position, not a name: if an upgrade moved it, this would
-    /// set another option. Its v3 default (1 000 ms, though the header's comment says 10) is
-    /// there before, and 0 after.
-    #[test]
-    fn the_purge_delay_option_is_the_one_set() {
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-            return;
-        }
-        // SAFETY: plain getters and setters of mimalloc's options.
-        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 1000);
-        purge_freed_pages_at_once();
-        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 0);
-    }
 }
