@@ -10,16 +10,14 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde_json::Value;
 use serde_json::value::RawValue;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-use crate::queue::{
-    Delivery, QueueBackend, QueueConfig, QueueError, QueueKind, QueueMessage, QueueStats,
-};
+use crate::queue::{Delivery, QueueBackend, QueueConfig, QueueError, QueueMessage, QueueStats};
 use crate::state::{
     ChangeFeed, ChangeKind, ChangeRecord, Entry, StateError, StateStore, UpdateOp, Versioned,
     WriteMeta, WriteOutcome, apply_ops, check_expected, is_reserved_scope, validate_address,
@@ -27,15 +25,14 @@ use crate::state::{
 
 use crate::wal::{CHANGES, Op, QUEUE_CONFIGS, QUEUE_DEAD, QUEUE_MSGS, STATE, Wal, WalError};
 
+mod mem_queue;
+use mem_queue::{MemMsg, MemQueue};
 mod queues;
 mod state;
 
 /// redb's page cache. The hot part of the file (turn records, session heads, queues) is
 /// small; old history and events are read from the OS page cache when asked for.
 pub const CACHE_BYTES: usize = 4 << 20;
-
-/// How long a deduplication id suppresses a second enqueue (as SQS FIFO).
-const DEDUP_WINDOW: Duration = Duration::from_secs(300);
 
 fn storage<E: std::fmt::Display>(e: E) -> StateError {
     StateError::Storage(e.to_string())
@@ -72,50 +69,6 @@ fn decode(bytes: &[u8]) -> Result<Versioned, StateError> {
 /// A stored record's value as the JSON it is, checked but not decoded into a tree.
 fn raw_value(bytes: &[u8]) -> Result<&RawValue, StateError> {
     serde_json::from_slice(split_stored(bytes)?.1).map_err(storage)
-}
-
-struct MemMsg {
-    message: QueueMessage,
-    visible_at: Instant,
-    in_flight: bool,
-}
-
-struct MemQueue {
-    cfg: QueueConfig,
-    msgs: BTreeMap<u64, MemMsg>,
-    dedup: HashMap<String, (String, Instant)>,
-    /// The deduplication ids in the order they were recorded, so expiring them is amortized
-    /// O(1) per send instead of a scan of every id of the last five minutes.
-    dedup_order: std::collections::VecDeque<(Instant, String)>,
-    notify: Arc<Notify>,
-}
-
-impl MemQueue {
-    fn expire_dedup(&mut self, now: Instant) {
-        while let Some((at, _)) = self.dedup_order.front() {
-            if now.duration_since(*at) < DEDUP_WINDOW {
-                break;
-            }
-            if let Some((at, id)) = self.dedup_order.pop_front()
-                && self
-                    .dedup
-                    .get(&id)
-                    .is_some_and(|(_, recorded)| *recorded == at)
-            {
-                self.dedup.remove(&id);
-            }
-        }
-    }
-
-    fn new(cfg: QueueConfig) -> Self {
-        Self {
-            cfg,
-            msgs: BTreeMap::new(),
-            dedup: HashMap::new(),
-            dedup_order: Default::default(),
-            notify: Arc::new(Notify::new()),
-        }
-    }
 }
 
 pub struct EmbeddedBackend {
@@ -180,7 +133,6 @@ impl EmbeddedBackend {
                 queues
                     .entry(queue.to_string())
                     .or_insert_with(|| MemQueue::new(QueueConfig::standard(queue)))
-                    .msgs
                     .insert(
                         seq,
                         MemMsg {
@@ -188,6 +140,7 @@ impl EmbeddedBackend {
                             visible_at: now,
                             in_flight: false,
                         },
+                        now,
                     );
             }
             for row in read.open_table(QUEUE_DEAD)?.iter()? {

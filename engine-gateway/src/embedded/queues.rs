@@ -29,7 +29,7 @@ impl QueueBackend for EmbeddedBackend {
         })
         .await?;
         self.with_queue(&cfg.name, |q| {
-            q.cfg = cfg.clone();
+            q.set_config(cfg.clone());
             q.notify.notify_one();
         });
         Ok(())
@@ -69,13 +69,15 @@ impl QueueBackend for EmbeddedBackend {
                 q.dedup.insert(dedup.clone(), (id.clone(), now));
                 q.dedup_order.push_back((now, dedup.clone()));
             }
-            q.msgs.insert(
+            let now = Instant::now();
+            q.insert(
                 seq,
                 MemMsg {
                     message: msg,
-                    visible_at: Instant::now(),
+                    visible_at: now,
                     in_flight: false,
                 },
+                now,
             );
             q.notify.notify_one();
         });
@@ -92,55 +94,15 @@ impl QueueBackend for EmbeddedBackend {
         loop {
             let now = Instant::now();
             let (batch, next_visible, notify) = self.with_queue(queue, |q| {
-                let fifo = q.cfg.kind == QueueKind::Fifo;
-                let mut blocked: HashSet<&str> = HashSet::new();
-                if fifo {
-                    for m in q.msgs.values() {
-                        if let (true, Some(g)) = (m.in_flight, m.message.group.as_deref()) {
-                            blocked.insert(g);
-                        }
-                    }
-                }
-                let mut picked = Vec::new();
-                let mut next_visible: Option<Instant> = None;
-                for (seq, m) in q.msgs.iter() {
-                    if picked.len() >= max {
-                        break;
-                    }
-                    let group = m.message.group.as_deref().filter(|_| fifo);
-                    if let Some(g) = group
-                        && blocked.contains(g)
-                    {
-                        continue;
-                    }
-                    if m.in_flight {
-                        continue;
-                    }
-                    if m.visible_at > now {
-                        next_visible =
-                            Some(next_visible.map_or(m.visible_at, |n| n.min(m.visible_at)));
-                        if let Some(g) = group {
-                            // The group's head is waiting out its backoff: the group waits too.
-                            blocked.insert(g);
-                        }
-                        continue;
-                    }
-                    if let Some(g) = group {
-                        blocked.insert(g);
-                    }
-                    picked.push(*seq);
-                }
-                let mut batch = Vec::with_capacity(picked.len());
-                for seq in picked {
-                    if let Some(m) = q.msgs.get_mut(&seq) {
-                        m.in_flight = true;
-                        batch.push(Delivery {
-                            message: m.message.clone(),
-                            receipt: seq.to_string(),
-                            attempt: m.message.attempts + 1,
-                        });
-                    }
-                }
+                let (taken, next_visible) = q.take(max, now);
+                let batch: Vec<Delivery> = taken
+                    .into_iter()
+                    .map(|(seq, message)| Delivery {
+                        receipt: seq.to_string(),
+                        attempt: message.attempts + 1,
+                        message,
+                    })
+                    .collect();
                 (batch, next_visible, q.notify.clone())
             });
             if !batch.is_empty() {
@@ -173,7 +135,7 @@ impl QueueBackend for EmbeddedBackend {
         // acknowledgement commits. If that commit is lost, a restart delivers the message once
         // more, as a crash between handler and acknowledgement always could (at least once).
         self.with_queue(&d.message.queue, |q| {
-            q.msgs.remove(&seq);
+            q.remove(seq);
             q.notify.notify_one();
         });
         self.commit(deferred, |_, log| {
@@ -208,11 +170,11 @@ impl QueueBackend for EmbeddedBackend {
         .await?;
         self.with_queue(&d.message.queue, |q| {
             if dead_letter {
-                q.msgs.remove(&seq);
-            } else if let Some(m) = q.msgs.get_mut(&seq) {
-                m.message = message;
-                m.in_flight = false;
-                m.visible_at = Instant::now() + delay;
+                q.remove(seq);
+            } else if let Some(m) = q.get_mut(seq) {
+                *m = message;
+                let now = Instant::now();
+                q.retry(seq, now + delay, now);
             }
             q.notify.notify_one();
         });
@@ -222,10 +184,8 @@ impl QueueBackend for EmbeddedBackend {
     async fn release(&self, d: &Delivery, delay: Duration) -> Result<(), QueueError> {
         let seq = Self::seq_of(d)?;
         self.with_queue(&d.message.queue, |q| {
-            if let Some(m) = q.msgs.get_mut(&seq) {
-                m.in_flight = false;
-                m.visible_at = Instant::now() + delay;
-            }
+            let now = Instant::now();
+            q.retry(seq, now + delay, now);
             q.notify.notify_one();
         });
         Ok(())
@@ -265,13 +225,14 @@ impl QueueBackend for EmbeddedBackend {
         self.with_queue(queue, |q| {
             let now = Instant::now();
             for (seq, message) in moved {
-                q.msgs.insert(
+                q.insert(
                     seq,
                     MemMsg {
                         message,
                         visible_at: now,
                         in_flight: false,
                     },
+                    now,
                 );
             }
             q.notify.notify_one();
@@ -300,11 +261,12 @@ impl QueueBackend for EmbeddedBackend {
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let dead = self.dead_letters(queue).await?.len();
-        Ok(self.with_queue(queue, |q| QueueStats {
-            pending: q.msgs.values().filter(|m| !m.in_flight).count(),
-            in_flight: q.msgs.values().filter(|m| m.in_flight).count(),
+        let (pending, in_flight) = self.with_queue(queue, |q| q.counts());
+        Ok(QueueStats {
+            pending,
+            in_flight,
             dead,
-        }))
+        })
     }
 
     async fn queues(&self) -> Vec<QueueConfig> {
