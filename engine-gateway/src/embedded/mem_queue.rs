@@ -283,19 +283,8 @@ mod tests {
     use super::*;
 
     fn msg(group: Option<&str>) -> QueueMessage {
-        QueueMessage {
-            id: "m".into(),
-            queue: "q".into(),
-            group: group.map(str::to_owned),
-            function_id: None,
-            data: serde_json::Value::Null,
-            traceparent: None,
-            baggage: None,
-            deduplication_id: None,
-            attempts: 0,
-            enqueued_at_ms: 0,
-            last_error: None,
-        }
+        let wire = serde_json::json!({"id": "m", "queue": "q", "group": group, "data": null, "enqueued_at_ms": 0});
+        serde_json::from_value(wire).expect("a queue message")
     }
 
     fn add(q: &mut MemQueue, seq: u64, group: Option<&str>, now: Instant) {
