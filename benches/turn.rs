@@ -69,6 +69,12 @@ fn unix_nanos() -> u64 {
 /// (the trace store is a ring: the latest steps are the ones it still holds); `None` when it
 /// holds none of them.
 async fn last_step_end(ctx: &Ctx, sids: &[String]) -> Option<u64> {
+    step_ends(ctx, sids).await?.into_values().max()
+}
+
+/// When each of these sessions' last turn step ended (unix nanos), for those the span ring
+/// still holds.
+async fn step_ends(ctx: &Ctx, sids: &[String]) -> Option<std::collections::BTreeMap<String, u64>> {
     let groups = ctx
         .trigger(
             "engine::traces::group_by",
@@ -85,7 +91,7 @@ async fn last_step_end(ctx: &Ctx, sids: &[String]) -> Option<u64> {
         .flat_map(|g| g["trace_ids"].as_array().into_iter().flatten())
         .filter_map(Value::as_str)
         .collect();
-    let mut last = 0;
+    let mut ends = std::collections::BTreeMap::<String, u64>::new();
     for trace in traces {
         let spans = ctx
             .trigger("engine::traces::list", json!({"trace_id": trace}))
@@ -101,11 +107,13 @@ async fn last_step_end(ctx: &Ctx, sids: &[String]) -> Option<u64> {
                 && name.starts_with("turn::")
                 && name != "turn::get_state"
             {
-                last = last.max(s["end_unix_nanos"].as_u64().unwrap_or(0));
+                let end = ends.entry(session.to_string()).or_default();
+                *end = (*end).max(s["end_unix_nanos"].as_u64().unwrap_or(0));
             }
         }
     }
-    (last > 0).then_some(last)
+    ends.retain(|_, end| *end > 0);
+    (!ends.is_empty()).then_some(ends)
 }
 
 /// The session's time and how many times it asked for the turn's state, every `poll`.
@@ -508,10 +516,19 @@ async fn bench() {
         t.await.expect("session");
     }
     let polled = t0.elapsed().as_secs_f64();
-    let secs = match last_step_end(&ctx, &sids).await {
-        Some(end) if end > started => ((end - started) as f64 / 1e9).min(polled),
+    let ends = step_ends(&ctx, &sids).await.unwrap_or_default();
+    let secs = match ends.values().max() {
+        Some(&end) if end > started => ((end - started) as f64 / 1e9).min(polled),
         _ => polled,
     };
+    // How evenly the sessions went: when the first, the median and the last ended. Once
+    // only a few are left the cores idle, so a wide spread lowers the figure below.
+    let mut finished: Vec<f64> = ends
+        .values()
+        .filter(|&&end| end > started)
+        .map(|&end| (end - started) as f64 / 1e9)
+        .collect();
+    finished.sort_by(f64::total_cmp);
     let turns = concurrent as f64 * (k + 1) as f64;
     println!(
         "{concurrent} concurrent sessions: turns/s | {:.1}",
@@ -521,5 +538,12 @@ async fn bench() {
         "{concurrent} concurrent sessions: tool calls/s | {:.1}",
         concurrent as f64 * k as f64 / secs
     );
+    if let (Some(first), Some(last)) = (finished.first(), finished.last()) {
+        println!(
+            "{concurrent} concurrent sessions: first, median, last ended (s) | {first:.2}, {:.2}, {last:.2} ({} of {concurrent} seen)",
+            finished[finished.len() / 2],
+            finished.len()
+        );
+    }
     srv.shutdown().await;
 }
