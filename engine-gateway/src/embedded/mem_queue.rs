@@ -113,6 +113,14 @@ impl MemQueue {
         m.message.group.as_deref().filter(|_| self.fifo())
     }
 
+    /// [`MemQueue::group_of`] the message numbered `seq`, owned (the group is then changed).
+    fn group_of_seq(&self, seq: u64) -> Option<String> {
+        self.msgs
+            .get(&seq)
+            .and_then(|m| self.group_of(m))
+            .map(str::to_owned)
+    }
+
     /// Add a message (a send, a redrive, a message found at open).
     pub fn insert(&mut self, seq: u64, m: MemMsg, now: Instant) {
         // The same number again (not expected): replaced, as if removed first.
@@ -123,10 +131,6 @@ impl MemQueue {
             self.in_flight += 1;
         }
         self.msgs.insert(seq, m);
-        self.place(seq, group, in_flight, now);
-    }
-
-    fn place(&mut self, seq: u64, group: Option<String>, in_flight: bool, now: Instant) {
         match group {
             Some(g) => {
                 let entry = self.groups.entry(g.clone()).or_default();
@@ -160,11 +164,7 @@ impl MemQueue {
             let Some(seq) = self.ready.pop_first() else {
                 break;
             };
-            let group = self
-                .msgs
-                .get(&seq)
-                .and_then(|m| self.group_of(m))
-                .map(str::to_owned);
+            let group = self.group_of_seq(seq);
             let Some(m) = self.msgs.get_mut(&seq) else {
                 continue;
             };
@@ -218,17 +218,16 @@ impl MemQueue {
         if was_in_flight {
             self.in_flight -= 1;
         }
-        let group = self
-            .msgs
-            .get(&seq)
-            .and_then(|m| self.group_of(m))
-            .map(str::to_owned);
-        match group {
+        match self.group_of_seq(seq) {
             Some(g) => {
-                if let Some(group) = self.groups.get_mut(&g)
-                    && was_in_flight
-                {
-                    group.in_flight = group.in_flight.saturating_sub(1);
+                if let Some(group) = self.groups.get_mut(&g) {
+                    if was_in_flight {
+                        group.in_flight = group.in_flight.saturating_sub(1);
+                    }
+                    // Unscheduled above: scheduled again below, at its new time.
+                    if group.scheduled == Some(seq) {
+                        group.scheduled = None;
+                    }
                 }
                 self.reschedule_group(&g, now);
             }
@@ -370,6 +369,26 @@ mod tests {
         assert!(seqs(q.take(10, now)).is_empty());
         q.remove(2);
         assert_eq!(seqs(q.take(10, now)), vec![3]);
+    }
+
+    /// A release or failure of a message that is not in flight (a repeated one, or a
+    /// consumer's mistake) moves it to its new time and keeps it scheduled, in a group or
+    /// not.
+    #[test]
+    fn a_message_put_back_while_not_in_flight_stays_scheduled() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        let mut q = MemQueue::new(QueueConfig::fifo("q", "sid"));
+        add(&mut q, 1, Some("a"), now);
+        add(&mut q, 2, None, now);
+        q.retry(1, later, now);
+        q.retry(2, later, now);
+        q.retry(2, later, now);
+        let (taken, next) = q.take(10, now);
+        assert!(taken.is_empty());
+        assert_eq!(next, Some(later));
+        assert_eq!(seqs(q.take(10, later)), vec![1, 2]);
+        assert_eq!(q.counts(), (0, 2));
     }
 
     /// Tens of thousands of messages behind busy groups are not looked at by a receive: only
