@@ -42,8 +42,8 @@ for name in sorted(rows):
 ')
 export HARNESS_TEST_BACKEND=aws HARNESS_LAMBDA_DIR=$PWD/target/lambda
 K=${K:-20}
-turn_embedded=$(BENCH_K=$K BENCH_SESSIONS=3 BENCH_CONCURRENT=1 cargo bench -q --locked --bench turn 2>/dev/null | grep -E '^harness overhead per tool call')
-turn_aws=$(BENCH_BACKEND=aws BENCH_K=$K BENCH_SESSIONS=1 BENCH_CONCURRENT=1 cargo bench -q --locked --bench turn 2>/dev/null | grep -vE '^(#|metric|--- \| ---$|1 concurrent|$)')
+turn_embedded=$(BENCH_K=$K BENCH_SESSIONS=3 BENCH_CONCURRENT=1 BENCH_ROUNDS=1 cargo bench -q --locked --bench turn 2>/dev/null | grep -E '^harness overhead per tool call')
+turn_aws=$(BENCH_BACKEND=aws BENCH_K=$K BENCH_SESSIONS=1 BENCH_CONCURRENT=1 BENCH_ROUNDS=1 cargo bench -q --locked --bench turn 2>/dev/null | grep -vE '^(#|metric|--- \| ---$|1 concurrent|$)')
 deployed=$(BENCH_K=$K cargo bench -q --locked --bench deployed 2>/dev/null | grep -v '^$')
 
 lat() { BENCH_BACKEND=$1 BENCH_SKIP_ROUND_TRIPS=1 BENCH_ITERATIONS=$ITER cargo bench -q --locked -p engine-gateway --bench bus 2>/dev/null | grep -E '^(state|enqueue)'; }

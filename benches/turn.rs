@@ -4,7 +4,8 @@
 //! policy asked for every call, the provider streaming SSE over local HTTP.
 //! `BENCH_BACKEND=aws` runs it on the AWS backend (LocalStack), `BENCH_K` tool calls per
 //! session (default 50), `BENCH_SESSIONS` sequential sessions (default 5), `BENCH_CONCURRENT`
-//! concurrent sessions (default 50), `BENCH_BREAKDOWN=1` prints where one session's time went
+//! concurrent sessions (default 50), `BENCH_ROUNDS` rounds of both, interleaved (default 3;
+//! the figures are medians over them), `BENCH_BREAKDOWN=1` prints where one session's time went
 //! (with `BENCH_TIMELINE=1`, every span of one tool call in start order; `=provisioning`, of
 //! the run's provisioning step),
 //! `BENCH_POLL_MS` how often a sequential session asks for its state (default 10; its time
@@ -343,6 +344,56 @@ fn poll_interval() -> Duration {
     }
 }
 
+/// A bench session's name: `seq-3`, or `seq-1-3` in round 1 when there are several rounds.
+fn session_name(kind: &str, round: usize, rounds: usize, i: usize) -> String {
+    if rounds == 1 {
+        format!("{kind}-{i}")
+    } else {
+        format!("{kind}-{round}-{i}")
+    }
+}
+
+/// One run of concurrent sessions: its throughput, and when each session ended (s, sorted).
+struct ConcurrentRun {
+    tool_calls_per_sec: f64,
+    finished: Vec<f64>,
+}
+
+/// Start these sessions at once and wait for all; the run's time ends with the last step's
+/// span (or the last poll when the spans are gone).
+async fn concurrent_run(ctx: &Ctx, sids: &[String], poll: Duration, k: usize) -> ConcurrentRun {
+    let started = unix_nanos();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for sid in sids {
+        let (ctx, sid) = (ctx.clone(), sid.clone());
+        tasks.push(tokio::spawn(async move {
+            run_session_counting_polls(&ctx, &sid, poll).await
+        }));
+    }
+    for t in tasks {
+        t.await.expect("session");
+    }
+    let polled = t0.elapsed().as_secs_f64();
+    let ends = step_ends(ctx, sids).await.unwrap_or_default();
+    let secs = match ends.values().max() {
+        Some(&end) if end > started => ((end - started) as f64 / 1e9).min(polled),
+        _ => polled,
+    };
+    // How evenly the sessions went: when the first, the median and the last ended. Once
+    // only a few are left the cores idle, so a wide spread lowers the throughput.
+    let mut finished: Vec<f64> = ends
+        .values()
+        .filter(|&&end| end > started)
+        .map(|&end| (end - started) as f64 / 1e9)
+        .collect();
+    finished.sort_by(f64::total_cmp);
+    ConcurrentRun {
+        tool_calls_per_sec: sids.len() as f64 * k as f64 / secs,
+        finished,
+    }
+}
+
 fn p50(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -457,15 +508,47 @@ async fn bench() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     run_session(&ctx, "warmup").await;
 
+    let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
+    let concurrent = env_usize("BENCH_CONCURRENT", 50);
+    // Each session asks for its state every `poll`, load of the bench's own on the same two
+    // cores (at 25 ms, fifty sessions asked more often than they made tool calls), so the run
+    // ends with the last step's span, not with the poll that saw it: polls can be rare.
+    let poll = Duration::from_millis(env_usize(
+        "BENCH_CONCURRENT_POLL_MS",
+        if backend == "aws" { 50 } else { 100 },
+    ) as u64);
+    // Rounds of (sequential sessions, then the concurrent run), interleaved: one concurrent
+    // run lasts about a second, so a short stall of the shared machine in it moved the
+    // fifty-against-one ratio by a tenth or more. Each round's ratio compares two adjacent
+    // phases, and the figures below are medians over the rounds.
     let mut per_call = Vec::new();
     let mut per_turn = Vec::new();
-    for i in 0..sessions {
-        let d = run_session(&ctx, &format!("seq-{i}")).await.as_secs_f64() * 1000.0;
-        per_call.push(d / k as f64);
-        per_turn.push(d / (k + 1) as f64);
-        if std::env::var("BENCH_EACH").is_ok() {
-            eprintln!("session {i}: {:.2} ms per tool call", d / k as f64);
+    let mut runs: Vec<ConcurrentRun> = Vec::new();
+    let mut round_ratios = Vec::new();
+    for round in 0..rounds {
+        let mut round_per_call = Vec::new();
+        for i in 0..sessions {
+            let sid = session_name("seq", round, rounds, i);
+            let d = run_session(&ctx, &sid).await.as_secs_f64() * 1000.0;
+            round_per_call.push(d / k as f64);
+            per_turn.push(d / (k + 1) as f64);
+            if std::env::var("BENCH_EACH").is_ok() {
+                eprintln!(
+                    "round {round} session {i}: {:.2} ms per tool call",
+                    d / k as f64
+                );
+            }
         }
+        per_call.extend_from_slice(&round_per_call);
+        if concurrent == 0 {
+            continue;
+        }
+        let sids: Vec<String> = (0..concurrent)
+            .map(|i| session_name("conc", round, rounds, i))
+            .collect();
+        let run = concurrent_run(&ctx, &sids, poll, k).await;
+        round_ratios.push(run.tool_calls_per_sec * p50(&mut round_per_call) / 1000.0);
+        runs.push(run);
     }
     println!(
         "# turn benchmark: {backend} backend, zero-latency scripted model ({}), K = {k} tool calls per session",
@@ -478,7 +561,8 @@ async fn bench() {
     println!("metric | value");
     println!("--- | ---");
     println!(
-        "harness overhead per tool call, p50 over {sessions} sessions | {:.2} ms",
+        "harness overhead per tool call, p50 over {} sessions | {:.2} ms",
+        per_call.len(),
         p50(&mut per_call)
     );
     println!(
@@ -491,58 +575,49 @@ async fn bench() {
     }
 
     if std::env::var("BENCH_BREAKDOWN").is_ok() {
-        breakdown(&ctx, &format!("seq-{}", sessions - 1), k).await;
+        let last = session_name("seq", rounds - 1, rounds, sessions - 1);
+        breakdown(&ctx, &last, k).await;
     }
 
-    let concurrent = env_usize("BENCH_CONCURRENT", 50);
-    // Each session asks for its state every `poll`, load of the bench's own on the same two
-    // cores (at 25 ms, fifty sessions asked more often than they made tool calls), so the run
-    // ends with the last step's span, not with the poll that saw it: polls can be rare.
-    let poll = Duration::from_millis(env_usize(
-        "BENCH_CONCURRENT_POLL_MS",
-        if backend == "aws" { 50 } else { 100 },
-    ) as u64);
-    let sids: Vec<String> = (0..concurrent).map(|i| format!("conc-{i}")).collect();
-    let started = unix_nanos();
-    let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for sid in &sids {
-        let (ctx, sid) = (ctx.clone(), sid.clone());
-        tasks.push(tokio::spawn(async move {
-            run_session_counting_polls(&ctx, &sid, poll).await
-        }));
+    if runs.is_empty() {
+        srv.shutdown().await;
+        return;
     }
-    for t in tasks {
-        t.await.expect("session");
-    }
-    let polled = t0.elapsed().as_secs_f64();
-    let ends = step_ends(&ctx, &sids).await.unwrap_or_default();
-    let secs = match ends.values().max() {
-        Some(&end) if end > started => ((end - started) as f64 / 1e9).min(polled),
-        _ => polled,
-    };
-    // How evenly the sessions went: when the first, the median and the last ended. Once
-    // only a few are left the cores idle, so a wide spread lowers the figure below.
-    let mut finished: Vec<f64> = ends
-        .values()
-        .filter(|&&end| end > started)
-        .map(|&end| (end - started) as f64 / 1e9)
+    // The run with the median throughput stands for the rounds.
+    runs.sort_by(|a, b| a.tool_calls_per_sec.total_cmp(&b.tool_calls_per_sec));
+    let median = &runs[runs.len() / 2];
+    println!(
+        "{concurrent} concurrent sessions: turns/s, median of {} rounds | {:.1}",
+        runs.len(),
+        median.tool_calls_per_sec * (k + 1) as f64 / k as f64
+    );
+    println!(
+        "{concurrent} concurrent sessions: tool calls/s, median of {} rounds | {:.1}",
+        runs.len(),
+        median.tool_calls_per_sec
+    );
+    let throughputs: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{:.0}", r.tool_calls_per_sec))
         .collect();
-    finished.sort_by(f64::total_cmp);
-    let turns = concurrent as f64 * (k + 1) as f64;
     println!(
-        "{concurrent} concurrent sessions: turns/s | {:.1}",
-        turns / secs
+        "{concurrent} concurrent sessions: tool calls/s, each round (sorted) | {}",
+        throughputs.join(", ")
     );
     println!(
-        "{concurrent} concurrent sessions: tool calls/s | {:.1}",
-        concurrent as f64 * k as f64 / secs
+        "{concurrent} concurrent sessions against one, each round (same round's sequential p50) | {} (median {:.2})",
+        round_ratios
+            .iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        p50(&mut round_ratios.clone())
     );
-    if let (Some(first), Some(last)) = (finished.first(), finished.last()) {
+    if let (Some(first), Some(last)) = (median.finished.first(), median.finished.last()) {
         println!(
-            "{concurrent} concurrent sessions: first, median, last ended (s) | {first:.2}, {:.2}, {last:.2} ({} of {concurrent} seen)",
-            finished[finished.len() / 2],
-            finished.len()
+            "{concurrent} concurrent sessions: first, median, last ended (s), median round | {first:.2}, {:.2}, {last:.2} ({} of {concurrent} seen)",
+            median.finished[median.finished.len() / 2],
+            median.finished.len()
         );
     }
     srv.shutdown().await;
