@@ -1096,6 +1096,11 @@ async fn an_approval_wake_up_that_fails_twice_still_resumes_the_session_once() {
     let ctx = s.client.ctx();
     start(&ctx, "wake", None).await;
     wait_state(&ctx, "wake", "function_awaiting_approval").await;
+    // Parking saves the record, then queues one `function_awaiting_approval` step of its own,
+    // which applies a decision already there. Decided before that step runs (the emulator's
+    // queue can take longer than this test's poll), the session would go on without any
+    // wake-up, and this test would not test one.
+    wait_step_done(&ctx, "wake", "turn::function_awaiting_approval").await;
     let ok = ctx
         .trigger(
             "approval::resolve",
@@ -1188,6 +1193,47 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
         (1..13).contains(&steps),
         "thirteen model turns in {steps} assistant_streaming steps"
     );
+}
+
+/// Wait until the engine has recorded a finished `step` (a turn step's span) of session
+/// `sid`: spans are kept when they end.
+async fn wait_step_done(ctx: &harness_sdk::Ctx, sid: &str, step: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let groups = ctx
+            .trigger(
+                "engine::traces::group_by",
+                json!({"attribute": ATTR_SESSION_ID}),
+            )
+            .await
+            .unwrap();
+        let traces: Vec<Value> = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["value"] == sid)
+            .flat_map(|g| g["trace_ids"].as_array().cloned().unwrap_or_default())
+            .collect();
+        for trace in traces {
+            let spans = ctx
+                .trigger("engine::traces::list", json!({"trace_id": trace}))
+                .await
+                .unwrap();
+            if spans["spans"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["name"] == step && s["service"] == "engine")
+            {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no finished {step} step of session {sid}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The engine's span group of session `sid` (its trace ids), by `engine::traces::group_by`.
