@@ -1176,19 +1176,7 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let group = session_group(&ctx, "chained").await;
-    let mut steps = 0;
-    for trace in group["trace_ids"].as_array().unwrap() {
-        let spans = ctx
-            .trigger("engine::traces::list", json!({"trace_id": trace}))
-            .await
-            .unwrap();
-        steps += spans["spans"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["name"] == "turn::assistant_streaming" && s["service"] == "engine")
-            .count();
-    }
+    let steps = engine_span_count(&ctx, &group, "turn::assistant_streaming").await;
     assert!(
         (1..13).contains(&steps),
         "thirteen model turns in {steps} assistant_streaming steps"
@@ -1200,33 +1188,10 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
 async fn wait_step_done(ctx: &harness_sdk::Ctx, sid: &str, step: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let groups = ctx
-            .trigger(
-                "engine::traces::group_by",
-                json!({"attribute": ATTR_SESSION_ID}),
-            )
-            .await
-            .unwrap();
-        let traces: Vec<Value> = groups["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|g| g["value"] == sid)
-            .flat_map(|g| g["trace_ids"].as_array().cloned().unwrap_or_default())
-            .collect();
-        for trace in traces {
-            let spans = ctx
-                .trigger("engine::traces::list", json!({"trace_id": trace}))
-                .await
-                .unwrap();
-            if spans["spans"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|s| s["name"] == step && s["service"] == "engine")
-            {
-                return;
-            }
+        if let Ok(group) = find_session_group(ctx, sid).await
+            && engine_span_count(ctx, &group, step).await > 0
+        {
+            return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -1236,8 +1201,33 @@ async fn wait_step_done(ctx: &harness_sdk::Ctx, sid: &str, step: &str) {
     }
 }
 
+/// How many spans named `name` the engine recorded in a session group's traces.
+async fn engine_span_count(ctx: &harness_sdk::Ctx, group: &Value, name: &str) -> usize {
+    let mut count = 0;
+    for trace in group["trace_ids"].as_array().unwrap() {
+        let spans = ctx
+            .trigger("engine::traces::list", json!({"trace_id": trace}))
+            .await
+            .unwrap();
+        count += spans["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"] == name && s["service"] == "engine")
+            .count();
+    }
+    count
+}
+
 /// The engine's span group of session `sid` (its trace ids), by `engine::traces::group_by`.
 async fn session_group(ctx: &harness_sdk::Ctx, sid: &str) -> Value {
+    find_session_group(ctx, sid)
+        .await
+        .unwrap_or_else(|g| panic!("no spans of session {sid}: {g}"))
+}
+
+/// [`session_group`], or the engine's whole answer while it holds no span of the session.
+async fn find_session_group(ctx: &harness_sdk::Ctx, sid: &str) -> Result<Value, Value> {
     let g = ctx
         .trigger(
             "engine::traces::group_by",
@@ -1251,5 +1241,5 @@ async fn session_group(ctx: &harness_sdk::Ctx, sid: &str) -> Value {
         .iter()
         .find(|x| x["value"] == sid)
         .cloned()
-        .unwrap_or_else(|| panic!("no spans of session {sid}: {g}"))
+        .ok_or(g)
 }
