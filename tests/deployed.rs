@@ -41,7 +41,7 @@ async fn a_whole_turn_through_the_deployed_shape() {
         dir,
         &prefix,
         cassette,
-        &[("slack/signing_secret", "shh")],
+        &[("slack/signing_secret", "0d1c2b3a49586776859a4b3c2d1e0f9a")],
         &[("SlackApprovers", "U123")],
     )
     .await;
@@ -68,7 +68,11 @@ async fn a_whole_turn_through_the_deployed_shape() {
         .header("x-slack-request-timestamp", &ts)
         .header(
             "x-slack-signature",
-            slack_approval::signature::sign("shh", &ts, body.as_bytes()),
+            slack_approval::signature::sign(
+                "0d1c2b3a49586776859a4b3c2d1e0f9a",
+                &ts,
+                body.as_bytes(),
+            ),
         )
         .body(body)
         .send()

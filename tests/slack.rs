@@ -202,15 +202,28 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
         v["text"].as_str().unwrap().starts_with("Approved `w1`"),
         "{v}"
     );
-    // The same request again is a replay.
-    let r = http
-        .post(format!("{hook}/slack/interactive"))
-        .headers(headers)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
+    // The same request again is a replay, and so is its signature written in upper case
+    // (the check reads hex in any case; once, the replay key was the raw header).
+    let mut upper = headers.clone();
+    let sig = headers["x-slack-signature"].to_str().unwrap();
+    upper.insert(
+        "x-slack-signature",
+        format!("v0={}", sig.trim_start_matches("v0=").to_ascii_uppercase())
+            .parse()
+            .unwrap(),
+    );
+    for replay in [headers, upper] {
+        let r = http
+            .post(format!("{hook}/slack/interactive"))
+            .headers(replay)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+        let v: Value = r.json().await.unwrap();
+        assert!(v["error"].as_str().unwrap().contains("replay"), "{v}");
+    }
     wait_state(&ctx, "sl1", "stopped").await;
     assert_eq!(
         std::fs::read_to_string(s.work.join("approved.txt")).unwrap(),
@@ -277,4 +290,125 @@ async fn a_signed_slack_button_approves_a_parked_call_and_forgeries_decide_nothi
         .clone();
     assert_eq!(result["details"]["denied_by"], "user");
     assert_eq!(result["details"]["reason"], "not during the freeze");
+}
+
+/// The template provisions the signing secret as `{}` until someone sets it. Once, any
+/// non-empty value was a signing key, so anyone who knew the Function URL could sign with
+/// `{}` and approve any parked call. A placeholder or a value shorter than Slack's secrets
+/// counts as unset, and an unset secret refuses every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_signing_secret_refuses_every_request() {
+    let s = stack(PERMISSIONS).await;
+    for placeholder in ["{}", "  {}  ", "changeme", "shh", ""] {
+        let stored = s
+            .work
+            .with_extension(format!("p{}.json", placeholder.len()));
+        let secrets = engine_gateway::secrets::FileSecrets::new(stored);
+        use engine_gateway::secrets::SecretStore;
+        secrets
+            .put(slack_approval::SIGNING_SECRET, placeholder)
+            .await
+            .unwrap();
+        let cfg = SlackConfig {
+            secrets: Arc::new(secrets),
+            env: Arc::new(|_| None),
+            api_base: "http://127.0.0.1:9".into(),
+            channel: None,
+            approvers: vec!["U123".into()],
+            approver_channels: vec![],
+            http: engine_gateway::prewarm::Prewarmed::new(reqwest::Client::new),
+        };
+        let now = slack_approval::now_secs();
+        let body = button("approve", "sl9/w1");
+        let headers: HashMap<String, String> = signed(&body, now, placeholder)
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        let r =
+            slack_approval::handle_webhook(&s.client.ctx(), &cfg, &headers, body.as_bytes(), now)
+                .await;
+        assert_eq!(r.status, 500, "{placeholder:?}: {r:?}");
+        assert!(
+            r.body["error"].as_str().unwrap().contains("not configured"),
+            "{r:?}"
+        );
+    }
+    assert!(slack_approval::is_set(
+        slack_approval::SIGNING_SECRET,
+        SECRET
+    ));
+    assert!(slack_approval::is_set(slack_approval::BOT_TOKEN, "xoxb-1"));
+    assert!(!slack_approval::is_set(slack_approval::BOT_TOKEN, "{}"));
+}
+
+/// Once, the webhook kept every silent connection open for ever, with no cap: 60 of 60 were
+/// still open after 12 s. Now a request head has a deadline (idle keep-alive connections
+/// included) and connections are capped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_closes_silent_connections_and_caps_them() {
+    use tokio::io::AsyncReadExt;
+    let s = stack(PERMISSIONS).await;
+    let cfg = SlackConfig {
+        secrets: Arc::new(engine_gateway::secrets::FileSecrets::new(
+            s.work.with_extension("idle-secrets.json"),
+        )),
+        env: Arc::new(|k| (k == "SLACK_SIGNING_SECRET").then(|| SECRET.to_string())),
+        api_base: "http://127.0.0.1:9".into(),
+        channel: None,
+        approvers: vec!["U123".into()],
+        approver_channels: vec![],
+        http: engine_gateway::prewarm::Prewarmed::new(reqwest::Client::new),
+    };
+    let limits = engine_gateway::http::bounded::Limits {
+        max_connections: 8,
+        header_timeout: Duration::from_secs(1),
+        body_deadline: Duration::from_secs(1),
+        max_body_bytes: 64 * 1024,
+    };
+    let (hook, _server) =
+        slack_approval::serve_with_limits(s.client.ctx(), cfg, "127.0.0.1:0", limits)
+            .await
+            .unwrap();
+    let addr = hook.trim_start_matches("http://").to_string();
+    let started = std::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..60 {
+        let sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        silent.push(tokio::spawn(async move {
+            let mut sock = sock;
+            let mut buf = [0u8; 64];
+            let closed = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await;
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_)))
+        }));
+    }
+    for s in silent {
+        assert!(s.await.unwrap(), "a silent connection was closed");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "closed within the head deadline: {:?}",
+        started.elapsed()
+    );
+    // A slow body is cut at its deadline with a 408.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    slow.write_all(b"POST /slack/commands HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nx")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), slow.read_to_string(&mut answer))
+        .await
+        .expect("answered within the body deadline")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // And the webhook still answers.
+    let body = button("approve", "nobody/none");
+    let r = reqwest::Client::new()
+        .post(format!("{hook}/slack/interactive"))
+        .headers(signed(&body, slack_approval::now_secs(), SECRET))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }

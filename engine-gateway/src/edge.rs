@@ -44,6 +44,10 @@ pub struct EdgeConfig {
     pub handshake_timeout: Duration,
     /// Most connections open at once; more are closed right after `accept`.
     pub max_connections: usize,
+    /// Most of those that have not (yet) presented a valid credential in their request head:
+    /// sign-in pages, assets, slow or hostile peers. Kept below `max_connections` so
+    /// unauthenticated peers cannot lock out a credentialed client.
+    pub max_unauthenticated: usize,
     /// Most bytes queued for one connection; a peer that falls this far behind has its
     /// queue dropped and is closed with 1008 (cut off if its socket takes nothing more).
     pub max_queued_bytes: usize,
@@ -60,6 +64,7 @@ impl Default for EdgeConfig {
             allowed_origins: Vec::new(),
             handshake_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            max_unauthenticated: 256,
             max_queued_bytes: 8 * 1024 * 1024,
         }
     }
@@ -187,10 +192,13 @@ pub async fn serve(
             .cloned()
             .collect(),
         max_body_bytes: cfg.max_message_bytes,
+        body_deadline: cfg.handshake_timeout,
         max_queued_bytes: cfg.max_queued_bytes,
         max_stream_lifetime: cfg.max_lifetime,
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
+    let anonymous_pool =
+        AnonymousPool::new(cfg.max_unauthenticated.clamp(1, cfg.max_connections.max(1)));
     loop {
         let (stream, addr) = match listener.accept().await {
             Ok(x) => x,
@@ -206,16 +214,84 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        // Every connection starts unauthenticated, in the smaller pool, until its request
+        // head shows a valid credential. A full pool makes room by closing its oldest member,
+        // so slow or silent peers cannot keep a credentialed client out.
+        let anonymous = anonymous_pool.enter();
+        let evicted = anonymous.evicted.clone();
         let engine = engine.clone();
         let cfg = cfg.clone();
         let own = own.clone();
         let http = http.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = handle_connection(engine, cfg, own, http, stream, addr).await {
+            let work = handle_connection(engine, cfg, own, http, stream, addr, anonymous);
+            let outcome = tokio::select! {
+                r = work => r,
+                _ = evicted.notified() => {
+                    tracing::debug!(%addr, "unauthenticated connection closed to make room");
+                    Ok(())
+                }
+            };
+            if let Err(e) = outcome {
                 tracing::debug!(%addr, error = %e, "connection ended with an error");
             }
         });
+    }
+}
+
+/// The connections that have not shown a credential yet, oldest first, bounded: entering a
+/// full pool closes its oldest member.
+struct AnonymousPool {
+    max: usize,
+    next_id: std::sync::atomic::AtomicU64,
+    members: Mutex<std::collections::VecDeque<(u64, Arc<tokio::sync::Notify>)>>,
+}
+
+/// A connection's place in the [`AnonymousPool`]; dropping it (authenticated, or gone)
+/// leaves the pool.
+struct Unauthenticated {
+    pool: Arc<AnonymousPool>,
+    id: u64,
+    evicted: Arc<tokio::sync::Notify>,
+}
+
+impl AnonymousPool {
+    fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            next_id: Default::default(),
+            members: Mutex::default(),
+        })
+    }
+
+    fn enter(self: &Arc<Self>) -> Unauthenticated {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let evicted = Arc::new(tokio::sync::Notify::new());
+        let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        while members.len() >= self.max {
+            let Some((_, oldest)) = members.pop_front() else {
+                break;
+            };
+            oldest.notify_one();
+        }
+        members.push_back((id, evicted.clone()));
+        Unauthenticated {
+            pool: self.clone(),
+            id,
+            evicted,
+        }
+    }
+}
+
+impl Drop for Unauthenticated {
+    fn drop(&mut self) {
+        let mut members = self.pool.members.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = members.iter().position(|(id, _)| *id == self.id) {
+            members.remove(i);
+        }
     }
 }
 
@@ -286,6 +362,34 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     Ok(head)
 }
 
+/// The credential a request head presents (`Authorization: Bearer …` or `?token=…`), read
+/// the way `$connect` and the HTTP API read it.
+pub fn head_credential(head: &[u8]) -> Option<String> {
+    let end = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(head.len());
+    let text = String::from_utf8_lossy(&head[..end]);
+    let mut lines = text.split("\r\n");
+    let target = lines.next()?.split(' ').nth(1).unwrap_or("");
+    let bearer = lines.find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("authorization")
+            .then(|| {
+                value
+                    .trim()
+                    .strip_prefix("Bearer ")
+                    .map(|t| t.trim().to_string())
+            })
+            .flatten()
+    });
+    bearer.or_else(|| {
+        let query = target.split_once('?').map(|(_, q)| q);
+        crate::http::query_param(query, "token")
+    })
+}
+
 /// Whether a request head asks for a WebSocket upgrade (`Upgrade: websocket`).
 pub fn asks_for_upgrade(head: &[u8]) -> bool {
     let end = head
@@ -313,6 +417,7 @@ async fn handle_connection(
     http: Arc<crate::http::HttpState>,
     mut stream: TcpStream,
     addr: SocketAddr,
+    anonymous: Unauthenticated,
 ) -> Result<(), WsError> {
     let _ = stream.set_nodelay(true);
     // A peer that opens a socket and sends no request head in time must not hold a slot.
@@ -326,6 +431,10 @@ async fn handle_connection(
         }
     };
     let upgrade = asks_for_upgrade(&head);
+    let mut anonymous = Some(anonymous);
+    if head_credential(&head).is_some_and(|t| cfg.access.authenticate(Some(&t)).is_some()) {
+        anonymous = None;
+    }
     let stream = Prefixed {
         prefix: head,
         pos: 0,
@@ -333,6 +442,7 @@ async fn handle_connection(
     };
     if !upgrade {
         crate::http::serve_connection(http, stream, addr, cfg.handshake_timeout).await;
+        drop(anonymous);
         return Ok(());
     }
     let ws_config = WebSocketConfig::default()
@@ -359,6 +469,8 @@ async fn handle_connection(
             return Ok(());
         }
     };
+    // Past `$connect`: authenticated.
+    drop(anonymous);
     let route = route.lock().ok().and_then(|mut r| r.take());
     match route {
         Some(Route::Worker(principal)) => {
@@ -391,8 +503,9 @@ async fn run_worker_connection(
     let (tx, mut rx) = Outbox::bounded(cfg.max_queued_bytes);
     let worker_id = engine.connect_remote(tx.clone(), Some(addr.to_string()), principal);
 
-    // Writer: batch what is queued, flush when the queue is empty.
-    let counter = tx.clone();
+    // Writer: batch what is queued, flush when the queue is empty. It holds no sender of its
+    // own queue: it ends on the close it is handed, or when every sender is gone.
+    let counter = tx.meter();
     let mut writer = tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
             if counter.is_over() {
@@ -450,7 +563,12 @@ async fn run_worker_connection(
                         Ok(text) => handle_frame(&engine, &worker_id, &tx, text),
                         Err(_) => send_error(&tx, ErrorBody::invalid("binary frame is not UTF-8 JSON"), None),
                     },
-                    Some(Ok(WsMessage::Close(_))) | None => break,
+                    Some(Ok(WsMessage::Close(_))) | None => {
+                        // Answer the close at once (the reply tungstenite queued goes out
+                        // with this flush), so the peer's close handshake does not wait.
+                        let _ = tx.send(Outbound::Close(1000, String::new()));
+                        break;
+                    }
                     Some(Ok(_)) => {} // ping/pong frames: answered by the WebSocket layer
                     Some(Err(e)) if is_too_big(&e) => {
                         let _ = tx.send(Outbound::Close(CLOSE_TOO_BIG, format!("message too big: {e}")));
@@ -491,10 +609,18 @@ async fn run_worker_connection(
         }
         return Ok(());
     }
-    // $disconnect
+    // $disconnect. Others may still hold clones of `tx` (a pending reply, say): the close
+    // queued above ends the writer whatever they do, and a writer stuck on a socket that
+    // takes nothing is stopped, so the socket is released either way.
     engine.disconnect(&worker_id);
+    let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "disconnected".into()));
     drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    if tokio::time::timeout(Duration::from_secs(2), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     Ok(())
 }
 

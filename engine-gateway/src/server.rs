@@ -74,6 +74,10 @@ pub struct ServeOptions {
     /// Most WebSocket connections open at once.
     #[arg(long, env = "ENGINE_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
+    /// Most of those that have not presented a valid credential in their request head (the
+    /// sign-in page, slow or hostile peers); default a quarter of `--max-connections`.
+    #[arg(long, env = "ENGINE_MAX_UNAUTHENTICATED")]
+    pub max_unauthenticated: Option<usize>,
     /// Largest WebSocket message accepted; a larger one closes the connection with 1009.
     #[arg(long, env = "ENGINE_MAX_MESSAGE_BYTES", default_value_t = 128 * 1024)]
     pub max_message_bytes: usize,
@@ -186,6 +190,7 @@ impl ServeOptions {
             handshake_timeout_secs: 10,
             max_queued_bytes: 8 * 1024 * 1024,
             max_connections: 1024,
+            max_unauthenticated: None,
             max_message_bytes: 128 * 1024,
             max_frame_bytes: 32 * 1024,
             idle_timeout_secs: 600,
@@ -252,6 +257,10 @@ impl ServeOptions {
                 .filter(|o| !o.is_empty())
                 .collect(),
             max_connections: self.max_connections,
+            max_unauthenticated: self
+                .max_unauthenticated
+                .unwrap_or(self.max_connections / 4)
+                .max(1),
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
             max_queued_bytes: self.max_queued_bytes,
         }

@@ -12,8 +12,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Most session tokens alive at once; the oldest goes first.
-pub const MAX_SESSIONS: usize = 256;
+/// Most session tokens alive at once for one credential; its oldest goes first. Counted per
+/// credential, so signing in again and again signs out only oneself, never another user.
+/// (The credentials are the engine token and the access file's, so the total is bounded.)
+pub const MAX_SESSIONS_PER_CREDENTIAL: usize = 32;
 /// Most unused one-time codes at once.
 pub const MAX_CODES: usize = 16;
 /// How long a session token is good for.
@@ -61,15 +63,31 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// Drop what expired, then the oldest entries until there is room for one more.
-fn make_room(table: &mut HashMap<[u8; 32], Issued>, max: usize, now: Instant) {
+/// Drop what expired, then the oldest entries that `counts` until there is room for one
+/// more of them.
+fn make_room(
+    table: &mut HashMap<[u8; 32], Issued>,
+    max: usize,
+    now: Instant,
+    counts: impl Fn(&Issued) -> bool,
+) {
     table.retain(|_, i| i.expires > now);
-    while table.len() >= max {
-        let Some(oldest) = table.iter().min_by_key(|(_, i)| i.issued).map(|(k, _)| *k) else {
+    while table.values().filter(|i| counts(i)).count() >= max {
+        let Some(oldest) = table
+            .iter()
+            .filter(|(_, i)| counts(i))
+            .min_by_key(|(_, i)| i.issued)
+            .map(|(k, _)| *k)
+        else {
             break;
         };
         table.remove(&oldest);
     }
+}
+
+/// The same credential: name and role.
+fn same_credential(a: &Principal, b: &Principal) -> bool {
+    a.name == b.name && a.role == b.role
 }
 
 impl IssuedTokens {
@@ -82,7 +100,7 @@ impl IssuedTokens {
         let code = crate::trace::random_hex(16);
         let now = Instant::now();
         let mut t = self.tables();
-        make_room(&mut t.codes, MAX_CODES, now);
+        make_room(&mut t.codes, MAX_CODES, now, |_| true);
         t.codes.insert(
             digest(&code),
             Issued {
@@ -106,7 +124,9 @@ impl IssuedTokens {
         let token = format!("cs_{}", crate::trace::random_hex(32));
         let now = Instant::now();
         let mut t = self.tables();
-        make_room(&mut t.sessions, MAX_SESSIONS, now);
+        make_room(&mut t.sessions, MAX_SESSIONS_PER_CREDENTIAL, now, |i| {
+            same_credential(&i.principal, &principal)
+        });
         t.sessions.insert(
             digest(&token),
             Issued {
@@ -184,14 +204,23 @@ mod tests {
     }
 
     #[test]
-    fn tables_are_bounded() {
+    fn tables_are_bounded_per_credential() {
         let t = IssuedTokens::default();
+        let admin = t.issue_session(Principal::admin());
         let first = t.issue_session(client());
-        for _ in 0..MAX_SESSIONS + 10 {
+        for _ in 0..MAX_SESSIONS_PER_CREDENTIAL + 300 {
             t.issue_session(client());
         }
-        assert_eq!(t.session_count(), MAX_SESSIONS);
-        assert!(t.session(&first.token).is_none(), "the oldest went first");
+        assert_eq!(t.session_count(), MAX_SESSIONS_PER_CREDENTIAL + 1);
+        assert!(
+            t.session(&first.token).is_none(),
+            "its own oldest went first"
+        );
+        assert_eq!(
+            t.session(&admin.token),
+            Some(Principal::admin()),
+            "another credential's sign-in is untouched"
+        );
         let first_code = t.issue_code(client());
         for _ in 0..MAX_CODES {
             t.issue_code(client());

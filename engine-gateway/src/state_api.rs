@@ -63,8 +63,49 @@ pub async fn call(
     Some(r)
 }
 
+/// What a state read reaches: one key, or every key under a prefix of a scope. The one
+/// definition the engine answers by ([`call`]) and a policy checks (the harness's
+/// `policy::check_permissions`), so the two cannot read a request differently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateReach {
+    Key {
+        scope: String,
+        key: String,
+    },
+    /// `prefix` is empty when the request names none: the whole scope.
+    Prefix {
+        scope: String,
+        prefix: String,
+    },
+}
+
+/// What the read `function_id` with `data` reaches; `None` when it is not a state read.
+/// `state::list` reads `prefix` only: a `key` beside it is ignored, as the store ignores it.
+pub fn read_reach(function_id: &str, data: &Value) -> Option<Result<StateReach, ErrorBody>> {
+    let reach = match function_id {
+        "state::get" | "state::get_versioned" => (|| {
+            Ok(StateReach::Key {
+                scope: req_str(data, "scope")?,
+                key: req_str(data, "key")?,
+            })
+        })(),
+        "state::list" => (|| {
+            Ok(StateReach::Prefix {
+                scope: req_str(data, "scope")?,
+                prefix: opt_str(data, "prefix")?.unwrap_or_default(),
+            })
+        })(),
+        _ => return None,
+    };
+    Some(reach)
+}
+
 async fn get(store: &dyn StateStore, data: &Value, versioned: bool) -> Result<Value, ErrorBody> {
-    let (scope, key) = (req_str(data, "scope")?, req_str(data, "key")?);
+    let Some(Ok(StateReach::Key { scope, key })) = read_reach("state::get", data) else {
+        return Err(read_reach("state::get", data)
+            .and_then(Result::err)
+            .unwrap_or_else(|| ErrorBody::invalid("missing required field `key`")));
+    };
     let v = store.get(&scope, &key).await?;
     Ok(match (v, versioned) {
         (Some(v), true) => fields([("value", v.value), ("version", v.version.into())]),
@@ -113,8 +154,12 @@ async fn delete(
 /// One page: `limit` (default and most [`LIST_PAGE_MAX`]) records after `cursor`;
 /// `next_cursor` is set when more follow.
 async fn list(store: &dyn StateStore, data: &Value) -> Result<Value, ErrorBody> {
-    let scope = req_str(data, "scope")?;
-    let prefix = opt_str(data, "prefix")?;
+    let (scope, prefix) = match read_reach("state::list", data) {
+        Some(Ok(StateReach::Prefix { scope, prefix })) => (scope, prefix),
+        Some(Err(e)) => return Err(e),
+        _ => return Err(ErrorBody::invalid("missing required field `scope`")),
+    };
+    let prefix = (!prefix.is_empty()).then_some(prefix);
     let cursor = opt_str(data, "cursor")?;
     let limit = match opt_u64(data, "limit")? {
         None => LIST_PAGE_MAX,

@@ -259,6 +259,10 @@ async fn sign_in_issues_session_tokens_of_the_presented_role_and_codes_work_once
         "{e}"
     );
 
+    // A session token does not sign in: it would mint a token that outlives signing it out.
+    let r = login(json!({"token": viewer})).await.unwrap();
+    assert_eq!(r.status(), 401, "a console session token mints nothing");
+
     // Wrong credentials, and bodies that are not a login.
     assert_eq!(login(json!({"token": "nope"})).await.unwrap().status(), 401);
     for bad in [
@@ -291,6 +295,26 @@ async fn sign_in_issues_session_tokens_of_the_presented_role_and_codes_work_once
             .is_err(),
         "a revoked session token is refused at $connect"
     );
+
+    // Signing in again and again signs out only one's own oldest sessions, never another
+    // user's (once, any credential could sign every console user out).
+    for _ in 0..300 {
+        assert_eq!(
+            login(json!({"token": "viewer-token"}))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let who = c
+        .get(format!("{}/api/whoami", base(&srv)))
+        .bearer_auth(&session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(who.status(), 200, "the admin's console is still signed in");
+
     srv.shutdown().await;
 }
 

@@ -799,3 +799,123 @@ async fn state_list_paging_fields_of_the_wrong_type_are_named() {
     assert_eq!(r["result"]["items"], json!([]), "{r}");
     assert!(r["result"]["next_cursor"].is_null());
 }
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Once, the writer task of every WebSocket held a sender of its own queue, so it never
+/// ended: each closed connection left its socket in CLOSE-WAIT and its close handshake
+/// waited 10 s. Any credential could exhaust the engine's descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_connections_release_their_sockets_and_close_at_once() {
+    use futures_util::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    Raw::connect(&srv.url()).await.barrier().await;
+    let before = open_descriptors();
+    let mut close_times = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let (mut ws, _) = tokio_tungstenite::connect_async(srv.url()).await.unwrap();
+        let hello = ws.next().await.unwrap().unwrap();
+        assert!(hello.to_text().unwrap().contains("workerregistered"));
+        let t = std::time::Instant::now();
+        ws.close(None).await.unwrap();
+        // The engine's close frame, then the end of the stream.
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(Ok(_)) = ws.next().await {}
+        })
+        .await;
+        assert!(drained.is_ok(), "the engine answers a close");
+        close_times.push(t.elapsed());
+    }
+    close_times.sort();
+    let p95 = close_times[close_times.len() * 95 / 100];
+    assert!(
+        p95 < Duration::from_millis(100),
+        "close handshakes take {p95:?} at p95 (max {:?})",
+        close_times.last().unwrap()
+    );
+    // Every socket the engine held for them is gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = open_descriptors();
+        if now <= before + 5 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{now} descriptors open after 2 000 closed connections, {before} before"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Raw::connect(&srv.url()).await.barrier().await;
+}
+
+/// Once, 24 peers that sent a request head and then a byte every half second filled a
+/// 24-connection engine and locked out the admin. Bodies now have a deadline, and peers
+/// without a credential live in a smaller pool that makes room by closing its oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_unauthenticated_bodies_neither_hold_slots_nor_lock_out_the_admin() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.max_connections = 24;
+    opts.handshake_timeout_secs = 2;
+    let srv = start_with(opts).await;
+    let mut slow = Vec::new();
+    for _ in 0..24 {
+        let mut s = tokio::net::TcpStream::connect(srv.local_addr)
+            .await
+            .unwrap();
+        s.write_all(
+            b"POST /api/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        slow.push(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let (mut rd, mut wr) = s.into_split();
+            let trickle = tokio::spawn(async move {
+                for _ in 0..40 {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if wr.write_all(b" ").await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut answer = Vec::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(15), rd.read_to_end(&mut answer)).await;
+            trickle.abort();
+            (
+                started.elapsed(),
+                String::from_utf8_lossy(&answer).to_string(),
+            )
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The admin gets in while they trickle.
+    let mut admin = tokio::time::timeout(Duration::from_secs(3), Raw::connect(&srv.url()))
+        .await
+        .expect("the admin connects while 24 slow bodies trickle");
+    admin.barrier().await;
+    // Each slow peer is closed: made room for, or answered 408 at the body deadline.
+    let mut timed_out = 0;
+    for s in slow {
+        let (took, answer) = s.await.unwrap();
+        assert!(
+            took < Duration::from_secs(6),
+            "a slow body held its connection for {took:?}"
+        );
+        if !answer.is_empty() {
+            assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+            assert!(answer.contains("did not arrive within"), "{answer}");
+            timed_out += 1;
+        }
+    }
+    assert!(timed_out >= 1, "the ones kept got a 408 at the deadline");
+    admin.barrier().await;
+}

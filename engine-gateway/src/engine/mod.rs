@@ -153,6 +153,15 @@ impl Outbox {
         self.queued.fetch_sub(bytes, Ordering::Relaxed);
     }
 
+    /// What the connection's writer keeps: the byte count and the overflow flag, without a
+    /// sender (a writer holding a sender of its own queue would never see it end).
+    pub fn meter(&self) -> OutboxMeter {
+        OutboxMeter {
+            queued: self.queued.clone(),
+            over: self.over.clone(),
+        }
+    }
+
     /// Whether a send found the queue over its limit.
     pub fn is_over(&self) -> bool {
         self.over.load(Ordering::Relaxed)
@@ -164,6 +173,24 @@ impl Outbox {
             return;
         }
         self.overflow.notified().await;
+    }
+}
+
+/// The writer's view of an [`Outbox`]: bytes written, and whether it overflowed.
+#[derive(Debug, Clone)]
+pub struct OutboxMeter {
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    over: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl OutboxMeter {
+    /// The writer put `bytes` of text on the wire.
+    pub fn written(&self, bytes: usize) {
+        self.queued.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    pub fn is_over(&self) -> bool {
+        self.over.load(Ordering::Relaxed)
     }
 }
 

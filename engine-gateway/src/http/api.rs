@@ -60,13 +60,28 @@ pub fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
 /// Read a JSON body of at most `max_body_bytes`. An empty body reads as `{}`.
 async fn json_body(state: &HttpState, body: Body) -> Result<Value, ApiError> {
     let limit = state.max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            codes::PAYLOAD_TOO_LARGE,
-            format!("the request body is over {limit} bytes"),
-        )
-    })?;
+    // A body has a deadline, so a peer sending a byte now and then cannot hold the
+    // connection (the minimum rate is the limit over the deadline).
+    let deadline = state.body_deadline;
+    let bytes = tokio::time::timeout(deadline, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {} s",
+                    deadline.as_secs_f64()
+                ),
+            )
+        })?
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                codes::PAYLOAD_TOO_LARGE,
+                format!("the request body is over {limit} bytes"),
+            )
+        })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
@@ -101,7 +116,7 @@ async fn login(
     })?;
     let issued = state.access.issued();
     let principal = match (login.token.as_deref(), login.code.as_deref()) {
-        (Some(t), None) => state.access.authenticate(Some(t)),
+        (Some(t), None) => state.access.authenticate_credential(t),
         (None, Some(c)) => issued.redeem_code(c),
         _ => {
             return Err(ApiError::invalid(

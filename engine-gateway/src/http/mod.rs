@@ -10,6 +10,7 @@
 
 mod api;
 pub use api::ROUTES;
+pub mod bounded;
 mod console;
 mod sse;
 
@@ -39,6 +40,8 @@ pub struct HttpState {
     pub origins: Vec<String>,
     /// Largest request body accepted (the bus's message limit).
     pub max_body_bytes: usize,
+    /// A request body must have arrived whole by then (408, and the connection closes).
+    pub body_deadline: Duration,
     /// Most bytes queued for one event stream before it is closed (the client reconnects).
     pub max_queued_bytes: usize,
     /// An event stream is closed after this long (the client reconnects with Last-Event-ID).
@@ -92,11 +95,19 @@ impl From<ErrorBody> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut resp = (
             self.status,
             axum::Json(json!({"error": {"code": self.body.code, "message": self.body.message}})),
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // What is left of a late body is never read: the connection goes with it.
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 

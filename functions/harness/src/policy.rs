@@ -111,20 +111,24 @@ pub const DEFAULT_ALLOW: &[&str] = &[
     "auth::status",
 ];
 
-/// Whether a `state::get` / `state::list` stays in the session's keys.
-fn in_session(args: &Value, session: Option<&str>) -> bool {
+/// Whether a `state::get` / `state::list` stays in the session's keys, read by the engine's
+/// own definition of what the call reaches (once, the policy checked a list's `key` while
+/// the engine listed by `prefix`, and another session's state came back).
+fn in_session(function_id: &str, args: &Value, session: Option<&str>) -> bool {
+    use engine_gateway::state_api::{StateReach, read_reach};
     let Some(sid) = session.filter(|s| !s.is_empty() && !s.contains('/')) else {
         return false;
     };
     let own = format!("session/{sid}/");
-    let key = args
-        .get("key")
-        .or_else(|| args.get("prefix"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    args.get("scope").and_then(Value::as_str) == Some("agent")
-        && key.starts_with(&own)
-        && !key.contains("..")
+    match read_reach(function_id, args) {
+        Some(Ok(StateReach::Key { scope, key })) => {
+            scope == "agent" && key.starts_with(&own) && !key.contains("..")
+        }
+        Some(Ok(StateReach::Prefix { scope, prefix })) => {
+            scope == "agent" && prefix.starts_with(&own)
+        }
+        _ => false,
+    }
 }
 
 /// `*` is the only wildcard, anchored at both ends.
@@ -223,7 +227,11 @@ impl Policy {
                 };
             }
         }
-        if matches!(function_id, "state::get" | "state::list") && !in_session(args, session) {
+        if matches!(
+            function_id,
+            "state::get" | "state::get_versioned" | "state::list"
+        ) && !in_session(function_id, args, session)
+        {
             return Decision::Deny {
                 rule_id: "default-deny:state-outside-the-session".into(),
                 matched_constraint: Some(
@@ -592,6 +600,67 @@ rules:
             ),
             (json!({"scope": "agent", "prefix": ""}), Some("s1")),
         ] {
+            for id in ["state::get", "state::get_versioned", "state::list"] {
+                assert!(
+                    matches!(empty.decide_in(id, &args, session), Decision::Deny { .. }),
+                    "{id} {args} in {session:?}"
+                );
+            }
+        }
+        // Each read, with `key`, `prefix` and both: judged by what the engine reads. A list
+        // reads `prefix` (a `key` beside it once passed the check while the engine listed
+        // the whole scope); a get reads `key`.
+        for (id, args, allowed) in [
+            (
+                "state::get",
+                json!({"scope": "agent", "key": "session/s1/a"}),
+                true,
+            ),
+            (
+                "state::get",
+                json!({"scope": "agent", "prefix": "session/s1/"}),
+                false,
+            ),
+            (
+                "state::get",
+                json!({"scope": "agent", "key": "session/s2/a", "prefix": "session/s1/"}),
+                false,
+            ),
+            (
+                "state::get",
+                json!({"scope": "agent", "key": "session/s1/a", "prefix": "session/s2/"}),
+                true,
+            ),
+            (
+                "state::list",
+                json!({"scope": "agent", "key": "session/s1/a"}),
+                false,
+            ),
+            (
+                "state::list",
+                json!({"scope": "agent", "prefix": "session/s1/"}),
+                true,
+            ),
+            (
+                "state::list",
+                json!({"scope": "agent", "key": "session/s1/a", "prefix": "session/"}),
+                false,
+            ),
+            (
+                "state::list",
+                json!({"scope": "agent", "key": "session/s2/a", "prefix": "session/s1/"}),
+                true,
+            ),
+            ("state::list", json!({"scope": "agent", "prefix": 7}), false),
+        ] {
+            let d = empty.decide_in(id, &args, Some("s1"));
+            assert_eq!(
+                matches!(d, Decision::Allow { .. }),
+                allowed,
+                "{id} {args}: {d:?}"
+            );
+        }
+        for (args, session) in [(own.clone(), Some("s2"))] {
             assert!(
                 matches!(
                     empty.decide_in("state::get", &args, session),

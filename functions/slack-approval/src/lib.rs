@@ -97,12 +97,45 @@ impl SlackConfig {
         })
     }
 
+    /// A secret's value, or `None` while it is unset. A placeholder (the template's `{}`, a
+    /// word like `changeme`) counts as unset, and so does a signing secret shorter than
+    /// Slack's (32 characters): anyone who knows the placeholder could sign with it.
     async fn secret(&self, name: &str, env: &str) -> Option<String> {
-        match self.secrets.get(name).await {
-            Ok(Some(v)) if !v.is_empty() => Some(v),
-            _ => (self.env)(env),
-        }
+        let stored = match self.secrets.get(name).await {
+            Ok(Some(v)) => Some(v),
+            _ => None,
+        };
+        stored
+            .filter(|v| is_set(name, v))
+            .or_else(|| (self.env)(env).filter(|v| is_set(name, v)))
     }
+}
+
+/// The shortest signing secret Slack issues (32 hex characters).
+pub const MIN_SIGNING_SECRET_CHARS: usize = 32;
+
+/// Whether a secret's value is a real one, not a placeholder left by provisioning.
+pub fn is_set(name: &str, value: &str) -> bool {
+    let v = value.trim();
+    let placeholder = v.is_empty()
+        || v.starts_with('{')
+        || v.starts_with('[')
+        || [
+            "changeme",
+            "change-me",
+            "placeholder",
+            "todo",
+            "none",
+            "null",
+            "unset",
+            "xxx",
+        ]
+        .iter()
+        .any(|p| v.eq_ignore_ascii_case(p));
+    if placeholder {
+        return false;
+    }
+    name != SIGNING_SECRET || v.chars().count() >= MIN_SIGNING_SECRET_CHARS
 }
 
 /// An HTTP answer (status and JSON body).
@@ -278,13 +311,11 @@ async fn resolve(ctx: &Ctx, d: &Decision) -> String {
     }
 }
 
-/// Remember a signature; false when it was seen before (a replay).
+/// Remember a signature; false when it was seen before (a replay). The key is the decoded
+/// signature (the check decodes hex in any letter case, so the raw header would let the same
+/// request through again in upper case).
 async fn first_use(ctx: &Ctx, signature: &str, timestamp: &str) -> Result<bool, BusError> {
-    let key: String = signature
-        .trim_start_matches("v0=")
-        .chars()
-        .take(64)
-        .collect();
+    let key = signature::replay_key(signature).unwrap_or_default();
     match ctx
         .state_set_if(REPLAY_SCOPE, &key, json!({"timestamp": timestamp}), 0)
         .await
@@ -304,6 +335,9 @@ pub async fn handle_webhook(
     now_secs: u64,
 ) -> Reply {
     let Some(secret) = cfg.secret(SIGNING_SECRET, "SLACK_SIGNING_SECRET").await else {
+        tracing::error!(
+            "Slack request refused: the signing secret ({SIGNING_SECRET} or SLACK_SIGNING_SECRET) is unset or a placeholder; every Slack request is refused until it is set"
+        );
         return reply(
             500,
             json!({"error": "the Slack signing secret is not configured"}),
@@ -536,6 +570,26 @@ pub async fn serve(
     cfg: SlackConfig,
     listen: &str,
 ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+    serve_with_limits(ctx, cfg, listen, webhook_limits()).await
+}
+
+/// The webhook's connection limits: Slack's requests are small and quick.
+pub fn webhook_limits() -> engine_gateway::http::bounded::Limits {
+    engine_gateway::http::bounded::Limits {
+        max_connections: 128,
+        header_timeout: Duration::from_secs(10),
+        body_deadline: Duration::from_secs(10),
+        max_body_bytes: 256 * 1024,
+    }
+}
+
+/// [`serve`] with other limits (tests shorten the deadlines).
+pub async fn serve_with_limits(
+    ctx: Ctx,
+    cfg: SlackConfig,
+    listen: &str,
+    limits: engine_gateway::http::bounded::Limits,
+) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     use axum::extract::State;
     use axum::http::HeaderMap;
     use axum::response::IntoResponse;
@@ -564,9 +618,7 @@ pub async fn serve(
         .with_state((ctx, cfg));
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let task = tokio::spawn(engine_gateway::http::bounded::serve(listener, app, limits));
     Ok((url, task))
 }
 

@@ -46,6 +46,14 @@ pub fn sign(secret: &str, timestamp: &str, body: &[u8]) -> String {
     )
 }
 
+/// The signature's bytes as lower-case hex: one key per signature, however its hex is
+/// written. `None` for a header that is not `v0=<hex>`.
+pub fn replay_key(signature: &str) -> Option<String> {
+    let hex_sig = signature.trim().strip_prefix("v0=")?;
+    let bytes = hex::decode(hex_sig).ok()?;
+    Some(hex::encode(bytes))
+}
+
 /// Check a request's timestamp and signature (constant-time comparison).
 pub fn verify(
     secret: &str,

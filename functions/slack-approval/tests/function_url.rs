@@ -11,7 +11,10 @@ use serde_json::Value;
 async fn forged_and_stale_requests_are_refused_through_the_function_url() {
     engine_gateway::ensure_crypto_provider();
     let mut spec = LambdaSpec::new("slack", env!("CARGO_BIN_EXE_slack-approval").into());
-    spec.env = vec![("SLACK_SIGNING_SECRET".into(), "shh".into())];
+    spec.env = vec![(
+        "SLACK_SIGNING_SECRET".into(),
+        "0d1c2b3a49586776859a4b3c2d1e0f9a".into(),
+    )];
     let f = LambdaFunction::new(spec, Vec::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (url, _task) = function_url::serve(f.clone(), listener).unwrap();
@@ -41,7 +44,11 @@ async fn forged_and_stale_requests_are_refused_through_the_function_url() {
             ("x-slack-request-timestamp", (now - 3600).to_string()),
             (
                 "x-slack-signature",
-                slack_approval::signature::sign("shh", &(now - 3600).to_string(), body.as_bytes()),
+                slack_approval::signature::sign(
+                    "0d1c2b3a49586776859a4b3c2d1e0f9a",
+                    &(now - 3600).to_string(),
+                    body.as_bytes(),
+                ),
             ),
         ])
         .await
