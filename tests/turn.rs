@@ -636,7 +636,57 @@ async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_hum
         &s.srv.engine,
     )
     .unwrap();
+    // A new worker declares one of its functions for humans only; the other is the agent's.
+    let ran_private = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let private_flag = ran_private.clone();
+    let _ops = harness_sdk::run_embedded(
+        harness_sdk::Worker::new("ops")
+            .function(
+                "ops::rotate_keys",
+                "rotates every key (for operators)",
+                move |_c, _d: Value| {
+                    let f = private_flag.clone();
+                    async move {
+                        f.store(true, std::sync::atomic::Ordering::SeqCst);
+                        Ok(json!({"rotated": true}))
+                    }
+                },
+            )
+            .not_for_the_agent("ops::rotate_keys")
+            .function("ops::status", "how things are", |_c, _d: Value| async move {
+                Ok(json!({"ok": true}))
+            }),
+        &s.srv.engine,
+    )
+    .unwrap();
     let internal = [
+        ("a8", "auth::get_token", json!({"provider": "anthropic"})),
+        (
+            "a9",
+            "harness::trigger",
+            json!({"session_id": "planted", "payload": {"message": "hi"}}),
+        ),
+        (
+            "a10",
+            "budget::exempt",
+            json!({"budget_id": "b", "principal_id": "lax", "reason": "me"}),
+        ),
+        (
+            "a11",
+            "stream::set",
+            json!({"stream_name": "agent::events", "group_id": "x", "item_id": "i", "data": {}}),
+        ),
+        (
+            "a12",
+            "session-tree::append",
+            json!({"session_id": "other", "entry": {}}),
+        ),
+        (
+            "a13",
+            "hook-fanout::publish_collect",
+            json!({"topic": "t", "payload": {}, "merge_rule": "field_merge"}),
+        ),
+        ("a14", "ops::rotate_keys", json!({})),
         (
             "a1",
             "approval::resolve",
@@ -672,8 +722,9 @@ async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_hum
         .iter()
         .map(|(id, f, p)| call(id, f, p.clone()))
         .collect();
-    // An ordinary call the lax policy lets through, to show it is in charge otherwise.
+    // Ordinary calls the lax policy lets through, to show it is in charge otherwise.
     turns.push(call("a7", "fs::list", json!({})));
+    turns.push(call("a15", "ops::status", json!({})));
     turns.push(text("Done."));
     s.model.load(Cassette {
         turns,
@@ -689,7 +740,7 @@ async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_hum
         .iter()
         .filter(|m| m["role"] == "function_result")
         .collect();
-    assert_eq!(results.len(), internal.len() + 1, "{rec}");
+    assert_eq!(results.len(), internal.len() + 2, "{rec}");
     for (_, function_id, _) in &internal {
         let r = results
             .iter()
@@ -704,6 +755,20 @@ async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_hum
         .find(|r| r["function_id"] == "fs::list")
         .unwrap();
     assert_eq!(listed["is_error"], false, "{listed}");
+    let status = results
+        .iter()
+        .find(|r| r["function_id"] == "ops::status")
+        .unwrap();
+    assert_eq!(status["is_error"], false, "{status}");
+    // No provider key reached the model, and nothing the model asked for happened.
+    assert!(!rec.to_string().contains("sk-"), "{rec}");
+    assert!(!ran_private.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(
+        ctx.trigger("turn::get_state", json!({"session_id": "planted"}))
+            .await
+            .unwrap()
+            .is_null()
+    );
     // Nothing the model asked for happened.
     assert!(
         ctx.state_get("approvals", "human/x")

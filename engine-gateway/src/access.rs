@@ -46,6 +46,18 @@ pub const CLIENT_STREAMS: &[&str] = &["agent::events"];
 /// The metadata flag that makes a function callable by clients.
 pub const PUBLIC_FLAG: &str = "public";
 
+/// The metadata flag (`agent: false`) by which a worker declares a function for humans and
+/// the harness only: the orchestrator never dispatches it for the model.
+pub const AGENT_FLAG: &str = "agent";
+
+/// Whether a registration's metadata keeps the function from the agent.
+pub fn is_not_for_the_agent(metadata: Option<&Value>) -> bool {
+    metadata
+        .and_then(|m| m.get(AGENT_FLAG))
+        .and_then(Value::as_bool)
+        == Some(false)
+}
+
 /// Whether a registration's metadata marks it public.
 pub fn is_public(metadata: Option<&Value>) -> bool {
     metadata

@@ -112,6 +112,18 @@ impl RegisterFunction {
     }
 
     /// Mark the function callable by client credentials (`metadata.public = true`).
+    /// Mark the function as for humans and the harness only (`metadata.agent: false`): the
+    /// turn orchestrator never dispatches it for the model, whatever the policy answers.
+    pub fn not_for_the_agent(mut self) -> Self {
+        let mut meta = match self.metadata.take() {
+            Some(Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        meta.insert(crate::access::AGENT_FLAG.into(), Value::Bool(false));
+        self.metadata = Some(Value::Object(meta));
+        self
+    }
+
     pub fn public(mut self) -> Self {
         let mut meta = match self.metadata.take() {
             Some(Value::Object(m)) => m,

@@ -167,7 +167,8 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
             "auth::get_token",
             "The provider's credential: stored first, then its environment variable; null if none.",
             &["provider"],
-        )),
+        )
+        .not_for_the_agent()),
         move |_c, d: Value| {
             let a = a.clone();
             async move {
@@ -179,7 +180,8 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     );
     let a = auth.clone();
     w.register_function(
-        harness_sdk::DefExt::contract::<auth::SetTokenRequest, auth::SetTokenAnswer>(def("auth::set_token", "Store a provider credential: {provider, type: api_key, key} or {provider, type: oauth, access_token, refresh_token?, expires_at?}.", &["provider"])),
+        harness_sdk::DefExt::contract::<auth::SetTokenRequest, auth::SetTokenAnswer>(def("auth::set_token", "Store a provider credential: {provider, type: api_key, key} or {provider, type: oauth, access_token, refresh_token?, expires_at?}.", &["provider"])
+        .not_for_the_agent()),
         move |_c, d: Value| {
             let a = a.clone();
             async move {
@@ -195,7 +197,8 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
             "auth::delete_token",
             "Remove a stored credential (the environment variable, if any, still applies).",
             &["provider"],
-        )),
+        )
+        .not_for_the_agent()),
         move |_c, d: Value| {
             let a = a.clone();
             async move {

@@ -401,6 +401,7 @@ pub fn worker_with(settings: Settings) -> Worker {
     let mut w = Worker::new("context-compaction");
     w.register_function(
         def("context-compaction::compact_now", "Compact the session if its context is over the model's usable window (window − reserved_tokens, 20 000 unless configured).")
+        .not_for_the_agent()
             .contract::<harness_sdk::contracts::compaction::CompactRequest, harness_sdk::contracts::compaction::CompactAnswer>()
             .errors(errs),
         with(&s, |s, c, d| Box::pin(compact_now(s, c, d))),
@@ -410,6 +411,7 @@ pub fn worker_with(settings: Settings) -> Worker {
             "context-compaction::compact_session",
             "Compact the session now, whatever its size.",
         )
+        .not_for_the_agent()
         .contract::<harness_sdk::contracts::compaction::CompactRequest, harness_sdk::contracts::compaction::CompactAnswer>()
         .errors(errs),
         with(&s, |s, c, d| Box::pin(compact_session(s, c, d))),
@@ -419,6 +421,7 @@ pub fn worker_with(settings: Settings) -> Worker {
             "context-compaction::prune_tool_outputs",
             "Shorten large tool results outside the kept turns (two unless configured), in place.",
         )
+        .not_for_the_agent()
         .contract::<harness_sdk::contracts::compaction::PruneRequest, harness_sdk::contracts::compaction::PruneAnswer>()
         .errors(errs),
         with(&s, |s, c, d| Box::pin(prune_tool_outputs(s, c, d))),
@@ -427,7 +430,8 @@ pub fn worker_with(settings: Settings) -> Worker {
         def(
             "context-compaction::on_turn_end",
             "Stream trigger on agent::turn_end (one wake per turn).",
-        ),
+        )
+        .not_for_the_agent(),
         with(&s, |s, c, d| Box::pin(on_turn_end(s, c, d))),
     );
     w.register_trigger(

@@ -271,7 +271,7 @@ impl PolicyHolder {
 pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
     use harness_sdk::contracts::policy::{CheckAnswer, CheckRequest};
     let mut def =
-        RegisterFunction::new("policy::check_permissions").contract::<CheckRequest, CheckAnswer>();
+        RegisterFunction::new("policy::check_permissions").not_for_the_agent().contract::<CheckRequest, CheckAnswer>();
     def.description = Some(
         "Decide allow / deny / needs_approval for one function call, from iii-permissions.yaml."
             .into(),
@@ -293,7 +293,9 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
                 .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
         }
     });
-    let mut status = RegisterFunction::new("policy::status");
+    let mut status = RegisterFunction::new("policy::status").not_for_the_agent();
+    // Takes nothing; registered with a schema like every function a caller may call.
+    status.request_format = Some(json!({"type": "object"}));
     status.description = Some("The permissions file in force: path, rule count, and the current error (with its line) if the file is invalid.".into());
     w.register_function(status, move |_ctx, _d| {
         let h = holder.clone();
@@ -364,7 +366,7 @@ pub fn add_trigger(w: &mut Worker) {
 /// The entry function with run defaults: `{provider, model, max_turns, mode, …}` fill what a
 /// payload leaves out.
 pub fn add_trigger_with(w: &mut Worker, defaults: Value) {
-    let mut d = RegisterFunction::new("harness::trigger")
+    let mut d = RegisterFunction::new("harness::trigger").not_for_the_agent()
         .public()
         .contract::<types::TriggerRequest, types::TriggerAnswer>();
     d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
@@ -497,7 +499,7 @@ async fn ui_on_event(
 /// Add `ui::subscribe`, `ui::unsubscribe` and the `agent::events` push to a harness worker.
 pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::subscribe")
+    let mut d = RegisterFunction::new("ui::subscribe").not_for_the_agent()
         .public()
         .contract::<types::UiRequest, types::UiAnswer>();
     d.description = Some("Push a session's agent::events (or every session's, session_id null) to a browser connection: {browser_id, session_id|null}.".into());
@@ -505,14 +507,14 @@ pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
         ui_change(h.clone(), ctx, data, true)
     });
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::unsubscribe")
+    let mut d = RegisterFunction::new("ui::unsubscribe").not_for_the_agent()
         .public()
         .contract::<types::UiRequest, types::UiAnswer>();
     d.description = Some("Stop pushes to a browser: {browser_id, session_id|null (all)}.".into());
     w.register_function(d, move |ctx, data: Value| {
         ui_change(h.clone(), ctx, data, false)
     });
-    let mut d = RegisterFunction::new("ui::on_event");
+    let mut d = RegisterFunction::new("ui::on_event").not_for_the_agent();
     d.description = Some("Stream trigger on agent::events: pushes to subscribed browsers.".into());
     w.register_function(d, move |ctx, ev: Value| ui_on_event(hub.clone(), ctx, ev));
     w.register_trigger(

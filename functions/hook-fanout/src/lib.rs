@@ -231,6 +231,7 @@ pub fn worker() -> Worker {
     let mut w = Worker::new("hook-fanout");
     w.register_function(
         def("hook-fanout::publish_collect", "Publish to a hook topic and collect the subscribers' replies, merged.")
+        .not_for_the_agent()
             .contract::<contracts::hooks::PublishCollectRequest, contracts::hooks::PublishCollectAnswer>()
             .errors(&[("invalid_message", "missing topic or unknown merge_rule")])
             .notes("Subscribe a function with a `durable:subscriber` trigger `{topic}`. It receives `{event_id, topic, payload}`; to block (first_block_wins) reply `{block: true, reason}`."),

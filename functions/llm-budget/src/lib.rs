@@ -436,6 +436,7 @@ pub fn worker() -> Worker {
             "budget::create",
             "Create a spend ceiling for a UTC day, week (from Monday) or month.",
         )
+        .not_for_the_agent()
         .contract::<types::CreateRequest, types::CreateAnswer>()
         .errors(errs),
         create,
@@ -460,12 +461,14 @@ pub fn worker() -> Worker {
             "budget::update",
             "Change name, scope, ceiling_usd, period, enforced or paused.",
         )
+        .not_for_the_agent()
         .contract::<types::UpdateRequest, types::BudgetView>()
         .errors(errs),
         update,
     );
     w.register_function(
         def("budget::delete", "Delete a budget.")
+        .not_for_the_agent()
             .contract::<types::BudgetRef, types::DeleteAnswer>()
             .errors(errs),
         delete,
@@ -484,6 +487,7 @@ pub fn worker() -> Worker {
             "budget::record",
             "Add spend; fires threshold alerts once per period.",
         )
+        .not_for_the_agent()
         .contract::<types::RecordRequest, types::RecordAnswer>()
         .errors(errs),
         record,
@@ -493,11 +497,13 @@ pub fn worker() -> Worker {
             "budget::reset",
             "Zero the current window's spend and re-arm its alerts.",
         )
+        .not_for_the_agent()
         .contract::<types::BudgetRef, types::BudgetView>()
         .errors(errs),
         reset,
     );
-    w.register_function(def("budget::alert_set", "Call callback_function_id once per period when spend reaches threshold_pct of the ceiling.").contract::<types::AlertRequest, types::AlertAnswer>().errors(errs), alert_set);
+    w.register_function(def("budget::alert_set", "Call callback_function_id once per period when spend reaches threshold_pct of the ceiling.")
+        .not_for_the_agent().contract::<types::AlertRequest, types::AlertAnswer>().errors(errs), alert_set);
     w.register_function(
         def(
             "budget::usage",
@@ -521,12 +527,14 @@ pub fn worker() -> Worker {
             "budget::enforce",
             "Turn enforcement on or off (off: check always allows, reason not_enforced).",
         )
+        .not_for_the_agent()
         .contract::<types::EnforceRequest, types::EnforceAnswer>()
         .errors(errs),
         enforce,
     );
     w.register_function(
         def("budget::exempt", "Exempt a principal for 24 hours.")
+        .not_for_the_agent()
             .contract::<types::ExemptRequest, types::ExemptAnswer>()
             .errors(errs),
         exempt,
@@ -536,6 +544,7 @@ pub fn worker() -> Worker {
             "budget::pause",
             "Pause (check denies everything, reason paused) or resume.",
         )
+        .not_for_the_agent()
         .contract::<types::PauseRequest, types::PauseAnswer>()
         .errors(errs),
         pause,

@@ -77,6 +77,19 @@ impl Worker {
         self
     }
 
+    /// Declare a registered function for humans and the harness only (`metadata.agent:
+    /// false`): the turn orchestrator never dispatches it for the model.
+    pub fn not_for_the_agent(mut self, function_id: &str) -> Self {
+        if let Some(&i) = self.index.get(function_id) {
+            let def = std::mem::replace(
+                &mut self.functions[i].def,
+                RegisterFunction::new(function_id),
+            );
+            self.functions[i].def = def.not_for_the_agent();
+        }
+        self
+    }
+
     /// Builder form of [`register_function`](Self::register_function).
     pub fn function<F, Fut>(mut self, id: &str, description: &str, handler: F) -> Self
     where

@@ -556,6 +556,7 @@ pub fn worker() -> Worker {
     let mut w = Worker::new("session");
     w.register_function(
         def("session-tree::create", "Create a session.")
+        .not_for_the_agent()
             .contract::<CreateRequest, SessionAnswer>()
             .errors(&[
                 (
@@ -571,12 +572,14 @@ pub fn worker() -> Worker {
             "session-tree::ensure",
             "Create the session unless it exists.",
         )
+        .not_for_the_agent()
         .contract::<SessionRef, SessionAnswer>()
         .errors(errors),
         ensure,
     );
     w.register_function(
         def("session-tree::append", "Append one entry. parent_id absent: the current leaf; null: a new root; an older entry: starts a branch.")
+        .not_for_the_agent()
             .contract::<AppendRequest, StoredEntry>()
             .errors(errors),
         append,
@@ -586,6 +589,7 @@ pub fn worker() -> Worker {
             "session-tree::append_batch",
             "Append entries as a chain (each the parent of the next).",
         )
+        .not_for_the_agent()
         .contract::<AppendBatchRequest, AppendBatchAnswer>()
         .errors(errors),
         append_batch,
@@ -599,6 +603,7 @@ pub fn worker() -> Worker {
     );
     w.register_function(
         def("session-tree::fork", "A new session holding the path root → from_entry_id (over 50 entries: older ones become one branch_summary root). The source is untouched.")
+        .not_for_the_agent()
             .contract::<ForkRequest, ForkAnswer>()
             .errors(errors)
             // A new session from a copy: nothing of the source changes.
@@ -610,6 +615,7 @@ pub fn worker() -> Worker {
             "session-tree::clone",
             "A new session with every branch of the source.",
         )
+        .not_for_the_agent()
         .contract::<CloneRequest, ForkAnswer>()
         .errors(errors),
         clone,
@@ -619,6 +625,7 @@ pub fn worker() -> Worker {
             "session-tree::compact",
             "Append a compaction entry: the context becomes summary + the tail from tail_start_id.",
         )
+        .not_for_the_agent()
         .contract::<CompactRequest, StoredEntry>()
         .errors(errors),
         compact,
@@ -668,6 +675,7 @@ pub fn worker() -> Worker {
             "session-tree::update_part",
             "Replace one content block of a message entry (e.g. prune a large tool output).",
         )
+        .not_for_the_agent()
         .contract::<UpdatePartRequest, UpdatePartAnswer>()
         .errors(errors),
         update_part,
@@ -678,6 +686,7 @@ pub fn worker() -> Worker {
     ];
     w.register_function(
         def("session-inbox::push", "Queue an item (a string or an AgentMessage) in a session's inbox (`steering` is taken before the next model call, `followup` when the run would stop).")
+        .not_for_the_agent()
             .contract::<inbox::PushRequest, inbox::PushAnswer>()
             .errors(inbox_errors)
             // A chat front end steers the turn it shows (the console's message box).
@@ -695,6 +704,7 @@ pub fn worker() -> Worker {
             "session-inbox::drain",
             "Take the queued items (the first `max`, default all) atomically.",
         )
+        .not_for_the_agent()
         .contract::<inbox::DrainRequest, inbox::ItemsAnswer>()
         .errors(inbox_errors),
         inbox_drain,

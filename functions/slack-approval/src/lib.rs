@@ -529,12 +529,14 @@ pub fn worker(cfg: SlackConfig) -> Worker {
     let c = cfg.clone();
     w.register_function(
         def("slack::on_parked", "State trigger on turn records: posts each newly parked call to the Slack channel with Approve/Deny buttons.")
+        .not_for_the_agent()
             .errors(&[("slack_unavailable", "chat.postMessage failed (retried)"), ("not_configured", "no bot token")]),
         move |ctx, data: Value| on_parked(ctx, c.clone(), data),
     );
     let c = cfg;
     w.register_function(
         def("slack::webhook", "A Slack request as data: {headers, body} (the HTTP entry points call the same handler).")
+        .not_for_the_agent()
             .request(json!({"headers": {"x-slack-signature": "v0=…", "x-slack-request-timestamp": "unix seconds"}, "body": "the raw form body"}))
             .response(json!({"status": "HTTP status", "body": "JSON for Slack"})),
         move |ctx, data: Value| {

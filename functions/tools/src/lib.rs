@@ -571,7 +571,8 @@ pub fn worker(tools: Arc<Tools>) -> Worker {
         },
     );
     w.register_function(
-        def("shell::cancel", "Kill every command running for a session (run::abort calls it): {session_id} → {killed}.", &["session_id"], json!({"session_id": {"type": "string"}})),
+        def("shell::cancel", "Kill every command running for a session (run::abort calls it): {session_id} → {killed}.", &["session_id"], json!({"session_id": {"type": "string"}}))
+        .not_for_the_agent(),
         move |_c, d: Value| {
             let t = tools.clone();
             async move {

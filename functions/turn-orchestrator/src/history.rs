@@ -59,6 +59,9 @@ pub struct InstanceCache {
     /// The `agent_trigger` tool with the catalogue it lists, by the engine's
     /// `catalogue_version` it was built from.
     pub(crate) tool: std::sync::Mutex<Option<(String, harness_sdk::messages::ToolSpec)>>,
+    /// Which functions are registered `metadata.agent: false`, by catalogue version.
+    pub(crate) not_for_the_agent:
+        std::sync::Mutex<Option<crate::states::calls::NotForTheAgent>>,
     /// The instance's compaction reserve (its [`Settings`]).
     pub(crate) reserved_tokens: u64,
 }

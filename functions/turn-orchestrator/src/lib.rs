@@ -144,11 +144,13 @@ pub fn worker_with(settings: Settings) -> Worker {
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(
         def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}.")
+        .not_for_the_agent()
             .contract::<RunRequest, RunStartAnswer>(),
         run_start,
     );
     w.register_function(
         def("run::abort", "Stop a run now: {session_id}.")
+        .not_for_the_agent()
             .public()
             .contract::<SessionRequest, RunAbortAnswer>(),
         run_abort,
@@ -170,7 +172,7 @@ pub fn worker_with(settings: Settings) -> Worker {
         TurnState::SteeringCheck,
     ] {
         w.register_function(
-            def(&state.step_function(), "A turn step (queue consumer)."),
+            def(&state.step_function(), "A turn step (queue consumer).").not_for_the_agent(),
             {
                 let hooks = hooks.clone();
                 let cache = cache.clone();
@@ -195,7 +197,8 @@ pub fn worker_with(settings: Settings) -> Worker {
         def(
             "turn::on_approval",
             "State trigger on approvals: wakes the parked session.",
-        ),
+        )
+        .not_for_the_agent(),
         on_approval,
     );
     w.register_trigger(

@@ -166,32 +166,112 @@ pub(crate) async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     })
 }
 
-/// Functions the orchestrator never dispatches for the model, whatever the policy answers: a
-/// swapped or buggy policy must not let the agent approve its own calls, rewrite the policy,
-/// start runs, change credentials, write state behind the record's back or drive the engine.
-pub(crate) const NEVER_FOR_THE_AGENT: &[&str] = &[
-    "approval::*",
+/// Functions the orchestrator never dispatches for the model, whatever the policy answers and
+/// whoever registers them: the engine's own (no worker declares them: writing state behind the
+/// record's back, writing streams, driving the engine), and the SPEC's human-only contracts,
+/// so a replacement written to the seeds without our metadata (an approval gate, a policy)
+/// cannot let the agent approve its own calls or read keys. Every other such function is
+/// declared by the worker that registers it, with `metadata.agent: false`
+/// ([`not_for_the_agent`]).
+pub(crate) const ENGINE_NEVER_FOR_THE_AGENT: &[&str] = &[
+    "approval::resolve",
     "policy::*",
     "run::start",
+    "harness::trigger",
+    "auth::get_token",
     "auth::set_token",
     "auth::delete_token",
-    "shell::cancel",
     "state::set",
     "state::update",
     "state::delete",
     "state::transact",
+    "state::sync",
+    "stream::set",
+    "stream::set_many",
+    "stream::delete",
+    "stream::send",
     "engine::*",
     "iii::*",
 ];
 
-pub(crate) fn never_for_the_agent(function_id: &str) -> Option<&'static str> {
-    NEVER_FOR_THE_AGENT
+fn engine_never_for_the_agent(function_id: &str) -> Option<&'static str> {
+    ENGINE_NEVER_FOR_THE_AGENT
         .iter()
         .copied()
         .find(|p| match p.strip_suffix('*') {
             Some(prefix) => function_id.starts_with(prefix),
             None => function_id == *p,
         })
+}
+
+/// How long a read of which functions are not for the agent is trusted before the engine's
+/// `catalogue_version` is asked again (and, where the engine gives none, the catalogue).
+const NOT_FOR_THE_AGENT_TTL: Duration = Duration::from_secs(1);
+
+/// The functions registered with `metadata.agent: false`, as of one catalogue version.
+pub(crate) struct NotForTheAgent {
+    version: Option<String>,
+    read_at: std::time::Instant,
+    ids: std::collections::HashSet<String>,
+}
+
+/// Why the orchestrator refuses `function_id` for the model whatever the policy says: the
+/// engine's own pattern it matches, or the worker's declaration. `None`: the policy decides.
+/// A swapped or buggy policy must not let the agent approve its own calls, read provider
+/// keys, start runs, exempt itself from its budget or drive the engine.
+pub(crate) async fn not_for_the_agent(ctx: &Ctx, function_id: &str) -> StepResult<Option<String>> {
+    if let Some(p) = engine_never_for_the_agent(function_id) {
+        return Ok(Some(p.to_string()));
+    }
+    let cached = crate::history::CACHE
+        .try_with(|c| {
+            c.not_for_the_agent.lock().ok().and_then(|n| {
+                n.as_ref().map(|n| {
+                    (
+                        n.version.clone(),
+                        n.read_at.elapsed() < NOT_FOR_THE_AGENT_TTL,
+                        n.ids.contains(function_id),
+                    )
+                })
+            })
+        })
+        .ok()
+        .flatten();
+    let declared = |hit: bool| hit.then(|| "metadata.agent: false".to_string());
+    if let Some((_, true, hit)) = cached {
+        return Ok(declared(hit));
+    }
+    let version = ctx.catalogue_version().await;
+    if let (Some((Some(was), _, hit)), Some(now)) = (&cached, &version)
+        && was == now
+    {
+        let _ = crate::history::CACHE.try_with(|c| {
+            if let Ok(mut n) = c.not_for_the_agent.lock()
+                && let Some(n) = n.as_mut()
+            {
+                n.read_at = std::time::Instant::now();
+            }
+        });
+        return Ok(declared(*hit));
+    }
+    let ids: std::collections::HashSet<String> = ctx
+        .functions(false)
+        .await?
+        .iter()
+        .filter(|f| engine_gateway::access::is_not_for_the_agent(f.get("metadata")))
+        .filter_map(|f| f["function_id"].as_str().map(str::to_owned))
+        .collect();
+    let hit = ids.contains(function_id);
+    let _ = crate::history::CACHE.try_with(|c| {
+        if let Ok(mut n) = c.not_for_the_agent.lock() {
+            *n = Some(NotForTheAgent {
+                version,
+                read_at: std::time::Instant::now(),
+                ids,
+            });
+        }
+    });
+    Ok(declared(hit))
 }
 
 pub(crate) fn denied(rec: &mut Record, call: &Call, envelope: Value) -> Executed {

@@ -27,7 +27,7 @@ pub(crate) async fn function_execute(
         if done || parked {
             continue;
         }
-        if let Some(pattern) = never_for_the_agent(&call.function_id) {
+        if let Some(pattern) = not_for_the_agent(ctx, &call.function_id).await? {
             let env = denial(
                 "permissions",
                 &call.function_id,
