@@ -653,9 +653,11 @@ async fn a_policy_that_allows_everything_still_cannot_let_the_agent_act_as_a_hum
                 },
             )
             .not_for_the_agent("ops::rotate_keys")
-            .function("ops::status", "how things are", |_c, _d: Value| async move {
-                Ok(json!({"ok": true}))
-            }),
+            .function(
+                "ops::status",
+                "how things are",
+                |_c, _d: Value| async move { Ok(json!({"ok": true})) },
+            ),
         &s.srv.engine,
     )
     .unwrap();
@@ -1307,4 +1309,105 @@ async fn find_session_group(ctx: &harness_sdk::Ctx, sid: &str) -> Result<Value, 
         .find(|x| x["value"] == sid)
         .cloned()
         .ok_or(g)
+}
+
+/// A step whose retries run out no longer leaves its run in `assistant_streaming` for ever:
+/// the run ends `failed` with the reason, the UI hears `message_complete {stop_reason:
+/// "error"}` and `agent_end`, and redriving the dead letter afterwards changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_fails_on_every_retry_ends_the_run_failed() {
+    // One retry (1 s) before the step is dead-lettered. This test runs in its own process.
+    unsafe { std::env::set_var("HARNESS_STEP_RETRY_SECS", "1") };
+    let s = stack(PERMISSIONS).await;
+    s.model.load(Cassette {
+        turns: vec![text("an answer the session store never takes")],
+        ..Default::default()
+    });
+    const APPEND: &str = "session-tree::append_batch";
+    unregister(&s, APPEND).await;
+    let broken = harness_sdk::Worker::new("broken-session").function(
+        APPEND,
+        "always away",
+        |_ctx, _data: Value| async move {
+            Err(engine_gateway::protocol::ErrorBody::new(
+                "storage_error",
+                "the session store is away",
+            ))
+        },
+    );
+    let _broken = harness_sdk::run_embedded(broken, &s.srv.engine).unwrap();
+    let ctx = s.client.ctx();
+    start(&ctx, "doomed", None).await;
+    let view = wait_state(&ctx, "doomed", "failed").await;
+    assert!(
+        view["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the session store is away"),
+        "{view}"
+    );
+    let rec = record(&s, "doomed").await;
+    assert_eq!(rec["error"]["kind"], "retries_exhausted", "{rec}");
+    let evs = events(&ctx, "doomed").await;
+    let complete = evs
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "message_complete")
+        .expect("a message_complete");
+    assert_eq!(complete["message"]["stop_reason"], "error", "{complete}");
+    assert_eq!(
+        evs.iter().filter(|e| e["type"] == "agent_end").count(),
+        1,
+        "one agent_end"
+    );
+    // The message was still dead-lettered (an operator sees it); redriving it does nothing
+    // to the failed run.
+    wait_until("the step to be dead-lettered", || async {
+        ctx.trigger("engine::queue::stats", json!({"queue": "turn-steps"}))
+            .await
+            .map(|v| v["dead"].as_u64().unwrap_or(0) >= 1)
+            .unwrap_or(false)
+    })
+    .await;
+    let r = ctx
+        .trigger("engine::queue::redrive", json!({"queue": "turn-steps"}))
+        .await
+        .unwrap();
+    assert!(r["redriven"].as_u64().unwrap() >= 1, "{r}");
+    wait_until("the redriven step to be handled", || async {
+        ctx.trigger("engine::queue::stats", json!({"queue": "turn-steps"}))
+            .await
+            .map(|v| v["dead"] == 0 && v["pending"] == 0 && v["in_flight"] == 0)
+            .unwrap_or(false)
+    })
+    .await;
+    let again = ctx
+        .trigger("turn::get_state", json!({"session_id": "doomed"}))
+        .await
+        .unwrap();
+    assert_eq!(again["state"], "failed", "{again}");
+    assert_eq!(
+        events(&ctx, "doomed")
+            .await
+            .iter()
+            .filter(|e| e["type"] == "agent_end")
+            .count(),
+        1,
+        "still one agent_end"
+    );
+}
+
+async fn wait_until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

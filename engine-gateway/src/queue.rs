@@ -185,6 +185,10 @@ pub struct QueueMessage {
     pub last_error: Option<String>,
 }
 
+/// The field a queue consumer's payload (when an object) gains with each delivery:
+/// `{attempt, last}` (1-based; `last`: a failure now dead-letters the message).
+pub const DELIVERY_FIELD: &str = "iii_delivery";
+
 /// A message handed to a consumer; `receipt` identifies it to ack/fail/release.
 #[derive(Debug, Clone)]
 pub struct Delivery {

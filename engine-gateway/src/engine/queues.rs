@@ -153,10 +153,20 @@ impl Engine {
                 }
             })
         });
+        // The handler learns which attempt this is and whether it is the last, so a step can
+        // end its run cleanly before its message is dead-lettered.
+        // (Not the durable topic's copies: those are the publisher's event, handed on as is.)
+        let mut data = d.message.data.clone();
+        if let Some(obj) = data.as_object_mut().filter(|_| cfg.name != DURABLE_QUEUE) {
+            obj.insert(
+                crate::queue::DELIVERY_FIELD.into(),
+                serde_json::json!({"attempt": d.attempt, "last": d.attempt > cfg.max_retries}),
+            );
+        }
         let result = self
             .invoke(
                 &function_id,
-                d.message.data.clone(),
+                data,
                 &parent,
                 None,
                 Some(Duration::from_millis(cfg.visibility_timeout_ms)),

@@ -125,12 +125,14 @@ pub async fn list_pending(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 pub fn worker() -> Worker {
     let mut w = Worker::new("approval-gate");
-    let mut d = RegisterFunction::new("approval::resolve").not_for_the_agent()
+    let mut d = RegisterFunction::new("approval::resolve")
+        .not_for_the_agent()
         .public()
         .contract::<ResolveRequest, ResolveAnswer>();
     d.description = Some("Decide a parked call: {session_id, function_call_id, decision: allow|deny|aborted, reason?, decided_by?} → {ok} | {ok:false, error: invalid_payload|not_pending|resume_failed}.".into());
     w.register_function(d, resolve);
-    let mut d = RegisterFunction::new("approval::list_pending").not_for_the_agent()
+    let mut d = RegisterFunction::new("approval::list_pending")
+        .not_for_the_agent()
         .public()
         .contract::<ListPendingRequest, ListPendingAnswer>();
     d.description = Some("Parked calls, optionally of one session.".into());

@@ -193,12 +193,14 @@ pub fn worker(auth: Arc<Auth>) -> Worker {
     );
     let a = auth.clone();
     w.register_function(
-        harness_sdk::DefExt::contract::<auth::ProviderRequest, auth::DeleteTokenAnswer>(def(
-            "auth::delete_token",
-            "Remove a stored credential (the environment variable, if any, still applies).",
-            &["provider"],
-        )
-        .not_for_the_agent()),
+        harness_sdk::DefExt::contract::<auth::ProviderRequest, auth::DeleteTokenAnswer>(
+            def(
+                "auth::delete_token",
+                "Remove a stored credential (the environment variable, if any, still applies).",
+                &["provider"],
+            )
+            .not_for_the_agent(),
+        ),
         move |_c, d: Value| {
             let a = a.clone();
             async move {

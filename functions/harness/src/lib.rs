@@ -270,8 +270,9 @@ impl PolicyHolder {
 /// The policy worker over `holder`.
 pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
     use harness_sdk::contracts::policy::{CheckAnswer, CheckRequest};
-    let mut def =
-        RegisterFunction::new("policy::check_permissions").not_for_the_agent().contract::<CheckRequest, CheckAnswer>();
+    let mut def = RegisterFunction::new("policy::check_permissions")
+        .not_for_the_agent()
+        .contract::<CheckRequest, CheckAnswer>();
     def.description = Some(
         "Decide allow / deny / needs_approval for one function call, from iii-permissions.yaml."
             .into(),
@@ -366,7 +367,8 @@ pub fn add_trigger(w: &mut Worker) {
 /// The entry function with run defaults: `{provider, model, max_turns, mode, …}` fill what a
 /// payload leaves out.
 pub fn add_trigger_with(w: &mut Worker, defaults: Value) {
-    let mut d = RegisterFunction::new("harness::trigger").not_for_the_agent()
+    let mut d = RegisterFunction::new("harness::trigger")
+        .not_for_the_agent()
         .public()
         .contract::<types::TriggerRequest, types::TriggerAnswer>();
     d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
@@ -499,7 +501,8 @@ async fn ui_on_event(
 /// Add `ui::subscribe`, `ui::unsubscribe` and the `agent::events` push to a harness worker.
 pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::subscribe").not_for_the_agent()
+    let mut d = RegisterFunction::new("ui::subscribe")
+        .not_for_the_agent()
         .public()
         .contract::<types::UiRequest, types::UiAnswer>();
     d.description = Some("Push a session's agent::events (or every session's, session_id null) to a browser connection: {browser_id, session_id|null}.".into());
@@ -507,7 +510,8 @@ pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
         ui_change(h.clone(), ctx, data, true)
     });
     let h = hub.clone();
-    let mut d = RegisterFunction::new("ui::unsubscribe").not_for_the_agent()
+    let mut d = RegisterFunction::new("ui::unsubscribe")
+        .not_for_the_agent()
         .public()
         .contract::<types::UiRequest, types::UiAnswer>();
     d.description = Some("Stop pushes to a browser: {browser_id, session_id|null (all)}.".into());

@@ -468,7 +468,7 @@ pub fn worker() -> Worker {
     );
     w.register_function(
         def("budget::delete", "Delete a budget.")
-        .not_for_the_agent()
+            .not_for_the_agent()
             .contract::<types::BudgetRef, types::DeleteAnswer>()
             .errors(errs),
         delete,
@@ -534,7 +534,7 @@ pub fn worker() -> Worker {
     );
     w.register_function(
         def("budget::exempt", "Exempt a principal for 24 hours.")
-        .not_for_the_agent()
+            .not_for_the_agent()
             .contract::<types::ExemptRequest, types::ExemptAnswer>()
             .errors(errs),
         exempt,

@@ -471,7 +471,8 @@ pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Trans
 fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
     let name = dialect.name().to_string();
     let mut w = Worker::new(&format!("provider-{name}"));
-    let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream")).not_for_the_agent()
+    let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"))
+        .not_for_the_agent()
         .contract::<StreamRequest, StreamAnswer>();
     stream_def.description = Some(format!(
         "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
@@ -500,7 +501,8 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
         }
     });
     w.accept_attachments(&stream_id);
-    let mut complete_def = RegisterFunction::new(format!("provider::{name}::complete")).not_for_the_agent()
+    let mut complete_def = RegisterFunction::new(format!("provider::{name}::complete"))
+        .not_for_the_agent()
         .contract::<StreamRequest, AgentMessage>();
     complete_def.description = Some(format!(
         "A completion from {name}, answered as the final assistant message."

@@ -129,8 +129,26 @@ async fn run_record(
     record: &aws_lambda_events::sqs::SqsMessage,
     default_fn: Option<&str>,
 ) -> Result<(), String> {
-    let msg = serde_json::from_str::<QueueMessage>(record.body.as_deref().unwrap_or_default())
+    let mut msg = serde_json::from_str::<QueueMessage>(record.body.as_deref().unwrap_or_default())
         .map_err(|e| format!("unreadable body: {e}"))?;
+    // Which attempt this is, and whether SQS dead-letters the message if it fails now (its
+    // redrive policy's maxReceiveCount: HARNESS_QUEUE_MAX_RECEIVES, the template's 4), as
+    // the engine's own queues tell their consumers.
+    let receives: u32 = record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    let max_receives: u32 = std::env::var("HARNESS_QUEUE_MAX_RECEIVES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(4);
+    if let Some(obj) = msg.data.as_object_mut() {
+        obj.insert(
+            engine_gateway::queue::DELIVERY_FIELD.into(),
+            serde_json::json!({"attempt": receives, "last": receives >= max_receives}),
+        );
+    }
     let fid = msg
         .function_id
         .clone()

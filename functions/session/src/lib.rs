@@ -556,7 +556,7 @@ pub fn worker() -> Worker {
     let mut w = Worker::new("session");
     w.register_function(
         def("session-tree::create", "Create a session.")
-        .not_for_the_agent()
+            .not_for_the_agent()
             .contract::<CreateRequest, SessionAnswer>()
             .errors(&[
                 (

@@ -59,7 +59,15 @@ pub(crate) async fn step(
     // turn's, before its next call: `save_syncing_later`).
     let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
-    let out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, Chain::STEP).await;
+    let mut out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, Chain::STEP).await;
+    if let Err(e) = &out
+        && last_delivery(data)
+    {
+        // The queue dead-letters this message now: the run ends `failed` (the message is
+        // still dead-lettered, so an operator sees it; redriving it finds a failed run).
+        let _ = fail_after_retries(ctx, &sid, expected, e).await;
+        out = Err(e.clone());
+    }
     if let Some(m) = engine_gateway::metrics::get() {
         let outcome = match &out {
             Ok(v) if v["skipped"] == true => "stale",
@@ -71,6 +79,44 @@ pub(crate) async fn step(
         m.turn_step(state.as_str().unwrap_or("?"), outcome);
     }
     out
+}
+
+/// Whether the queue says this delivery is the message's last (`iii_delivery.last`, added by
+/// the engine's queue consumer and the Lambda SQS runner).
+fn last_delivery(data: &Value) -> bool {
+    data.pointer("/iii_delivery/last").and_then(Value::as_bool) == Some(true)
+}
+
+/// A step that failed on its last delivery ends the run `failed`, with the reason, the UI's
+/// `message_complete {stop_reason: "error"}` and `agent_end`, as an unexpected error does.
+pub(crate) async fn fail_after_retries<P: Ports + ?Sized>(
+    ports: &P,
+    sid: &str,
+    expected: TurnState,
+    error: &ErrorBody,
+) -> Result<Value, ErrorBody> {
+    let (rec, _) = match RecordStore::load(ports, sid).await {
+        Ok(Some(x)) => x,
+        _ => return Ok(stale()),
+    };
+    if matches!(rec.state, TurnState::Stopped | TurnState::Failed) {
+        return Ok(stale());
+    }
+    let state = serde_json::to_value(expected).unwrap_or(Value::Null);
+    let message = format!(
+        "the `{}` step failed on every retry; last error: {} ({})",
+        state.as_str().unwrap_or("?"),
+        error.message,
+        error.code
+    );
+    let mut t = failure_of(rec.state, message);
+    for effect in &mut t.effects {
+        if let Effect::SetError { kind, .. } = effect {
+            *kind = "retries_exhausted".into();
+        }
+    }
+    tracing::warn!(session_id = %sid, error = %error.message, "a turn step failed on its last retry: the run ends failed");
+    fail(ports, rec, expected, t.effects).await
 }
 
 fn stale() -> Value {

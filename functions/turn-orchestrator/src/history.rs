@@ -60,8 +60,7 @@ pub struct InstanceCache {
     /// `catalogue_version` it was built from.
     pub(crate) tool: std::sync::Mutex<Option<(String, harness_sdk::messages::ToolSpec)>>,
     /// Which functions are registered `metadata.agent: false`, by catalogue version.
-    pub(crate) not_for_the_agent:
-        std::sync::Mutex<Option<crate::states::calls::NotForTheAgent>>,
+    pub(crate) not_for_the_agent: std::sync::Mutex<Option<crate::states::calls::NotForTheAgent>>,
     /// The instance's compaction reserve (its [`Settings`]).
     pub(crate) reserved_tokens: u64,
 }

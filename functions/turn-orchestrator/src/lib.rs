@@ -150,7 +150,7 @@ pub fn worker_with(settings: Settings) -> Worker {
     );
     w.register_function(
         def("run::abort", "Stop a run now: {session_id}.")
-        .not_for_the_agent()
+            .not_for_the_agent()
             .public()
             .contract::<SessionRequest, RunAbortAnswer>(),
         run_abort,
