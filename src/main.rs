@@ -277,8 +277,10 @@ async fn main() -> anyhow::Result<()> {
                             "deny"
                         }
                     };
+                    // Decided by the person at this terminal (the engine token's holder).
                     let r = ctx
-                        .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision, "decided_by": "terminal"}))
+                        .with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal")
+                        .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision}))
                         .await?;
                     println!("  {decision}: {r}");
                 }

@@ -73,6 +73,73 @@ pub struct Principal {
     pub role: Role,
     /// Namespaces without the `::` (`policy`, `shell`).
     pub namespaces: Vec<String>,
+    /// A client that sees and decides for every session (`sessions: all`: an operator).
+    pub sessions_all: bool,
+}
+
+/// The baggage entry that says on whose behalf a call is made (`<role>:<name>`, role one of
+/// `admin`, `worker`, `operator`, `client`). The engine writes it for every call a client
+/// makes (whatever the client sent) and for any call that comes without one; workers pass it
+/// on, so a turn's steps act for whoever started the run.
+pub const ACTING_BAGGAGE: &str = "iii.principal";
+
+/// Who a call is made for, as read from [`ACTING_BAGGAGE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acting {
+    pub role: String,
+    pub name: String,
+}
+
+impl Acting {
+    pub fn parse(value: &str) -> Option<Acting> {
+        let (role, name) = value.split_once(':')?;
+        matches!(role, "admin" | "worker" | "operator" | "client").then(|| Acting {
+            role: role.to_string(),
+            name: name.to_string(),
+        })
+    }
+
+    /// What the baggage carries.
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.role, self.name)
+    }
+
+    /// Admin, workers and operators see every session; a client only its own.
+    pub fn sees_all(&self) -> bool {
+        self.role != "client"
+    }
+
+    /// Whether this is the owner recorded as `owner` (`{name, role}`).
+    pub fn is(&self, owner: &Value) -> bool {
+        let role = match owner["role"].as_str() {
+            Some("operator") => "client",
+            Some(r) => r,
+            None => return false,
+        };
+        let mine = if self.role == "operator" {
+            "client"
+        } else {
+            self.role.as_str()
+        };
+        owner["name"].as_str() == Some(self.name.as_str()) && role == mine
+    }
+
+    /// The owner record a session started by this caller gets.
+    pub fn owner_record(&self) -> Value {
+        serde_json::json!({"name": self.name, "role": self.role})
+    }
+
+    /// Whether this caller may see a session owned by `owner` (`null`: no recorded owner,
+    /// which only those who see all may see).
+    pub fn may_see(&self, owner: &Value) -> bool {
+        self.sees_all() || self.is(owner)
+    }
+}
+
+/// Who `trace`'s call is made for; `None` when nobody said (an in-process caller of the
+/// harness itself, trusted).
+pub fn acting(trace: &crate::trace::TraceContext) -> Option<Acting> {
+    trace.baggage_get(ACTING_BAGGAGE).and_then(Acting::parse)
 }
 
 fn namespace_of(id: &str) -> &str {
@@ -89,7 +156,39 @@ impl Principal {
             name: "admin".into(),
             role: Role::Admin,
             namespaces: Vec::new(),
+            sessions_all: false,
         }
+    }
+
+    /// Who this credential acts as on a call.
+    pub fn acting(&self) -> Acting {
+        let role = match self.role {
+            Role::Client if self.sessions_all => "operator",
+            r => r.as_str(),
+        };
+        Acting {
+            role: role.to_string(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// [`Principal::stamp`] on a `baggage` header.
+    pub fn stamp_baggage(&self, baggage: Option<&str>) -> Option<String> {
+        let mut trace = crate::trace::TraceContext::default();
+        if let Some(b) = baggage {
+            trace.baggage = crate::telemetry::extract_baggage(b);
+        }
+        self.stamp(trace).baggage_header()
+    }
+
+    /// The trace context a call by this credential goes on with: a client's own identity,
+    /// whatever it sent; anyone else's passes on who it acts for, or says itself.
+    pub fn stamp(&self, mut trace: crate::trace::TraceContext) -> crate::trace::TraceContext {
+        let keep = self.role != Role::Client && acting(&trace).is_some();
+        if !keep {
+            trace = trace.with_baggage(ACTING_BAGGAGE, &self.acting().encode());
+        }
+        trace
     }
 
     fn label(&self) -> String {
@@ -198,6 +297,17 @@ struct CredentialEntry {
     token_sha256: String,
     #[serde(default)]
     namespaces: Vec<String>,
+    /// `all`: a client that sees and decides for every session (an operator); `own` (the
+    /// default): only the sessions it started.
+    #[serde(default)]
+    sessions: Option<SessionsScope>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum SessionsScope {
+    Own,
+    All,
 }
 
 /// The credentials `$connect` accepts: the admin token, the access file's entries, and the
@@ -303,12 +413,19 @@ impl Access {
                 }
                 _ => {}
             }
+            if c.sessions.is_some() && c.role != Role::Client {
+                return Err(bad(format!(
+                    "`sessions` is set for clients only; a {} sees every session",
+                    c.role.as_str()
+                )));
+            }
             self.credentials.push((
                 hash,
                 Principal {
                     name: c.name,
                     role: c.role,
                     namespaces,
+                    sessions_all: c.sessions == Some(SessionsScope::All),
                 },
             ));
         }

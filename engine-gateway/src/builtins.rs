@@ -69,7 +69,21 @@ async fn state_read(e: Arc<Engine>, inv: Invocation) -> HandlerResult {
 /// watches its scope.
 async fn state_write(e: Arc<Engine>, inv: Invocation) -> HandlerResult {
     let meta = write_meta_of(&e, &inv);
-    state_call(&e, inv, &meta).await
+    // A session's owner, as it is recorded: the engine filters the session's events for
+    // client subscribers by it, so it knows it before the session's first event.
+    let owner = (inv.function_id == "state::set"
+        && inv.data["scope"] == crate::engine::OWNERS_SCOPE)
+        .then(|| {
+            (
+                inv.data["key"].as_str().map(str::to_owned),
+                inv.data["value"].clone(),
+            )
+        });
+    let out = state_call(&e, inv, &meta).await;
+    if let (Ok(_), Some((Some(sid), value))) = (&out, owner) {
+        e.remember_owner(&sid, value);
+    }
+    out
 }
 
 async fn state_call(e: &Engine, inv: Invocation, meta: &WriteMeta) -> HandlerResult {

@@ -180,6 +180,7 @@ mod tests {
             name: "viewer".into(),
             role: Role::Client,
             namespaces: vec![],
+            sessions_all: false,
         }
     }
 

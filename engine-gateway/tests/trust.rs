@@ -499,7 +499,15 @@ async fn credentials_carry_roles_workers_keep_to_their_namespaces_clients_to_pub
         .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"}))
         .await;
     console.barrier().await;
-    // The subscription works: an event pushed to the group reaches the client.
+    // The subscription works: an event of the client's own session reaches it (a session's
+    // events go only to its owner among clients; `owners/<sid>` says who that is).
+    let r = admin
+        .call(
+            "state::set",
+            json!({"scope": "owners", "key": "s1", "value": {"name": "console", "role": "client"}}),
+        )
+        .await;
+    assert!(r["error"].is_null(), "{r}");
     let r = admin
         .call(
             "stream::send",

@@ -466,6 +466,7 @@ impl AwsRouter {
                         .collect()
                 })
                 .unwrap_or_default(),
+            sessions_all: body["sessions_all"].as_bool() == Some(true),
         };
         if let Ok(mut m) = self.principals.lock() {
             if m.len() > 10_000 {
@@ -506,6 +507,7 @@ impl AwsRouter {
                     "role": principal.role.as_str(),
                     "name": principal.name,
                     "namespaces": principal.namespaces,
+                    "sessions_all": principal.sessions_all,
                 });
                 if let Ok(mut m) = self.principals.lock() {
                     m.insert(connection.to_string(), principal);
@@ -649,11 +651,14 @@ impl AwsRouter {
                 };
                 let invocation_id = msg["invocation_id"].as_str().map(str::to_owned);
                 let principal = self.principal(connection).await;
+                // Who the call is made for travels on with it (a client's own identity,
+                // whatever it sent), so the workers can keep each session to its owner.
+                let baggage = principal.stamp_baggage(msg["baggage"].as_str());
                 let span = self.trace.start(
                     function_id,
                     function_id,
                     msg["traceparent"].as_str(),
-                    msg["baggage"].as_str(),
+                    baggage.as_deref(),
                 );
                 let outcome = self
                     .trace
@@ -665,7 +670,7 @@ impl AwsRouter {
                             function_id,
                             msg.get("data").cloned().unwrap_or(Value::Null),
                             traceparent,
-                            msg["baggage"].as_str().map(str::to_owned),
+                            baggage.clone(),
                         )
                     })
                     .await;

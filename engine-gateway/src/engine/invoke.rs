@@ -198,6 +198,12 @@ impl Engine {
         let caller = caller.to_string();
         let outbox = outbox.clone();
         let parent = TraceContext::from_headers(inv.traceparent.as_deref(), inv.baggage.as_deref());
+        // Who the call is made for travels on with it: a client's own identity, whatever it
+        // sent; a worker's or the admin's on-behalf-of, or itself.
+        let parent = match self.principal(&caller) {
+            Some(p) => p.stamp(parent),
+            None => parent,
+        };
         let timeout = inv.timeout_ms.map(Duration::from_millis);
         if let Err(e) = self.check_call(&caller, &inv.function_id) {
             tracing::warn!(function_id = %inv.function_id, caller = %caller, error = %e.message, "call refused");

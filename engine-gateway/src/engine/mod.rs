@@ -44,6 +44,9 @@ pub type Handler = Arc<dyn Fn(Invocation) -> BoxFuture<'static, HandlerResult> +
 /// The owner of the engine's own functions (`engine::*`, `state::*`, `stream::*`, …).
 pub const ENGINE_OWNER: &str = "engine";
 
+/// The state scope of sessions' owners (`owners/<session_id>` = `{name, role}`).
+pub const OWNERS_SCOPE: &str = "owners";
+
 /// The built-in queue that carries `durable:subscriber` copies.
 pub const DURABLE_QUEUE: &str = "iii::durable";
 /// Scope prefix of stream items in the state store (reserved: never fires state triggers).
@@ -375,6 +378,9 @@ pub struct Engine {
     pending: Mutex<HashMap<String, PendingCall>>,
     /// (stream_name, group_id or "*") → subscribed worker ids.
     stream_subs: RwLock<HashMap<(String, String), HashSet<String>>>,
+    /// Sessions' owners as read or written (an owner never changes once recorded), bounded:
+    /// what keeps a client's `agent::events` subscription to its own sessions.
+    owners: RwLock<HashMap<String, Value>>,
     /// queue → (generation, consumer task).
     consumers: Mutex<HashMap<String, (u64, JoinHandle<()>)>>,
     lambdas: Mutex<Vec<Arc<LambdaFunction>>>,
@@ -439,6 +445,7 @@ impl Engine {
             triggers: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             stream_subs: RwLock::new(HashMap::new()),
+            owners: RwLock::new(HashMap::new()),
             consumers: Mutex::new(HashMap::new()),
             lambdas: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),

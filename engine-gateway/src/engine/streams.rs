@@ -63,8 +63,33 @@ impl Engine {
                 item_id: item_id.to_string(),
                 event: event(),
             };
+            // A client sees only its own sessions' events, whatever it subscribed to (a
+            // subscription to every session, or one made before the session existed).
+            let mut unknown_owner = Vec::new();
             for w in subscribers {
-                self.push(&w, &msg);
+                match self.subscriber_sees(&w, stream_name, group_id) {
+                    Some(true) => {
+                        self.push(&w, &msg);
+                    }
+                    Some(false) => {}
+                    None => unknown_owner.push(w),
+                }
+            }
+            if !unknown_owner.is_empty()
+                && let Some(engine) = self.arc()
+            {
+                let (group, msg) = (group_id.to_string(), msg.clone());
+                tokio::spawn(async move {
+                    let owner = engine.session_owner(&group).await;
+                    for w in unknown_owner {
+                        let sees = engine
+                            .principal(&w)
+                            .is_some_and(|p| p.acting().may_see(&owner));
+                        if sees {
+                            engine.push(&w, &msg);
+                        }
+                    }
+                });
             }
         }
         let functions: Vec<String> = read(&self.triggers)
@@ -110,3 +135,61 @@ impl Engine {
         }
     }
 }
+
+impl Engine {
+    /// Whether subscriber `worker_id` may get an event of `group_id` on `stream_name`:
+    /// `None` when that depends on an owner not known here yet.
+    fn subscriber_sees(&self, worker_id: &str, stream_name: &str, group_id: &str) -> Option<bool> {
+        if stream_name != crate::access::CLIENT_STREAMS[0] {
+            return Some(true);
+        }
+        let acting = self.principal(worker_id)?.acting();
+        if acting.sees_all() {
+            return Some(true);
+        }
+        let owners = read(&self.owners);
+        owners.get(group_id).map(|o| acting.is(o))
+    }
+
+    /// Remember a session's recorded owner.
+    pub fn remember_owner(&self, session_id: &str, owner: Value) {
+        if owner.is_null() {
+            return;
+        }
+        let mut owners = write(&self.owners);
+        if owners.len() >= MAX_REMEMBERED_OWNERS {
+            owners.clear();
+        }
+        owners.insert(session_id.to_string(), owner);
+    }
+
+    /// A session's recorded owner (`null`: none), from memory or the store.
+    pub async fn session_owner(&self, session_id: &str) -> Value {
+        if let Some(o) = read(&self.owners).get(session_id) {
+            return o.clone();
+        }
+        let stored = self
+            .state
+            .get(super::OWNERS_SCOPE, session_id)
+            .await
+            .ok()
+            .flatten()
+            .map(|v| v.value)
+            .unwrap_or(Value::Null);
+        self.remember_owner(session_id, stored.clone());
+        stored
+    }
+
+    /// Whether `principal` may see session `session_id` (a client: only its own).
+    pub async fn may_see_session(
+        &self,
+        principal: &crate::access::Principal,
+        session_id: &str,
+    ) -> bool {
+        let acting = principal.acting();
+        acting.sees_all() || acting.is(&self.session_owner(session_id).await)
+    }
+}
+
+/// Most session owners the engine remembers (then it forgets them all and reads again).
+const MAX_REMEMBERED_OWNERS: usize = 100_000;

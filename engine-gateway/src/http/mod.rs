@@ -158,9 +158,10 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
             )
         })?;
         let header = |name: &str| parts.headers.get(name).and_then(|h| h.to_str().ok());
+        let trace = TraceContext::from_headers(header("traceparent"), header("baggage"));
         Ok(Caller {
+            trace: principal.stamp(trace),
             principal,
-            trace: TraceContext::from_headers(header("traceparent"), header("baggage")),
         })
     }
 }

@@ -98,6 +98,9 @@ pub async fn events(
         engine.disconnect(&worker_id);
         return Err(e.into());
     }
+    // Another's session streams as one that does not exist: no backlog, and the engine never
+    // pushes its events to this subscription.
+    let visible = engine.may_see_session(&caller.principal, &sid).await;
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let lifetime = state.max_stream_lifetime;
     tokio::spawn(async move {
@@ -107,7 +110,7 @@ pub async fn events(
         let _ = tx.send(Bytes::from_static(b"retry: 1000\n\n")).await;
         // The stored backlog after the last id, a page at a time.
         let mut after = last_sent.as_ref().map(|id| format!("{prefix}{id}"));
-        loop {
+        while visible {
             let page = engine
                 .state
                 .list_page(&scope, Some(&prefix), after.as_deref(), BACKLOG_PAGE)

@@ -1,5 +1,5 @@
 //! The approval gate. `approval::resolve {session_id, function_call_id, decision:
-//! allow|deny|aborted, reason?, decided_by?}` writes `approvals/<sid>/<cid>` (the first
+//! allow|deny|aborted, reason?}` writes `approvals/<sid>/<cid>` (the first
 //! decision wins) only for a call that is parked; the turn's state trigger on `approvals`
 //! wakes the session. `approval::list_pending {session_id?}` lists parked calls.
 //!
@@ -47,6 +47,10 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
             "`function_call_id` must be a non-empty string without `/`",
         ));
     };
+    // Another's session: as if nothing were parked there.
+    if !harness_sdk::owners::may_see(&ctx, sid).await? {
+        return Ok(json!({"ok": false, "error": "not_pending"}));
+    }
     let record = ctx
         .state_get("agent", &format!("session/{sid}/turn_state"))
         .await?;
@@ -69,7 +73,11 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let value = DecisionRecord {
         decision: req.decision,
         reason: req.reason.unwrap_or_default(),
-        decided_by: req.decided_by.unwrap_or_else(|| "unknown".into()),
+        // Who decided is who called (the engine writes a client's identity; the Slack
+        // worker names the verified Slack user), never a field the caller sends.
+        decided_by: harness_sdk::owners::caller(&ctx)
+            .map(|a| a.name)
+            .unwrap_or_else(|| "harness".into()),
         decided_at: engine_gateway::trace::now_ms(),
         function_id: function_id.to_string(),
         args_hash: hash.clone(),
@@ -106,8 +114,20 @@ pub async fn list_pending(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         None => "session/".to_string(),
     };
     let items = ctx.state_list("agent", Some(&prefix)).await?;
+    let records = items["items"].as_array().cloned().unwrap_or_default();
+    let sids: Vec<String> = records
+        .iter()
+        .filter_map(|i| i["value"]["session_id"].as_str().map(str::to_owned))
+        .collect();
+    let visible = harness_sdk::owners::visible(&ctx, sids.iter().map(String::as_str)).await?;
     let mut pending = Vec::new();
-    for item in items["items"].as_array().cloned().unwrap_or_default() {
+    for item in records {
+        if !item["value"]["session_id"]
+            .as_str()
+            .is_some_and(|s| visible.contains(s))
+        {
+            continue;
+        }
         if !item["key"]
             .as_str()
             .is_some_and(|k| k.ends_with("/turn_state"))
@@ -129,7 +149,7 @@ pub fn worker() -> Worker {
         .not_for_the_agent()
         .public()
         .contract::<ResolveRequest, ResolveAnswer>();
-    d.description = Some("Decide a parked call: {session_id, function_call_id, decision: allow|deny|aborted, reason?, decided_by?} → {ok} | {ok:false, error: invalid_payload|not_pending|resume_failed}.".into());
+    d.description = Some("Decide a parked call: {session_id, function_call_id, decision: allow|deny|aborted, reason?} → {ok} | {ok:false, error: invalid_payload|not_pending|resume_failed}.".into());
     w.register_function(d, resolve);
     let mut d = RegisterFunction::new("approval::list_pending")
         .not_for_the_agent()

@@ -352,7 +352,12 @@ async fn trigger_with_defaults(
         .with_baggage(engine_gateway::trace::ATTR_SESSION_ID, &session_id)
         .with_baggage(engine_gateway::trace::ATTR_MESSAGE_ID, &message_id);
     let body = ctx.trigger("run::start", payload).await?;
-    let status = if body["started"] == true { 200 } else { 409 };
+    // 404: the id is another's session, answered as one that is not there to be started.
+    let status = match (body["started"] == true, body["reason"].as_str()) {
+        (true, _) => 200,
+        (false, Some("not_found")) => 404,
+        _ => 409,
+    };
     Ok(json!(types::TriggerAnswer {
         status_code: status,
         body,
@@ -385,6 +390,8 @@ pub fn add_trigger_with(w: &mut Worker, defaults: Value) {
 #[derive(Default)]
 pub struct UiHub {
     subs: RwLock<std::collections::HashMap<String, UiSub>>,
+    /// Sessions' owners as read (an owner never changes once recorded), bounded.
+    owners: RwLock<std::collections::HashMap<String, Value>>,
 }
 
 #[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
@@ -393,17 +400,57 @@ pub struct UiSub {
     pub all: bool,
     #[serde(default)]
     pub sessions: Vec<String>,
+    /// Who subscribed (`role:name`): a client's browser gets only its own sessions' events,
+    /// whatever it subscribed to (a subscription made before a session exists included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub viewer: Option<String>,
 }
 
+/// Most owners the UI plane remembers.
+const UI_OWNER_CACHE: usize = 10_000;
+
 impl UiHub {
-    fn targets(&self, session_id: &str) -> Vec<(String, bool)> {
+    fn targets(&self, session_id: &str) -> Vec<(String, bool, Option<String>)> {
         self.subs
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(_, s)| s.all || s.sessions.iter().any(|x| x == session_id))
-            .map(|(b, s)| (b.clone(), s.all))
+            .map(|(b, s)| (b.clone(), s.all, s.viewer.clone()))
             .collect()
+    }
+
+    /// Whether `viewer` may see `session`'s events.
+    async fn may_see(&self, ctx: &harness_sdk::Ctx, viewer: Option<&str>, session: &str) -> bool {
+        let Some(viewer) = viewer.and_then(engine_gateway::access::Acting::parse) else {
+            return true;
+        };
+        if viewer.sees_all() {
+            return true;
+        }
+        let cached = self
+            .owners
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .cloned();
+        let owner = match cached {
+            Some(o) => o,
+            None => {
+                let o = harness_sdk::owners::owner(ctx, session)
+                    .await
+                    .unwrap_or(Value::Null);
+                if !o.is_null() {
+                    let mut owners = self.owners.write().unwrap_or_else(|p| p.into_inner());
+                    if owners.len() >= UI_OWNER_CACHE {
+                        owners.clear();
+                    }
+                    owners.insert(session.to_string(), o.clone());
+                }
+                o
+            }
+        };
+        viewer.is(&owner)
     }
 }
 
@@ -418,6 +465,9 @@ async fn ui_change(
     let sub = {
         let mut subs = hub.subs.write().unwrap_or_else(|p| p.into_inner());
         let entry = subs.entry(browser.clone()).or_default();
+        if subscribe {
+            entry.viewer = harness_sdk::owners::caller(&ctx).map(|a| a.encode());
+        }
         match (&session, subscribe) {
             (None, true) => entry.all = true,
             (None, false) => {
@@ -465,7 +515,10 @@ async fn ui_on_event(
     let data = &ev["event"]["data"];
     let created = data["type"] == "turn_state_changed" && data["event_type"] == "state:created";
     let mut delivered = 0;
-    for (browser, all) in hub.targets(&session) {
+    for (browser, all, viewer) in hub.targets(&session) {
+        if !hub.may_see(&ctx, viewer.as_deref(), &session).await {
+            continue;
+        }
         let mut frames = vec![
             json!({"stream_name": ev["stream_name"], "group_id": session, "item_id": ev["item_id"], "event": ev["event"]}),
         ];

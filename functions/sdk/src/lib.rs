@@ -13,6 +13,7 @@ pub mod error;
 pub mod examples;
 pub mod lambda;
 pub mod messages;
+pub mod owners;
 pub mod remote;
 pub mod span;
 pub mod worker;

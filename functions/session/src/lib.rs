@@ -30,6 +30,15 @@ fn not_found(sid: &str) -> ErrorBody {
     ErrorBody::new("not_found", format!("session `{sid}` does not exist"))
 }
 
+/// Another's session answers exactly as one that does not exist.
+async fn visible(ctx: &Ctx, sid: &str) -> Result<(), ErrorBody> {
+    match harness_sdk::owners::may_see(ctx, sid).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(not_found(sid)),
+        Err(e) => Err(storage(e)),
+    }
+}
+
 fn entry_not_found(sid: &str, eid: &str) -> ErrorBody {
     ErrorBody::new(
         "entry_not_found",
@@ -156,6 +165,7 @@ pub async fn context_of(
 
 async fn messages(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
+    visible(&ctx, &sid).await?;
     let leaf = data["leaf_id"].as_str();
     let (leaf, path, context) = context_of(&ctx, &sid, leaf).await?;
     let (entry_ids, messages) = context.into_iter().unzip();
@@ -206,6 +216,19 @@ async fn write_copy(
     Ok(())
 }
 
+/// A fork or a clone is owned by whoever made it: the new id is claimed first, and another's
+/// id is refused as one that exists.
+async fn claim_copy(ctx: &Ctx, new_sid: &str) -> Result<(), ErrorBody> {
+    match harness_sdk::owners::claim(ctx, new_sid).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ErrorBody::new(
+            "already_exists",
+            format!("session `{new_sid}` already exists"),
+        )),
+        Err(e) => Err(storage(e)),
+    }
+}
+
 async fn fork(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let source = sid_of(&data, "source_session_id")?;
     let from = req_str(&data, "from_entry_id")?;
@@ -213,7 +236,9 @@ async fn fork(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         None | Some(Value::Null) => new_id(),
         Some(_) => sid_of(&data, "new_session_id")?,
     };
+    visible(&ctx, &source).await?;
     require_meta(&ctx, &source).await?;
+    claim_copy(&ctx, &new_sid).await?;
     let entries = load_entries(&ctx, &source).await?;
     let path = tree::path(&entries, &from).map_err(|e| tree_error(&source, e))?;
     let mut copy: Vec<Entry> = Vec::new();
@@ -261,7 +286,9 @@ async fn clone(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         None | Some(Value::Null) => new_id(),
         Some(_) => sid_of(&data, "new_session_id")?,
     };
+    visible(&ctx, &source).await?;
     require_meta(&ctx, &source).await?;
+    claim_copy(&ctx, &new_sid).await?;
     let entries = load_entries(&ctx, &source).await?;
     let leaf = tree::leaf(&entries).map(|e| e.id.clone());
     let copied = entries.len();
@@ -295,6 +322,7 @@ async fn compact(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn compactions(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
+    visible(&ctx, &sid).await?;
     require_meta(&ctx, &sid).await?;
     let list: Vec<Entry> = load_entries(&ctx, &sid)
         .await?
@@ -306,6 +334,7 @@ async fn compactions(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn tree_fn(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
+    visible(&ctx, &sid).await?;
     let meta = require_meta(&ctx, &sid).await?;
     let entries = load_entries(&ctx, &sid).await?;
     let leaf = tree::leaf(&entries).map(|e| e.id.clone());
@@ -354,6 +383,14 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         .flatten()
         .map(|i| i["value"].clone())
         .collect();
+    // Only what the caller may see, and the total counts only that.
+    let mine = harness_sdk::owners::visible(
+        &ctx,
+        sessions.iter().filter_map(|s| s["session_id"].as_str()),
+    )
+    .await
+    .map_err(storage)?;
+    sessions.retain(|s| s["session_id"].as_str().is_some_and(|id| mine.contains(id)));
     sessions.sort_by_key(|s| std::cmp::Reverse(s["updated_at_ms"].as_u64().unwrap_or(0)));
     let total = sessions.len() as u64;
     let Some(limit) = limit else {
@@ -374,6 +411,7 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 
 async fn export_html(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
+    visible(&ctx, &sid).await?;
     let (leaf, path, _) = context_of(&ctx, &sid, data["leaf_id"].as_str()).await?;
     let refs: Vec<&Entry> = path.iter().collect();
     Ok(json!({"session_id": sid, "leaf_id": leaf, "html": tree::export_html(&sid, &refs)}))
@@ -446,6 +484,14 @@ fn inbox_key(data: &Value) -> Result<String, ErrorBody> {
 
 async fn inbox_push(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let key = inbox_key(&data)?;
+    // Pushing into an id claims it; another's session is refused as one that is not there,
+    // so nobody can plant messages in a session someone else will use.
+    let sid = sid_of(&data, "session_id")?;
+    match harness_sdk::owners::claim(&ctx, &sid).await {
+        Ok(true) => {}
+        Ok(false) => return Err(not_found(&sid)),
+        Err(e) => return Err(storage(e)),
+    }
     let item = data
         .get("item")
         .filter(|v| !v.is_null())

@@ -3,7 +3,7 @@
 //! - **Webhook** ([`handle_webhook`]): slash commands `/approve <call> [reason]` and
 //!   `/deny <call> [reason]`, and the Approve/Deny buttons of a posted message. Every request
 //!   is verified first (Slack's `v0` signature, at most 5 minutes old, each signature once);
-//!   then `approval::resolve` with `decided_by` set to the Slack user. Slack wants an answer
+//!   then `approval::resolve` on behalf of the Slack user (who decided). Slack wants an answer
 //!   within 3 seconds: the resolve gets [`ACK_BUDGET`], and a slower one is acknowledged and
 //!   finished in the background, its outcome posted to the request's `response_url`.
 //!   `<call>` is `<session_id>/<function_call_id>`, or a bare call id when it is unique.
@@ -281,10 +281,15 @@ async fn resolve(ctx: &Ctx, d: &Decision) -> String {
     } else {
         format!("{} ({})", d.user_id, d.user_name)
     };
+    // Decided by the verified Slack user, an approver for every session (an operator).
     let out = ctx
+        .with_baggage(
+            engine_gateway::access::ACTING_BAGGAGE,
+            &format!("operator:slack:{who}"),
+        )
         .trigger(
             "approval::resolve",
-            json!({"session_id": sid, "function_call_id": cid, "decision": d.decision, "reason": d.reason, "decided_by": format!("slack:{who}")}),
+            json!({"session_id": sid, "function_call_id": cid, "decision": d.decision, "reason": d.reason}),
         )
         .await;
     match out {

@@ -32,6 +32,15 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         }
     }
     let sid = req.session_id.clone();
+    // The first to start a session under an id owns it; another's id is refused as one that
+    // is not there (never "busy": that would say it exists).
+    if !harness_sdk::owners::claim(&ctx, &sid).await? {
+        return Ok(json!(RunStartAnswer {
+            session_id: sid,
+            started: false,
+            reason: Some("not_found".into()),
+        }));
+    }
     let busy = json!(RunStartAnswer {
         session_id: sid.clone(),
         started: false,
@@ -146,6 +155,10 @@ pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
             commands_killed,
         })
     };
+    // Another's session answers as one that does not exist.
+    if !harness_sdk::owners::may_see(&ctx, &sid).await? {
+        return Ok(answer(false, None, None));
+    }
     for _ in 0..5 {
         let Some((mut rec, mut version)) = RecordStore::load(&ctx, &sid)
             .await
@@ -193,8 +206,21 @@ pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
 
 pub(crate) async fn get_state(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = req_str(&data, "session_id")?;
+    // Another's session answers as one that does not exist.
+    if !harness_sdk::owners::may_see(&ctx, &sid).await? {
+        return Ok(Value::Null);
+    }
     match RecordStore::load(&ctx, &sid).await {
-        Ok(Some((rec, _))) => Ok(rec.view()),
+        Ok(Some((rec, _))) => {
+            let mut view = rec.view();
+            let owner = harness_sdk::owners::owner(&ctx, &sid).await?;
+            if let Some(v) = view.as_object_mut()
+                && !owner.is_null()
+            {
+                v.insert("owner".into(), owner);
+            }
+            Ok(view)
+        }
         Ok(None) => Ok(Value::Null),
         Err(StepError::Transient(e)) => Err(e),
         Err(_) => Err(ErrorBody::new(

@@ -264,6 +264,7 @@ impl Record {
             totals: self.totals.clone(),
             started_at_ms: self.started_at_ms,
             updated_at_ms: self.updated_at_ms,
+            owner: None,
         }
     }
 }
@@ -312,6 +313,10 @@ pub struct TurnStateView {
     pub started_at_ms: u64,
     #[serde(default)]
     pub updated_at_ms: u64,
+    /// Who started the session (`{name, role}`), shown to whoever may see it
+    /// (`turn::get_state`; not on the record's change events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Value>,
 }
 
 /// `run::abort`, `turn::get_state`.
