@@ -28,27 +28,82 @@ pub fn subscription_id(connection: &str, stream: &str, group: Option<&str>) -> S
     format!("{connection}\u{1}{stream}\u{1}{}", group.unwrap_or("*"))
 }
 
-type SubscriberCache = HashMap<(String, String), (Instant, Vec<String>)>;
+/// A subscriber: its connection id, and (a client that sees only its own sessions) who it is.
+type Subscriber = (String, Option<String>);
+
+type SubscriberCache = HashMap<(String, String), (Instant, Vec<Subscriber>)>;
+
+/// Most sessions' owners a Lambda remembers (an owner never changes once recorded).
+const MAX_CACHED_OWNERS: usize = 10_000;
 
 pub struct Connections {
     client: aws_sdk_apigatewaymanagement::Client,
     registry: DynamoRegistry,
+    state: super::state::DynamoState,
     cache: Mutex<SubscriberCache>,
+    owners: Mutex<HashMap<String, Value>>,
 }
 
 impl Connections {
     /// `endpoint`: `https://{api}.execute-api.{region}.amazonaws.com/{stage}`
     /// (`WS_MANAGEMENT_ENDPOINT`).
-    pub fn new(clients: &AwsClients, registry: DynamoRegistry, endpoint: &str) -> Self {
+    pub fn new(clients: &AwsClients, names: &super::AwsNames, endpoint: &str) -> Self {
         let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&clients.config)
             .endpoint_url(endpoint)
             .interceptor(super::api_calls::CountCalls)
             .build();
         Self {
             client: aws_sdk_apigatewaymanagement::Client::from_conf(conf),
-            registry,
+            registry: DynamoRegistry::new(clients.clone(), names),
+            state: super::state::DynamoState::new(clients.clone(), names),
             cache: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A session's recorded owner (`null`: none), remembered once read.
+    async fn owner(&self, session_id: &str) -> Value {
+        if let Some(o) = self.lock_owners().get(session_id) {
+            return o.clone();
+        }
+        use crate::state::StateStore;
+        let owner = self
+            .state
+            .get(crate::engine::OWNERS_SCOPE, session_id)
+            .await
+            .ok()
+            .flatten()
+            .map(|v| v.value)
+            .unwrap_or(Value::Null);
+        if !owner.is_null() {
+            let mut owners = self.lock_owners();
+            if owners.len() >= MAX_CACHED_OWNERS {
+                owners.clear();
+            }
+            owners.insert(session_id.to_string(), owner.clone());
+        }
+        owner
+    }
+
+    fn lock_owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Value>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Of `subs` (subscribed to `group`), the connections that may get its events: a client
+    /// only its own session's, whatever it subscribed to.
+    pub async fn allowed(&self, subs: Vec<Subscriber>, group: &str) -> Vec<String> {
+        if subs.iter().all(|(_, viewer)| viewer.is_none()) {
+            return subs.into_iter().map(|(id, _)| id).collect();
+        }
+        let owner = self.owner(group).await;
+        subs.into_iter()
+            .filter(|(_, viewer)| {
+                viewer.as_deref().is_none_or(|v| {
+                    crate::access::Acting::parse(v).is_some_and(|a| a.may_see(&owner))
+                })
+            })
+            .map(|(id, _)| id)
+            .collect()
     }
 
     /// Post a message to a connection → false when the connection is gone (then its records
@@ -95,19 +150,24 @@ impl Connections {
     /// once per [`SUBSCRIBERS_TTL`].
     pub async fn subscribers(&self, stream: &str, group: &str) -> Result<Vec<String>, String> {
         let key = (stream.to_string(), group.to_string());
-        if let Some((at, ids)) = self.lock_cache().get(&key)
-            && at.elapsed() < SUBSCRIBERS_TTL
-        {
-            return Ok(ids.clone());
-        }
-        let subs = self.subscriptions().await?;
-        let ids = subscribed(&subs, stream, group);
-        let mut cache = self.lock_cache();
-        if cache.len() >= MAX_CACHED_GROUPS {
-            cache.clear();
-        }
-        cache.insert(key, (Instant::now(), ids.clone()));
-        Ok(ids)
+        let cached = self
+            .lock_cache()
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < SUBSCRIBERS_TTL)
+            .map(|(_, subs)| subs.clone());
+        let subs = match cached {
+            Some(subs) => subs,
+            None => {
+                let subs = subscribed_with_viewers(&self.subscriptions().await?, stream, group);
+                let mut cache = self.lock_cache();
+                if cache.len() >= MAX_CACHED_GROUPS {
+                    cache.clear();
+                }
+                cache.insert(key, (Instant::now(), subs.clone()));
+                subs
+            }
+        };
+        Ok(self.allowed(subs, group).await)
     }
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, SubscriberCache> {
@@ -142,6 +202,29 @@ impl Connections {
         }
         Ok(reached)
     }
+}
+
+/// The subscribers among `subs` of `stream`'s `group`, each with the client it is when it
+/// sees only its own sessions (`viewer`).
+pub fn subscribed_with_viewers(
+    subs: &[(String, String, Value)],
+    stream: &str,
+    group: &str,
+) -> Vec<Subscriber> {
+    let mut out: Vec<Subscriber> = subs
+        .iter()
+        .filter(|(_, _, sub)| {
+            sub["stream_name"].as_str() == Some(stream)
+                && sub["group_id"].as_str().is_none_or(|g| g == group)
+        })
+        .filter_map(|(_, _, sub)| {
+            let id = sub["connection_id"].as_str()?.to_owned();
+            Some((id, sub["viewer"].as_str().map(str::to_owned)))
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The connection ids among `subs` subscribed to `stream`'s `group`.

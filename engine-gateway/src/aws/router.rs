@@ -315,11 +315,7 @@ impl AwsRouter {
     ) -> Self {
         Self {
             registry: DynamoRegistry::new(clients.clone(), names),
-            connections: Connections::new(
-                &clients,
-                DynamoRegistry::new(clients.clone(), names),
-                management_endpoint,
-            ),
+            connections: Connections::new(&clients, names, management_endpoint),
             clients,
             token,
             access: tokio::sync::OnceCell::new(),
@@ -565,12 +561,16 @@ impl AwsRouter {
         }
         let id = subscription_id(connection, stream, group);
         let outcome = if subscribe {
+            // A client that sees only its own sessions is named, so each pushed event goes
+            // to it only when the session is its own.
+            let acting = self.principal(connection).await.acting();
+            let viewer = (!acting.sees_all()).then(|| acting.encode());
             self.registry
                 .put(
                     SUBSCRIPTION,
                     &id,
                     connection,
-                    json!({"connection_id": connection, "stream_name": stream, "group_id": group}),
+                    json!({"connection_id": connection, "stream_name": stream, "group_id": group, "viewer": viewer}),
                 )
                 .await
         } else {
@@ -620,7 +620,8 @@ impl AwsRouter {
             }
         };
         for (stream, group, item, message) in &items {
-            for connection in super::connections::subscribed(&subs, stream, group) {
+            let subscribers = super::connections::subscribed_with_viewers(&subs, stream, group);
+            for connection in self.connections.allowed(subscribers, group).await {
                 let connection = connection.as_str();
                 if let Err(e) = self.post(connection, message).await {
                     tracing::warn!(error = %e, connection, stream, item, "stream event not pushed");

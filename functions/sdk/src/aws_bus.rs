@@ -25,6 +25,7 @@ pub struct AwsBus {
     queues: engine_gateway::aws::queues::SqsQueues,
     clients: AwsClients,
     registry: engine_gateway::aws::registry::DynamoRegistry,
+    names: AwsNames,
     /// Channels this Lambda created (there is no engine to hold one): the engine's own hub,
     /// whose reader is read here and whose writer is the response stream of the function the
     /// writer ref is handed to (`InvokeWithResponseStream`; see
@@ -57,7 +58,8 @@ impl AwsBus {
         Self {
             state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
             registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
-            queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names),
+            queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names.clone()),
+            names,
             channels: ChannelHub::default(),
             connections: None,
             clients,
@@ -71,7 +73,7 @@ impl AwsBus {
     pub fn with_management_endpoint(mut self, endpoint: &str) -> Self {
         self.connections = Some(engine_gateway::aws::connections::Connections::new(
             &self.clients,
-            self.registry.clone(),
+            &self.names,
             endpoint,
         ));
         self
