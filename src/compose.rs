@@ -37,6 +37,8 @@ pub struct Composition {
     pub scripted: Option<scripted_model::ScriptedModel>,
     /// One line per worker: where it runs.
     pub report: Vec<String>,
+    /// The embedded tools worker, when there is one (the terminal's session shares its root).
+    pub tools: Option<std::sync::Arc<tools_worker::Tools>>,
     _policy_watch: Option<tokio::task::JoinHandle<()>>,
     _slack_server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -236,6 +238,7 @@ pub async fn start(
     let provider = resolve_provider(cfg, env.as_ref());
     let run_defaults = run_defaults(cfg, provider);
     let mut workers = Vec::new();
+    let mut tools = None;
     let mut report = Vec::new();
     let mut policy_watch = None;
     let mut slack_server = None;
@@ -274,8 +277,17 @@ pub async fn start(
             .sandbox
             .fs_read_max_bytes
             .map_or(tools_worker::MAX_READ_BYTES, |n| n.get());
-        let tools = tools_worker::Tools::with_settings(&cfg.sandbox.workdir, sandbox, read_cap)?;
-        workers.push(embed(tools_worker::worker(tools), engine)?);
+        let mode = match cfg.sandbox.workspace {
+            config::Workspace::PerSession => tools_worker::WorkspaceMode::PerSession,
+            config::Workspace::Shared => tools_worker::WorkspaceMode::Shared,
+        };
+        let retention = std::time::Duration::from_secs(
+            cfg.sandbox.workspace_retention_hours.saturating_mul(3600),
+        );
+        let t =
+            tools_worker::Tools::build(&cfg.sandbox.workdir, sandbox, read_cap, mode, retention)?;
+        tools = Some(t.clone());
+        workers.push(embed(tools_worker::worker(t), engine)?);
     }
     if w.auth_credentials.embedded() {
         let secrets = match inputs.secrets {
@@ -377,6 +389,7 @@ pub async fn start(
         run_defaults,
         scripted,
         report,
+        tools,
         _policy_watch: policy_watch,
         _slack_server: slack_server,
     })

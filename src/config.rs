@@ -457,6 +457,25 @@ pub struct Sandbox {
     /// The most `fs::read` returns in one call.
     #[serde(default)]
     pub fs_read_max_bytes: Option<NonZeroU64>,
+    /// Where each session's agent works: `per_session` (`<workdir>/<session-id>/`, the
+    /// default) or `shared` (the working directory itself, for every session).
+    #[serde(default)]
+    pub workspace: Workspace,
+    /// How long a finished session's directory is kept before it is removed.
+    #[serde(default = "default_retention_hours")]
+    pub workspace_retention_hours: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workspace {
+    #[default]
+    PerSession,
+    Shared,
+}
+
+fn default_retention_hours() -> u64 {
+    24
 }
 
 impl Default for Sandbox {
@@ -468,6 +487,8 @@ impl Default for Sandbox {
             bwrap: None,
             limits: Limits::default(),
             fs_read_max_bytes: None,
+            workspace: Workspace::default(),
+            workspace_retention_hours: default_retention_hours(),
         }
     }
 }

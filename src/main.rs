@@ -56,6 +56,11 @@ struct Cli {
     /// `sandbox.workdir` (default ./workspace).
     #[arg(long, env = "HARNESS_WORKDIR")]
     workdir: Option<std::path::PathBuf>,
+    /// Where each session's agent works: `per_session` (`<workdir>/<session-id>/`; this
+    /// terminal's own session keeps <workdir> itself) or `shared` (<workdir> for every
+    /// session). Overrides `sandbox.workspace`.
+    #[arg(long, env = "HARNESS_WORKSPACE", value_parser = ["per_session", "shared"])]
+    workspace: Option<String>,
     /// The permissions file (overrides `policy.permissions`, default iii-permissions.yaml).
     #[arg(long, env = "HARNESS_PERMISSIONS")]
     permissions: Option<std::path::PathBuf>,
@@ -87,6 +92,11 @@ fn configuration(cli: &Cli) -> anyhow::Result<(Config, String)> {
     };
     if let Some(w) = &cli.workdir {
         cfg.sandbox.workdir = w.clone();
+    }
+    match cli.workspace.as_deref() {
+        Some("shared") => cfg.sandbox.workspace = agent_harness::config::Workspace::Shared,
+        Some("per_session") => cfg.sandbox.workspace = agent_harness::config::Workspace::PerSession,
+        _ => {}
     }
     if let Some(p) = &cli.permissions {
         cfg.policy.permissions = p.clone();
@@ -186,6 +196,11 @@ async fn main() -> anyhow::Result<()> {
         .pushes()
         .ok_or_else(|| anyhow::anyhow!("no event channel"))?;
     let sid = format!("cli-{}", engine_gateway::trace::random_hex(4));
+    // The terminal's own session works in --workdir itself, where its user looks for the
+    // agent's files; every session someone else starts gets its own directory.
+    if let Some(tools) = &composition.tools {
+        tools.share_root_with(&sid);
+    }
     client.send_raw(&Message::StreamSubscribe {
         stream_name: "agent::events".into(),
         group_id: Some(sid.clone()),

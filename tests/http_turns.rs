@@ -184,7 +184,8 @@ async fn a_turn_runs_start_to_end_over_http() {
                 && d["data"]["function_id"] == "fs::write")
     );
     assert_eq!(
-        std::fs::read_to_string(s.work.join("out.txt")).unwrap(),
+        // A session started over the HTTP API works in its own directory.
+        std::fs::read_to_string(s.work.join("h1").join("out.txt")).unwrap(),
         "over http"
     );
     let view: Value = c

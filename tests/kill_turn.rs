@@ -93,7 +93,7 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
     let ids = ["c1", "c2", "c3", "c4", "c5"];
     effect_once_cassette(dir.path(), &ids, "0.4", "five");
 
-    let harness = spawn_harness(dir.path(), &[]);
+    let harness = spawn_harness(dir.path(), &["--workspace", "shared"]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     start_scripted(&client.ctx(), "k1").await;
     let effects = dir.path().join("work/effects.log");
@@ -110,7 +110,7 @@ async fn kill_9_during_function_execute_then_every_effect_exactly_once() {
     let before = lines(&effects).len();
     assert!(before < ids.len(), "killed mid-batch ({before} done)");
 
-    let harness = spawn_harness(dir.path(), &[]);
+    let harness = spawn_harness(dir.path(), &["--workspace", "shared"]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     let state = wait_finished(
         &client.ctx(),
@@ -150,7 +150,7 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
     let (seed, mut next) = kill_schedule();
     let mut next_ms = move |lo: u64, hi: u64| lo + next() % (hi - lo);
 
-    let mut harness = spawn_harness(dir.path(), &[]);
+    let mut harness = spawn_harness(dir.path(), &["--workspace", "shared"]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     start_scripted(&client.ctx(), "soak").await;
     drop(client);
@@ -163,7 +163,7 @@ async fn five_random_kill_9s_and_the_session_still_finishes_with_every_effect_on
             lines(&dir.path().join("work/effects.log")).len(),
         ));
         harness.kill9();
-        harness = spawn_harness(dir.path(), &[]);
+        harness = spawn_harness(dir.path(), &["--workspace", "shared"]);
     }
     eprintln!("kills (ms after start, effects so far): {kills:?}");
     stopped_without_error(&harness, "soak", seed).await;
@@ -212,7 +212,7 @@ async fn kill_9s_inside_a_chain_of_fast_turns_resume_from_its_last_saved_turn() 
     .unwrap();
     let (seed, mut next) = kill_schedule();
 
-    let mut harness = spawn_harness(dir.path(), &[]);
+    let mut harness = spawn_harness(dir.path(), &["--workspace", "shared"]);
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     let r = client
         .ctx()
@@ -236,7 +236,7 @@ async fn kill_9s_inside_a_chain_of_fast_turns_resume_from_its_last_saved_turn() 
         let done = lines(&dir.path().join("work/effects.log")).len();
         kills.push(done);
         harness.kill9();
-        harness = spawn_harness(dir.path(), &[]);
+        harness = spawn_harness(dir.path(), &["--workspace", "shared"]);
     }
     eprintln!("effects at each kill: {kills:?}");
     assert!(
@@ -276,7 +276,11 @@ async fn command_dies_with_the_harness(isolation: &str) {
         json!({"turns": []}).to_string(),
     )
     .unwrap();
-    let harness = spawn_harness_env(dir.path(), &[], &[("HARNESS_SANDBOX_ISOLATION", isolation)]);
+    let harness = spawn_harness_env(
+        dir.path(),
+        &["--workspace", "shared"],
+        &[("HARNESS_SANDBOX_ISOLATION", isolation)],
+    );
     let client = connect_client("t", RemoteOptions::new(&harness.url())).await;
     let report = client
         .ctx()

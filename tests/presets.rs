@@ -165,7 +165,7 @@ async fn a_remote_policy_under_a_granted_credential_replaces_the_layer_and_start
     let view = wait_state(&ctx, "swap", "stopped").await;
     assert!(view["error"].is_null(), "{view}");
     assert_eq!(
-        std::fs::read_to_string(s.work.join("out.txt")).unwrap(),
+        std::fs::read_to_string(s.work.join("swap").join("out.txt")).unwrap(),
         "by policy-v2"
     );
     assert!(

@@ -610,3 +610,151 @@ async fn hostile_arguments_get_named_errors() {
         .unwrap_err();
     assert!(e.message.contains("at most"), "{e:?}");
 }
+
+/// Run as root with the workspace under a private (0700) directory, as a checkout in `/root`
+/// is: once, every command failed with `Permission denied` (its user could not walk the path)
+/// and Landlock was dropped without a word. Now the workspace is entered by handle, so
+/// Landlock holds there; bubblewrap (run as the sandbox user) cannot bind a path its user
+/// cannot reach, and says so, and `auto` then falls to Landlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_under_a_private_directory_works_as_root() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: not root, so no other user is involved");
+        return;
+    }
+    for iso in [Isolation::Auto, Isolation::Landlock] {
+        let dir = tempfile::tempdir().unwrap();
+        let private = dir.path().join("home");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let tools = Tools::with_sandbox(
+            private.join("checkout").join("workspace"),
+            SandboxConfig {
+                isolation: iso,
+                ..SandboxConfig::default()
+            },
+        )
+        .unwrap();
+        let report = tools.sandbox_report();
+        if report["layers"]["filesystem"] != true {
+            assert!(
+                !available(Isolation::Landlock),
+                "{iso:?}: Landlock is available here but did not come up under a private directory: {report}"
+            );
+            eprintln!("SKIPPED: {iso:?}: no filesystem layer here");
+        }
+        let r = exec(&tools, "echo ok > made.txt && cat made.txt && pwd").await;
+        assert_eq!(r["exit_code"], 0, "{iso:?}: {r}");
+        assert!(r["stdout"].as_str().unwrap().starts_with("ok"), "{r}");
+        assert!(tools.root().join("made.txt").exists());
+    }
+}
+
+/// Each session works in its own directory: neither `fs::*` nor a command of one session can
+/// read or change another's files, a fork starts from a copy its writes never touch, and a
+/// released session's directory is swept after the retention period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_session_has_its_own_directory() {
+    for iso in ISOLATIONS {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = Tools::per_session(
+            dir.path().join("workspace"),
+            SandboxConfig {
+                isolation: iso,
+                ..SandboxConfig::default()
+            },
+            tools_worker::MAX_READ_BYTES,
+            std::time::Duration::ZERO,
+        )
+        .unwrap();
+        let root = tools.root().to_path_buf();
+        let s1 = tools.space_for(Some("s1")).unwrap();
+        let s2 = tools.space_for(Some("s2")).unwrap();
+        assert_eq!(s1.dir(), root.join("s1"));
+        tools
+            .write_in(&s1, &json!({"path": "mine.txt", "content": "one"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("s1/mine.txt")).unwrap(),
+            "one"
+        );
+        // fs::* of s2 cannot name s1's files, relatively, absolutely or through a link.
+        for path in [
+            "../s1/mine.txt".to_string(),
+            root.join("s1/mine.txt").display().to_string(),
+        ] {
+            let e = tools
+                .read_in(&s2, &json!({"path": path}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, "forbidden", "{path}: {e:?}");
+        }
+        std::os::unix::fs::symlink(root.join("s1"), root.join("s2/peek")).unwrap();
+        let e = tools
+            .read_in(&s2, &json!({"path": "peek/mine.txt"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "forbidden", "{e:?}");
+        let e = tools
+            .write_in(&s2, &json!({"path": "peek/mine.txt", "content": "two"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "forbidden", "{e:?}");
+        assert_eq!(
+            std::fs::read_to_string(root.join("s1/mine.txt")).unwrap(),
+            "one"
+        );
+        // Session ids that would name something else are refused.
+        for bad in ["..", ".released", "a/b", ""] {
+            assert!(tools.space_for(Some(bad)).is_err(), "{bad}");
+        }
+        // A command of s2 cannot reach s1's files either (isolation permitting).
+        if s2.sandbox().layers().filesystem {
+            let r = tools
+                .exec_in(
+                    &json!({"command": format!("cat {}/s1/mine.txt; echo two > {}/s1/mine.txt; ls ..", root.display(), root.display()), "timeout_ms": 10_000}),
+                    Some("s2"),
+                )
+                .await
+                .unwrap();
+            assert!(
+                !r["stdout"].as_str().unwrap().contains("one"),
+                "{iso:?}: {r}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(root.join("s1/mine.txt")).unwrap(),
+                "one",
+                "{iso:?}: {r}"
+            );
+        } else {
+            eprintln!("SKIPPED: {iso:?} gives no filesystem layer here");
+        }
+        // A fork starts from a copy; its writes never change its parent's files.
+        let forked = tools.provision("s1f", Some("s1")).await.unwrap();
+        assert_eq!(forked["copied_files"], 1, "{forked}");
+        let f = tools.space_for(Some("s1f")).unwrap();
+        tools
+            .write_in(&f, &json!({"path": "mine.txt", "content": "forked"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("s1/mine.txt")).unwrap(),
+            "one"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("s1f/mine.txt")).unwrap(),
+            "forked"
+        );
+        // Released (retention zero here): its directory is swept, the others stay.
+        let r = tools.release("s1").unwrap();
+        assert_eq!(r["released"], true, "{r}");
+        assert!(!root.join("s1").exists(), "swept");
+        assert!(root.join("s1f").exists() && root.join("s2").exists());
+        // A shared session works in the root itself.
+        tools.share_root_with("cli-1");
+        assert_eq!(tools.space_for(Some("cli-1")).unwrap().dir(), root);
+    }
+}

@@ -41,6 +41,9 @@ pub async fn stack_from(
     catalog: models_catalog::Catalog,
 ) -> Stack {
     let mut cfg = Config::load(preset).unwrap();
+    // The whole-turn tests look for the agent's files in `work` itself; tests/workspaces.rs
+    // composes the per-session default.
+    cfg.sandbox.workspace = agent_harness::config::Workspace::Shared;
     stack_config(&mut cfg, permissions, catalog).await
 }
 

@@ -277,6 +277,15 @@ async fn fork(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         copy,
     )
     .await?;
+    // The fork's agent starts from a copy of its parent's working directory (best effort:
+    // the tools worker may not run); its writes never change the parent's files.
+    let _ = ctx
+        .trigger_timeout(
+            "shell::provision",
+            json!({"session_id": new_sid, "from_session_id": source}),
+            std::time::Duration::from_secs(60),
+        )
+        .await;
     Ok(json!({"session_id": new_sid, "leaf_id": from, "copied": copied, "summarized": summarized}))
 }
 

@@ -4,12 +4,16 @@
 //! group at the timeout, output capped). Default permissions allow the reads; writes and
 //! exec wait for approval.
 
+pub mod beneath;
 pub mod confine;
 pub mod landlock;
 pub mod namespaces;
 pub mod sandbox;
 pub mod seccomp;
+pub mod spaces;
 pub mod waiter;
+
+pub use spaces::{Space, WorkspaceMode};
 
 use engine_gateway::builtins::{opt_str, opt_u64, req_str};
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
@@ -26,10 +30,20 @@ pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 30_000;
 pub const MAX_EXEC_TIMEOUT_MS: u64 = 300_000;
 
 pub struct Tools {
+    /// The working directory: the shared space, and the parent of every session's own.
     root: PathBuf,
-    /// Probed off the start-up path (the probe starts a real sandbox, a few tens of ms):
-    /// the first call that needs it waits for it.
-    sandbox: engine_gateway::prewarm::Prewarmed<sandbox::Sandbox>,
+    cfg: sandbox::SandboxConfig,
+    /// The root itself as a space (the terminal's session, `shared` mode, callers that
+    /// name no session).
+    shared: Arc<Space>,
+    /// Where each session works (`sandbox.workspace`).
+    mode: WorkspaceMode,
+    /// How long a released session's directory is kept before the sweep removes it.
+    retention: Duration,
+    /// Live session spaces (their sandboxes), bounded.
+    spaces: std::sync::Mutex<std::collections::HashMap<String, Arc<Space>>>,
+    /// Sessions that work in the root itself whatever the mode (the terminal's).
+    shared_sessions: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Commands running now, by session: (command number, process group).
     running: std::sync::Mutex<std::collections::HashMap<String, Vec<(u64, u32)>>>,
     next_command: std::sync::atomic::AtomicU64,
@@ -73,54 +87,78 @@ impl Tools {
     }
 
     /// `read_cap`: the most one `fs::read` returns, unless `HARNESS_FS_READ_MAX_BYTES` says
-    /// otherwise.
+    /// otherwise. Every session works in the root (`shared`); see [`Tools::per_session`].
     pub fn with_settings(
         root: impl Into<PathBuf>,
         cfg: sandbox::SandboxConfig,
         read_cap: u64,
+    ) -> std::io::Result<Arc<Self>> {
+        Self::build(
+            root,
+            cfg,
+            read_cap,
+            WorkspaceMode::Shared,
+            spaces::DEFAULT_RETENTION,
+        )
+    }
+
+    /// Each session in its own directory under `root` (`<root>/<session-id>/`), kept for
+    /// `retention` after its run ends.
+    pub fn per_session(
+        root: impl Into<PathBuf>,
+        cfg: sandbox::SandboxConfig,
+        read_cap: u64,
+        retention: Duration,
+    ) -> std::io::Result<Arc<Self>> {
+        Self::build(root, cfg, read_cap, WorkspaceMode::PerSession, retention)
+    }
+
+    pub fn build(
+        root: impl Into<PathBuf>,
+        cfg: sandbox::SandboxConfig,
+        read_cap: u64,
+        mode: WorkspaceMode,
+        retention: Duration,
     ) -> std::io::Result<Arc<Self>> {
         let read_cap = read_cap_from_env(read_cap)?;
         let root = root.into();
         std::fs::create_dir_all(&root)?;
         let root = root.canonicalize()?;
         sandbox::Sandbox::own_for(&cfg, &root)?;
-        let workdir = root.clone();
-        let sandbox = engine_gateway::prewarm::Prewarmed::new(move || {
-            let sandbox = sandbox::Sandbox::probe(cfg.clone(), &workdir);
-            tracing::info!(
-                workdir = %workdir.display(),
-                mode = ?sandbox.mode(),
-                active = ?sandbox.layers(),
-                missing = %sandbox.layers().missing().join(", "),
-                notes = %sandbox.notes().join("; "),
-                "shell::exec sandbox"
-            );
-            sandbox
-        });
-        Ok(Arc::new(Self {
+        let shared = Space::new(root.clone(), cfg.clone(), true)?;
+        let tools = Arc::new(Self {
             root,
-            sandbox,
+            cfg,
+            shared,
+            mode,
+            retention,
+            spaces: Default::default(),
+            shared_sessions: Default::default(),
             running: Default::default(),
             next_command: Default::default(),
             read_cap,
-        }))
+        });
+        tools.sweep();
+        Ok(tools)
     }
 
     /// The uid commands run as, when it is not the harness's own.
     pub fn sandbox_owner_uid(&self) -> Option<u32> {
-        self.sandbox.get().owner()
+        self.shared.sandbox().owner()
     }
 
     /// The sandbox's layers, as `shell::sandbox` reports them.
     pub fn sandbox_report(&self) -> Value {
+        let sb = self.shared.sandbox();
         json!({
-            "mode": match self.sandbox.get().mode() { sandbox::Mode::Required => "required", sandbox::Mode::BestEffort => "best_effort" },
-            "isolation": self.sandbox.get().isolation(),
-            "layers": self.sandbox.get().layers(),
-            "missing": self.sandbox.get().layers().missing(),
-            "notes": self.sandbox.get().notes(),
-            "usable": self.sandbox.get().check().is_ok(),
+            "mode": match sb.mode() { sandbox::Mode::Required => "required", sandbox::Mode::BestEffort => "best_effort" },
+            "isolation": sb.isolation(),
+            "layers": sb.layers(),
+            "missing": sb.layers().missing(),
+            "notes": sb.notes(),
+            "usable": sb.check().is_ok(),
             "workdir": self.root.display().to_string(),
+            "workspace": match self.mode { WorkspaceMode::PerSession => "per_session", WorkspaceMode::Shared => "shared" },
         })
     }
 
@@ -128,31 +166,36 @@ impl Tools {
         &self.root
     }
 
-    fn resolve(&self, p: &str) -> Result<PathBuf, ErrorBody> {
-        confine::resolve(&self.root, p).map_err(|e| ErrorBody::new("forbidden", e.to_string()))
-    }
-
     /// Who files written for the agent belong to (the sandbox user when root).
     fn sandbox_owner(&self) -> Option<u32> {
-        self.sandbox.get().owner()
-    }
-
-    fn rel(&self, p: &std::path::Path) -> String {
-        p.strip_prefix(&self.root)
-            .map(|r| r.display().to_string())
-            .unwrap_or_default()
+        self.shared.sandbox().owner()
     }
 
     pub async fn read(&self, data: &Value) -> Result<Value, ErrorBody> {
+        self.read_in(&self.shared, data).await
+    }
+
+    pub async fn list(&self, data: &Value) -> Result<Value, ErrorBody> {
+        self.list_in(&self.shared, data).await
+    }
+
+    pub async fn write(&self, data: &Value) -> Result<Value, ErrorBody> {
+        self.write_in(&self.shared, data).await
+    }
+
+    pub async fn read_in(&self, space: &Space, data: &Value) -> Result<Value, ErrorBody> {
         let path = req_str(data, "path")?;
-        let full = self.resolve(&path)?;
+        let rel = beneath::relative(space.dir(), &path).map_err(refusal)?;
         let offset = opt_u64(data, "offset")?.unwrap_or(0);
         let limit = opt_u64(data, "limit")?
             .unwrap_or(self.read_cap)
             .min(self.read_cap);
-        let (bytes, size, start) = read_window(&full, offset, limit)
-            .await
-            .map_err(|e| io(&path, e))?;
+        let root = space.handle().map_err(|e| io(&path, e))?;
+        let (rel2, path2) = (rel.clone(), path.clone());
+        let (bytes, size, start) =
+            tokio::task::spawn_blocking(move || read_window(&root, &rel2, &path2, offset, limit))
+                .await
+                .map_err(|e| io(&path, e))??;
         let end = start + bytes.len();
         let slice = &bytes[..];
         let content = match std::str::from_utf8(slice) {
@@ -164,7 +207,7 @@ impl Tools {
             Err(_) => return Err(ErrorBody::invalid(format!("`{path}` is not UTF-8 text"))),
         };
         Ok(json!({
-            "path": self.rel(&full),
+            "path": rel.display().to_string(),
             "content": content,
             "size": size,
             "offset": start,
@@ -172,86 +215,53 @@ impl Tools {
         }))
     }
 
-    pub async fn list(&self, data: &Value) -> Result<Value, ErrorBody> {
+    pub async fn list_in(&self, space: &Space, data: &Value) -> Result<Value, ErrorBody> {
         let path = opt_str(data, "path")?.unwrap_or_else(|| ".".into());
-        let full = self.resolve(&path)?;
-        let mut rd = tokio::fs::read_dir(&full).await.map_err(|e| io(&path, e))?;
-        let mut entries = Vec::new();
-        let mut truncated = false;
-        while let Some(e) = rd.next_entry().await.map_err(|e| io(&path, e))? {
-            if entries.len() >= MAX_LIST_ENTRIES {
-                truncated = true;
-                break;
-            }
-            let meta = tokio::fs::symlink_metadata(e.path())
+        let rel = beneath::relative(space.dir(), &path).map_err(refusal)?;
+        let root = space.handle().map_err(|e| io(&path, e))?;
+        let (rel2, path2) = (rel.clone(), path.clone());
+        let (entries, truncated) =
+            tokio::task::spawn_blocking(move || list_dir(&root, &rel2, &path2))
                 .await
-                .map_err(|er| io(&path, er))?;
-            let kind = if meta.is_symlink() {
-                "symlink"
-            } else if meta.is_dir() {
-                "dir"
-            } else {
-                "file"
-            };
-            entries.push(json!({
-                "name": e.file_name().to_string_lossy(),
-                "path": self.rel(&e.path()),
-                "kind": kind,
-                "size": meta.len(),
-            }));
-        }
-        entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-        Ok(json!({"path": self.rel(&full), "entries": entries, "truncated": truncated}))
+                .map_err(|e| io(&path, e))??;
+        Ok(json!({"path": rel.display().to_string(), "entries": entries, "truncated": truncated}))
     }
 
-    pub async fn write(&self, data: &Value) -> Result<Value, ErrorBody> {
+    pub async fn write_in(&self, space: &Space, data: &Value) -> Result<Value, ErrorBody> {
         let path = req_str(data, "path")?;
         let content = req_str(data, "content")?;
-        let full = self.resolve(&path)?;
+        let rel = beneath::relative(space.dir(), &path).map_err(refusal)?;
         if content.len() > MAX_WRITE_BYTES {
             return Err(ErrorBody::invalid(format!(
                 "`content` is {} bytes; at most {MAX_WRITE_BYTES} are written per call",
                 content.len()
             )));
         }
-        if full == self.root {
+        if rel.as_os_str().is_empty() {
             return Err(ErrorBody::invalid(
                 "`path` names the working directory itself",
             ));
         }
-        if let Some(parent) = full.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| io(&path, e))?;
-        }
-        // Atomic: a reader sees the old file or the new one, never half of it. The temporary
-        // file is created new (O_EXCL) and never through a symlink (O_NOFOLLOW), so a link
-        // planted at its name cannot redirect the write.
-        let tmp = full.with_file_name(format!(
-            ".{}.tmp-{}-{}",
-            full.file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default(),
-            std::process::id(),
-            engine_gateway::trace::random_hex(4)
-        ));
-        let bytes = content.into_bytes();
-        let (tmp2, full2) = (tmp.clone(), full.clone());
+        let root = space.handle().map_err(|e| io(&path, e))?;
         let owner = self.sandbox_owner();
-        let written =
-            tokio::task::spawn_blocking(move || write_atomically(&tmp2, &full2, &bytes, owner))
-                .await
-                .map_err(|e| io(&path, e))?;
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(&path, e));
-        }
-        let content_len = std::fs::metadata(&full).map(|m| m.len()).unwrap_or(0);
-        Ok(json!({"path": self.rel(&full), "bytes_written": content_len}))
+        let bytes = content.into_bytes();
+        let (rel2, path2) = (rel.clone(), path.clone());
+        let written = tokio::task::spawn_blocking(move || {
+            write_atomically(&root, &rel2, &path2, &bytes, owner)
+        })
+        .await
+        .map_err(|e| io(&path, e))??;
+        Ok(json!({"path": rel.display().to_string(), "bytes_written": written}))
     }
 
     pub async fn exec(&self, data: &Value) -> Result<Value, ErrorBody> {
         self.exec_in(data, None).await
+    }
+
+    /// `shell::exec` in `space`, on behalf of `session`.
+    pub async fn exec_in(&self, data: &Value, session: Option<&str>) -> Result<Value, ErrorBody> {
+        let space = self.space_for(session)?;
+        self.exec_at(&space, data, session).await
     }
 
     /// Kill every command running for `session` (`run::abort`) → how many.
@@ -268,9 +278,13 @@ impl Tools {
         groups.len()
     }
 
-    /// `shell::exec` on behalf of `session` (from the call's baggage), so `shell::cancel`
-    /// can find it.
-    pub async fn exec_in(&self, data: &Value, session: Option<&str>) -> Result<Value, ErrorBody> {
+    /// `shell::exec` in `space` on behalf of `session` (so `shell::cancel` can find it).
+    pub async fn exec_at(
+        &self,
+        space: &Space,
+        data: &Value,
+        session: Option<&str>,
+    ) -> Result<Value, ErrorBody> {
         let command = req_str(data, "command")?;
         if command.trim().is_empty() {
             return Err(ErrorBody::invalid("`command` is empty"));
@@ -280,18 +294,17 @@ impl Tools {
                 .unwrap_or(DEFAULT_EXEC_TIMEOUT_MS)
                 .min(MAX_EXEC_TIMEOUT_MS),
         );
-        self.sandbox
-            .get()
+        let sandbox = space.sandbox();
+        sandbox
             .check()
             .map_err(|why| ErrorBody::new("sandbox_unavailable", why))?;
         let started = Instant::now();
         // Set by the orchestrator when a policy rule granted it (callers of shell::exec are
         // workers; clients may not call it at all).
         let network = data["sandbox"]["network"] == true;
-        let mut cmd =
-            self.sandbox.get().command(&command, network).map_err(|e| {
-                ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}"))
-            })?;
+        let mut cmd = sandbox
+            .command(&command, network)
+            .map_err(|e| ErrorBody::new("io_error", format!("cannot prepare the sandbox: {e}")))?;
         let mut child = cmd
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -401,66 +414,144 @@ impl Drop for GroupGuard {
     }
 }
 
-/// Read at most `limit` bytes at `offset` of a regular file → (bytes, file size, start).
-/// FIFOs, devices and sockets are refused: reading one could block forever or never end.
-async fn read_window(
-    path: &std::path::Path,
-    offset: u64,
-    limit: u64,
-) -> std::io::Result<(Vec<u8>, u64, usize)> {
-    use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        // O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it.
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)?;
-        let meta = f.metadata()?;
-        if !meta.is_file() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file (directories, FIFOs, devices and sockets are not read)",
-            ));
-        }
-        let size = meta.len();
-        let start = offset.min(size);
-        f.seek(SeekFrom::Start(start))?;
-        let mut buf = Vec::with_capacity(limit.min(size - start) as usize);
-        f.take(limit).read_to_end(&mut buf)?;
-        Ok((buf, size, start as usize))
-    })
-    .await
-    .map_err(std::io::Error::other)?
+/// A refusal of a path (outside, through a link) or an I/O failure, as the bus says them.
+fn refusal(e: beneath::BeneathError) -> ErrorBody {
+    if e.refused() {
+        ErrorBody::new("forbidden", e.to_string())
+    } else {
+        ErrorBody::new("io_error", e.to_string())
+    }
 }
 
-/// Write `bytes` to a new temporary file (never through a symlink), fsync it, rename it over
-/// `to`, and fsync the directory.
+/// Read at most `limit` bytes at `offset` of a regular file beneath `root` → (bytes, file
+/// size, start). FIFOs, devices and sockets are refused: reading one could block forever.
+fn read_window(
+    root: &std::os::fd::OwnedFd,
+    rel: &std::path::Path,
+    path: &str,
+    offset: u64,
+    limit: u64,
+) -> Result<(Vec<u8>, u64, usize), ErrorBody> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::{Read, Seek, SeekFrom};
+    // O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it.
+    let fd = beneath::open(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::NONBLOCK,
+        Mode::empty(),
+        path,
+    )
+    .map_err(refusal)?;
+    let mut f = std::fs::File::from(fd);
+    let meta = f.metadata().map_err(|e| io(path, e))?;
+    if !meta.is_file() {
+        return Err(io(
+            path,
+            "not a regular file (directories, FIFOs, devices and sockets are not read)",
+        ));
+    }
+    let size = meta.len();
+    let start = offset.min(size);
+    f.seek(SeekFrom::Start(start)).map_err(|e| io(path, e))?;
+    let mut buf = Vec::with_capacity(limit.min(size - start) as usize);
+    f.take(limit)
+        .read_to_end(&mut buf)
+        .map_err(|e| io(path, e))?;
+    Ok((buf, size, start as usize))
+}
+
+/// The entries of a directory beneath `root` (at most [`MAX_LIST_ENTRIES`]), each with its
+/// kind and size as it is (a link is listed as a link, never followed).
+fn list_dir(
+    root: &std::os::fd::OwnedFd,
+    rel: &std::path::Path,
+    path: &str,
+) -> Result<(Vec<Value>, bool), ErrorBody> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let fd = beneath::open(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+        path,
+    )
+    .map_err(refusal)?;
+    let dir = rustix::fs::Dir::read_from(&fd).map_err(|e| io(path, std::io::Error::from(e)))?;
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    for entry in dir {
+        let entry = entry.map_err(|e| io(path, std::io::Error::from(e)))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        if entries.len() >= MAX_LIST_ENTRIES {
+            truncated = true;
+            break;
+        }
+        let Ok(st) = rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let kind = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => "symlink",
+            FileType::Directory => "dir",
+            _ => "file",
+        };
+        entries.push(json!({
+            "name": name,
+            "path": rel.join(&name).display().to_string(),
+            "kind": kind,
+            "size": st.st_size,
+        }));
+    }
+    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    Ok((entries, truncated))
+}
+
+/// Write `bytes` to `rel` beneath `root` atomically: a new temporary file in the same
+/// directory (never through a symlink), fsynced, renamed over the name, the directory
+/// fsynced → the bytes written. Every step is relative to a directory handle, so a link
+/// swapped in meanwhile cannot redirect it.
 fn write_atomically(
-    tmp: &std::path::Path,
-    to: &std::path::Path,
+    root: &std::os::fd::OwnedFd,
+    rel: &std::path::Path,
+    path: &str,
     bytes: &[u8],
     owner: Option<u32>,
-) -> std::io::Result<()> {
+) -> Result<u64, ErrorBody> {
+    use rustix::fs::{Mode, OFlags};
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(0o644)
-        .open(tmp)?;
-    f.write_all(bytes)?;
-    if let Some(uid) = owner {
-        std::os::unix::fs::fchown(&f, Some(uid), Some(uid))?;
+    let (dir, name) = beneath::parent_dir(root, rel, path, owner).map_err(refusal)?;
+    let tmp = format!(
+        ".{}.tmp-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        engine_gateway::trace::random_hex(4)
+    );
+    let fd = rustix::fs::openat(
+        &dir,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map_err(|e| io(path, std::io::Error::from(e)))?;
+    let mut f = std::fs::File::from(fd);
+    let done = (|| -> std::io::Result<()> {
+        f.write_all(bytes)?;
+        if let Some(uid) = owner {
+            std::os::unix::fs::fchown(&f, Some(uid), Some(uid))?;
+        }
+        f.sync_all()?;
+        rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_os_str())?;
+        rustix::fs::fsync(&dir)?;
+        Ok(())
+    })();
+    if let Err(e) = done {
+        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+        return Err(io(path, e));
     }
-    f.sync_all()?;
-    std::fs::rename(tmp, to)?;
-    if let Some(dir) = to.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    Ok(bytes.len() as u64)
 }
 
 /// SIGKILL the process group the shell leads (it was started with `process_group(0)`, so
@@ -519,39 +610,63 @@ fn def(id: &str, description: &str, required: &[&str], props: Value) -> Register
     d
 }
 
+/// The session a call works for: the orchestrator's routing envelope (`session_id`, which it
+/// writes over whatever the model put there), else the call's baggage.
+fn session_of<'a>(ctx: &'a harness_sdk::Ctx, data: &'a Value) -> Option<&'a str> {
+    data["session_id"].as_str().or_else(|| ctx.session_id())
+}
+
+/// Register `id` on `w` with a handler given the call's space.
+fn space_fn<F, Fut>(w: &mut Worker, tools: &Arc<Tools>, def: RegisterFunction, f: F)
+where
+    F: Fn(Arc<Tools>, Arc<Space>, Value) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = Result<Value, ErrorBody>> + Send + 'static,
+{
+    let t = tools.clone();
+    w.register_function(def, move |c: harness_sdk::Ctx, d: Value| {
+        let (t, f) = (t.clone(), f.clone());
+        let space = t.space_for(session_of(&c, &d));
+        async move { f(t, space?, d).await }
+    });
+}
+
 pub fn worker(tools: Arc<Tools>) -> Worker {
     let mut w = Worker::new("tools");
-    let t = tools.clone();
-    w.register_function(
-        def("fs::read", "Read a UTF-8 file in the working directory (at most 256 KiB per call; offset/limit page through larger files).", &["path"], json!({"path": {"type": "string"}, "offset": {"type": "integer"}, "limit": {"type": "integer"}})),
-        move |_c, d: Value| {
-            let t = t.clone();
-            async move { t.read(&d).await }
-        },
+    space_fn(
+        &mut w,
+        &tools,
+        def(
+            "fs::read",
+            "Read a UTF-8 file in the working directory (at most 256 KiB per call; offset/limit page through larger files).",
+            &["path"],
+            json!({"path": {"type": "string"}, "offset": {"type": "integer"}, "limit": {"type": "integer"}}),
+        ),
+        |t, space, d| async move { t.read_in(&space, &d).await },
     );
-    let t = tools.clone();
-    w.register_function(
+    space_fn(
+        &mut w,
+        &tools,
         def(
             "fs::list",
             "List a directory of the working directory (at most 1000 entries).",
             &[],
             json!({"path": {"type": "string"}}),
         ),
-        move |_c, d: Value| {
-            let t = t.clone();
-            async move { t.list(&d).await }
-        },
+        |t, space, d| async move { t.list_in(&space, &d).await },
     );
-    let t = tools.clone();
-    w.register_function(
-        def("fs::write", "Write a UTF-8 file in the working directory (atomically; parent directories are created).", &["path", "content"], json!({"path": {"type": "string"}, "content": {"type": "string"}})),
-        move |_c, d: Value| {
-            let t = t.clone();
-            async move { t.write(&d).await }
-        },
+    space_fn(
+        &mut w,
+        &tools,
+        def(
+            "fs::write",
+            "Write a UTF-8 file in the working directory (atomically; parent directories are created).",
+            &["path", "content"],
+            json!({"path": {"type": "string"}, "content": {"type": "string"}}),
+        ),
+        |t, space, d| async move { t.write_in(&space, &d).await },
     );
     w.register_function(
-        def("shell::sandbox", "The isolation layers shell::exec runs in on this machine, and the working directory: {mode, layers, missing, notes, usable, workdir}.", &[], json!({})),
+        def("shell::sandbox", "The isolation layers shell::exec runs in on this machine, and the working directory: {mode, layers, missing, notes, usable, workdir, workspace}.", &[], json!({})),
         {
             let t = tools.clone();
             move |_c, _d: Value| {
@@ -566,18 +681,46 @@ pub fn worker(tools: Arc<Tools>) -> Worker {
             let t = tools.clone();
             move |c: harness_sdk::Ctx, d: Value| {
                 let t = t.clone();
-                async move { t.exec_in(&d, c.session_id()).await }
+                async move {
+                    let session = session_of(&c, &d).map(str::to_owned);
+                    t.exec_in(&d, session.as_deref()).await
+                }
+            }
+        },
+    );
+    let t = tools.clone();
+    w.register_function(
+        def("shell::cancel", "Kill every command running for a session (run::abort calls it): {session_id} → {killed}.", &["session_id"], json!({"session_id": {"type": "string"}}))
+        .not_for_the_agent(),
+        move |_c, d: Value| {
+            let t = t.clone();
+            async move {
+                let sid = req_str(&d, "session_id")?;
+                Ok(json!({"killed": t.cancel(&sid)}))
+            }
+        },
+    );
+    let t = tools.clone();
+    w.register_function(
+        def("shell::provision", "Make a session's working directory and sandbox at the start of its run (a fork's as a copy of its parent's): {session_id, from_session_id?} → {session_id, workspace, copied_files}.", &["session_id"], json!({"session_id": {"type": "string"}, "from_session_id": {"type": "string"}}))
+        .not_for_the_agent(),
+        move |_c, d: Value| {
+            let t = t.clone();
+            async move {
+                let sid = req_str(&d, "session_id")?;
+                let from = opt_str(&d, "from_session_id")?;
+                t.provision(&sid, from.as_deref()).await
             }
         },
     );
     w.register_function(
-        def("shell::cancel", "Kill every command running for a session (run::abort calls it): {session_id} → {killed}.", &["session_id"], json!({"session_id": {"type": "string"}}))
+        def("shell::release", "The run of a session ended: kill what is left of its commands, end its sandbox, keep its directory for the retention period: {session_id} → {released, killed}.", &["session_id"], json!({"session_id": {"type": "string"}}))
         .not_for_the_agent(),
         move |_c, d: Value| {
             let t = tools.clone();
             async move {
                 let sid = req_str(&d, "session_id")?;
-                Ok(json!({"killed": t.cancel(&sid)}))
+                t.release(&sid)
             }
         },
     );

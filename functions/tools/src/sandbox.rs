@@ -246,6 +246,10 @@ pub struct Sandbox {
     workdir: PathBuf,
     /// The working directory for `chdir` after entering the mount namespace.
     workdir_c: Arc<CString>,
+    /// A handle of the working directory, opened by the harness: a command enters it by
+    /// handle, so its user needs no access to the directories above it (a checkout in
+    /// `/root`, mode 0700, say), and bubblewrap binds it by handle for the same reason.
+    workdir_fd: Option<Arc<std::os::fd::OwnedFd>>,
     isolated: Isolated,
     layers: Layers,
     /// Why the layers that are missing are missing.
@@ -277,6 +281,15 @@ impl Sandbox {
         let mut sb = Sandbox {
             workdir: workdir.to_path_buf(),
             workdir_c: Arc::new(CString::new(workdir.as_os_str().as_bytes()).unwrap_or_default()),
+            workdir_fd: rustix::fs::open(
+                workdir,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .ok()
+            .map(Arc::new),
             isolated: Isolated::Process,
             layers: Layers {
                 clean_env: true,
@@ -532,7 +545,18 @@ impl Sandbox {
             cmd.args(["--symlink", to, link]);
         }
         cmd.args(["--proc", "/proc", "--tmpfs", "/tmp"]);
-        cmd.args(["--bind", &work, &work, "--chdir", &work]);
+        // Bound by handle: bubblewrap runs as the sandbox user, who may not be able to walk
+        // the path to a workspace under a private directory.
+        let bind_fd = self
+            .workdir_fd
+            .as_ref()
+            .map(|fd| std::os::fd::AsRawFd::as_raw_fd(&**fd))
+            .filter(|_| self.as_root);
+        match bind_fd {
+            Some(fd) => cmd.args(["--bind-fd", &fd.to_string(), &work]),
+            None => cmd.args(["--bind", &work, &work]),
+        };
+        cmd.args(["--chdir", &work]);
         cmd.args(["--", "/bin/sh", "-c", namespaces::HOLDER_SCRIPT]);
         if self.as_root {
             cmd.uid(self.cfg.uid).gid(self.cfg.uid);
@@ -544,9 +568,11 @@ impl Sandbox {
                     return Err(std::io::Error::last_os_error());
                 }
                 // Handed to bubblewrap: not closed at exec.
-                let flags = libc::fcntl(info_fd, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(info_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                for fd in [Some(info_fd), bind_fd].into_iter().flatten() {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -591,7 +617,9 @@ impl Sandbox {
     fn std_command(&self, command: &str, network: bool) -> std::io::Result<std::process::Command> {
         let mut c = std::process::Command::new("/bin/sh");
         c.arg("-c").arg(command).env_clear().envs(self.env());
-        c.current_dir(&self.workdir);
+        if self.workdir_fd.is_none() {
+            c.current_dir(&self.workdir);
+        }
         let (landlock, entry) = match &self.isolated {
             Isolated::Namespaces { scope, .. } => (scope.clone(), self.entry()?),
             Isolated::Landlock { rules, .. } => (Some(rules.clone()), None),
@@ -624,6 +652,7 @@ impl Sandbox {
             self.seccomp_closed.clone()
         };
         let workdir = self.workdir_c.clone();
+        let workdir_fd = self.workdir_fd.clone();
         let harness = std::process::id() as libc::pid_t;
         // SAFETY: the closure runs between fork and exec and makes only system calls on
         // memory prepared before the fork (no allocation, no locks).
@@ -655,6 +684,12 @@ impl Sandbox {
                     namespaces::enter(entry, network)?;
                     // Entering the mount namespace moved us to its root.
                     if libc::chdir(workdir.as_ptr()) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if let Some(fd) = &workdir_fd {
+                    // By handle, already as the sandbox user: it needs no access to the
+                    // directories above the workspace.
+                    if libc::fchdir(std::os::fd::AsRawFd::as_raw_fd(&**fd)) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }

@@ -21,10 +21,20 @@ pub(crate) async fn provisioning(
         .as_ref()
         .and_then(|v| v["body"].as_str().or(v["index"].as_str()))
         .map(str::to_owned);
-    // Where the tools worker works (best effort: it may not run).
-    let workdir = best_effort(ctx, "shell::sandbox", json!({}))
-        .await
-        .and_then(|v| v["workdir"].as_str().map(str::to_owned));
+    // The session's working directory and sandbox, made now (best effort: the tools worker
+    // may not run, and makes it on the first call anyway); the prompt names where it is.
+    let provisioned = best_effort(
+        ctx,
+        "shell::provision",
+        json!({"session_id": rec.session_id}),
+    )
+    .await;
+    let workdir = match provisioned.and_then(|v| v["workdir"].as_str().map(str::to_owned)) {
+        Some(w) => Some(w),
+        None => best_effort(ctx, "shell::sandbox", json!({}))
+            .await
+            .and_then(|v| v["workdir"].as_str().map(str::to_owned)),
+    };
     let system_prompt = Some(match &req.system_prompt {
         Some(verbatim) => verbatim.clone(),
         None => prompt::system_prompt(
