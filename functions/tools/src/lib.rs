@@ -73,10 +73,35 @@ fn read_cap_from_env(default: u64) -> std::io::Result<u64> {
 impl Tools {
     /// `root` is created if missing and canonicalized; the sandbox comes from the
     /// environment (`HARNESS_SANDBOX`, …, see [`sandbox::SandboxConfig::from_env`]).
+    /// As a remote worker or a Lambda: every session in its own directory unless
+    /// `HARNESS_WORKSPACE=shared`; a released one kept `HARNESS_WORKSPACE_RETENTION_HOURS`
+    /// (default 24; a Lambda's `/tmp` is its instance's own, so 0 clears it at release).
     pub fn new(root: impl Into<PathBuf>) -> std::io::Result<Arc<Self>> {
-        let cfg = sandbox::SandboxConfig::from_env()
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        Self::with_sandbox(root, cfg)
+        let bad = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+        let cfg = sandbox::SandboxConfig::from_env().map_err(bad)?;
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let mode = match var("HARNESS_WORKSPACE") {
+            None => WorkspaceMode::PerSession,
+            Some(v) => WorkspaceMode::parse(v.trim()).ok_or_else(|| {
+                bad(format!(
+                    "HARNESS_WORKSPACE=`{v}`: use per_session or shared"
+                ))
+            })?,
+        };
+        let retention = match var("HARNESS_WORKSPACE_RETENTION_HOURS") {
+            None => spaces::DEFAULT_RETENTION,
+            Some(v) => Duration::from_secs(
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| {
+                        bad(format!(
+                            "HARNESS_WORKSPACE_RETENTION_HOURS=`{v}`: a whole number of hours"
+                        ))
+                    })?
+                    .saturating_mul(3600),
+            ),
+        };
+        Self::build(root, cfg, MAX_READ_BYTES, mode, retention)
     }
 
     pub fn with_sandbox(
