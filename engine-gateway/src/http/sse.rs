@@ -110,7 +110,8 @@ pub async fn events(
         let _ = tx.send(Bytes::from_static(b"retry: 1000\n\n")).await;
         // The stored backlog after the last id, a page at a time.
         let mut after = last_sent.as_ref().map(|id| format!("{prefix}{id}"));
-        while visible {
+        let mut more_pages = visible;
+        while more_pages {
             let page = engine
                 .state
                 .list_page(&scope, Some(&prefix), after.as_deref(), BACKLOG_PAGE)
@@ -138,9 +139,7 @@ pub async fn events(
                 last_sent = Some(item_id.to_string());
             }
             after = items.last().map(|e| e.key.clone()).or(after);
-            if !more {
-                break;
-            }
+            more_pages = more;
         }
         let deadline = tokio::time::sleep(lifetime);
         tokio::pin!(deadline);

@@ -660,15 +660,6 @@ rules:
                 "{id} {args}: {d:?}"
             );
         }
-        for (args, session) in [(own.clone(), Some("s2"))] {
-            assert!(
-                matches!(
-                    empty.decide_in("state::get", &args, session),
-                    Decision::Deny { .. }
-                ),
-                "{args} in {session:?}"
-            );
-        }
         assert!(matches!(
             decide(&p, "auth::get_token", json!({"provider": "anthropic"})),
             Decision::Deny { .. }
