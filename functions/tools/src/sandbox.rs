@@ -255,8 +255,8 @@ pub struct Sandbox {
     /// Why the layers that are missing are missing.
     notes: Vec<String>,
     /// The seccomp programs for a call with the network and for one without.
-    seccomp_open: Arc<Vec<crate::seccomp::SockFilter>>,
-    seccomp_closed: Arc<Vec<crate::seccomp::SockFilter>>,
+    seccomp_open: Arc<crate::seccomp::Filters>,
+    seccomp_closed: Arc<crate::seccomp::Filters>,
     as_root: bool,
 }
 
@@ -625,7 +625,7 @@ impl Sandbox {
             Isolated::Landlock { rules, .. } => (Some(rules.clone()), None),
             Isolated::Process => (None, None),
         };
-        self.apply_process_layers(&mut c, network, landlock, entry);
+        self.apply_process_layers(&mut c, network, landlock, entry)?;
         Ok(c)
     }
 
@@ -638,8 +638,10 @@ impl Sandbox {
         network: bool,
         landlock: Option<Arc<Ruleset>>,
         entry: Option<Arc<Entry>>,
-    ) {
+    ) -> std::io::Result<()> {
         use std::os::unix::process::CommandExt;
+        // The command's own handle of the ruleset, taken before the fork.
+        let mut landlock = landlock.map(|r| r.for_command()).transpose()?;
         if self.as_root {
             // std also drops the supplementary groups when it changes uid as root; it does
             // so before the closure below, so the namespaces are entered as that user.
@@ -700,12 +702,13 @@ impl Sandbox {
                 // Only the command is confined by Landlock and seccomp, not its waiter: in
                 // the command's own Landlock domain, `kill -9 -1` cannot reach the waiter
                 // (whose death would end the command too).
-                if let Some(rules) = &landlock {
-                    rules.restrict_self()?;
+                if let Some(rules) = landlock.take() {
+                    crate::landlock::restrict_self(rules)?;
                 }
                 crate::seccomp::install(&filter)
             });
         }
+        Ok(())
     }
 
     /// Give the working directory to the sandbox user (when root), so commands can write in

@@ -1,43 +1,42 @@
-//! A seccomp filter, written as classic BPF by hand (no C library needed): every system call
-//! a command has no business making (tracing other processes, mounting, kernel keyrings, BPF,
-//! loading kernels or modules, new namespaces, leaving its process group, io_uring, …)
-//! answers `EPERM`; without the network, `socket` answers `EACCES` for every family but
-//! `AF_UNIX`; everything else is allowed. A call from a foreign architecture ABI kills the
-//! process.
+//! The seccomp filter, built with `seccompiler` (the rust-vmm crate Firecracker uses): every
+//! system call a command has no business making (tracing other processes, mounting, kernel
+//! keyrings, BPF, loading kernels or modules, new namespaces, leaving its process group,
+//! io_uring, …) answers `EPERM`; without the network, `socket` answers `EACCES` for every
+//! family but `AF_UNIX`; `clone3` answers `ENOSYS` (its flags are in memory a filter cannot
+//! read, so the C library falls back to `clone`, whose namespace flags are refused);
+//! everything else is allowed. A call from a foreign architecture kills the process, and on
+//! x86_64 the x32 numbers of every refused call are refused too.
 //!
 //! `setsid` and `setpgid` are refused so that every process a command starts stays in its
 //! group: killing the group on a timeout or a cancel then kills all of it, with or without a
 //! PID namespace. io_uring is refused because its operations (sockets among them) bypass
 //! this filter.
+//!
+//! One filter per answer (`seccompiler` gives a filter one match action); each call matches
+//! in at most one of them, so their order does not matter.
 
-/// One classic BPF instruction (`struct sock_filter`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SockFilter {
-    pub code: u16,
-    pub jt: u8,
-    pub jf: u8,
-    pub k: u32,
-}
-
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JEQ_K: u16 = 0x15;
-const BPF_JGE_K: u16 = 0x35;
-const BPF_JSET_K: u16 = 0x45;
-const BPF_RET_K: u16 = 0x06;
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
-/// `offsetof(struct seccomp_data, nr)` and `arch`.
-const OFFSET_NR: u32 = 0;
-const OFFSET_ARCH: u32 = 4;
-/// `offsetof(struct seccomp_data, args[0])`, its low 32 bits (little-endian targets).
-const OFFSET_ARG0: u32 = 16;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use std::collections::BTreeMap;
 
 #[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xc000_003e;
+const ARCH: TargetArch = TargetArch::x86_64;
 #[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xc000_00b7;
+const ARCH: TargetArch = TargetArch::aarch64;
+
+/// The programs to install, in order.
+#[derive(Debug, Clone)]
+pub struct Filters {
+    programs: Vec<BpfProgram>,
+}
+
+impl Filters {
+    pub fn programs(&self) -> &[BpfProgram] {
+        &self.programs
+    }
+}
 
 /// Every `CLONE_NEW*` flag `clone` takes.
 const CLONE_NAMESPACES: u32 = (libc::CLONE_NEWNS
@@ -104,89 +103,92 @@ pub fn denied_syscalls() -> Vec<(&'static str, libc::c_long)> {
     v
 }
 
-/// The filter program; `network: false` also refuses every socket but `AF_UNIX`.
-pub fn filter(network: bool) -> Vec<SockFilter> {
-    let stmt = |code, k| SockFilter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jump = |code, k, jt, jf| SockFilter { code, jt, jf, k };
-    let denied = denied_syscalls();
-    let mut p = vec![
-        stmt(BPF_LD_W_ABS, OFFSET_ARCH),
-        jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0),
-        stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
-        stmt(BPF_LD_W_ABS, OFFSET_NR),
-    ];
-    // x32 system calls (x86_64 with bit 30 set) go around a filter written for x86_64.
+/// The call numbers a rule covers: the call, and on x86_64 its x32 twin (bit 30 set), which
+/// a filter keyed by number would otherwise let through.
+fn numbers(nr: libc::c_long) -> Vec<i64> {
     #[cfg(target_arch = "x86_64")]
-    p.extend([
-        jump(BPF_JGE_K, 0x4000_0000, 0, 1),
-        stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
-    ]);
-    if !network {
-        // socket(domain, …): AF_UNIX passes, any other family is refused. On a miss the
-        // accumulator still holds the call number for the checks below.
-        p.extend([
-            jump(BPF_JEQ_K, libc::SYS_socket as u32, 0, 4),
-            stmt(BPF_LD_W_ABS, OFFSET_ARG0),
-            jump(BPF_JEQ_K, libc::AF_UNIX as u32, 0, 1),
-            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
-            stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EACCES as u32),
-        ]);
-    }
-    // clone with a namespace flag is refused (unshare's twin); clone3 passes its flags in
-    // memory a filter cannot read, so it answers ENOSYS and the C library falls back to clone.
-    p.extend([
-        jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 4),
-        stmt(BPF_LD_W_ABS, OFFSET_ARG0),
-        jump(BPF_JSET_K, CLONE_NAMESPACES, 0, 1),
-        stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
-        jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1),
-        stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-    ]);
-    for (_, nr) in &denied {
-        // Equal: fall into the EPERM return right after; else skip it.
-        p.push(jump(BPF_JEQ_K, *nr as u32, 0, 1));
-        p.push(stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32));
-    }
-    p.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    p
+    return vec![nr, nr | 0x4000_0000];
+    #[cfg(not(target_arch = "x86_64"))]
+    return vec![nr];
 }
 
-/// Install `prog` on the calling thread (no_new_privs first, as the kernel requires of an
-/// unprivileged caller). Only system calls: safe between fork and exec.
+fn program(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> BpfProgram {
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        ARCH,
+    )
+    .unwrap_or_else(|e| unreachable!("the sandbox's seccomp rules are well formed: {e}"));
+    BpfProgram::try_from(filter)
+        .unwrap_or_else(|e| unreachable!("the sandbox's seccomp rules compile: {e}"))
+}
+
+/// The filters; `network: false` also refuses every socket but `AF_UNIX`.
+pub fn filter(network: bool) -> Filters {
+    let mut denied: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for (_, nr) in denied_syscalls() {
+        for n in numbers(nr) {
+            denied.insert(n, Vec::new());
+        }
+    }
+    // clone with any namespace flag (rules are alternatives: one per flag).
+    let clone_rules: Vec<SeccompRule> = (0..32)
+        .map(|bit| 1u64 << bit)
+        .filter(|flag| u64::from(CLONE_NAMESPACES) & flag != 0)
+        .map(|flag| {
+            SeccompRule::new(vec![
+                SeccompCondition::new(
+                    0,
+                    SeccompCmpArgLen::Qword,
+                    SeccompCmpOp::MaskedEq(flag),
+                    flag,
+                )
+                .unwrap_or_else(|e| unreachable!("a one-argument condition: {e}")),
+            ])
+            .unwrap_or_else(|e| unreachable!("a one-condition rule: {e}"))
+        })
+        .collect();
+    for n in numbers(libc::SYS_clone) {
+        denied.insert(n, clone_rules.clone());
+    }
+    let mut programs = vec![program(denied, libc::EPERM)];
+    let mut no_clone3 = BTreeMap::new();
+    for n in numbers(libc::SYS_clone3) {
+        no_clone3.insert(n, Vec::new());
+    }
+    programs.push(program(no_clone3, libc::ENOSYS));
+    if !network {
+        let not_unix = SeccompRule::new(vec![
+            SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Ne,
+                libc::AF_UNIX as u64,
+            )
+            .unwrap_or_else(|e| unreachable!("a one-argument condition: {e}")),
+        ])
+        .unwrap_or_else(|e| unreachable!("a one-condition rule: {e}"));
+        let mut sockets = BTreeMap::new();
+        for n in numbers(libc::SYS_socket) {
+            sockets.insert(n, vec![not_unix.clone()]);
+        }
+        programs.push(program(sockets, libc::EACCES));
+    }
+    Filters { programs }
+}
+
+/// Install `filters` on the calling thread (`seccompiler` sets no_new_privs first, as the
+/// kernel requires of an unprivileged caller). Only system calls: safe between fork and exec.
 ///
 /// # Safety
-/// `prog` must stay alive during the call; it is copied by the kernel.
-pub unsafe fn install(prog: &[SockFilter]) -> std::io::Result<()> {
-    #[repr(C)]
-    struct SockFprog {
-        len: u16,
-        filter: *const SockFilter,
-    }
-    let fprog = SockFprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr(),
-    };
-    // SAFETY: plain prctl calls; `fprog` points at a live program.
-    unsafe {
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER,
-            &fprog as *const SockFprog,
-            0,
-            0,
-        ) != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
+/// Called between fork and exec: `filters` was built before the fork and is only read.
+pub unsafe fn install(filters: &Filters) -> std::io::Result<()> {
+    for p in &filters.programs {
+        seccompiler::apply_filter(p).map_err(|e| match e {
+            seccompiler::Error::Seccomp(io) | seccompiler::Error::Prctl(io) => io,
+            _ => std::io::Error::other("seccomp filter refused"),
+        })?;
     }
     Ok(())
 }
@@ -196,29 +198,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_program_denies_the_listed_calls_and_allows_the_rest() {
-        let p = filter(true);
-        assert!(p.len() < 200, "a short program: {}", p.len());
-        assert_eq!(p.last().unwrap().k, SECCOMP_RET_ALLOW);
-        // Every denied call has its comparison, followed by the EPERM return.
-        for (name, nr) in denied_syscalls() {
-            let i = p
-                .iter()
-                .position(|i| i.code == BPF_JEQ_K && i.k == nr as u32 && i.jt == 0)
-                .unwrap_or_else(|| panic!("{name} is checked"));
-            assert_eq!(p[i + 1].k, SECCOMP_RET_ERRNO | libc::EPERM as u32);
-        }
-        // Without the network, the socket rule comes first and keeps the rest intact.
+    fn the_filters_build_for_both_network_settings() {
+        let open = filter(true);
         let closed = filter(false);
-        assert_eq!(closed.len(), p.len() + 5);
-        assert!(
-            p.iter()
-                .any(|i| i.code == BPF_JSET_K && i.k == CLONE_NAMESPACES)
-        );
-        assert!(
-            closed
-                .iter()
-                .any(|i| i.k == SECCOMP_RET_ERRNO | libc::EACCES as u32)
-        );
+        assert_eq!(open.programs().len(), 2, "EPERM and ENOSYS");
+        assert_eq!(closed.programs().len(), 3, "and the socket rule");
+        for p in open.programs().iter().chain(closed.programs()) {
+            assert!(!p.is_empty() && p.len() < 4096, "{}", p.len());
+        }
+        // Every refused call is in the EPERM program (its number appears as a comparison).
+        let eperm = &open.programs()[0];
+        for (name, nr) in denied_syscalls() {
+            assert!(eperm.iter().any(|i| i.k == nr as u32), "{name} is checked");
+        }
     }
 }
