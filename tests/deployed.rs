@@ -42,7 +42,9 @@ async fn a_whole_turn_through_the_deployed_shape() {
         &prefix,
         cassette,
         &[("slack/signing_secret", "0d1c2b3a49586776859a4b3c2d1e0f9a")],
-        &[("SlackApprovers", "U123")],
+        // One directory for the session, read here after its run (per-session ones are
+        // cleared when the run ends).
+        &[("SlackApprovers", "U123"), ("Workspace", "shared")],
     )
     .await;
     let sid = "dep-1";
@@ -155,7 +157,8 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
             "harness/permissions",
             "version: 1\nrules:\n  - \"shell::exec\"\n  - \"fs::read\"\n",
         )],
-        &[],
+        // The effect log is read here after the run.
+        &[("Workspace", "shared")],
     )
     .await;
     // After `up`, which declares the queue with the template's 360 s.
@@ -276,7 +279,8 @@ async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
             "harness/permissions",
             "version: 1\nrules:\n  - \"shell::exec\"\n",
         )],
-        &[],
+        // The two sessions meet at a barrier in one directory.
+        &[("Workspace", "shared")],
     )
     .await;
     s.start("dep-alpha", "task alpha").await;
@@ -310,6 +314,175 @@ async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
         "the first calls of the two sessions ran at the same time: {lines:?}"
     );
     s.deployed.shutdown();
+}
+
+/// A warm tools Lambda serving two sessions never lets one see the other's files: each works
+/// in `/tmp/work/<session-id>/` (the template's default `Workspace: per_session`), neither
+/// `fs::*` nor a command of one session reaches the other's, and a session's directory is
+/// cleared when its run ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_tools_lambda_keeps_each_sessions_files_to_itself() {
+    let Some(dir) = lambda_dir() else { return };
+    let prefix = format!("dw{}-", engine_gateway::trace::random_hex(4));
+    let workdir = workdir();
+    let secret = format!("secret of {prefix}");
+    let call_of = |id: &str, function: &str, payload: serde_json::Value| json!({"id": id, "name": "agent_trigger", "arguments": {"function": function, "payload": payload}});
+    let cassette = serde_json::from_value(json!({"turns": [
+        // Alpha writes its secret, then parks on a call that needs approval (its files stay).
+        {"when": "user~=alpha && results<1", "tool_calls": [call_of("a1", "fs::write", json!({"path": "secret.txt", "content": secret}))]},
+        {"when": "user~=alpha && results<2", "tool_calls": [call_of("a2", "fs::list", json!({}))]},
+        {"when": "user~=alpha && results>=2", "text": "alpha done."},
+        // Beta tries to read it, by fs::read and by a command, relatively and absolutely.
+        {"when": "user~=beta && results<1", "tool_calls": [call_of("b1", "fs::read", json!({"path": "../dep-alpha/secret.txt"}))]},
+        {"when": "user~=beta && results<2", "tool_calls": [call_of("b2", "fs::read", json!({"path": format!("{}/dep-alpha/secret.txt", workdir.display())}))]},
+        {"when": "user~=beta && results<3", "tool_calls": [call_of("b3", "shell::exec", json!({"command": format!("cat ../dep-alpha/secret.txt {}/dep-alpha/secret.txt; ls ..", workdir.display())}))]},
+        {"when": "user~=beta && results>=3", "text": "beta done."}
+    ]}))
+    .unwrap();
+    let hash = engine_gateway::access::hash_token;
+    let access = format!(
+        "credentials:\n  - name: bob\n    role: client\n    token_sha256: {}\n  - name: carol\n    role: client\n    token_sha256: {}\n",
+        hash("bob-secret"),
+        hash("carol-secret")
+    );
+    let mut s = bring_up(
+        dir,
+        &prefix,
+        cassette,
+        &[
+            (
+                "harness/permissions",
+                "version: 1\nrules:\n  - \"fs::write\"\n  - \"fs::read\"\n  - \"shell::exec\"\n",
+            ),
+            ("engine/access", &access),
+        ],
+        &[],
+    )
+    .await;
+    s.start("dep-alpha", "task alpha").await;
+    let parked = s
+        .wait_state(
+            "dep-alpha",
+            &["function_awaiting_approval", "stopped", "failed"],
+        )
+        .await;
+    assert_eq!(parked["state"], "function_awaiting_approval", "{parked}");
+    assert_eq!(
+        std::fs::read_to_string(workdir.join("dep-alpha/secret.txt")).unwrap(),
+        secret
+    );
+    // Beta is started by a client credential, bob: the router passes who calls, and the
+    // session is bob's (recorded in DynamoDB); carol, another client, cannot see it.
+    let mut bob = Client::connect(&s.deployed.url, "bob-secret").await;
+    let r = bob
+        .call(
+            "harness::trigger",
+            json!({"session_id": "dep-beta", "payload": {"provider": "anthropic", "model": "claude-sonnet-5-5", "messages": [{"role": "user", "content": [{"type": "text", "text": "task beta"}], "timestamp": 1}]}}),
+        )
+        .await;
+    assert_eq!(r["result"]["status_code"], 200, "{r}");
+    let done = s.wait_state("dep-beta", &["stopped", "failed"]).await;
+    assert_eq!(done["state"], "stopped", "{done}");
+    assert_eq!(
+        done["owner"],
+        json!({"name": "bob", "role": "client"}),
+        "{done}"
+    );
+    let mut carol = Client::connect(&s.deployed.url, "carol-secret").await;
+    let r = carol
+        .call("turn::get_state", json!({"session_id": "dep-beta"}))
+        .await;
+    assert!(r["error"].is_null() && r["result"].is_null(), "{r}");
+    let r = bob
+        .call("turn::get_state", json!({"session_id": "dep-beta"}))
+        .await;
+    assert_eq!(r["result"]["state"], "stopped", "{r}");
+    let events = s
+        .invoke(
+            "ev-beta",
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": "dep-beta"}),
+        )
+        .await;
+    let ends: Vec<&serde_json::Value> = events["result"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["data"])
+        .filter(|e| e["type"] == "function_execution_end")
+        .collect();
+    assert_eq!(ends.len(), 3, "{events}");
+    for end in &ends {
+        assert!(
+            !end.to_string().contains(&secret),
+            "beta saw alpha's secret: {end}"
+        );
+    }
+    assert_eq!(ends[0]["is_error"], true, "{}", ends[0]);
+    assert_eq!(ends[1]["is_error"], true, "{}", ends[1]);
+    // Beta's run ended: its directory is cleared; alpha's is still there, untouched.
+    assert!(!workdir.join("dep-beta").exists(), "cleared at release");
+    assert_eq!(
+        std::fs::read_to_string(workdir.join("dep-alpha/secret.txt")).unwrap(),
+        secret
+    );
+    // Alpha's parked call is denied; its run ends and its directory goes too.
+    let r = s
+        .invoke(
+            "deny-a2",
+            "approval::resolve",
+            json!({"session_id": "dep-alpha", "function_call_id": "a2", "decision": "deny"}),
+        )
+        .await;
+    assert_eq!(r["result"]["ok"], true, "{r}");
+    let done = s.wait_state("dep-alpha", &["stopped", "failed"]).await;
+    assert_eq!(done["state"], "stopped", "{done}");
+    assert!(!workdir.join("dep-alpha").exists(), "cleared at release");
+    s.deployed.shutdown();
+}
+
+/// A raw client of the deployed WebSocket API with its own credential.
+struct Client {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    n: u32,
+}
+
+impl Client {
+    async fn connect(url: &str, token: &str) -> Client {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("{url}/?token={token}"))
+            .await
+            .unwrap();
+        Client { ws, n: 0 }
+    }
+
+    /// Call and wait for the answer (pushes meanwhile are skipped).
+    async fn call(&mut self, function_id: &str, data: serde_json::Value) -> serde_json::Value {
+        use futures_util::SinkExt;
+        self.n += 1;
+        let id = format!("c{}", self.n);
+        self.ws
+            .send(Message::text(
+                json!({"type": "invokefunction", "invocation_id": id, "function_id": function_id, "data": data}).to_string(),
+            ))
+            .await
+            .unwrap();
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(120), self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("{function_id}: no answer within 120 s"))
+                .unwrap()
+                .unwrap();
+            let Ok(text) = m.to_text() else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+                continue;
+            };
+            if v["type"] == "invocationresult" && v["invocation_id"] == id.as_str() {
+                return v;
+            }
+        }
+    }
 }
 
 /// What the console's browser test needs: node, playwright-core (tests/console, `npm ci`) and

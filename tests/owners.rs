@@ -117,6 +117,15 @@ async fn a_client_sees_and_acts_only_on_its_own_sessions() {
             group_id: None,
         })
         .unwrap();
+    // And to every session's UI pushes (the harness's UI plane).
+    let r = b
+        .trigger(
+            "ui::subscribe",
+            json!({"browser_id": bob.worker_id(), "session_id": null}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["ok"], true, "{r}");
     // Give the subscriptions a round trip before the session starts.
     b.trigger("session-tree::list", json!({})).await.unwrap();
     a.trigger("session-tree::list", json!({})).await.unwrap();
@@ -241,8 +250,12 @@ async fn a_client_sees_and_acts_only_on_its_own_sessions() {
     while let Ok(Some(m)) =
         tokio::time::timeout(Duration::from_millis(300), bob_pushes.recv()).await
     {
-        if let Message::StreamEvent { group_id, .. } = &m {
-            panic!("bob was pushed an event of {group_id}: {m:?}");
+        match &m {
+            Message::StreamEvent { group_id, .. } => {
+                panic!("bob was pushed an event of {group_id}: {m:?}")
+            }
+            Message::Push { data } => panic!("bob was pushed a UI event: {data}"),
+            _ => {}
         }
     }
     // The admin sees every session.

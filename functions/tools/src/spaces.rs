@@ -161,8 +161,12 @@ impl Tools {
             return Ok(self.shared.clone());
         }
         valid_session(sid)?;
-        if let Some(space) = self.lock_spaces().get(sid) {
-            return Ok(space.clone());
+        if let Some(space) = self.lock_spaces().get(sid).cloned() {
+            // Another instance (a Lambda's other process) may have released and cleared it.
+            if space.dir().is_dir() {
+                return Ok(space);
+            }
+            self.lock_spaces().remove(sid);
         }
         let dir = self.root.join(sid);
         match std::fs::create_dir(&dir) {
