@@ -144,7 +144,8 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await page.locator("h1 + .badge.stopped").waitFor({ timeout: 30000 });
   await page.locator(".msg.assistant").filter({ hasText: "Done: I listed the directory" }).waitFor();
   await page.locator(".tool", { hasText: "fs::write" }).locator("summary", { hasText: "result" }).waitFor();
-  assert.ok(existsSync(join(dir, "work", "SUMMARY.md")), "the approved write ran");
+  // A session started from the console works in its own directory.
+  assert.ok(existsSync(join(dir, "work", sid, "SUMMARY.md")), "the approved write ran");
   await noErrors(page, "session");
   await shot(page, "session");
 
@@ -170,6 +171,7 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await page.waitForURL((u) => u.hash.startsWith("#/session/") && !u.hash.endsWith(encodeURIComponent(sid)));
   const forkId = decodeURIComponent(page.url().split("#/session/")[1]);
   assert.notEqual(forkId, sid);
+  assert.ok(existsSync(join(dir, "work", forkId, "SUMMARY.md")), "the fork starts from a copy of its parent's directory");
   await page.locator(".msg.user").filter({ hasText: "Summarize the working directory" }).waitFor();
   await page.locator("#say").fill("Thanks, that is all.");
   await page.getByRole("button", { name: "Send" }).click();
