@@ -310,7 +310,7 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
 
 /// `harness::trigger {session_id?, message_id?, payload}`: the entry. Seeds the session and
 /// message ids as trace baggage (so every downstream span carries them) and forwards
-/// `payload` to `run::start`; answers `{status_code: 200|409, body}`.
+/// `payload` to `run::start`; answers `{status_code: 200|404|409, body}` (404: another credential's session id).
 pub async fn harness_trigger(ctx: harness_sdk::Ctx, data: Value) -> Result<Value, ErrorBody> {
     trigger_with_defaults(&Value::Null, ctx, data).await
 }
@@ -376,7 +376,7 @@ pub fn add_trigger_with(w: &mut Worker, defaults: Value) {
         .not_for_the_agent()
         .public()
         .contract::<types::TriggerRequest, types::TriggerAnswer>();
-    d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|409, body}.".into());
+    d.description = Some("Start a run: {session_id?, message_id?, payload: run::start request} → {status_code: 200|404|409, body} (404: the id is another credential's session; 409: busy).".into());
     let defaults = Arc::new(defaults);
     w.register_function(d, move |ctx, data| {
         let defaults = defaults.clone();
