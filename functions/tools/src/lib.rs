@@ -164,6 +164,21 @@ impl Tools {
             read_cap,
         });
         tools.sweep();
+        // The retention sweep also runs on its own, so a directory is removed on time even
+        // when no run ends for a while (stops with the worker).
+        if mode == WorkspaceMode::PerSession
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let weak = Arc::downgrade(&tools);
+            let every = retention.clamp(Duration::from_secs(60), Duration::from_secs(3600));
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(tools) = weak.upgrade() else { break };
+                    let _ = tokio::task::spawn_blocking(move || tools.sweep()).await;
+                }
+            });
+        }
         Ok(tools)
     }
 
