@@ -200,20 +200,8 @@ pub async fn serve(
     let anonymous_pool =
         AnonymousPool::new(cfg.max_unauthenticated.clamp(1, cfg.max_connections.max(1)));
     loop {
-        let (stream, addr) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                // Out of file descriptors and similar: back off rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%addr, max = cfg.max_connections, "connection refused: too many open connections");
-            drop(stream);
-            continue;
-        };
+        let (stream, addr, slot) =
+            crate::http::bounded::accept_with_slot(&listener, &slots, cfg.max_connections).await;
         // Every connection starts unauthenticated, in the smaller pool, until its request
         // head shows a valid credential. A full pool makes room by closing its oldest member,
         // so slow or silent peers cannot keep a credentialed client out.

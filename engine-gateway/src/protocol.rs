@@ -111,27 +111,26 @@ impl RegisterFunction {
         }
     }
 
-    /// Mark the function callable by client credentials (`metadata.public = true`).
     /// Mark the function as for humans and the harness only (`metadata.agent: false`): the
     /// turn orchestrator never dispatches it for the model, whatever the policy answers.
-    pub fn not_for_the_agent(mut self) -> Self {
+    pub fn not_for_the_agent(self) -> Self {
+        self.with_flag(crate::access::AGENT_FLAG, false)
+    }
+
+    /// `metadata.<flag> = value`, keeping the rest of the metadata.
+    fn with_flag(mut self, flag: &str, value: bool) -> Self {
         let mut meta = match self.metadata.take() {
             Some(Value::Object(m)) => m,
             _ => serde_json::Map::new(),
         };
-        meta.insert(crate::access::AGENT_FLAG.into(), Value::Bool(false));
+        meta.insert(flag.into(), Value::Bool(value));
         self.metadata = Some(Value::Object(meta));
         self
     }
 
-    pub fn public(mut self) -> Self {
-        let mut meta = match self.metadata.take() {
-            Some(Value::Object(m)) => m,
-            _ => serde_json::Map::new(),
-        };
-        meta.insert(crate::access::PUBLIC_FLAG.into(), Value::Bool(true));
-        self.metadata = Some(Value::Object(meta));
-        self
+    /// Mark the function callable by client credentials (`metadata.public = true`).
+    pub fn public(self) -> Self {
+        self.with_flag(crate::access::PUBLIC_FLAG, true)
     }
 }
 

@@ -82,14 +82,18 @@ async fn read_body_in_time(
     }
 }
 
-/// Serve `app` on `listener` under `limits` until the listener fails.
-pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
-    let limits = Arc::new(limits);
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        limits.clone(),
-        read_body_in_time,
-    ));
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+/// The next connection that gets one of `slots` (of `max`): a failed accept (out of file
+/// descriptors, say) backs off instead of spinning, and a connection past the cap is closed
+/// at once.
+pub async fn accept_with_slot(
+    listener: &TcpListener,
+    slots: &Arc<tokio::sync::Semaphore>,
+    max: usize,
+) -> (
+    tokio::net::TcpStream,
+    std::net::SocketAddr,
+    tokio::sync::OwnedSemaphorePermit,
+) {
     loop {
         let (stream, addr) = match listener.accept().await {
             Ok(x) => x,
@@ -99,11 +103,27 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%addr, max = limits.max_connections, "connection refused: too many open connections");
-            drop(stream);
-            continue;
-        };
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => return (stream, addr, slot),
+            Err(_) => {
+                tracing::warn!(%addr, max, "connection refused: too many open connections");
+                drop(stream);
+            }
+        }
+    }
+}
+
+/// Serve `app` on `listener` under `limits` until the listener fails.
+pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
+    let limits = Arc::new(limits);
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        limits.clone(),
+        read_body_in_time,
+    ));
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let (stream, addr, slot) =
+            accept_with_slot(&listener, &slots, limits.max_connections).await;
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let header_timeout = limits.header_timeout;
         tokio::spawn(async move {

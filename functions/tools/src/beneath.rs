@@ -85,23 +85,22 @@ pub fn open<Fd: AsFd>(
     } else {
         rel
     };
-    match rustix::fs::openat2(
-        root.as_fd(),
-        target,
-        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        mode,
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    ) {
-        Err(Errno::NOSYS) => walk(root, rel, flags, mode, requested),
-        // Some kernels answer EAGAIN when a rename raced the lookup: try once more.
-        Err(Errno::AGAIN) => rustix::fs::openat2(
+    let once = || {
+        rustix::fs::openat2(
             root.as_fd(),
             target,
             flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             mode,
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
         )
-        .map_err(|e| io_err(requested, e)),
+    };
+    // Some kernels answer EAGAIN when a rename raced the lookup: try once more.
+    let first = match once() {
+        Err(Errno::AGAIN) => once(),
+        r => r,
+    };
+    match first {
+        Err(Errno::NOSYS) => walk(root, rel, flags, mode, requested),
         // `O_NOFOLLOW | O_DIRECTORY` on a link answers "not a directory": say it is a link.
         Err(Errno::NOTDIR) if flags.contains(OFlags::DIRECTORY) && is_link(&root, target) => {
             Err(BeneathError::Symlink(requested.to_string()))

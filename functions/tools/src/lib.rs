@@ -5,7 +5,6 @@
 //! exec wait for approval.
 
 pub mod beneath;
-pub mod confine;
 pub mod landlock;
 pub mod namespaces;
 pub mod sandbox;
