@@ -372,7 +372,17 @@ async fn a_warm_tools_lambda_keeps_each_sessions_files_to_itself() {
         secret
     );
     // Beta is started by a client credential, bob: the router passes who calls, and the
-    // session is bob's (recorded in DynamoDB); carol, another client, cannot see it.
+    // session is bob's (recorded in DynamoDB); carol, another client, cannot see it. This
+    // (admin) connection follows its events.
+    {
+        use futures_util::SinkExt;
+        s.ws.send(Message::text(
+            json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "dep-beta"})
+                .to_string(),
+        ))
+        .await
+        .unwrap();
+    }
     let mut bob = Client::connect(&s.deployed.url, "bob-secret").await;
     let r = bob
         .call(
@@ -397,21 +407,21 @@ async fn a_warm_tools_lambda_keeps_each_sessions_files_to_itself() {
         .call("turn::get_state", json!({"session_id": "dep-beta"}))
         .await;
     assert_eq!(r["result"]["state"], "stopped", "{r}");
-    let events = s
-        .invoke(
-            "ev-beta",
-            "stream::list",
-            json!({"stream_name": "agent::events", "group_id": "dep-beta"}),
-        )
-        .await;
-    let ends: Vec<&serde_json::Value> = events["result"]["items"]
-        .as_array()
-        .unwrap()
+    // Its stored events, as the stream router pushed them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    while let Ok(Some(Ok(Message::Text(t)))) =
+        tokio::time::timeout(Duration::from_millis(200), s.ws.next()).await
+    {
+        s.pushed.push(serde_json::from_str(&t).unwrap());
+    }
+    let ends: Vec<&serde_json::Value> = s
+        .pushed
         .iter()
-        .map(|i| &i["data"])
+        .filter(|p| p["type"] == "streamevent" && p["group_id"] == "dep-beta")
+        .map(|p| &p["event"]["data"])
         .filter(|e| e["type"] == "function_execution_end")
         .collect();
-    assert_eq!(ends.len(), 3, "{events}");
+    assert_eq!(ends.len(), 3, "{:?}", s.pushed);
     for end in &ends {
         assert!(
             !end.to_string().contains(&secret),
@@ -533,7 +543,16 @@ async fn the_console_drives_the_deployed_websocket_api() {
         ],
         ..Default::default()
     };
-    let s = bring_up(dir, &prefix, cassette, &[], &[("AllowedOrigins", &origin)]).await;
+    // The console's file is read here after its run (per-session directories are cleared
+    // when the run ends).
+    let s = bring_up(
+        dir,
+        &prefix,
+        cassette,
+        &[],
+        &[("AllowedOrigins", &origin), ("Workspace", "shared")],
+    )
+    .await;
     // A page from elsewhere is refused at $connect, whatever token it has.
     let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
         format!("{}/?token={}", s.deployed.url, s.deployed.token),

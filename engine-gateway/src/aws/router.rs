@@ -445,6 +445,7 @@ impl AwsRouter {
             .await
             .ok()
             .flatten();
+        let recorded = record.is_some();
         let body = record.map(|(_, b)| b).unwrap_or(Value::Null);
         let role = match body["role"].as_str() {
             Some("admin") => Role::Admin,
@@ -464,7 +465,8 @@ impl AwsRouter {
                 .unwrap_or_default(),
             sessions_all: body["sessions_all"].as_bool() == Some(true),
         };
-        if let Ok(mut m) = self.principals.lock() {
+        // Only a recorded connection is remembered (an unknown one stays unknown).
+        if recorded && let Ok(mut m) = self.principals.lock() {
             if m.len() > 10_000 {
                 m.clear();
             }
@@ -480,6 +482,23 @@ impl AwsRouter {
             m.remove(connection_id);
         }
         Ok(posted)
+    }
+
+    /// Whether `connection` is remembered here or recorded in the registry.
+    async fn known(&self, connection: &str) -> bool {
+        let remembered = self
+            .principals
+            .lock()
+            .ok()
+            .is_some_and(|m| m.contains_key(connection));
+        remembered
+            || self
+                .registry
+                .get("connection", connection)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
     }
 
     /// An API Gateway WebSocket event → the integration response.
@@ -558,6 +577,14 @@ impl AwsRouter {
         let group = msg["group_id"].as_str();
         if subscribe && let Err(e) = self.principal(connection).await.may_subscribe(stream) {
             return Some(json!({"type": "error", "error": e, "in_reply_to": msg["type"]}));
+        }
+        // A connection the router has no record of (gone, or its `$connect` never recorded)
+        // subscribes to nothing: its subscription would never be pushed to (an unknown
+        // connection is a client that owns no session), so never found gone and never freed.
+        if subscribe && !self.known(connection).await {
+            return Some(
+                json!({"type": "error", "error": ErrorBody::new(codes::FORBIDDEN, "this connection is not known to the router (gone?): reconnect"), "in_reply_to": msg["type"]}),
+            );
         }
         let id = subscription_id(connection, stream, group);
         let outcome = if subscribe {
