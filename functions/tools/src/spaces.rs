@@ -64,13 +64,21 @@ impl Space {
         let sandbox = engine_gateway::prewarm::Prewarmed::new(move || {
             let sandbox = Sandbox::probe(cfg.clone(), &workdir);
             let missing = sandbox.layers().missing();
-            if announce && !missing.is_empty() {
+            // An isolation that was tried and could not be made (bubblewrap under a private
+            // directory, say) is said as loudly as a missing layer, even when another one
+            // stands in for it.
+            let fell_back = sandbox
+                .notes()
+                .iter()
+                .any(|n| n.starts_with("namespaces:") || n.starts_with("landlock:"));
+            if announce && (!missing.is_empty() || fell_back) {
                 // Loudly: a layer that cannot be applied is a weaker sandbox than configured.
                 tracing::warn!(
                     workdir = %workdir.display(),
+                    isolation = sandbox.isolation(),
                     missing = %missing.join(", "),
                     why = %sandbox.notes().join("; "),
-                    "shell::exec sandbox: some isolation layers cannot be applied here"
+                    "shell::exec sandbox: an isolation or a layer cannot be applied here"
                 );
             } else if announce {
                 tracing::info!(
