@@ -228,10 +228,13 @@ impl Tools {
         sid: &str,
         from: Option<&str>,
     ) -> Result<serde_json::Value, ErrorBody> {
+        // Both ids are checked before anything is made.
+        if let Some(from) = from {
+            valid_session(from)?;
+        }
         let space = self.space_for(Some(sid))?;
         let mut copied = 0usize;
         if let Some(from) = from.filter(|f| !self.shares_root(sid) && *f != sid) {
-            valid_session(from)?;
             let source = if self.shares_root(from) {
                 self.root.clone()
             } else {

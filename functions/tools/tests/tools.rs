@@ -19,6 +19,51 @@ async fn files_and_commands_stay_in_the_working_directory() {
     let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
     let ctx = client.ctx();
 
+    // shell::provision and shell::release refuse hostile session ids and wrong types by
+    // name, and make or touch nothing for them.
+    for (id, data, says) in [
+        (
+            "shell::provision",
+            json!({"session_id": ".."}),
+            "cannot name a working directory",
+        ),
+        (
+            "shell::provision",
+            json!({"session_id": "a/b"}),
+            "cannot name a working directory",
+        ),
+        (
+            "shell::provision",
+            json!({"session_id": "x".repeat(500)}),
+            "cannot name a working directory",
+        ),
+        ("shell::provision", json!({"session_id": 7}), "session_id"),
+        ("shell::provision", json!({}), "session_id"),
+        (
+            "shell::provision",
+            json!({"session_id": "ok", "from_session_id": "../../etc"}),
+            "cannot name a working directory",
+        ),
+        (
+            "shell::release",
+            json!({"session_id": ".released"}),
+            "cannot name a working directory",
+        ),
+        (
+            "shell::release",
+            json!({"session_id": [1, 2]}),
+            "session_id",
+        ),
+    ] {
+        let e = ctx.trigger(id, data.clone()).await.unwrap_err();
+        assert!(e.to_string().contains(says), "{id} {data}: {e}");
+    }
+    let made: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(made.is_empty(), "no directory was made for them: {made:?}");
+
     let w = ctx
         .trigger(
             "fs::write",
@@ -164,6 +209,16 @@ fn bad_settings_stop_the_worker_and_say_which() {
             "HARNESS_SANDBOX_ISOLATION=`vm`",
         ),
         ("HARNESS_SANDBOX", "maybe", "HARNESS_SANDBOX=`maybe`"),
+        (
+            "HARNESS_WORKSPACE",
+            "per_sesion",
+            "HARNESS_WORKSPACE=`per_sesion`: use per_session or shared",
+        ),
+        (
+            "HARNESS_WORKSPACE_RETENTION_HOURS",
+            "soon",
+            "HARNESS_WORKSPACE_RETENTION_HOURS=`soon`",
+        ),
         ("HARNESS_SANDBOX_CPU_SECS", "-1", "HARNESS_SANDBOX_CPU_SECS"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_tools-worker"))
