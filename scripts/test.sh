@@ -74,6 +74,23 @@ venv_pid=$!; bg_pids+=("$venv_pid")
 ) > "$logs/apt.log" 2>&1 &
 apt_pid=$!; bg_pids+=("$apt_pid")
 
+# The MCP tests' reference servers (tests/mcp.rs), installed while the Rust stages compile:
+# @modelcontextprotocol/server-everything from npm (pinned by tests/mcp's lock file), and a
+# venv with the official MCP Python SDK and mcp-server-time from PyPI (tests/mcp/requirements.lock).
+mcp_venv="$CARGO_TARGET_DIR/mcp-venv"
+(
+  (cd tests/mcp && npm ci --no-audit --no-fund)
+  if ! "$mcp_venv/bin/python" -c 'import mcp, mcp_server_time' 2>/dev/null \
+     || ! cmp -s tests/mcp/requirements.lock "$mcp_venv/requirements.lock"; then
+    rm -rf "$mcp_venv"
+    python3 -m venv "$mcp_venv"
+    "$mcp_venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.lock
+    cp tests/mcp/requirements.lock "$mcp_venv/requirements.lock"
+  fi
+) > "$logs/mcp-servers.log" 2>&1 &
+mcp_pid=$!; bg_pids+=("$mcp_pid")
+export HARNESS_MCP_PYTHON="$mcp_venv/bin/python"
+
 # The console's browser test drives that chromium with playwright-core (npm, pinned by the
 # lock file; it downloads no browser), installed while the Rust stages compile.
 (cd tests/console && npm ci --no-audit --no-fund) > "$logs/npm.log" 2>&1 &
@@ -93,6 +110,7 @@ stage_done
 stage "tests (workspace, embedded backend)"
 wait "$apt_pid" || { echo "Debian packages not installed (see below); the sandbox's namespace layers are skipped"; tail -5 "$logs/apt.log"; }
 command -v bwrap >/dev/null && bwrap --version
+wait_for "MCP reference servers install" "$mcp_pid" "$logs/mcp-servers.log"
 nextest
 stage_done
 

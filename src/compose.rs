@@ -39,6 +39,8 @@ pub struct Composition {
     pub report: Vec<String>,
     /// The embedded tools worker, when there is one (the terminal's session shares its root).
     pub tools: Option<std::sync::Arc<tools_worker::Tools>>,
+    /// The embedded MCP servers, when there are any (dropped: their processes end).
+    pub mcp: Option<Arc<mcp_client::Mcp>>,
     _policy_watch: Option<tokio::task::JoinHandle<()>>,
     _slack_server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -352,6 +354,39 @@ pub async fn start(
         workers.push(handle);
     }
 
+    let mut mcp = None;
+    if w.mcp.embedded() {
+        // Its own connection reads the `${secret:…}` values through auth::get_token.
+        let vault = harness_sdk::Ctx::root(harness_sdk::embedded::EmbeddedBus::shared(
+            engine,
+            "mcp-vault",
+        ));
+        let servers = mcp_client::Mcp::start(
+            cfg.mcp_servers.clone(),
+            cfg.sandbox.workdir.clone(),
+            Arc::new(mcp_client::publish::Embedded::new(engine)),
+            mcp_client::secrets::from_vault(vault),
+        );
+        workers.push(embed(mcp_client::worker(servers.clone()), engine)?);
+        let missing = servers
+            .wait_listed(Duration::from_secs(cfg.remote_wait_secs))
+            .await;
+        for (name, why) in &missing {
+            tracing::warn!(server = %name, %why, wait_secs = cfg.remote_wait_secs, "an MCP server has not listed its tools; the worker keeps trying");
+            report.push(format!("mcp: server `{name}` not ready ({why})"));
+        }
+        let ready: Vec<String> = servers
+            .statuses()
+            .into_iter()
+            .filter(|s| s.state == "ready")
+            .map(|s| format!("{} ({} tools)", s.name, s.tools.len()))
+            .collect();
+        if !ready.is_empty() {
+            report.push(format!("mcp: {}", ready.join(", ")));
+        }
+        mcp = Some(servers);
+    }
+
     for (label, wanted) in [
         ("embedded", Placement::Embedded),
         ("remote", Placement::Remote),
@@ -390,6 +425,7 @@ pub async fn start(
         scripted,
         report,
         tools,
+        mcp,
         _policy_watch: policy_watch,
         _slack_server: slack_server,
     })

@@ -87,6 +87,9 @@ pub struct Workers {
     pub context_compaction: Placement,
     #[serde(default)]
     pub slack_approval: Placement,
+    /// The tools of the MCP servers listed under `mcp_servers`, as `mcp::<server>::<tool>`.
+    #[serde(default)]
+    pub mcp: Placement,
     /// The SDK's example worker (`example::echo`).
     #[serde(default)]
     pub echo: Placement,
@@ -118,6 +121,7 @@ impl Workers {
                 "context-compaction::compact_now",
             ),
             ("slack-approval", self.slack_approval, "slack::webhook"),
+            ("mcp", self.mcp, "mcp::servers"),
             ("echo", self.echo, "example::echo"),
         ]
     }
@@ -537,6 +541,9 @@ pub struct Config {
     pub sandbox: Sandbox,
     #[serde(default)]
     pub slack: Slack,
+    /// The MCP servers whose tools the `mcp` worker registers (see `presets/thick.yaml`).
+    #[serde(default)]
+    pub mcp_servers: Vec<mcp_client::ServerConfig>,
 }
 
 fn default_remote_wait() -> u64 {
@@ -634,6 +641,37 @@ impl Config {
                 ));
             }
         }
+        if let Err(m) = mcp_client::config::check_all(&self.mcp_servers) {
+            let path = m.split(':').next().unwrap_or("mcp_servers");
+            let index = path
+                .split_once('[')
+                .and_then(|(_, r)| r.split_once(']'))
+                .and_then(|(i, _)| i.parse::<usize>().ok());
+            return Err(
+                match index.and_then(|i| nth_item_line(text, "mcp_servers", i)) {
+                    Some(n) => format!("{m} (the entry at line {n})"),
+                    None => m,
+                },
+            );
+        }
+        if !self.mcp_servers.is_empty() && !self.workers.mcp.present() {
+            return Err(format!(
+                "{}: MCP servers are listed but the `mcp` worker is off (workers.mcp: embedded | remote | lambda)",
+                at("mcp_servers")
+            ));
+        }
+        if self.workers.mcp == Placement::Lambda
+            && let Some(s) = self
+                .mcp_servers
+                .iter()
+                .find(|s| matches!(s.transport(), mcp_client::config::Transport::Stdio(_)))
+        {
+            return Err(format!(
+                "{}: `{}` is a stdio server, and the mcp worker runs as a Lambda: a Lambda cannot keep a server process between invocations; give it a `url` (streamable HTTP) or run the worker embedded or remote",
+                at("mcp_servers"),
+                s.name
+            ));
+        }
         let mut ids = std::collections::HashSet::new();
         for (i, b) in self.budgets.iter().enumerate() {
             if !(b.ceiling_usd.is_finite() && b.ceiling_usd > 0.0) {
@@ -656,6 +694,31 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The line of the `index`th `- ` item of the top-level list `key`.
+fn nth_item_line(text: &str, key: &str, index: usize) -> Option<usize> {
+    let start = line_of(text, key)?;
+    let mut seen = 0;
+    let mut item_indent = None;
+    for (n, line) in text.lines().enumerate().skip(start) {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        if indent == 0 && !trimmed.starts_with('-') {
+            return None;
+        }
+        if trimmed.starts_with('-') && item_indent.is_none_or(|i| i == indent) {
+            item_indent = Some(indent);
+            if seen == index {
+                return Some(n + 1);
+            }
+            seen += 1;
+        }
+    }
+    None
 }
 
 /// The line (1-based) of a dotted key path in block-style YAML, to point at a field that

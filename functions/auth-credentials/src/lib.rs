@@ -40,7 +40,7 @@ pub fn env_var_for(provider: &str) -> String {
         .unwrap_or_else(|| {
             format!(
                 "{}_API_KEY",
-                provider.to_ascii_uppercase().replace('-', "_")
+                provider.to_ascii_uppercase().replace(['-', '/'], "_")
             )
         })
 }
@@ -51,14 +51,19 @@ fn secret_name(provider: &str) -> String {
 
 fn provider_of(data: &Value) -> Result<String, ErrorBody> {
     let p = req_str(data, "provider")?;
+    // `/` groups names (`mcp/issues`: an MCP server's key), never at an end or doubled, so
+    // a name is one secret's path and no other's.
     if p.is_empty()
         || p.len() > 64
-        || !p
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        || p.starts_with('/')
+        || p.ends_with('/')
+        || p.contains("//")
+        || !p.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'/'
+        })
     {
         return Err(ErrorBody::invalid(format!(
-            "`provider` must be 1-64 characters of [a-z0-9_-], got `{p}`"
+            "`provider` must be 1-64 characters of [a-z0-9_-/] (no `/` at an end or doubled), got `{p}`"
         )));
     }
     Ok(p)

@@ -111,7 +111,14 @@ async fn stored_then_env_and_no_secret_leaks() {
         .trigger("auth::get_token", json!({"provider": "Open AI"}))
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("[a-z0-9_-]"), "{e}");
+    assert!(e.to_string().contains("[a-z0-9_-/]"), "{e}");
+    for bad in ["/mcp", "mcp/", "mcp//x"] {
+        let e = ctx
+            .trigger("auth::get_token", json!({"provider": bad}))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("doubled"), "{bad}: {e}");
+    }
     let e = ctx
         .trigger(
             "auth::set_token",

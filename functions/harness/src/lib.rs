@@ -237,11 +237,37 @@ impl PolicyHolder {
     }
 
     pub fn network_granted(&self, function_id: &str, args: &Value) -> bool {
+        self.network_granted_with(function_id, args, &Value::Null)
+    }
+
+    fn network_granted_with(&self, function_id: &str, args: &Value, metadata: &Value) -> bool {
         self.state
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .policy
-            .network_granted(function_id, args)
+            .network_granted_with(function_id, args, metadata)
+    }
+
+    fn reads_metadata(&self, function_id: &str) -> bool {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .reads_metadata(function_id)
+    }
+
+    fn decide_with(
+        &self,
+        function_id: &str,
+        args: &Value,
+        session: Option<&str>,
+        metadata: &Value,
+    ) -> policy::Decision {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .decide_with(function_id, args, session, metadata)
     }
 
     pub fn status(&self) -> Value {
@@ -267,6 +293,28 @@ impl PolicyHolder {
     }
 }
 
+/// What `function_id` registered as its `metadata`; `Null` when it is not registered or the
+/// catalogue cannot be read (a rule that constrains metadata then does not match).
+async fn registered_metadata(ctx: &harness_sdk::Ctx, function_id: &str) -> Value {
+    let page = ctx
+        .trigger(
+            "engine::functions::list",
+            json!({"prefix": function_id, "limit": 1, "formats": false}),
+        )
+        .await;
+    match page {
+        Ok(p) => p["functions"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["function_id"] == function_id))
+            .map(|f| f["metadata"].clone())
+            .unwrap_or(Value::Null),
+        Err(e) => {
+            tracing::warn!(function = %function_id, error = %e, "the catalogue could not be read; rules on metadata do not match");
+            Value::Null
+        }
+    }
+}
+
 /// The policy worker over `holder`.
 pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
     use harness_sdk::contracts::policy::{CheckAnswer, CheckRequest};
@@ -279,16 +327,27 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
     );
     let h = holder.clone();
     let mut w = Worker::new("harness");
-    w.register_function(def, move |_ctx, data: Value| {
+    w.register_function(def, move |ctx, data: Value| {
         let h = h.clone();
         async move {
             let req: CheckRequest =
                 harness_sdk::contracts::parse("policy::check_permissions", data)
                     .map_err(ErrorBody::invalid)?;
             h.refresh().await;
-            let decision = h.decide_in(&req.function_id, &req.args, req.session_id.as_deref());
+            // Only when a rule asks for it: the function's registered metadata, from the
+            // engine's catalogue (not from the request, which the agent's call shaped).
+            let metadata = match h.reads_metadata(&req.function_id) {
+                true => registered_metadata(&ctx, &req.function_id).await,
+                false => Value::Null,
+            };
+            let decision = h.decide_with(
+                &req.function_id,
+                &req.args,
+                req.session_id.as_deref(),
+                &metadata,
+            );
             let network = matches!(decision, policy::Decision::Allow { .. })
-                && h.network_granted(&req.function_id, &req.args);
+                && h.network_granted_with(&req.function_id, &req.args, &metadata);
             let answer = policy::answer(decision, network);
             serde_json::to_value(answer)
                 .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))

@@ -68,6 +68,9 @@ pub struct Rule {
     /// An allow rule may open the network to the command it allows (`network: true`):
     /// `shell::exec` runs without network otherwise.
     pub network: bool,
+    /// Constraints on what the function registered in its `metadata` (an MCP tool's
+    /// `read_only`, say): the worker's claim about the function, never the agent's.
+    pub metadata: Vec<(String, Constraint)>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -144,12 +147,38 @@ impl Rule {
             action,
             args: Vec::new(),
             network: false,
+            metadata: Vec::new(),
         }
     }
 
     /// `None` when it matches; otherwise the first constraint that failed.
     fn failed_constraint(&self, args: &Value) -> Option<Value> {
-        for (field, c) in &self.args {
+        failed(&self.args, args)
+    }
+
+    fn constraint_json(&self, field: &str, c: &Constraint) -> Value {
+        constraint_json(field, c)
+    }
+
+    fn matches(&self, function_id: &str, args: &Value, metadata: &Value) -> bool {
+        pattern_matches(&self.function, function_id)
+            && self.failed_constraint(args).is_none()
+            && failed(&self.metadata, metadata).is_none()
+    }
+}
+
+fn constraint_json(field: &str, c: &Constraint) -> Value {
+    match c {
+        Constraint::Equals(v) => json!({field: {"equals": v}}),
+        Constraint::Matches(re) => json!({field: {"matches": re.as_str()}}),
+    }
+}
+
+/// The first of `constraints` that `values` fails, as JSON.
+fn failed(constraints: &[(String, Constraint)], values: &Value) -> Option<Value> {
+    {
+        let args = values;
+        for (field, c) in constraints {
             let actual = args.get(field);
             let ok = match (c, actual) {
                 (Constraint::Equals(v), Some(a)) => a == v,
@@ -160,21 +189,10 @@ impl Rule {
                 _ => false,
             };
             if !ok {
-                return Some(self.constraint_json(field, c));
+                return Some(constraint_json(field, c));
             }
         }
         None
-    }
-
-    fn constraint_json(&self, field: &str, c: &Constraint) -> Value {
-        match c {
-            Constraint::Equals(v) => json!({field: {"equals": v}}),
-            Constraint::Matches(re) => json!({field: {"matches": re.as_str()}}),
-        }
-    }
-
-    fn matches(&self, function_id: &str, args: &Value) -> bool {
-        pattern_matches(&self.function, function_id) && self.failed_constraint(args).is_none()
     }
 }
 
@@ -193,6 +211,26 @@ impl Policy {
     /// `state::list` reach only that session's keys (scope `agent`, keys under
     /// `session/<sid>/`); a file rule may allow more.
     pub fn decide_in(&self, function_id: &str, args: &Value, session: Option<&str>) -> Decision {
+        self.decide_with(function_id, args, session, &Value::Null)
+    }
+
+    /// Whether a rule that could match `function_id` reads its registered metadata (the
+    /// caller then looks it up for [`Policy::decide_with`]).
+    pub fn reads_metadata(&self, function_id: &str) -> bool {
+        self.file_rules
+            .iter()
+            .any(|r| !r.metadata.is_empty() && pattern_matches(&r.function, function_id))
+    }
+
+    /// [`Policy::decide_in`] with the function's registered `metadata` (`Null`: unknown, so
+    /// a rule that constrains it does not match).
+    pub fn decide_with(
+        &self,
+        function_id: &str,
+        args: &Value,
+        session: Option<&str>,
+        metadata: &Value,
+    ) -> Decision {
         for (i, p) in DEFAULT_DENY.iter().enumerate() {
             if pattern_matches(p, function_id) {
                 return Decision::Deny {
@@ -202,7 +240,7 @@ impl Policy {
             }
         }
         for rule in &self.file_rules {
-            if rule.matches(function_id, args) {
+            if rule.matches(function_id, args, metadata) {
                 return match rule.action {
                     Action::Allow => Decision::Allow {
                         rule_id: rule.rule_id.clone(),
@@ -251,9 +289,13 @@ impl Policy {
 
     /// Whether the file rule that allows this call grants it the network.
     pub fn network_granted(&self, function_id: &str, args: &Value) -> bool {
+        self.network_granted_with(function_id, args, &Value::Null)
+    }
+
+    pub fn network_granted_with(&self, function_id: &str, args: &Value, metadata: &Value) -> bool {
         self.file_rules
             .iter()
-            .find(|r| r.matches(function_id, args))
+            .find(|r| r.matches(function_id, args, metadata))
             .is_some_and(|r| r.action == Action::Allow && r.network)
     }
 
@@ -318,11 +360,15 @@ impl Policy {
                 serde_norway::Value::Mapping(m) => {
                     for k in m.keys() {
                         let k = k.as_str().unwrap_or("?");
-                        if !["rule_id", "function", "action", "args", "network"].contains(&k) {
+                        if ![
+                            "rule_id", "function", "action", "args", "network", "metadata",
+                        ]
+                        .contains(&k)
+                        {
                             return Err(err(
                                 line,
                                 format!(
-                                    "unknown field `{k}` (rule_id, function, action, args, network)"
+                                    "unknown field `{k}` (rule_id, function, action, args, metadata, network)"
                                 ),
                             ));
                         }
@@ -355,50 +401,14 @@ impl Policy {
                             .map(str::to_owned)
                             .ok_or_else(|| err(line, "`rule_id` must be a string".into()))?,
                     };
-                    let mut args = Vec::new();
-                    if let Some(a) = m.get("args") {
-                        let a = a.as_mapping().ok_or_else(|| {
-                            err(
-                                line,
-                                "`args` must be a mapping of field → constraint".into(),
-                            )
-                        })?;
-                        for (field, c) in a {
-                            let field = field
-                                .as_str()
-                                .ok_or_else(|| err(line, "`args` keys must be field names".into()))?
-                                .to_string();
-                            let c = c.as_mapping().ok_or_else(|| {
-                                err(line, format!("constraint on `{field}` must be {{equals: value}} or {{matches: regex}}"))
-                            })?;
-                            let constraint = match (c.get("equals"), c.get("matches"), c.len()) {
-                                (Some(v), None, 1) => Constraint::Equals(
-                                    serde_json::to_value(v)
-                                        .map_err(|e| err(line, format!("`{field}.equals`: {e}")))?,
-                                ),
-                                (None, Some(re), 1) => {
-                                    let re = re.as_str().ok_or_else(|| {
-                                        err(line, format!("`{field}.matches` must be a string"))
-                                    })?;
-                                    Constraint::Matches(Regex::new(re).map_err(|e| {
-                                        err(
-                                            line,
-                                            format!("`{field}.matches` is not a valid regex: {e}"),
-                                        )
-                                    })?)
-                                }
-                                _ => {
-                                    return Err(err(
-                                        line,
-                                        format!(
-                                            "constraint on `{field}` must be exactly one of `equals` or `matches`"
-                                        ),
-                                    ));
-                                }
-                            };
-                            args.push((field, constraint));
-                        }
-                    }
+                    let args = match m.get("args") {
+                        Some(a) => constraints(a, "args").map_err(|m| err(line, m))?,
+                        None => Vec::new(),
+                    };
+                    let metadata = match m.get("metadata") {
+                        Some(a) => constraints(a, "metadata").map_err(|m| err(line, m))?,
+                        None => Vec::new(),
+                    };
                     let network = match m.get("network") {
                         None => false,
                         Some(v) => v
@@ -414,6 +424,7 @@ impl Policy {
                         action,
                         args,
                         network,
+                        metadata,
                     }
                 }
                 other => {
@@ -427,6 +438,44 @@ impl Policy {
         }
         Ok(Policy { file_rules: out })
     }
+}
+
+/// `{field: {equals: v} | {matches: regex}}` of a rule's `args` or `metadata`.
+fn constraints(a: &serde_norway::Value, what: &str) -> Result<Vec<(String, Constraint)>, String> {
+    let a = a
+        .as_mapping()
+        .ok_or_else(|| format!("`{what}` must be a mapping of field → constraint"))?;
+    let mut out = Vec::new();
+    for (field, c) in a {
+        let field = field
+            .as_str()
+            .ok_or_else(|| format!("`{what}` keys must be field names"))?
+            .to_string();
+        let c = c.as_mapping().ok_or_else(|| {
+            format!("constraint on `{field}` must be {{equals: value}} or {{matches: regex}}")
+        })?;
+        let constraint = match (c.get("equals"), c.get("matches"), c.len()) {
+            (Some(v), None, 1) => Constraint::Equals(
+                serde_json::to_value(v).map_err(|e| format!("`{field}.equals`: {e}"))?,
+            ),
+            (None, Some(re), 1) => {
+                let re = re
+                    .as_str()
+                    .ok_or_else(|| format!("`{field}.matches` must be a string"))?;
+                Constraint::Matches(
+                    Regex::new(re)
+                        .map_err(|e| format!("`{field}.matches` is not a valid regex: {e}"))?,
+                )
+            }
+            _ => {
+                return Err(format!(
+                    "constraint on `{field}` must be exactly one of `equals` or `matches`"
+                ));
+            }
+        };
+        out.push((field, constraint));
+    }
+    Ok(out)
 }
 
 fn check_pattern(p: &str) -> Result<&str, String> {
@@ -499,6 +548,55 @@ rules:
 
     fn decide(p: &Policy, f: &str, args: Value) -> Decision {
         p.decide(f, &args)
+    }
+
+    #[test]
+    fn metadata_rules_read_what_the_function_registered() {
+        let p = Policy::parse("iii-permissions.yaml", crate::SHIPPED_PERMISSIONS).unwrap();
+        let ro = json!({"read_only": true});
+        let allowed = p.decide_with("mcp::time::get_current_time", &json!({}), None, &ro);
+        assert_eq!(
+            allowed,
+            Decision::Allow {
+                rule_id: "mcp-read-only".into()
+            }
+        );
+        assert!(p.reads_metadata("mcp::time::get_current_time"));
+        assert!(!p.reads_metadata("fs::write"));
+        // Not read-only, unknown metadata, or a non-MCP function claiming it: approval.
+        for (f, m) in [
+            ("mcp::time::set", json!({"read_only": false})),
+            ("mcp::time::get_current_time", Value::Null),
+            ("shell::exec", ro.clone()),
+        ] {
+            assert_eq!(
+                p.decide_with(f, &json!({}), None, &m),
+                Decision::NeedsApproval,
+                "{f}"
+            );
+        }
+        // A deny on a whole server goes first.
+        let deny = Policy::parse(
+            "p.yaml",
+            &crate::SHIPPED_PERMISSIONS
+                .replace("rules:\n", "rules:\n  - \"!mcp::everything::*\"\n"),
+        )
+        .unwrap();
+        assert!(matches!(
+            deny.decide_with("mcp::everything::echo", &json!({}), None, &ro),
+            Decision::Deny { .. }
+        ));
+        for bad in [
+            "version: 1\nrules:\n  - {function: \"mcp::*\", action: allow, metadata: [1]}\n",
+            "version: 1\nrules:\n  - {function: \"mcp::*\", action: allow, metadata: {read_only: {is: true}}}\n",
+        ] {
+            let e = Policy::parse("p.yaml", bad).unwrap_err();
+            assert!(
+                e.message.contains("metadata") || e.message.contains("read_only"),
+                "{e}"
+            );
+            assert_eq!(e.line, 3);
+        }
     }
 
     #[test]

@@ -81,9 +81,33 @@ enum WireBlock<'a> {
     },
     ToolResult {
         tool_use_id: &'a str,
-        content: String,
+        content: ToolResultContent<'a>,
         is_error: bool,
     },
+}
+
+/// A tool result's content: its text, or text and images (an MCP tool's picture).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ToolResultContent<'a> {
+    Text(String),
+    Blocks(Vec<WireBlock<'a>>),
+}
+
+fn tool_result_content(content: &[ContentBlock]) -> ToolResultContent<'_> {
+    if !content
+        .iter()
+        .any(|c| matches!(c, ContentBlock::Image { .. }))
+    {
+        return ToolResultContent::Text(text_of(content));
+    }
+    ToolResultContent::Blocks(
+        content
+            .iter()
+            .filter(|c| matches!(c, ContentBlock::Text { .. } | ContentBlock::Image { .. }))
+            .filter_map(block)
+            .collect(),
+    )
 }
 
 #[derive(Debug, Serialize)]
@@ -166,7 +190,7 @@ fn messages<'a>(history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
                 "user",
                 vec![WireBlock::ToolResult {
                     tool_use_id: function_call_id,
-                    content: text_of(content),
+                    content: tool_result_content(content),
                     is_error: *is_error,
                 }],
             ),

@@ -172,7 +172,15 @@ fn wire_messages<'a>(system: Option<&'a str>, history: &'a [AgentMessage]) -> Ve
     if let Some(s) = system.filter(|s| !s.is_empty()) {
         out.push(WireMessage::System { content: s });
     }
+    // Tool messages carry text only: the images of a batch's results follow them, in one
+    // user message after the batch (a message between tool results would break the turn).
+    let mut images: Vec<UserPart<'a>> = Vec::new();
     for m in history {
+        if !images.is_empty() && !matches!(m, AgentMessage::FunctionResult { .. }) {
+            out.push(WireMessage::User {
+                content: UserContent::Parts(std::mem::take(&mut images)),
+            });
+        }
         out.push(match m {
             AgentMessage::User { content, .. } => WireMessage::User {
                 content: user_content(content),
@@ -209,10 +217,31 @@ fn wire_messages<'a>(system: Option<&'a str>, history: &'a [AgentMessage]) -> Ve
                 function_call_id,
                 content,
                 ..
-            } => WireMessage::Tool {
-                tool_call_id: function_call_id,
-                content: text_of(content),
-            },
+            } => {
+                for c in content {
+                    if let ContentBlock::Image { mime, data } = c {
+                        if images.is_empty() {
+                            images.push(UserPart::Text {
+                                text: "The images the tool results above returned:",
+                            });
+                        }
+                        images.push(UserPart::ImageUrl {
+                            image_url: ImageUrl {
+                                url: format!("data:{mime};base64,{data}"),
+                            },
+                        });
+                    }
+                }
+                WireMessage::Tool {
+                    tool_call_id: function_call_id,
+                    content: text_of(content),
+                }
+            }
+        });
+    }
+    if !images.is_empty() {
+        out.push(WireMessage::User {
+            content: UserContent::Parts(images),
         });
     }
     out

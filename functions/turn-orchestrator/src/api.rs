@@ -191,6 +191,8 @@ pub(crate) async fn run_abort(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
                     .await
                     .and_then(|v| v["killed"].as_u64())
                     .unwrap_or(0);
+                // So does an MCP call in flight, cancelled on its server.
+                let _ = best_effort(&ctx, "mcp::cancel", json!({"session_id": sid})).await;
                 // And its sandbox goes with the run.
                 let _ = best_effort(&ctx, "shell::release", json!({"session_id": sid})).await;
                 return Ok(answer(true, Some(TurnState::Stopped), Some(killed)));

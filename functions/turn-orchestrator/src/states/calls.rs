@@ -114,6 +114,14 @@ fn tool_span(ctx: &Ctx, call: &Call) -> harness_sdk::span::ChildSpan {
     span.set(gen_ai::TOOL_NAME, &call.function_id);
     span.set(gen_ai::TOOL_CALL_ID, &call.function_call_id);
     span.set(gen_ai::TOOL_TYPE, "function");
+    // An MCP tool names its server too.
+    if let Some((server, _)) = call
+        .function_id
+        .strip_prefix("mcp::")
+        .and_then(|rest| rest.split_once("::"))
+    {
+        span.set("mcp.server.name", server);
+    }
     if gen_ai::capture_content() {
         span.set(gen_ai::TOOL_CALL_ARGUMENTS, redact(&call.args));
     }
@@ -135,17 +143,78 @@ pub(crate) fn emit_execution_end(rec: &mut Record, e: &Executed) {
     );
 }
 
-pub(crate) fn result_message(e: &Executed) -> AgentMessage {
+/// The most image bytes (base64) one result passes to the model as images.
+const MAX_RESULT_IMAGE_BYTES: usize = 5 * 1024 * 1024;
+
+/// The result as the model sees it: its JSON as text, and the images it carries as image
+/// blocks (MCP's `{type: "image", data, mimeType}` in a `content` list) when the model can see
+/// images (`vision`: the catalogue's word; unknown models get them). Each image's data is
+/// replaced in the text by a note, so it is not sent twice.
+pub(crate) fn result_message(e: &Executed, vision: bool) -> AgentMessage {
+    let mut shown = e.result.clone();
+    let mut images = Vec::new();
+    let mut budget = MAX_RESULT_IMAGE_BYTES;
+    if !e.is_error
+        && let Some(blocks) = shown.get_mut("content").and_then(Value::as_array_mut)
+    {
+        for b in blocks.iter_mut() {
+            if b["type"] != "image" {
+                continue;
+            }
+            let (Some(data), Some(mime)) = (b["data"].as_str(), b["mimeType"].as_str()) else {
+                continue;
+            };
+            let plausible = mime.starts_with("image/") && mime.len() < 100;
+            let note = if vision && plausible && data.len() <= budget {
+                budget -= data.len();
+                images.push(ContentBlock::Image {
+                    mime: mime.to_string(),
+                    data: data.to_string(),
+                });
+                format!("[image {} attached below]", images.len())
+            } else if !vision {
+                format!(
+                    "[an image ({mime}, {} bytes of base64) the model cannot see]",
+                    data.len()
+                )
+            } else {
+                format!(
+                    "[an image ({}, {} bytes of base64) left out]",
+                    cut(mime, 100),
+                    data.len()
+                )
+            };
+            *b = json!({"type": "text", "text": note});
+        }
+    }
+    let mut content = vec![ContentBlock::Text {
+        text: shown.to_string(),
+    }];
+    content.extend(images);
     AgentMessage::FunctionResult {
         function_call_id: e.call.function_call_id.clone(),
         function_id: e.call.function_id.clone(),
-        content: vec![ContentBlock::Text {
-            text: e.result.to_string(),
-        }],
+        content,
         details: e.result.clone(),
         is_error: e.is_error,
         timestamp: now(),
     }
+}
+
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Whether the run's model takes images: the catalogue says so, or does not know the model.
+fn vision(rec: &Record) -> bool {
+    rec.model_meta
+        .as_ref()
+        .and_then(|m| m["supports_vision"].as_bool())
+        .unwrap_or(true)
 }
 
 /// All calls of the batch are decided: append the results once, in call order.
@@ -155,7 +224,7 @@ pub(crate) async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     let mut terminate = false;
     for call in &work.prepared {
         if let Some(e) = work.executed.get(&call.function_call_id) {
-            results.push(result_message(e));
+            results.push(result_message(e, vision(rec)));
             terminate |= e.terminate;
         }
     }
