@@ -643,3 +643,97 @@ fn an_invalid_mcp_entry_stops_start_up_with_the_field_and_line() {
     let e = Config::parse(unknown, "h.yaml").unwrap_err().to_string();
     assert!(e.contains("comand"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_worker_serves_as_a_remote_worker_with_secrets_from_the_vault() {
+    // The harness without its own mcp worker: this test runs it remote, over the WebSocket.
+    let mut cfg = Config::load("thick").unwrap();
+    cfg.sandbox.workspace = agent_harness::config::Workspace::Shared;
+    let s = stack_config(
+        &mut cfg,
+        harness_worker::SHIPPED_PERMISSIONS,
+        models_catalog::Catalog::builtin(),
+    )
+    .await;
+    let ctx = s.client.ctx();
+    let stored = ctx
+        .trigger(
+            "auth::set_token",
+            json!({"provider": "mcp/everything", "type": "api_key", "key": "vault-value-42"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored["ok"], true, "{stored}");
+    let servers: Vec<mcp_client::ServerConfig> = serde_json::from_value(json!([
+        {"name": "everything", "command": ["node", everything_js(), "stdio"], "env": {"FROM_VAULT": "${secret:mcp/everything}"}},
+    ]))
+    .unwrap();
+    let opts = harness_sdk::RemoteOptions::new(&s.srv.url());
+    let vault = harness_sdk::connect_client("mcp-vault", opts.clone()).await;
+    let mcp = mcp_client::Mcp::start(
+        servers,
+        s.work.clone(),
+        std::sync::Arc::new(mcp_client::publish::Remote(opts.clone())),
+        mcp_client::secrets::from_vault(vault.ctx()),
+    );
+    std::fs::create_dir_all(&s.work).unwrap();
+    assert!(
+        mcp.wait_listed(Duration::from_secs(30)).await.is_empty(),
+        "{:?}",
+        mcp.statuses()
+    );
+    let _worker = harness_sdk::run_remote(mcp_client::worker(mcp.clone()), opts);
+    let r = ctx
+        .trigger("mcp::everything::echo", json!({"message": "remote"}))
+        .await
+        .unwrap();
+    assert!(r.to_string().contains("Echo: remote"), "{r}");
+    let env = ctx
+        .trigger("mcp::everything::get-env", json!({}))
+        .await
+        .unwrap()
+        .to_string();
+    assert!(
+        env.contains("vault-value-42"),
+        "the secret did not reach the server's env: {env}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        match ctx.trigger("mcp::servers", json!({})).await {
+            Ok(v) => break v,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "{e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(status["servers"][0]["state"], "ready", "{status}");
+    // The tools came through the bus's registration: their skill pages are served.
+    let skill = ctx
+        .trigger(
+            "directory::skills::get",
+            json!({"id": "iii://mcp-everything/mcp::everything::echo"}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        skill["body"]
+            .as_str()
+            .unwrap()
+            .contains("mcp::everything::echo"),
+        "{skill}"
+    );
+    // A secret that is not in the vault: the server does not start, and says which.
+    let missing: Vec<mcp_client::ServerConfig> = serde_json::from_value(json!([
+        {"name": "nokey", "command": ["node", everything_js(), "stdio"], "env": {"K": "${secret:mcp/none}"}},
+    ]))
+    .unwrap();
+    let m2 = mcp_client::Mcp::start(
+        missing,
+        s.work.clone(),
+        std::sync::Arc::new(mcp_client::publish::Embedded::new(&s.srv.engine)),
+        mcp_client::secrets::from_vault(vault.ctx()),
+    );
+    let not = m2.wait_listed(Duration::from_secs(3)).await;
+    assert!(not[0].1.contains("secret `mcp/none`"), "{not:?}");
+}
