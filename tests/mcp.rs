@@ -737,3 +737,55 @@ async fn the_mcp_worker_serves_as_a_remote_worker_with_secrets_from_the_vault() 
     let not = m2.wait_listed(Duration::from_secs(3)).await;
     assert!(not[0].1.contains("secret `mcp/none`"), "{not:?}");
 }
+
+#[test]
+fn a_stdio_servers_processes_end_when_the_harness_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("work")).unwrap();
+    std::fs::write(
+        dir.path().join("perms.yaml"),
+        harness_worker::SHIPPED_PERMISSIONS,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("cassette.json"),
+        r#"{"turns": [{"text": "hi"}]}"#,
+    )
+    .unwrap();
+    // A name of its own on the command line, so only this test's server is counted.
+    let marker = dir
+        .path()
+        .join(format!("everything-{}.js", std::process::id()));
+    std::os::unix::fs::symlink(everything_js(), &marker).unwrap();
+    let config = agent_harness::config::THICK.replace(
+        "mcp_servers: []\n",
+        &format!(
+            // A child of its own that would outlive a server stopped alone (a sleeper that
+            // reads no stdin): only killing the whole group ends it.
+            "mcp_servers:\n  - {{name: everything, command: [sh, -c, \"python3 -c 'import time; time.sleep(3000)' {m} & exec node {m} stdio\"]}}\n",
+            m = marker.display()
+        ),
+    );
+    let config_path = dir.path().join("harness.yaml");
+    std::fs::write(&config_path, config).unwrap();
+    let marker = marker.display().to_string();
+    let harness =
+        common::process::spawn_harness(dir.path(), &["--config", config_path.to_str().unwrap()]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::process::processes(&marker, None, None) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    harness.kill9();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while common::process::processes(&marker, None, None) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server outlived the harness killed with SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

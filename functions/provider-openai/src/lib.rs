@@ -455,3 +455,50 @@ impl Dialect for OpenAiDialect {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harness_sdk::messages::{AgentMessage, ContentBlock};
+
+    fn result(id: &str, image: bool) -> AgentMessage {
+        let mut content = vec![ContentBlock::Text {
+            text: format!("result {id}"),
+        }];
+        if image {
+            content.push(ContentBlock::Image {
+                mime: "image/png".into(),
+                data: "iVBORw0KGgo=".into(),
+            });
+        }
+        AgentMessage::FunctionResult {
+            function_call_id: id.into(),
+            function_id: "mcp::s::img".into(),
+            content,
+            details: serde_json::Value::Null,
+            is_error: false,
+            timestamp: 1,
+        }
+    }
+
+    #[test]
+    fn a_results_images_follow_the_batch_in_one_user_message() {
+        let history = vec![result("a", true), result("b", false), result("c", true)];
+        let wire = serde_json::to_value(wire_messages(None, &history)).unwrap();
+        let roles: Vec<&str> = wire
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        // Tool messages stay together; the images come after them, once.
+        assert_eq!(roles, ["tool", "tool", "tool", "user"], "{wire}");
+        let parts = wire[3]["content"].as_array().unwrap();
+        assert_eq!(parts.len(), 3, "a note and two images: {wire}");
+        assert_eq!(
+            parts[1]["image_url"]["url"],
+            "data:image/png;base64,iVBORw0KGgo="
+        );
+        assert_eq!(wire[0]["content"], "result a");
+    }
+}
