@@ -588,3 +588,80 @@ async fn the_console_drives_the_deployed_websocket_api() {
     s.deployed.shutdown();
     page_engine.shutdown().await;
 }
+
+/// The mcp Lambda: a streamable HTTP MCP server (server-everything) listed in the template's
+/// `McpServers` parameter; its tools are listed at the Lambda's cold start and registered with
+/// the deployment, a header's `${secret:…}` is read from the vault (the auth-credentials
+/// Lambda), and a turn calls two of its tools through the policy (the shipped rules allow
+/// read-only tools of a server whose entry trusts its annotations).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_calls_an_http_mcp_servers_tools_from_the_mcp_lambda() {
+    let Some(dir) = lambda_dir() else { return };
+    let prefix = format!("dm{}-", engine_gateway::trace::random_hex(4));
+    let server = common::mcp::http_everything().await;
+    let cassette = Cassette {
+        turns: vec![
+            call(
+                "m1",
+                "mcp::everything::echo",
+                json!({"message": "from a Lambda"}),
+            ),
+            call("m2", "mcp::everything::get-sum", json!({"a": 20, "b": 22})),
+            text("Echoed and summed."),
+        ],
+        ..Default::default()
+    };
+    let servers = json!([{"name": "everything", "url": server.url, "trust_annotations": true,
+        "headers": {"X-Api-Key": "${secret:mcp/everything}"}}]);
+    let mut s = bring_up(
+        dir,
+        &prefix,
+        cassette,
+        // As an operator stores it with auth::set_token.
+        &[(
+            "providers/mcp/everything",
+            r#"{"type": "api_key", "key": "k-from-the-vault"}"#,
+        )],
+        &[("McpServers", &servers.to_string())],
+    )
+    .await;
+    let status = s.invoke("st", "mcp::servers", json!({})).await;
+    assert_eq!(status["result"]["servers"][0]["state"], "ready", "{status}");
+    let sid = "dep-mcp";
+    s.start(sid, "echo and sum").await;
+    let state = s.wait_state(sid, &["stopped"]).await;
+    assert_eq!(state["state"], "stopped", "{state}");
+    let events = s
+        .invoke(
+            "ev",
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": sid}),
+        )
+        .await;
+    let ends: Vec<&serde_json::Value> = events["result"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["data"])
+        .filter(|e| e["type"] == "function_execution_end")
+        .collect();
+    let of = |id: &str| {
+        ends.iter()
+            .find(|e| e["function_call_id"] == id)
+            .unwrap_or_else(|| panic!("no end for {id}: {ends:?}"))
+    };
+    assert_eq!(of("m1")["is_error"], false, "{}", of("m1"));
+    assert!(
+        of("m1")["result"]
+            .to_string()
+            .contains("Echo: from a Lambda"),
+        "{}",
+        of("m1")
+    );
+    assert!(
+        of("m2")["result"].to_string().contains("42"),
+        "{}",
+        of("m2")
+    );
+    s.deployed.shutdown();
+}

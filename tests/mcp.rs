@@ -8,96 +8,14 @@
 mod common;
 
 use agent_harness::config::{Config, Placement};
+use common::mcp::*;
 use common::*;
 use scripted_model::Cassette;
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// Never reaches a server: the test process has it, and a server's environment is cleared.
 const PLANTED_KEY: &str = "sk-ant-planted-must-never-reach-a-server";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn everything_js() -> String {
-    let p =
-        repo().join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/test.sh (or `npm ci --prefix tests/mcp`)",
-        p.display()
-    );
-    p.display().to_string()
-}
-
-fn python() -> String {
-    let p = std::env::var("HARNESS_MCP_PYTHON").unwrap_or_else(|_| {
-        panic!("HARNESS_MCP_PYTHON is not set: run scripts/test.sh (it makes a venv with the pinned `mcp` and `mcp-server-time`)")
-    });
-    assert!(
-        std::path::Path::new(&p).exists(),
-        "HARNESS_MCP_PYTHON={p} does not exist"
-    );
-    p
-}
-
-fn server_script(name: &str) -> String {
-    repo()
-        .join("tests/mcp/servers")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// server-everything over streamable HTTP on a port of its own (killed on drop).
-struct HttpEverything {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for HttpEverything {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn http_everything() -> HttpEverything {
-    let port = free_port();
-    let child = std::process::Command::new("node")
-        .arg(everything_js())
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("node");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "server-everything (HTTP) never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    HttpEverything {
-        child,
-        url: format!("http://127.0.0.1:{port}/mcp"),
-    }
-}
 
 fn config(servers: Value) -> Config {
     let mut cfg = Config::load("thick").unwrap();
@@ -788,4 +706,50 @@ fn a_stdio_servers_processes_end_when_the_harness_is_killed() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_is_a_timeout_and_is_cancelled_on_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let cancel_log = dir.path().join("cancelled.jsonl");
+    let mut cfg = config(json!([
+        {"name": "plain", "command": [python(), server_script("raw_server.py"), "plain"],
+         "env": {"CANCEL_LOG": cancel_log.display().to_string()}, "timeout_secs": 1},
+    ]));
+    let s = stack_config(
+        &mut cfg,
+        harness_worker::SHIPPED_PERMISSIONS,
+        models_catalog::Catalog::builtin(),
+    )
+    .await;
+    let ctx = s.client.ctx();
+    let started = std::time::Instant::now();
+    let e = ctx
+        .trigger("mcp::plain::hang", json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "timeout", "{e}");
+    assert!(e.to_string().contains("within 1 s"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&cancel_log)
+        .unwrap_or_default()
+        .contains("requestId")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no notifications/cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The server still answers afterwards.
+    let r = ctx.trigger("mcp::plain::pid", json!({})).await.unwrap();
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .parse::<u32>()
+            .is_ok(),
+        "{r}"
+    );
 }

@@ -432,8 +432,12 @@ async function viewSession(view, sid) {
     const target = i.function_id || (viaTrigger ? block.arguments.function : block.function_id) || "?";
     const args = viaTrigger ? block.arguments.payload : block.arguments ?? i.args;
     const parked = turn && (turn.awaiting_approval || []).some((c) => c.function_call_id === id);
+    // An MCP server's tool: mcp::<server>::<tool> (the tool's name percent-encoded).
+    const mcp = /^mcp::([^:]+)::(.+)$/.exec(target);
+    const mcpTool = mcp ? (() => { try { return decodeURIComponent(mcp[2]); } catch { return mcp[2]; } })() : null;
     const card = h("div", { class: "tool", "data-call": id },
-      h("div", { class: "head" }, h("span", {}, "tool call"), h("code", {}, target), decisionBadge({ ...i, awaiting: parked || (i.awaiting && i.result === undefined) }),
+      h("div", { class: "head" }, h("span", {}, mcp ? "MCP tool" : "tool call"), h("code", {}, target),
+        mcp ? h("span", { class: "muted mcp" }, `server ${mcp[1]} · tool ${mcpTool}`) : null, decisionBadge({ ...i, awaiting: parked || (i.awaiting && i.result === undefined) }),
         i.duration_ms !== undefined ? h("span", { class: "muted" }, fmt.ms(i.duration_ms)) : null),
       h("details", {}, h("summary", {}, "arguments"), h("pre", {}, fmt.json(args))),
       i.result !== undefined ? h("details", { open: !!i.is_error }, h("summary", {}, i.is_error ? "result (error)" : "result"), h("pre", {}, fmt.json(i.result))) : null);

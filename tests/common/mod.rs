@@ -223,4 +223,5 @@ pub async fn record(s: &Stack, sid: &str) -> Value {
     rec["messages"] = tree["messages"].clone();
     rec
 }
+pub mod mcp;
 pub mod process;

@@ -78,12 +78,18 @@ async function shot(page, name) {
   if (shots) await page.screenshot({ path: join(shots, `console-${name}.png`) });
 }
 
-// The thick preset with a budget, so the budgets page has spend to show.
+// The thick preset with a budget, so the budgets page has spend to show, and an MCP server
+// (the reference server-everything, installed in tests/mcp by scripts/test.sh).
 function configWithBudget() {
   const text = readFileSync(join(root, "presets", "thick.yaml"), "utf8");
   assert.ok(text.includes("budgets: []"), "presets/thick.yaml lists no budgets");
+  assert.ok(text.includes("mcp_servers: []"), "presets/thick.yaml lists no MCP servers");
+  const everything = join(root, "tests", "mcp", "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js");
+  assert.ok(existsSync(everything), `${everything} is missing (npm ci --prefix tests/mcp)`);
   const path = join(dir, "harness.yaml");
-  writeFileSync(path, text.replace("budgets: []", "budgets:\n  - budget_id: console-test\n    ceiling_usd: 0.02\n    period: day\n"));
+  writeFileSync(path, text
+    .replace("budgets: []", "budgets:\n  - budget_id: console-test\n    ceiling_usd: 0.02\n    period: day\n")
+    .replace("mcp_servers: []", `mcp_servers:\n  - {name: everything, command: [node, ${JSON.stringify(everything)}, stdio]}\n`));
   return path;
 }
 
@@ -132,6 +138,15 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   assert.ok(partial.length > 0, "streamed text shows");
   await page.locator(".msg.assistant:not(.streaming)").filter({ hasText: "Let me look at the working directory" }).waitFor({ timeout: 20000 });
   await page.locator(".tool", { hasText: "fs::list" }).locator(".badge.allow").waitFor();
+  // An MCP server's tool shows like any other call, its server and tool named, allowed by the
+  // shipped rule for read-only tools, and its result as text (markup in it stays text).
+  const mcpCard = page.locator(".tool", { hasText: "mcp::everything::echo" });
+  await mcpCard.locator(".badge.allow").waitFor({ timeout: 20000 });
+  assert.match(await mcpCard.locator(".head").textContent(), /MCP tool.*server everything · tool echo/);
+  await mcpCard.locator("summary", { hasText: "result" }).click();
+  const mcpResult = await mcpCard.locator("pre").last().textContent();
+  assert.ok(mcpResult.includes("Echo: <b>not markup</b>"), mcpResult);
+  assert.equal(await mcpCard.locator("b").count(), 0, "an MCP result is never rendered as markup");
 
   // 6. The write is parked: approve it with the button.
   const allow = page.getByRole("button", { name: "Allow" });

@@ -8,7 +8,7 @@ use crate::process::{self, ServerLimits};
 use crate::publish::Publisher;
 use crate::secrets::{self, SecretSource};
 use engine_gateway::protocol::ErrorBody;
-use harness_sdk::{Ctx, Worker, WorkerHandle};
+use harness_sdk::{Ctx, Worker};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
 };
@@ -125,7 +125,9 @@ pub struct Server {
     listed: watch::Sender<u64>,
     /// A call saw the connection broken.
     broken: Notify,
-    published: tokio::sync::Mutex<Option<WorkerHandle>>,
+    /// A call found the server down: restart it now rather than after the backoff.
+    wake: Notify,
+    published: tokio::sync::Mutex<Option<crate::publish::Published>>,
     /// What a tool may answer: the entry's limit within the publisher's transport.
     max_result: usize,
 }
@@ -162,6 +164,7 @@ impl Server {
             status: Mutex::new(status),
             listed: watch::channel(0).0,
             broken: Notify::new(),
+            wake: Notify::new(),
             published: tokio::sync::Mutex::new(None),
             max_result,
         })
@@ -208,9 +211,11 @@ impl Server {
             };
             failures = failures.saturating_add(1);
             lock(&self.status).restarts += 1;
+            // The next call does not wait out the backoff: it restarts the server.
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
+                _ = self.wake.notified() => {}
             }
         }
     }
@@ -402,9 +407,14 @@ impl Server {
     /// The connection, waiting a little for one that is starting.
     async fn connection(&self) -> Option<Arc<Service>> {
         let deadline = Instant::now() + START_WAIT.min(self.cfg.timeout());
+        let mut woke = false;
         loop {
             if let Some(s) = lock(&self.service).clone() {
                 return Some(s);
+            }
+            if !woke {
+                self.wake.notify_one();
+                woke = true;
             }
             if Instant::now() >= deadline {
                 return None;

@@ -368,3 +368,60 @@ pub(crate) fn refused(rec: &mut Record, call: &Call, envelope: Value) -> Execute
     emit_execution_end(rec, &e);
     e
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Call, Executed};
+
+    fn executed(result: Value) -> Executed {
+        Executed {
+            call: Call {
+                function_call_id: "c1".into(),
+                function_id: "mcp::s::shot".into(),
+                args: json!({}),
+            },
+            result,
+            is_error: false,
+            duration_ms: 1,
+            terminate: false,
+        }
+    }
+
+    #[test]
+    fn a_results_images_go_to_a_vision_model_as_images_and_to_others_as_a_note() {
+        let e = executed(json!({"content": [
+            {"type": "text", "text": "a picture"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+            {"type": "image", "data": "PHN2Zz4=", "mimeType": "text/html"}
+        ]}));
+        let AgentMessage::FunctionResult { content, .. } = result_message(&e, true) else {
+            panic!()
+        };
+        assert_eq!(
+            content.len(),
+            2,
+            "the text, and the one plausible image: {content:?}"
+        );
+        let ContentBlock::Text { text } = &content[0] else {
+            panic!()
+        };
+        assert!(
+            text.contains("[image 1 attached below]") && !text.contains("iVBORw0KGgo="),
+            "{text}"
+        );
+        assert!(
+            text.contains("left out"),
+            "a non-image mime type is not passed on: {text}"
+        );
+        assert!(matches!(&content[1], ContentBlock::Image { mime, .. } if mime == "image/png"));
+        let AgentMessage::FunctionResult { content, .. } = result_message(&e, false) else {
+            panic!()
+        };
+        assert_eq!(content.len(), 1);
+        let ContentBlock::Text { text } = &content[0] else {
+            panic!()
+        };
+        assert!(text.contains("the model cannot see"), "{text}");
+    }
+}
