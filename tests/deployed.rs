@@ -631,18 +631,18 @@ async fn a_turn_calls_an_http_mcp_servers_tools_from_the_mcp_lambda() {
     s.start(sid, "echo and sum").await;
     let state = s.wait_state(sid, &["stopped"]).await;
     assert_eq!(state["state"], "stopped", "{state}");
-    let events = s
-        .invoke(
-            "ev",
-            "stream::list",
-            json!({"stream_name": "agent::events", "group_id": sid}),
-        )
-        .await;
-    let ends: Vec<&serde_json::Value> = events["result"]["items"]
-        .as_array()
-        .unwrap()
+    // The events as the stream router pushed them to this subscribed client.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    while let Ok(Some(Ok(Message::Text(t)))) =
+        tokio::time::timeout(Duration::from_millis(200), s.ws.next()).await
+    {
+        s.pushed.push(serde_json::from_str(&t).unwrap());
+    }
+    let ends: Vec<&serde_json::Value> = s
+        .pushed
         .iter()
-        .map(|i| &i["data"])
+        .filter(|p| p["type"] == "streamevent" && p["event"]["type"] == "create")
+        .map(|p| &p["event"]["data"])
         .filter(|e| e["type"] == "function_execution_end")
         .collect();
     let of = |id: &str| {
