@@ -31,6 +31,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STABLE: Duration = Duration::from_secs(60);
 /// How long a call waits for a server that is (re)starting before it answers unavailable.
 const START_WAIT: Duration = Duration::from_secs(10);
+/// How long a server that let a call time out has to answer a ping.
+const PING_WAIT: Duration = Duration::from_secs(2);
 /// The most of a server's stderr kept per line in the log.
 const STDERR_LINE: usize = 2048;
 
@@ -423,6 +425,15 @@ impl Server {
         }
     }
 
+    /// Whether the server answers a `ping` within [`PING_WAIT`].
+    async fn answers_ping(&self, service: &Service) -> bool {
+        let ping = rmcp::model::ClientRequest::PingRequest(Default::default());
+        matches!(
+            tokio::time::timeout(PING_WAIT, service.peer().send_request(ping)).await,
+            Ok(Ok(_))
+        )
+    }
+
     fn unavailable(&self, why: &str) -> ErrorBody {
         ErrorBody::new(
             UNAVAILABLE,
@@ -462,14 +473,24 @@ impl Server {
                 "aborted",
                 format!("the call to `{tool}` was cancelled: the run was aborted"),
             )),
-            Some(Err(_)) => Err(ErrorBody::new(
-                "timeout",
-                format!(
-                    "MCP tool `{tool}` of `{}` did not answer within {} s (cancelled on the server)",
-                    self.cfg.name,
-                    timeout.as_secs()
-                ),
-            )),
+            Some(Err(_)) => {
+                // A slow tool, or a server that stopped answering altogether? Ask it.
+                if !self.answers_ping(&service).await {
+                    self.broken.notify_one();
+                    return Err(self.unavailable(&format!(
+                        "`{tool}` got no answer within {} s, and the server answers no ping (it is restarted)",
+                        timeout.as_secs()
+                    )));
+                }
+                Err(ErrorBody::new(
+                    "timeout",
+                    format!(
+                        "MCP tool `{tool}` of `{}` did not answer within {} s (cancelled on the server)",
+                        self.cfg.name,
+                        timeout.as_secs()
+                    ),
+                ))
+            }
             Some(Ok(Err(e))) => match e {
                 rmcp::ServiceError::McpError(m) => Err(ErrorBody::new(
                     "tool_error",
