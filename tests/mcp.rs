@@ -69,6 +69,7 @@ async fn reference_servers_tools_run_in_a_turn_under_the_policy() {
         {"name": "everything-http", "url": http.url},
         {"name": "time", "command": [python(), "-m", "mcp_server_time", "--local-timezone", "UTC"]},
         {"name": "plain", "command": [python(), server_script("raw_server.py"), "plain"]},
+        {"name": "old", "command": [python(), server_script("raw_server.py"), "plain"], "env": {"PROTOCOL_VERSION": "2025-06-18"}},
     ]));
     let s = stack_config(
         &mut cfg,
@@ -103,7 +104,16 @@ async fn reference_servers_tools_run_in_a_turn_under_the_policy() {
     let servers = ctx.trigger("mcp::servers", json!({})).await.unwrap();
     for s in servers["servers"].as_array().unwrap() {
         assert_eq!(s["state"], "ready", "{s}");
+        // The version we ask for, or the older one a server answers with.
+        let expected = if s["name"] == "old" {
+            "2025-06-18"
+        } else {
+            "2025-11-25"
+        };
+        assert_eq!(s["protocol_version"], expected, "{s}");
     }
+    let old = ctx.trigger("mcp::old::pid", json!({})).await.unwrap();
+    assert!(old["content"][0]["text"].as_str().is_some(), "{old}");
 
     s.model.load(Cassette {
         turns: vec![

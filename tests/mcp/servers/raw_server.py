@@ -4,6 +4,8 @@ tests start it as `python raw_server.py MODE`.
 
   plain    tools over two pages (nextCursor): pid (read-only), hang (read-only, never
            answers), unannotated; every notifications/cancelled is appended to $CANCEL_LOG
+
+$PROTOCOL_VERSION makes it answer initialize with that version whatever was asked.
   hostile  a 10 MB description, a tool named "search/files now", a 10 MB result
   deep     a tool whose input schema is 200 levels deep
   silent   never answers initialize
@@ -76,8 +78,10 @@ for line in sys.stdin:
         if MODE == "silent":
             continue
         asked = msg["params"].get("protocolVersion")
+        # PROTOCOL_VERSION: answer that version whatever the client asked (an older server).
+        answer = os.environ.get("PROTOCOL_VERSION") or (asked if asked in VERSIONS else VERSIONS[0])
         send({"jsonrpc": "2.0", "id": mid, "result": {
-            "protocolVersion": asked if asked in VERSIONS else VERSIONS[0],
+            "protocolVersion": answer,
             "capabilities": {"tools": {"listChanged": False}},
             "serverInfo": {"name": "raw-" + MODE, "version": "1"}}})
     elif method == "notifications/cancelled":
