@@ -1,0 +1,87 @@
+
+use super::*;
+
+#[test]
+fn both_presets_parse_and_thin_is_three_workers() {
+    let thin = Config::load("thin").unwrap();
+    let embedded: Vec<_> = thin
+        .workers
+        .all()
+        .into_iter()
+        .filter(|(_, p, _)| p.embedded())
+        .map(|(n, _, _)| n)
+        .collect();
+    assert_eq!(
+        embedded,
+        ["turn-orchestrator", "providers", "auth-credentials"]
+    );
+    assert_eq!(thin.providers.names(), [ProviderName::Scripted]);
+    let thick = Config::load("thick").unwrap();
+    assert!(
+        thick
+            .workers
+            .all()
+            .iter()
+            .filter(|(n, _, _)| *n != "slack-approval")
+            .all(|(_, p, _)| p.embedded()),
+        "thick embeds every worker but Slack's: {:?}",
+        thick.workers
+    );
+    assert_eq!(thick.providers.names().len(), 5);
+}
+
+#[test]
+fn errors_name_the_field_and_the_line() {
+    let cases = [
+        (
+            "workers:\n  turn-orchestrator: embedded\n  polcy: embedded\n",
+            &["polcy", "line 3"][..],
+        ),
+        (
+            "workers:\n  turn-orchestrator: sometimes\n",
+            &["workers.turn-orchestrator", "sometimes", "line 2"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\nrun:\n  max_turns: 0\n",
+            &["run.max_turns", "line 4"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\nsandbox:\n  limits:\n    processes: -3\n",
+            &["sandbox.limits.processes", "line 5"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: off\n",
+            &["workers.turn-orchestrator at line 2", "nothing would run"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\n  providers: embedded\nproviders:\n  scripted: {}\nrun:\n  provider: kimi\n",
+            &["run.provider at line 7", "kimi", "scripted"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\nproviders:\n  anthropic:\n    base_url: not a url\n",
+            &["providers.anthropic.base_url", "line 5"],
+        ),
+        (
+            "workers:\n  turn-orchestrator: embedded\nbudgets:\n  - budget_id: b\n    ceiling_usd: -1\n    period: day\n",
+            &["budgets at line 3", "ceiling_usd"],
+        ),
+        ("workers: [1, 2]\n", &["workers", "line 1"]),
+        ("{{{", &["line 1"]),
+    ];
+    for (text, needles) in cases {
+        let err = Config::parse(text, "test.yaml").unwrap_err().to_string();
+        assert!(err.starts_with("test.yaml: "), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "`{n}` in the error for {text:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_key_path_is_found_in_its_block_only() {
+    let text = "a:\n  b: 1\nc:\n  # note\n  b: 2\n  d:\n    e: 3\n";
+    assert_eq!(line_of(text, "c.b"), Some(5));
+    assert_eq!(line_of(text, "a.b"), Some(2));
+    assert_eq!(line_of(text, "c.d.e"), Some(7));
+    assert_eq!(line_of(text, "a.d"), None);
+}
