@@ -1,4 +1,3 @@
-
 use super::*;
 
 const FILE: &str = r#"version: 1
