@@ -15,7 +15,7 @@ out="$target/lambda"
 # Every binary the template deploys, and the engine CLI that provisions and registers.
 bins=(engine-gateway engine-lambda turn-orchestrator harness-worker approval-gate session llm-budget
   hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
-  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client)
+  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock)
 
 if [ "${1:-}" = --check-start ]; then
   # engine-gateway is the CLI, not a Lambda; every other bootstrap is started.
@@ -29,7 +29,7 @@ profile=${LAMBDA_PROFILE:-ci-lambda}
 # The packages that hold those binaries.
 packages=(engine-gateway turn-orchestrator harness-worker approval-gate session-worker llm-budget
   hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
-  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client)
+  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock)
 args=()
 for p in "${packages[@]}"; do args+=(-p "$p"); done
 if [ "$profile" = release ]; then args+=(--release); else args+=(--profile "$profile"); fi

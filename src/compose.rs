@@ -131,6 +131,15 @@ async fn provider_workers(
             out.push(provider_core::worker(Arc::new(dialect)));
         }
     }
+    if let Some(s) = &p.bedrock {
+        let endpoint = match env_base("AWS_ENDPOINT_URL_BEDROCK_RUNTIME") {
+            Some(_) => None,
+            None => s.base_url.as_ref().map(base),
+        };
+        out.push(provider_core::worker_for(Arc::new(
+            provider_bedrock::Bedrock::new(endpoint),
+        )));
+    }
     let mut server = None;
     if let Some(s) = &p.scripted {
         let base_url = match &s.base_url {

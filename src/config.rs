@@ -139,6 +139,8 @@ pub enum ProviderName {
     Openai,
     Kimi,
     Lmstudio,
+    /// Amazon Bedrock (Converse), authenticated by IAM: the AWS SDK's default credentials.
+    Bedrock,
     Scripted,
 }
 
@@ -150,6 +152,7 @@ impl ProviderName {
             ProviderName::Openai => "openai",
             ProviderName::Kimi => "kimi",
             ProviderName::Lmstudio => "lmstudio",
+            ProviderName::Bedrock => "bedrock",
             ProviderName::Scripted => "scripted",
         }
     }
@@ -160,6 +163,7 @@ impl ProviderName {
             ProviderName::Openai => "gpt-5.4",
             ProviderName::Kimi => "kimi-k2.5",
             ProviderName::Lmstudio => "local-model",
+            ProviderName::Bedrock => "us.anthropic.claude-haiku-4-5-20251001-v1:0",
             ProviderName::Auto | ProviderName::Scripted => "scripted-demo",
         }
     }
@@ -256,6 +260,10 @@ pub struct Providers {
     pub kimi: Option<ProviderSettings>,
     #[serde(default)]
     pub lmstudio: Option<ProviderSettings>,
+    /// `base_url`: the Bedrock runtime endpoint (default: the SDK's, from the region, or
+    /// `AWS_ENDPOINT_URL_BEDROCK_RUNTIME`).
+    #[serde(default)]
+    pub bedrock: Option<ProviderSettings>,
     #[serde(default)]
     pub scripted: Option<ScriptedSettings>,
 }
@@ -275,6 +283,9 @@ impl Providers {
             }
             ProviderName::Lmstudio => {
                 self.lmstudio.get_or_insert_with(Default::default);
+            }
+            ProviderName::Bedrock => {
+                self.bedrock.get_or_insert_with(Default::default);
             }
             ProviderName::Scripted => {
                 self.scripted.get_or_insert_with(Default::default);
@@ -296,6 +307,9 @@ impl Providers {
         }
         if self.lmstudio.is_some() {
             out.push(ProviderName::Lmstudio);
+        }
+        if self.bedrock.is_some() {
+            out.push(ProviderName::Bedrock);
         }
         if self.scripted.is_some() {
             out.push(ProviderName::Scripted);

@@ -26,7 +26,7 @@ fn both_presets_parse_and_thin_is_three_workers() {
         "thick embeds every worker but Slack's: {:?}",
         thick.workers
     );
-    assert_eq!(thick.providers.names().len(), 5);
+    assert_eq!(thick.providers.names().len(), 6);
 }
 
 #[test]

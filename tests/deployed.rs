@@ -665,3 +665,38 @@ async fn a_turn_calls_an_http_mcp_servers_tools_from_the_mcp_lambda() {
     );
     s.deployed.shutdown();
 }
+
+/// A turn with `provider: bedrock` through the deployed shape: the provider Lambda calls
+/// ConverseStream with the SDK (its role's credentials; here the emulator's), reaching the
+/// scripted model's stand-in through `AWS_ENDPOINT_URL_BEDROCK_RUNTIME`, and the tool call it
+/// streams runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_with_bedrock_through_the_deployed_shape() {
+    let Some(dir) = lambda_dir() else { return };
+    let prefix = format!("db{}-", engine_gateway::trace::random_hex(4));
+    let cassette = Cassette {
+        turns: vec![
+            call("b1", "fs::list", json!({"path": "."})),
+            text("Listed with Bedrock."),
+        ],
+        ..Default::default()
+    };
+    let mut s = bring_up(dir, &prefix, cassette, &[], &[]).await;
+    let sid = "dep-bedrock";
+    s.start_with(
+        sid,
+        "list the workspace",
+        "bedrock",
+        "anthropic.claude-haiku-4-5-20251001-v1:0",
+    )
+    .await;
+    let state = s.wait_state(sid, &["stopped"]).await;
+    assert_eq!(state["state"], "stopped", "{state}");
+    assert_eq!(state["error"], serde_json::Value::Null, "{state}");
+    assert_eq!(state["turn_count"], 2, "{state}");
+    assert!(
+        state["totals"]["cost_usd"].as_f64().unwrap_or(0.0) > 0.0,
+        "priced from the catalogue's Bedrock entry: {state}"
+    );
+    s.deployed.shutdown();
+}

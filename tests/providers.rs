@@ -97,7 +97,17 @@ async fn rig_on(name: &str, env: &[(&str, &str)], in_process: bool) -> Rig {
         )
         .unwrap(),
         run_embedded(
-            if in_process {
+            if name == provider_bedrock::NAME {
+                // The SDK's standard settings, pointed at the scripted model's ConverseStream.
+                // SAFETY: set before the client is built; one test per process (nextest).
+                unsafe {
+                    std::env::set_var("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", &base);
+                    std::env::set_var("AWS_ACCESS_KEY_ID", "AKIDTEST");
+                    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test-secret");
+                    std::env::set_var("AWS_REGION", "us-east-1");
+                }
+                provider_bedrock::worker()
+            } else if in_process {
                 provider_core::worker_with_transport(
                     dialect(name, &base),
                     Arc::new(InProcessModel(model.router())),
@@ -654,4 +664,227 @@ async fn a_models_price_is_read_once_and_reused() {
         2,
         "an unknown model is asked about once too"
     );
+}
+
+const BEDROCK_MODEL: &str = "anthropic.claude-haiku-4-5-20251001-v1:0";
+
+/// Bedrock through the AWS SDK against the scripted model's ConverseStream (event-stream
+/// frames with their CRCs): thinking with its signature, text, a tool call, usage with cache
+/// reads, the price from the catalogue, and the history (an image, a failed call's result)
+/// sent in Converse's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bedrock_streams_thinking_text_and_a_call_and_sends_converse() {
+    let rig = rig("bedrock", &[]).await;
+    rig.model.load(Cassette {
+        turns: vec![full_turn()],
+        ..Default::default()
+    });
+    let mut history = history();
+    history[2]["is_error"] = json!(true);
+    history.as_array_mut().unwrap().push(json!(
+        {"role": "user", "content": [{"type": "text", "text": "and this?"}, {"type": "image", "mime": "image/png", "data": "iVBORw0KGgo="}], "timestamp": 4}
+    ));
+    let (frames, answer) = stream(&rig.client.ctx(), "bedrock", BEDROCK_MODEL, history).await;
+    assert_eq!(answer["stop_reason"], "function_call", "{answer}");
+    assert_eq!(
+        types(&frames),
+        vec![
+            "start",
+            "thinking_start",
+            "thinking_delta",
+            "thinking_end",
+            "text_start",
+            "text_delta",
+            "text_end",
+            "functioncall_start",
+            "functioncall_delta",
+            "functioncall_end",
+            "usage",
+            "stop",
+            "done"
+        ]
+    );
+    let done = &frames.last().unwrap()["message"];
+    assert_eq!(
+        done["content"][0]["text"],
+        "Let me think about this carefully."
+    );
+    assert_eq!(done["content"][0]["signature"], "sig-scripted");
+    assert_eq!(
+        done["content"][1],
+        json!({"type": "text", "text": "Reading the file now."})
+    );
+    assert_eq!(
+        done["content"][2],
+        json!({"type": "function_call", "id": "call_1", "function_id": "agent_trigger", "arguments": {"function": "fs::read", "payload": {"path": "a.txt"}}})
+    );
+    assert_eq!(done["usage"]["input"], 1200);
+    assert_eq!(done["usage"]["output"], 80);
+    assert_eq!(done["usage"]["cache_read"], 1000);
+    assert!(
+        done["usage"]["cost_usd"].as_f64().unwrap() > 0.0,
+        "priced from the catalogue"
+    );
+    assert_eq!(done["provider"], "bedrock");
+    // The request, as the SDK sent it to the model's ConverseStream path.
+    let req = &rig.model.requests()[0];
+    assert_eq!(
+        req["path"], "/model/converse-stream",
+        "the scripted server files it under its dialect"
+    );
+    let sent = &req["body"];
+    assert_eq!(sent["system"], json!([{"text": "You are a test."}]));
+    assert_eq!(sent["messages"][0]["role"], "user");
+    assert_eq!(
+        sent["messages"][1]["content"][1]["toolUse"]["toolUseId"],
+        "c0"
+    );
+    assert_eq!(
+        sent["messages"][1]["content"][1]["toolUse"]["input"]["function"],
+        "fs::list"
+    );
+    let result = &sent["messages"][2]["content"][0]["toolResult"];
+    assert_eq!(result["toolUseId"], "c0");
+    assert_eq!(result["status"], "error", "a failed call says so");
+    assert_eq!(result["content"][0]["text"], "a.txt");
+    // The next user message joins the result's turn (Converse alternates roles), image and all.
+    assert_eq!(sent["messages"][2]["content"][1]["text"], "and this?");
+    assert_eq!(sent["messages"][2]["content"][2]["image"]["format"], "png");
+    assert_eq!(
+        sent["toolConfig"]["tools"][0]["toolSpec"]["name"],
+        "agent_trigger"
+    );
+    assert_eq!(sent["inferenceConfig"]["maxTokens"], 4096);
+}
+
+async fn bedrock_error(turns: Vec<Turn>) -> (Value, usize) {
+    let rig = rig("bedrock", &[]).await;
+    rig.model.load(Cassette {
+        turns,
+        repeat_last: true,
+        ..Default::default()
+    });
+    let (frames, answer) = stream(
+        &rig.client.ctx(),
+        "bedrock",
+        BEDROCK_MODEL,
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1}]),
+    )
+    .await;
+    assert_eq!(answer["stop_reason"], "error", "{answer}");
+    let last = frames.last().unwrap().clone();
+    assert_eq!(last["type"], "error", "the stream ends in an error event");
+    (last["error"].clone(), rig.model.requests().len())
+}
+
+/// Throttling is retried with the SDK's back-off until it succeeds; what cannot succeed is
+/// said once, with what to do; a broken stream (cut in a frame, a bad CRC, a 20 MiB frame, an
+/// exception frame) ends in a clear error, what arrived kept; an unknown event is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bedrock_errors_are_classified_and_a_broken_stream_is_a_clear_error() {
+    let status = |s: u16, msg: &str| Turn {
+        http_status: Some(s),
+        error_message: Some(msg.into()),
+        ..Default::default()
+    };
+    // Throttled once, then an answer: one call, the answer.
+    let throttled = rig("bedrock", &[]).await;
+    throttled.model.load(Cassette {
+        turns: vec![
+            status(429, "Too many requests"),
+            text_turn("after the wait"),
+        ],
+        ..Default::default()
+    });
+    let (frames, answer) = stream(
+        &throttled.client.ctx(),
+        "bedrock",
+        BEDROCK_MODEL,
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1}]),
+    )
+    .await;
+    assert_eq!(answer["stop_reason"], "end", "{answer}");
+    assert_eq!(
+        frames.last().unwrap()["message"]["content"][0]["text"],
+        "after the wait"
+    );
+    assert_eq!(throttled.model.requests().len(), 2, "retried once");
+
+    let (e, calls) = bedrock_error(vec![status(429, "Too many requests")]).await;
+    assert_eq!(e["error_kind"], "rate_limited", "{e}");
+    assert!(calls > 1, "throttling is retried");
+    let (e, calls) = bedrock_error(vec![status(400, "messages.0: bad field")]).await;
+    assert_eq!(e["error_kind"], "permanent", "{e}");
+    assert!(
+        e["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("ValidationException: messages.0: bad field"),
+        "{e}"
+    );
+    assert_eq!(calls, 1, "a validation error is not retried");
+    let (e, _) = bedrock_error(vec![status(400, "Input is too long for requested model.")]).await;
+    assert_eq!(e["error_kind"], "context_overflow", "{e}");
+    let (e, _) = bedrock_error(vec![status(403, "You don't have access to the model")]).await;
+    assert!(
+        e["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("request access to the model in the Bedrock console"),
+        "{e}"
+    );
+    let (e, _) = bedrock_error(vec![status(503, "unavailable")]).await;
+    assert_eq!(e["error_kind"], "transient", "{e}");
+    for broken in ["truncate", "bad_crc", "huge_frame", "stream_error"] {
+        let (e, _) = bedrock_error(vec![Turn {
+            text: Some("partial answer that breaks".into()),
+            malformed: Some(broken.into()),
+            ..Default::default()
+        }])
+        .await;
+        let expected = if broken == "stream_error" {
+            "rate_limited"
+        } else {
+            "transient"
+        };
+        assert_eq!(e["error_kind"], expected, "{broken}: {e}");
+        assert_eq!(
+            e["content"][0]["type"], "text",
+            "{broken}: what arrived is kept: {e}"
+        );
+    }
+    // An event type the API may add later is skipped.
+    let later = rig("bedrock", &[]).await;
+    later.model.load(Cassette {
+        turns: vec![Turn {
+            text: Some("goes on after an unknown event".into()),
+            malformed: Some("unknown_event".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let (frames, answer) = stream(
+        &later.client.ctx(),
+        "bedrock",
+        BEDROCK_MODEL,
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1}]),
+    )
+    .await;
+    assert_eq!(answer["stop_reason"], "end", "{answer}");
+    assert_eq!(
+        frames.last().unwrap()["message"]["content"][0]["text"],
+        "goes on after an unknown event"
+    );
+}
+
+fn text_turn(t: &str) -> Turn {
+    Turn {
+        text: Some(t.into()),
+        usage: TurnUsage {
+            input: 10,
+            output: 3,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
 }

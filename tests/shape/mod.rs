@@ -83,6 +83,8 @@ pub async fn bring_up(
     unsafe {
         std::env::set_var("ANTHROPIC_BASE_URL", &base);
         std::env::set_var("ANTHROPIC_API_KEY", "sk-test");
+        // The bedrock provider's SDK: the scripted model's ConverseStream, not LocalStack.
+        std::env::set_var("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", &base);
     }
     let clients = AwsClients::from_env().await;
     let names = AwsNames::new(prefix);
@@ -153,6 +155,25 @@ impl Shape {
     /// Subscribe to the session's events and start it with `task`.
     pub async fn start(&mut self, sid: &str, task: &str) {
         self.start_in(sid, task, None).await;
+    }
+
+    /// [`Shape::start`] with the run's provider and model.
+    pub async fn start_with(&mut self, sid: &str, task: &str, provider: &str, model: &str) {
+        self.ws
+            .send(Message::text(
+                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
+                    .to_string(),
+            ))
+            .await
+            .unwrap();
+        let started = self
+            .invoke(
+                "start",
+                "harness::trigger",
+                json!({"session_id": sid, "payload": {"provider": provider, "model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": task}], "timestamp": 1}]}}),
+            )
+            .await;
+        assert!(started["error"].is_null(), "{started}");
     }
 
     /// [`Shape::start`] from a position in a trace.

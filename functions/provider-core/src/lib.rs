@@ -132,6 +132,42 @@ pub trait Dialect: Send + Sync {
     }
 }
 
+/// Where a completion comes from, whatever its wire: an HTTP API with SSE (a [`Dialect`]), or
+/// an SDK's own stream (Bedrock's ConverseStream). It emits the message's events on `em` and
+/// says how the message ended; the worker around it does the rest (start, usage and cost,
+/// budgets, stop, done or error, closing the channel), the same for every provider.
+#[async_trait]
+pub trait Upstream: Send + Sync {
+    /// The provider name (`anthropic`, `bedrock`, …).
+    fn name(&self) -> &str;
+    async fn complete(&self, ctx: &Ctx, req: &StreamRequest, em: &mut Emitter) -> Outcome;
+}
+
+/// A [`Dialect`] over HTTP: credentials from `auth::get_token`, the request, its SSE answer.
+struct HttpUpstream {
+    dialect: Arc<dyn Dialect>,
+    route: Route,
+}
+
+#[async_trait]
+impl Upstream for HttpUpstream {
+    fn name(&self) -> &str {
+        self.dialect.name()
+    }
+
+    async fn complete(&self, ctx: &Ctx, req: &StreamRequest, em: &mut Emitter) -> Outcome {
+        let dialect = self.dialect.as_ref();
+        let creds = credentials(ctx, dialect).await?;
+        let resp = send(dialect, &self.route, &creds, req, true).await?;
+        let stream = resp.bytes_stream().map(|r| r.map_err(|e| e.to_string()));
+        let mut events: EventStream = Box::pin(
+            eventsource_stream::EventStream::new(stream)
+                .map(|r| r.map_err(|e| format!("malformed SSE: {e}"))),
+        );
+        dialect.translate(&mut events, em).await
+    }
+}
+
 pub type EventStream = std::pin::Pin<
     Box<dyn futures_util::Stream<Item = Result<eventsource_stream::Event, String>> + Send>,
 >;
@@ -373,31 +409,20 @@ async fn record_spend(ctx: &Ctx, budget_ids: &[String], cost_usd: f64) {
 /// is always closed. Returns the final message.
 async fn run(
     ctx: &Ctx,
-    dialect: &dyn Dialect,
-    route: &Route,
+    upstream: &dyn Upstream,
     prices: &Prices,
     req: &StreamRequest,
     writer: Option<ChannelWriter>,
 ) -> AgentMessage {
-    let mut em = Emitter::new(writer, dialect.name(), &req.model);
+    let mut em = Emitter::new(writer, upstream.name(), &req.model);
     em.emit(AssistantMessageEvent::Start {
         partial: em.partial(),
     })
     .await;
-    let outcome: Outcome = async {
-        let creds = credentials(ctx, dialect).await?;
-        let resp = send(dialect, route, &creds, req, true).await?;
-        let stream = resp.bytes_stream().map(|r| r.map_err(|e| e.to_string()));
-        let mut events: EventStream = Box::pin(
-            eventsource_stream::EventStream::new(stream)
-                .map(|r| r.map_err(|e| format!("malformed SSE: {e}"))),
-        );
-        dialect.translate(&mut events, &mut em).await
-    }
-    .await;
+    let outcome: Outcome = upstream.complete(ctx, req, &mut em).await;
     let message = match outcome {
         Ok(stop) => {
-            cost(ctx, prices, dialect.name(), &mut em).await;
+            cost(ctx, prices, upstream.name(), &mut em).await;
             record_spend(ctx, &req.budget_ids, em.builder.usage.cost_usd).await;
             em.emit(AssistantMessageEvent::Usage {
                 usage: em.builder.usage.clone(),
@@ -453,23 +478,27 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
             .build()
             .unwrap_or_default()
     });
-    worker_on(dialect, Route::Network(client))
+    worker_for(Arc::new(HttpUpstream {
+        dialect,
+        route: Route::Network(client),
+    }))
 }
 
 /// [`worker`] whose requests go to `transport` instead of the network.
 pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Transport>) -> Worker {
     engine_gateway::ensure_crypto_provider();
-    worker_on(
+    worker_for(Arc::new(HttpUpstream {
         dialect,
-        Route::InProcess(
+        route: Route::InProcess(
             transport,
             reqwest::Client::builder().build().unwrap_or_default(),
         ),
-    )
+    }))
 }
 
-fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
-    let name = dialect.name().to_string();
+/// `provider::<name>::stream` and `provider::<name>::complete` for any [`Upstream`].
+pub fn worker_for(upstream: Arc<dyn Upstream>) -> Worker {
+    let name = upstream.name().to_string();
     let mut w = Worker::new(&format!("provider-{name}"));
     let mut stream_def = RegisterFunction::new(format!("provider::{name}::stream"))
         .not_for_the_agent()
@@ -478,10 +507,10 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
         "Stream a completion from {name}: AssistantMessageEvent frames on the writer channel, which is always closed."
     ));
     let prices = Arc::new(Prices::default());
-    let (d, c, p) = (dialect.clone(), route.clone(), prices.clone());
+    let (u, p) = (upstream.clone(), prices.clone());
     let stream_id = stream_def.id.clone();
     w.register_function(stream_def, move |ctx, data: Value| {
-        let (d, c, p) = (d.clone(), c.clone(), p.clone());
+        let (u, p) = (u.clone(), p.clone());
         async move {
             let req = parse_request(&ctx, data)?;
             let writer_ref = req
@@ -489,7 +518,7 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
                 .clone()
                 .ok_or_else(|| ErrorBody::invalid("missing required field `writer_ref`"))?;
             let writer = ctx.open_writer(&writer_ref).await?;
-            let message = run(&ctx, d.as_ref(), &c, &p, &req, Some(writer)).await;
+            let message = run(&ctx, u.as_ref(), &p, &req, Some(writer)).await;
             let stop_reason = match &message {
                 AgentMessage::Assistant { stop_reason, .. } => Some(*stop_reason),
                 _ => None,
@@ -509,10 +538,10 @@ fn worker_on(dialect: Arc<dyn Dialect>, route: Route) -> Worker {
     ));
     let complete_id = complete_def.id.clone();
     w.register_function(complete_def, move |ctx, data: Value| {
-        let (d, c, p) = (dialect.clone(), route.clone(), prices.clone());
+        let (u, p) = (upstream.clone(), prices.clone());
         async move {
             let req = parse_request(&ctx, data)?;
-            let message = run(&ctx, d.as_ref(), &c, &p, &req, None).await;
+            let message = run(&ctx, u.as_ref(), &p, &req, None).await;
             Ok(serde_json::to_value(message).unwrap_or(Value::Null))
         }
     });

@@ -3,7 +3,8 @@
 //! `thinking_delta`, `input_json_delta`, `message_delta`, `message_stop`, `ping`, `error`) and
 //! `POST /v1/chat/completions` (OpenAI Chat Completions, SSE chunks with content,
 //! `reasoning_content` and `tool_calls` deltas by index, a usage chunk with
-//! `stream_options.include_usage`, and `[DONE]`). What it answers comes from a cassette: a
+//! `stream_options.include_usage`, and `[DONE]`), and `POST /model/{id}/converse-stream`
+//! (Amazon Bedrock ConverseStream, event-stream frames: see `bedrock`). What it answers comes from a cassette: a
 //! list of turns consumed one per request. `GET /_requests` lists what it received (the
 //! latest [`REQUESTS_KEPT`] requests and at most [`REQUEST_BYTES_KEPT`] of their bodies: a
 //! server that answers a long run must not keep every history it was sent).
@@ -21,6 +22,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod bedrock;
 mod request;
 use request::{Request, condition_holds};
 pub use request::{SYSTEM_CONDITION, system_text, tool_results, user_text};
@@ -269,6 +271,10 @@ impl ScriptedModel {
         Router::new()
             .route("/v1/messages", post(anthropic))
             .route("/v1/chat/completions", post(openai))
+            .route(
+                "/model/{model}/converse-stream",
+                post(bedrock::converse_stream),
+            )
             .route("/v1/models", get(models))
             .route("/_requests", get(requests))
             .with_state(self.clone())
@@ -291,6 +297,9 @@ impl ScriptedModel {
 }
 
 fn error_response(path: &str, status: u16, retry_after: Option<u64>, message: &str) -> Response {
+    if path.contains("converse") {
+        return bedrock::error_response(status, message);
+    }
     let anthropic = path.contains("/messages");
     let body = if anthropic {
         let kind = match status {

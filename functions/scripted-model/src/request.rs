@@ -55,6 +55,9 @@ struct Block {
     kind: Value,
     #[serde(default)]
     text: Value,
+    /// Bedrock Converse's tool result (`{"toolResult": {...}}`, no `type`).
+    #[serde(default, rename = "toolResult")]
+    tool_result: Option<IgnoredAny>,
 }
 
 impl Content {
@@ -84,13 +87,17 @@ impl Request {
         &self.messages.0
     }
 
-    /// Tool results (Anthropic `tool_result` blocks, OpenAI `tool` messages).
+    /// Tool results (Anthropic `tool_result` blocks, OpenAI `tool` messages, Bedrock
+    /// `toolResult` blocks).
     pub fn tool_results(&self) -> usize {
         self.messages()
             .iter()
             .map(|m| match &m.content {
                 _ if m.role == "tool" => 1,
-                Content::Blocks(b) => b.iter().filter(|b| b.kind == "tool_result").count(),
+                Content::Blocks(b) => b
+                    .iter()
+                    .filter(|b| b.kind == "tool_result" || b.tool_result.is_some())
+                    .count(),
                 _ => 0,
             })
             .sum()
