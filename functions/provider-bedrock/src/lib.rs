@@ -263,15 +263,14 @@ impl Upstream for Bedrock {
                         })
                         .await;
                     }
-                    Some(ContentBlockDelta::ToolUse(d)) => {
-                        if open == Open::Call {
-                            em.builder.push_call_args(d.input());
-                            em.emit(Ev::FunctioncallDelta {
-                                delta: d.input().to_string(),
-                                partial: em.partial(),
-                            })
-                            .await;
-                        }
+                    // Input outside a started tool use has no call to go to: dropped.
+                    Some(ContentBlockDelta::ToolUse(d)) if open == Open::Call => {
+                        em.builder.push_call_args(d.input());
+                        em.emit(Ev::FunctioncallDelta {
+                            delta: d.input().to_string(),
+                            partial: em.partial(),
+                        })
+                        .await;
                     }
                     Some(ContentBlockDelta::ReasoningContent(r)) => match r {
                         ReasoningContentBlockDelta::Text(t) => {
