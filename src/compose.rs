@@ -234,6 +234,15 @@ fn run_defaults(cfg: &Config, provider: ProviderName) -> Value {
     if let Some(s) = &cfg.run.system_default_skills {
         d["system_default_skills"] = json!(s);
     }
+    if !cfg.run.fallback.is_empty() {
+        d["fallback"] = json!(
+            cfg.run
+                .fallback
+                .iter()
+                .map(|f| json!({"provider": f.provider.as_str(), "model": f.model.clone().unwrap_or_else(|| f.provider.default_model().to_string())}))
+                .collect::<Vec<_>>()
+        );
+    }
     d
 }
 

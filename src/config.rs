@@ -189,6 +189,19 @@ pub struct RunDefaults {
     /// Skill ids fetched at provisioning; absent: SPEC's default index; empty: none.
     #[serde(default)]
     pub system_default_skills: Option<Vec<String>>,
+    /// Models asked in turn when a model call fails before its first token with a retryable
+    /// error (rate limited, overloaded, unavailable, a timeout), in the same step.
+    #[serde(default)]
+    pub fallback: Vec<Fallback>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fallback {
+    pub provider: ProviderName,
+    /// Default: the provider's.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 impl Default for RunDefaults {
@@ -200,6 +213,7 @@ impl Default for RunDefaults {
             mode: None,
             system_prompt: None,
             system_default_skills: None,
+            fallback: Vec::new(),
         }
     }
 }
@@ -684,6 +698,23 @@ impl Config {
                 "{}: `{}` is a stdio server, and the mcp worker runs as a Lambda: a Lambda cannot keep a server process between invocations; give it a `url` (streamable HTTP) or run the worker embedded or remote",
                 at("mcp_servers"),
                 s.name
+            ));
+        }
+        if self.run.fallback.len() > turn_orchestrator::types::MAX_FALLBACK {
+            return Err(format!(
+                "{}: at most {} fallback models",
+                at("run.fallback"),
+                turn_orchestrator::types::MAX_FALLBACK
+            ));
+        }
+        if let Some(f) = self.run.fallback.iter().find(|f| {
+            f.provider == ProviderName::Auto
+                || (self.workers.providers.embedded() && !listed.contains(&f.provider))
+        }) {
+            return Err(format!(
+                "{}: `{}` is not a provider listed under `providers`",
+                at("run.fallback"),
+                f.provider.as_str()
             ));
         }
         let mut ids = std::collections::HashSet::new();

@@ -84,3 +84,17 @@ fn a_key_path_is_found_in_its_block_only() {
     assert_eq!(line_of(text, "c.d.e"), Some(7));
     assert_eq!(line_of(text, "a.d"), None);
 }
+
+#[test]
+fn run_fallback_names_listed_providers_only() {
+    let ok = THICK.replace(
+        "  mode: agent\n",
+        "  mode: agent\n  fallback:\n    - provider: openai\n      model: gpt-5.4-mini\n    - provider: bedrock\n",
+    );
+    let cfg = Config::parse(&ok, "h.yaml").unwrap();
+    assert_eq!(cfg.run.fallback.len(), 2);
+    assert_eq!(cfg.run.fallback[1].provider, ProviderName::Bedrock);
+    let unlisted = THIN.replace("run:\n", "run:\n  fallback:\n    - provider: openai\n");
+    let e = Config::parse(&unlisted, "h.yaml").unwrap_err().to_string();
+    assert!(e.contains("run.fallback") && e.contains("openai"), "{e}");
+}

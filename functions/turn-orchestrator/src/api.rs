@@ -31,6 +31,29 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
             )));
         }
     }
+    if req.fallback.len() > MAX_FALLBACK {
+        return Err(ErrorBody::invalid(format!(
+            "`fallback` holds {} models; at most {MAX_FALLBACK}",
+            req.fallback.len()
+        )));
+    }
+    for (i, f) in req.fallback.iter().enumerate() {
+        let provider_ok = !f.provider.is_empty()
+            && f.provider.len() <= 64
+            && f.provider
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !provider_ok {
+            return Err(ErrorBody::invalid(format!(
+                "`fallback[{i}].provider` must be 1-64 characters of [a-z0-9_-]"
+            )));
+        }
+        if f.model.is_empty() || f.model.len() > 256 || f.model.chars().any(char::is_control) {
+            return Err(ErrorBody::invalid(format!(
+                "`fallback[{i}].model` must be 1 to 256 characters, without control characters"
+            )));
+        }
+    }
     let sid = req.session_id.clone();
     // The first to start a session under an id owns it; another's id is refused as one that
     // is not there (never "busy": that would say it exists).

@@ -96,9 +96,20 @@ pub struct RunRequest {
     /// absent: [`DEFAULT_SKILLS`]; empty: none.
     #[serde(default)]
     pub system_default_skills: Option<Vec<String>>,
+    /// Models tried in turn, in the same step, when a model call fails before its first
+    /// token with a retryable error (rate limited, overloaded, unavailable, a timeout).
+    #[serde(default)]
+    pub fallback: Vec<FallbackModel>,
 }
 
-/// SPEC's default for `system_default_skills`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct FallbackModel {
+    pub provider: String,
+    pub model: String,
+}
+
+/// At most this many fallback models.
+pub const MAX_FALLBACK: usize = 4;
 pub const DEFAULT_SKILLS: &[&str] = &["iii://iii-directory/index"];
 /// At most this many default skills, each at most this long.
 pub const MAX_DEFAULT_SKILLS: usize = 16;

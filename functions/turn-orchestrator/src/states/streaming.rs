@@ -311,6 +311,64 @@ pub(crate) async fn assistant_streaming(
     let prompt = run_prompt(ctx, rec).await?;
     // The UI sees what happened so far (compaction) before the model answers.
     flush_events(ctx, rec).await;
+    let mut message = call_model(ctx, rec, req, messages.clone(), &prompt).await?;
+    // The fallback chain: the same step asks the next model at once.
+    let mut asked = (req.provider.clone(), req.model.clone());
+    for next in &req.fallback {
+        let Some(reason) = falls_back(&message) else {
+            break;
+        };
+        emit(
+            rec,
+            "model_fallback",
+            json!({"from": {"provider": asked.0, "model": asked.1}, "to": {"provider": next.provider, "model": next.model}, "reason": reason}),
+        );
+        let attempt = RunRequest {
+            provider: next.provider.clone(),
+            model: next.model.clone(),
+            ..req.clone()
+        };
+        message = call_model(ctx, rec, &attempt, messages.clone(), &prompt).await?;
+        asked = (next.provider.clone(), next.model.clone());
+    }
+    drop(messages);
+    let message = with_usable_call_ids(message, rec.turn_count);
+    let (message, outcome) = match outcome_of(&message) {
+        // An answer whose calls will run is appended with the batch's results, in one write
+        // (`append_history`): the record holds it until then, and a batch that parks appends
+        // it first.
+        Ok(Outcome::Answered { calls }) if rec.tree && !calls.is_empty() => {
+            rec.assistant_pending = true;
+            (message, Ok(Outcome::Answered { calls }))
+        }
+        _ => {
+            // The stored message is the one decided on (a re-run step gets the first run's
+            // back).
+            let stored = append_history(ctx, rec, vec![message], "a")
+                .await?
+                .pop()
+                .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
+            let outcome = outcome_of(&stored);
+            (stored, outcome)
+        }
+    };
+    emit(rec, "message_complete", json!({"message": message}));
+    if let AgentMessage::Assistant { usage: Some(u), .. } = &message {
+        rec.totals.add_usage(u);
+    }
+    rec.last_assistant = Some(message);
+    outcome
+}
+
+/// One model call over a channel (token deltas pushed as they come) → the model's answer, an
+/// error answer included. Its own `chat` span and metrics, for the provider and model asked.
+async fn call_model(
+    ctx: &Ctx,
+    rec: &mut Record,
+    req: &RunRequest,
+    messages: History,
+    prompt: &Prompt,
+) -> StepResult<AgentMessage> {
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
     // The model call as the GenAI conventions describe it; the provider's spans nest under it.
@@ -462,7 +520,6 @@ pub(crate) async fn assistant_streaming(
             "the provider closed the stream without a final message".into(),
         ),
     };
-    let message = with_usable_call_ids(message, rec.turn_count);
     finish_chat_span(&mut span, &message);
     let failed = match &message {
         AgentMessage::Assistant {
@@ -494,31 +551,28 @@ pub(crate) async fn assistant_streaming(
         );
     }
     span.finish(failed.as_deref());
-    let (message, outcome) = match outcome_of(&message) {
-        // An answer whose calls will run is appended with the batch's results, in one write
-        // (`append_history`): the record holds it until then, and a batch that parks appends
-        // it first.
-        Ok(Outcome::Answered { calls }) if rec.tree && !calls.is_empty() => {
-            rec.assistant_pending = true;
-            (message, Ok(Outcome::Answered { calls }))
-        }
-        _ => {
-            // The stored message is the one decided on (a re-run step gets the first run's
-            // back).
-            let stored = append_history(ctx, rec, vec![message], "a")
-                .await?
-                .pop()
-                .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
-            let outcome = outcome_of(&stored);
-            (stored, outcome)
-        }
+    Ok(message)
+}
+
+/// Whether a failed answer may go to the next model: it failed before its first token, with
+/// an error another provider may not have (rate limits, overload, unavailability, timeouts);
+/// never a refused request (bad input, credentials, the context window).
+fn falls_back(message: &AgentMessage) -> Option<String> {
+    let AgentMessage::Assistant {
+        stop_reason: StopReason::Error,
+        error_kind,
+        error_message,
+        content,
+        ..
+    } = message
+    else {
+        return None;
     };
-    emit(rec, "message_complete", json!({"message": message}));
-    if let AgentMessage::Assistant { usage: Some(u), .. } = &message {
-        rec.totals.add_usage(u);
-    }
-    rec.last_assistant = Some(message);
-    outcome
+    let retryable = matches!(
+        error_kind,
+        Some(ErrorKind::RateLimited) | Some(ErrorKind::Transient)
+    );
+    (retryable && content.is_empty()).then(|| error_message.clone().unwrap_or_default())
 }
 
 /// What the model's answer decides: failed (an error or abort), or answered with these calls
