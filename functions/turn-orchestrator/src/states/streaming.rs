@@ -311,7 +311,9 @@ pub(crate) async fn assistant_streaming(
     let prompt = run_prompt(ctx, rec).await?;
     // The UI sees what happened so far (compaction) before the model answers.
     flush_events(ctx, rec).await;
-    let mut message = call_model(ctx, rec, req, messages.clone(), &prompt).await?;
+    // What the catalogue says of the run's model (unknown for a fallback: today's request).
+    let meta = rec.model_meta.clone();
+    let mut message = call_model(ctx, rec, req, messages.clone(), &prompt, meta.as_ref()).await?;
     // The fallback chain: the same step asks the next model at once.
     let mut asked = (req.provider.clone(), req.model.clone());
     for next in &req.fallback {
@@ -328,7 +330,7 @@ pub(crate) async fn assistant_streaming(
             model: next.model.clone(),
             ..req.clone()
         };
-        message = call_model(ctx, rec, &attempt, messages.clone(), &prompt).await?;
+        message = call_model(ctx, rec, &attempt, messages.clone(), &prompt, None).await?;
         asked = (next.provider.clone(), next.model.clone());
     }
     drop(messages);
@@ -368,7 +370,13 @@ async fn call_model(
     req: &RunRequest,
     messages: History,
     prompt: &Prompt,
+    meta: Option<&Value>,
 ) -> StepResult<AgentMessage> {
+    let caps = Capabilities::of(meta);
+    let messages = match caps.vision {
+        Some(false) => without_images(messages),
+        _ => messages,
+    };
     let (writer, reader) = ctx.create_channel(Some(64)).await?;
     let mut reader = ctx.open_reader(&reader).await?;
     // The model call as the GenAI conventions describe it; the provider's spans nest under it.
@@ -377,13 +385,22 @@ async fn call_model(
     let mut first_frame: Option<Duration> = None;
     let mut call = {
         let ctx = span.ctx().clone();
-        let payload = json!({
+        let no_tools = caps.tools == Some(false);
+        let system_prompt = match (&prompt.system_prompt, no_tools) {
+            (Some(p), true) => Some(format!("{p}\n\n{NO_TOOLS_NOTE}")),
+            (p, _) => p.clone(),
+        };
+        let tools = if no_tools { &[][..] } else { &prompt.tools[..] };
+        let mut payload = json!({
             "writer_ref": writer,
-            "system_prompt": prompt.system_prompt,
+            "system_prompt": system_prompt,
             "model": req.model,
-            "tools": prompt.tools,
+            "tools": tools,
             "budget_ids": rec.budget_ids,
         });
+        if let Some(max) = caps.max_output_tokens {
+            payload["max_tokens"] = json!(max);
+        }
         // The history goes beside the payload: a provider in this process reads the shared
         // list as it is, any other gets it as the payload's `messages`. It is released when
         // the call ends, before this step appends to the cached list (which then needs no
@@ -552,6 +569,84 @@ async fn call_model(
     }
     span.finish(failed.as_deref());
     Ok(message)
+}
+
+/// What the model's catalogue entry says it can do; `None`: not known, today's request.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Capabilities {
+    pub tools: Option<bool>,
+    pub vision: Option<bool>,
+    pub max_output_tokens: Option<u64>,
+}
+
+impl Capabilities {
+    pub(crate) fn of(meta: Option<&Value>) -> Self {
+        let Some(m) = meta.filter(|m| m.is_object()) else {
+            return Self::default();
+        };
+        Self {
+            tools: m["supports_tools"].as_bool(),
+            vision: m["supports_vision"].as_bool(),
+            max_output_tokens: m["max_output_tokens"].as_u64().filter(|n| *n > 0),
+        }
+    }
+}
+
+/// What a model without tool use is told (it gets no tools).
+pub(crate) const NO_TOOLS_NOTE: &str = "This model cannot call functions here: no tool is offered, so answer in text, and say so when the task needs an action.";
+
+/// The history with every image replaced by a note (a model that cannot see them); the shared
+/// list itself when it holds none.
+pub(crate) fn without_images(messages: History) -> History {
+    let has = |c: &[ContentBlock]| c.iter().any(|b| matches!(b, ContentBlock::Image { .. }));
+    if !messages.iter().any(|m| match m {
+        AgentMessage::User { content, .. } | AgentMessage::FunctionResult { content, .. } => {
+            has(content)
+        }
+        _ => false,
+    }) {
+        return messages;
+    }
+    let strip = |content: &[ContentBlock]| -> Vec<ContentBlock> {
+        content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::Image { mime, data } => ContentBlock::Text {
+                    text: format!(
+                        "[an image ({mime}, {} bytes of base64) the model cannot see]",
+                        data.len()
+                    ),
+                },
+                other => other.clone(),
+            })
+            .collect()
+    };
+    let copied = messages
+        .iter()
+        .map(|m| match m {
+            AgentMessage::User { content, timestamp } => AgentMessage::User {
+                content: strip(content),
+                timestamp: *timestamp,
+            },
+            AgentMessage::FunctionResult {
+                function_call_id,
+                function_id,
+                content,
+                details,
+                is_error,
+                timestamp,
+            } => AgentMessage::FunctionResult {
+                function_call_id: function_call_id.clone(),
+                function_id: function_id.clone(),
+                content: strip(content),
+                details: details.clone(),
+                is_error: *is_error,
+                timestamp: *timestamp,
+            },
+            other => other.clone(),
+        })
+        .collect();
+    std::sync::Arc::new(copied)
 }
 
 /// Whether a failed answer may go to the next model: it failed before its first token, with
