@@ -408,7 +408,8 @@ impl Server {
 
     /// The connection, waiting a little for one that is starting.
     async fn connection(&self) -> Option<Arc<Service>> {
-        let deadline = Instant::now() + START_WAIT.min(self.cfg.timeout());
+        // Waiting for a (re)start is not the tool's time: a call's own deadline starts after.
+        let deadline = Instant::now() + START_WAIT;
         let mut woke = false;
         loop {
             if let Some(s) = lock(&self.service).clone() {
@@ -423,6 +424,18 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The connection `service` is broken: no call is given it any more (the next waits for
+    /// the restart), and the loop restarts the server.
+    fn mark_broken(&self, service: &Arc<Service>) {
+        {
+            let mut current = lock(&self.service);
+            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, service)) {
+                *current = None;
+            }
+        }
+        self.broken.notify_one();
     }
 
     /// Whether the server answers a `ping` within [`PING_WAIT`].
@@ -476,7 +489,7 @@ impl Server {
             Some(Err(_)) => {
                 // A slow tool, or a server that stopped answering altogether? Ask it.
                 if !self.answers_ping(&service).await {
-                    self.broken.notify_one();
+                    self.mark_broken(&service);
                     return Err(self.unavailable(&format!(
                         "`{tool}` got no answer within {} s, and the server answers no ping (it is restarted)",
                         timeout.as_secs()
@@ -501,7 +514,7 @@ impl Server {
                     ),
                 )),
                 other => {
-                    self.broken.notify_one();
+                    self.mark_broken(&service);
                     Err(self.unavailable(&other.to_string()))
                 }
             },
