@@ -69,10 +69,7 @@ async fn the_catalogues_limits_and_capabilities_shape_the_request() {
         "{sent}"
     );
     assert!(
-        sent["system"]
-            .as_str()
-            .unwrap()
-            .contains("cannot call functions"),
+        sent["system"].to_string().contains("cannot call functions"),
         "{}",
         sent["system"]
     );
@@ -91,4 +88,45 @@ async fn the_catalogues_limits_and_capabilities_shape_the_request() {
     assert_eq!(sent["max_tokens"], provider_anthropic::DEFAULT_MAX_TOKENS);
     assert_eq!(sent["tools"][0]["name"], "agent_trigger");
     assert_eq!(sent["messages"][0]["content"][1]["type"], "image");
+}
+
+/// Prompt caching on every Anthropic request of a multi-turn session: three breakpoints (the
+/// system prompt, the last tool, the latest message's last block), at most the API's four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_anthropic_request_of_a_session_marks_its_cache_breakpoints() {
+    let s = stack(PERMISSIONS).await;
+    s.model.load(Cassette {
+        turns: vec![
+            call("k1", "fs::list", json!({})),
+            call("k2", "fs::list", json!({})),
+            text("done"),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "cache1", Some(6)).await;
+    wait_state(&ctx, "cache1", "stopped").await;
+    let requests = s.model.requests();
+    let bodies: Vec<&Value> = requests
+        .iter()
+        .filter(|r| r["path"] == "/v1/messages")
+        .map(|r| &r["body"])
+        .collect();
+    assert_eq!(bodies.len(), 3, "three model calls");
+    for (i, b) in bodies.iter().enumerate() {
+        let marks = b.to_string().matches("\"cache_control\"").count();
+        assert_eq!(marks, 3, "request {i}: {b}");
+        assert_eq!(
+            b["system"][0]["cache_control"]["type"], "ephemeral",
+            "request {i}"
+        );
+        let tools = b["tools"].as_array().unwrap();
+        assert_eq!(tools.last().unwrap()["cache_control"]["type"], "ephemeral");
+        let last = b["messages"].as_array().unwrap().last().unwrap();
+        let block = last["content"].as_array().unwrap().last().unwrap();
+        assert_eq!(
+            block["cache_control"]["type"], "ephemeral",
+            "request {i}: {last}"
+        );
+    }
 }

@@ -301,13 +301,22 @@ async fn providers_stream_thinking_text_and_calls_in_order() {
         let sent = &rig.model.requests()[0]["body"];
         assert_eq!(sent["stream"], true);
         if case.name == "anthropic" {
-            assert_eq!(sent["system"], "You are a test.");
+            // Prompt caching: breakpoints after the system prompt, the tools and the latest
+            // message.
+            assert_eq!(
+                sent["system"],
+                json!([{"type": "text", "text": "You are a test.", "cache_control": {"type": "ephemeral"}}])
+            );
             assert_eq!(sent["messages"][1]["content"][1]["type"], "tool_use");
             assert_eq!(
                 sent["messages"][2]["content"][0],
-                json!({"type": "tool_result", "tool_use_id": "c0", "content": "a.txt", "is_error": false})
+                json!({"type": "tool_result", "tool_use_id": "c0", "content": "a.txt", "is_error": false, "cache_control": {"type": "ephemeral"}})
             );
             assert_eq!(sent["tools"][0]["input_schema"], json!({"type": "object"}));
+            assert_eq!(
+                sent["tools"][0]["cache_control"],
+                json!({"type": "ephemeral"})
+            );
         } else {
             assert_eq!(
                 sent["messages"][0],

@@ -43,9 +43,28 @@ struct MessagesBody<'a> {
     messages: Vec<WireMessage<'a>>,
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<&'a str>,
+    system: Option<[SystemBlock<'a>; 1]>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
+}
+
+/// Prompt caching: a breakpoint (`cache_control: ephemeral`) after the system prompt, after the
+/// tool list and on the conversation's latest message, three of the four the API allows, so
+/// each model call of a session reads the prefix the previous one wrote.
+#[derive(Debug, Serialize, Clone, Copy)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const EPHEMERAL: CacheControl = CacheControl { kind: "ephemeral" };
+
+#[derive(Serialize)]
+struct SystemBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+    cache_control: CacheControl,
 }
 
 #[derive(Serialize)]
@@ -53,12 +72,23 @@ struct WireTool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 #[derive(Debug, Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    content: Vec<WireBlock<'a>>,
+    content: Vec<Marked<'a>>,
+}
+
+/// A content block, with the cache breakpoint when it is the conversation's last.
+#[derive(Debug, Serialize)]
+struct Marked<'a> {
+    #[serde(flatten)]
+    block: WireBlock<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 #[derive(Debug, Serialize)]
@@ -159,11 +189,15 @@ fn messages<'a>(history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
         if blocks.is_empty() {
             return;
         }
+        let blocks = blocks.into_iter().map(|block| Marked {
+            block,
+            cache_control: None,
+        });
         match out.last_mut() {
             Some(last) if last.role == role => last.content.extend(blocks),
             _ => out.push(WireMessage {
                 role,
-                content: blocks,
+                content: blocks.collect(),
             }),
         }
     };
@@ -195,6 +229,13 @@ fn messages<'a>(history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
                 }],
             ),
         }
+    }
+    // The latest message is the conversation's newest stable prefix: the next call reads it
+    // from the cache (a thinking block cannot carry the breakpoint).
+    if let Some(last) = out.last_mut().and_then(|m| m.content.last_mut())
+        && !matches!(last.block, WireBlock::Thinking { .. })
+    {
+        last.cache_control = Some(EPHEMERAL);
     }
     out
 }
@@ -234,14 +275,26 @@ impl Dialect for Anthropic {
             max_tokens: req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
             messages: messages(req.messages()),
             stream,
-            system: req.system_prompt.as_deref().filter(|s| !s.is_empty()),
+            system: req
+                .system_prompt
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(|text| {
+                    [SystemBlock {
+                        kind: "text",
+                        text,
+                        cache_control: EPHEMERAL,
+                    }]
+                }),
             tools: req
                 .tools
                 .iter()
-                .map(|t| WireTool {
+                .enumerate()
+                .map(|(i, t)| WireTool {
                     name: &t.name,
                     description: &t.description,
                     input_schema: &t.parameters,
+                    cache_control: (i + 1 == req.tools.len()).then_some(EPHEMERAL),
                 })
                 .collect(),
         };
