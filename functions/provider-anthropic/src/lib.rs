@@ -9,7 +9,10 @@ use futures_util::StreamExt;
 use harness_sdk::messages::{
     AgentMessage, AssistantMessageEvent as Ev, ContentBlock, ErrorKind, StopReason,
 };
-use provider_core::{Credentials, Dialect, Emitter, EventStream, Outcome, StreamRequest, text_of};
+use provider_core::{
+    Credentials, Dialect, Emitter, EventStream, OpenBlock, Outcome, StreamRequest, close_block,
+    text_of,
+};
 use serde::Serialize;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -249,14 +252,6 @@ fn error_kind(kind: &str) -> ErrorKind {
     }
 }
 
-#[derive(PartialEq)]
-enum Block {
-    None,
-    Text,
-    Thinking,
-    Call,
-}
-
 #[async_trait]
 impl Dialect for Anthropic {
     fn name(&self) -> &str {
@@ -309,7 +304,7 @@ impl Dialect for Anthropic {
     }
 
     async fn translate(&self, events: &mut EventStream, em: &mut Emitter) -> Outcome {
-        let mut open = Block::None;
+        let mut open = OpenBlock::None;
         let mut stop: Option<StopReason> = None;
         while let Some(ev) = events.next().await {
             let ev = ev.map_err(|e| (ErrorKind::Transient, e))?;
@@ -332,7 +327,7 @@ impl Dialect for Anthropic {
                     let b = &data["content_block"];
                     match b["type"].as_str() {
                         Some("text") => {
-                            open = Block::Text;
+                            open = OpenBlock::Text;
                             em.builder.start_text();
                             em.emit(Ev::TextStart {
                                 partial: em.partial(),
@@ -340,7 +335,7 @@ impl Dialect for Anthropic {
                             .await;
                         }
                         Some("thinking") | Some("redacted_thinking") => {
-                            open = Block::Thinking;
+                            open = OpenBlock::Thinking;
                             em.builder.start_thinking();
                             em.emit(Ev::ThinkingStart {
                                 partial: em.partial(),
@@ -348,7 +343,7 @@ impl Dialect for Anthropic {
                             .await;
                         }
                         Some("tool_use") => {
-                            open = Block::Call;
+                            open = OpenBlock::Call;
                             em.builder.start_call(
                                 b["id"].as_str().unwrap_or_default(),
                                 b["name"].as_str().unwrap_or_default(),
@@ -358,7 +353,7 @@ impl Dialect for Anthropic {
                             })
                             .await;
                         }
-                        _ => open = Block::None,
+                        _ => open = OpenBlock::None,
                     }
                 }
                 "content_block_delta" => {
@@ -397,33 +392,7 @@ impl Dialect for Anthropic {
                         _ => {}
                     }
                 }
-                "content_block_stop" => {
-                    match open {
-                        Block::Text => {
-                            em.emit(Ev::TextEnd {
-                                partial: em.partial(),
-                            })
-                            .await
-                        }
-                        Block::Thinking => {
-                            em.emit(Ev::ThinkingEnd {
-                                partial: em.partial(),
-                            })
-                            .await
-                        }
-                        Block::Call => {
-                            em.builder
-                                .end_call()
-                                .map_err(|e| (ErrorKind::Transient, e))?;
-                            em.emit(Ev::FunctioncallEnd {
-                                partial: em.partial(),
-                            })
-                            .await;
-                        }
-                        Block::None => {}
-                    }
-                    open = Block::None;
-                }
+                "content_block_stop" => close_block(&mut open, em).await?,
                 "message_delta" => {
                     if let Some(o) = data["usage"]["output_tokens"].as_u64() {
                         em.builder.usage.output = o;

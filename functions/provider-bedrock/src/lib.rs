@@ -19,7 +19,7 @@ use aws_sdk_bedrockruntime::types::{
 };
 use harness_sdk::messages::{AssistantMessageEvent as Ev, ErrorKind, StopReason};
 use harness_sdk::{Ctx, Worker};
-use provider_core::{Emitter, Outcome, StreamRequest, Upstream};
+use provider_core::{Emitter, OpenBlock, Outcome, StreamRequest, Upstream, close_block};
 use std::sync::Arc;
 
 pub const NAME: &str = "bedrock";
@@ -58,43 +58,6 @@ impl Bedrock {
 /// The worker registering `provider::bedrock::stream` and `provider::bedrock::complete`.
 pub fn worker() -> Worker {
     provider_core::worker_for(Arc::new(Bedrock::from_env()))
-}
-
-#[derive(PartialEq, Clone, Copy)]
-enum Open {
-    None,
-    Text,
-    Thinking,
-    Call,
-}
-
-async fn close(open: &mut Open, em: &mut Emitter) -> Result<(), (ErrorKind, String)> {
-    match *open {
-        Open::Text => {
-            em.emit(Ev::TextEnd {
-                partial: em.partial(),
-            })
-            .await
-        }
-        Open::Thinking => {
-            em.emit(Ev::ThinkingEnd {
-                partial: em.partial(),
-            })
-            .await
-        }
-        Open::Call => {
-            em.builder
-                .end_call()
-                .map_err(|e| (ErrorKind::Transient, e))?;
-            em.emit(Ev::FunctioncallEnd {
-                partial: em.partial(),
-            })
-            .await;
-        }
-        Open::None => {}
-    }
-    *open = Open::None;
-    Ok(())
 }
 
 /// An exception's code and message → what kind of failure it is, and what to say.
@@ -225,7 +188,7 @@ impl Upstream for Bedrock {
             Ok(o) => o,
             Err(e) => return Err(sdk_error(&e)),
         };
-        let mut open = Open::None;
+        let mut open = OpenBlock::None;
         let mut stop: Option<StopReason> = None;
         loop {
             let event = match output.stream.recv().await {
@@ -235,9 +198,9 @@ impl Upstream for Bedrock {
             };
             match event {
                 ConverseStreamOutput::ContentBlockStart(e) => {
-                    close(&mut open, em).await?;
+                    close_block(&mut open, em).await?;
                     if let Some(ContentBlockStart::ToolUse(t)) = e.start() {
-                        open = Open::Call;
+                        open = OpenBlock::Call;
                         em.builder.start_call(t.tool_use_id(), t.name());
                         em.emit(Ev::FunctioncallStart {
                             partial: em.partial(),
@@ -247,9 +210,9 @@ impl Upstream for Bedrock {
                 }
                 ConverseStreamOutput::ContentBlockDelta(e) => match e.delta() {
                     Some(ContentBlockDelta::Text(t)) => {
-                        if open != Open::Text {
-                            close(&mut open, em).await?;
-                            open = Open::Text;
+                        if open != OpenBlock::Text {
+                            close_block(&mut open, em).await?;
+                            open = OpenBlock::Text;
                             em.builder.start_text();
                             em.emit(Ev::TextStart {
                                 partial: em.partial(),
@@ -264,7 +227,7 @@ impl Upstream for Bedrock {
                         .await;
                     }
                     // Input outside a started tool use has no call to go to: dropped.
-                    Some(ContentBlockDelta::ToolUse(d)) if open == Open::Call => {
+                    Some(ContentBlockDelta::ToolUse(d)) if open == OpenBlock::Call => {
                         em.builder.push_call_args(d.input());
                         em.emit(Ev::FunctioncallDelta {
                             delta: d.input().to_string(),
@@ -274,9 +237,9 @@ impl Upstream for Bedrock {
                     }
                     Some(ContentBlockDelta::ReasoningContent(r)) => match r {
                         ReasoningContentBlockDelta::Text(t) => {
-                            if open != Open::Thinking {
-                                close(&mut open, em).await?;
-                                open = Open::Thinking;
+                            if open != OpenBlock::Thinking {
+                                close_block(&mut open, em).await?;
+                                open = OpenBlock::Thinking;
                                 em.builder.start_thinking();
                                 em.emit(Ev::ThinkingStart {
                                     partial: em.partial(),
@@ -295,9 +258,9 @@ impl Upstream for Bedrock {
                     },
                     _ => {}
                 },
-                ConverseStreamOutput::ContentBlockStop(_) => close(&mut open, em).await?,
+                ConverseStreamOutput::ContentBlockStop(_) => close_block(&mut open, em).await?,
                 ConverseStreamOutput::MessageStop(e) => {
-                    close(&mut open, em).await?;
+                    close_block(&mut open, em).await?;
                     stop = Some(match e.stop_reason() {
                         BedrockStop::ToolUse => StopReason::FunctionCall,
                         BedrockStop::MaxTokens => StopReason::Length,
@@ -331,7 +294,7 @@ impl Upstream for Bedrock {
                 _ => {}
             }
         }
-        close(&mut open, em).await?;
+        close_block(&mut open, em).await?;
         stop.ok_or((
             ErrorKind::Transient,
             "the Bedrock stream ended before messageStop".to_string(),

@@ -106,6 +106,50 @@ impl Emitter {
     }
 }
 
+/// The content block a provider's stream has open: every dialect closes one the same way.
+#[derive(Debug, PartialEq, Clone, Copy)]
+pub enum OpenBlock {
+    None,
+    Text,
+    Thinking,
+    Call,
+}
+
+/// End the open block (`text_end`, `thinking_end`, or the call's arguments parsed and
+/// `functioncall_end`) and leave none open.
+pub async fn close_block(
+    open: &mut OpenBlock,
+    em: &mut Emitter,
+) -> Result<(), (ErrorKind, String)> {
+    use harness_sdk::messages::AssistantMessageEvent as Ev;
+    match *open {
+        OpenBlock::Text => {
+            em.emit(Ev::TextEnd {
+                partial: em.partial(),
+            })
+            .await
+        }
+        OpenBlock::Thinking => {
+            em.emit(Ev::ThinkingEnd {
+                partial: em.partial(),
+            })
+            .await
+        }
+        OpenBlock::Call => {
+            em.builder
+                .end_call()
+                .map_err(|e| (ErrorKind::Transient, e))?;
+            em.emit(Ev::FunctioncallEnd {
+                partial: em.partial(),
+            })
+            .await;
+        }
+        OpenBlock::None => {}
+    }
+    *open = OpenBlock::None;
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 pub struct Credentials {
     pub api_key: Option<String>,

@@ -9,7 +9,10 @@ use futures_util::StreamExt;
 use harness_sdk::messages::{
     AgentMessage, AssistantMessageEvent as Ev, ContentBlock, ErrorKind, StopReason,
 };
-use provider_core::{Credentials, Dialect, Emitter, EventStream, Outcome, StreamRequest, text_of};
+use provider_core::{
+    Credentials, Dialect, Emitter, EventStream, OpenBlock, Outcome, StreamRequest, close_block,
+    text_of,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -247,43 +250,6 @@ fn wire_messages<'a>(system: Option<&'a str>, history: &'a [AgentMessage]) -> Ve
     out
 }
 
-#[derive(PartialEq, Clone, Copy)]
-enum Open {
-    None,
-    Thinking,
-    Text,
-    Call,
-}
-
-async fn close(open: &mut Open, em: &mut Emitter) -> Result<(), (ErrorKind, String)> {
-    match *open {
-        Open::Thinking => {
-            em.emit(Ev::ThinkingEnd {
-                partial: em.partial(),
-            })
-            .await
-        }
-        Open::Text => {
-            em.emit(Ev::TextEnd {
-                partial: em.partial(),
-            })
-            .await
-        }
-        Open::Call => {
-            em.builder
-                .end_call()
-                .map_err(|e| (ErrorKind::Transient, e))?;
-            em.emit(Ev::FunctioncallEnd {
-                partial: em.partial(),
-            })
-            .await;
-        }
-        Open::None => {}
-    }
-    *open = Open::None;
-    Ok(())
-}
-
 #[async_trait]
 impl Dialect for OpenAiDialect {
     fn name(&self) -> &str {
@@ -334,13 +300,13 @@ impl Dialect for OpenAiDialect {
     }
 
     async fn translate(&self, events: &mut EventStream, em: &mut Emitter) -> Outcome {
-        let mut open = Open::None;
+        let mut open = OpenBlock::None;
         let mut finish: Option<StopReason> = None;
         let mut call_index: Option<u64> = None;
         while let Some(ev) = events.next().await {
             let ev = ev.map_err(|e| (ErrorKind::Transient, e))?;
             if ev.data.trim() == "[DONE]" {
-                close(&mut open, em).await?;
+                close_block(&mut open, em).await?;
                 return match finish {
                     Some(f) => Ok(f),
                     None => Err((
@@ -378,9 +344,9 @@ impl Dialect for OpenAiDialect {
                 .as_str()
                 .filter(|t| !t.is_empty())
             {
-                if open != Open::Thinking {
-                    close(&mut open, em).await?;
-                    open = Open::Thinking;
+                if open != OpenBlock::Thinking {
+                    close_block(&mut open, em).await?;
+                    open = OpenBlock::Thinking;
                     em.builder.start_thinking();
                     em.emit(Ev::ThinkingStart {
                         partial: em.partial(),
@@ -395,9 +361,9 @@ impl Dialect for OpenAiDialect {
                 .await;
             }
             if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-                if open != Open::Text {
-                    close(&mut open, em).await?;
-                    open = Open::Text;
+                if open != OpenBlock::Text {
+                    close_block(&mut open, em).await?;
+                    open = OpenBlock::Text;
                     em.builder.start_text();
                     em.emit(Ev::TextStart {
                         partial: em.partial(),
@@ -416,8 +382,8 @@ impl Dialect for OpenAiDialect {
                     let index = c["index"].as_u64().unwrap_or(0);
                     if call_index != Some(index) {
                         // A new index starts a new call (deltas arrive grouped by index).
-                        close(&mut open, em).await?;
-                        open = Open::Call;
+                        close_block(&mut open, em).await?;
+                        open = OpenBlock::Call;
                         call_index = Some(index);
                         em.builder.start_call(
                             c["id"].as_str().unwrap_or_default(),
