@@ -234,6 +234,9 @@ fn run_defaults(cfg: &Config, provider: ProviderName) -> Value {
     if let Some(s) = &cfg.run.system_default_skills {
         d["system_default_skills"] = json!(s);
     }
+    if !cfg.run.prompt_cache {
+        d["prompt_cache"] = json!(false);
+    }
     if !cfg.run.fallback.is_empty() {
         d["fallback"] = json!(
             cfg.run

@@ -193,6 +193,14 @@ pub struct RunDefaults {
     /// error (rate limited, overloaded, unavailable, a timeout), in the same step.
     #[serde(default)]
     pub fallback: Vec<Fallback>,
+    /// `false`: no provider is asked to cache the prompt (writes to a cache cost more than
+    /// plain input: a run of one or two model calls is cheaper without).
+    #[serde(default = "yes")]
+    pub prompt_cache: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -214,6 +222,7 @@ impl Default for RunDefaults {
             system_prompt: None,
             system_default_skills: None,
             fallback: Vec::new(),
+            prompt_cache: true,
         }
     }
 }

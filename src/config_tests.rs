@@ -98,3 +98,14 @@ fn run_fallback_names_listed_providers_only() {
     let e = Config::parse(&unlisted, "h.yaml").unwrap_err().to_string();
     assert!(e.contains("run.fallback") && e.contains("openai"), "{e}");
 }
+
+#[test]
+fn run_prompt_cache_is_on_unless_turned_off() {
+    assert!(Config::parse(THICK, "h.yaml").unwrap().run.prompt_cache);
+    assert!(Config::parse(THIN, "h.yaml").unwrap().run.prompt_cache);
+    let off = THICK.replace("  prompt_cache: true", "  prompt_cache: false");
+    assert!(!Config::parse(&off, "h.yaml").unwrap().run.prompt_cache);
+    let junk = THICK.replace("  prompt_cache: true", "  prompt_cache: sometimes");
+    let e = Config::parse(&junk, "h.yaml").unwrap_err().to_string();
+    assert!(e.contains("prompt_cache"), "{e}");
+}

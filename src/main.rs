@@ -234,6 +234,8 @@ async fn main() -> anyhow::Result<()> {
     let mut tool_calls = 0;
     // What the provider reported for each model call of this run (message_complete events).
     let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
+    // Of the input: read from the provider's prompt cache, and written to it.
+    let (mut cache_read, mut cache_write) = (0u64, 0u64);
     while let Some(msg) = pushes.recv().await {
         let Message::StreamEvent { event, .. } = msg else {
             continue;
@@ -255,7 +257,11 @@ async fn main() -> anyhow::Result<()> {
             "message_complete" => {
                 println!();
                 let u = &data["message"]["usage"];
-                input += u["input"].as_u64().unwrap_or(0) + u["cache_read"].as_u64().unwrap_or(0);
+                let read = u["cache_read"].as_u64().unwrap_or(0);
+                let write = u["cache_write"].as_u64().unwrap_or(0);
+                input += u["input"].as_u64().unwrap_or(0) + read + write;
+                cache_read += read;
+                cache_write += write;
                 output += u["output"].as_u64().unwrap_or(0);
                 cost += u["cost_usd"].as_f64().unwrap_or(0.0);
                 if data["message"]["stop_reason"] == "error" {
@@ -356,8 +362,12 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|g| g.iter().find(|x| x["value"] == sid.as_str()))
         .map(|g| g["trace_ids"][0].clone())
         .unwrap_or(Value::Null);
+    let cached = match (cache_read, cache_write) {
+        (0, 0) => String::new(),
+        (r, w) => format!(" ({r} read from the prompt cache, {w} written to it)"),
+    };
     println!(
-        "\n— session {sid}: {} · turns {} · tool calls {tool_calls} · tokens {input} in / {output} out · cost ${cost:.6} · trace {}",
+        "\n— session {sid}: {} · turns {} · tool calls {tool_calls} · tokens {input} in{cached} / {output} out · cost ${cost:.6} · trace {}",
         state["state"].as_str().unwrap_or("?"),
         state["turn_count"],
         trace.as_str().unwrap_or("?")

@@ -130,3 +130,189 @@ async fn every_anthropic_request_of_a_session_marks_its_cache_breakpoints() {
         );
     }
 }
+
+/// A scripted turn without usage: with `simulate_cache`, the server bills it from the request.
+fn unbilled(mut t: scripted_model::Turn) -> scripted_model::Turn {
+    t.usage = Default::default();
+    t
+}
+
+fn calls_then_text(n: usize) -> Vec<scripted_model::Turn> {
+    let mut turns: Vec<_> = (0..n)
+        .map(|i| unbilled(call(&format!("k{i}"), "fs::list", json!({}))))
+        .collect();
+    turns.push(unbilled(text("done")));
+    turns
+}
+
+async fn run(ctx: &harness_sdk::Ctx, sid: &str, payload: Value) -> Value {
+    let mut payload = payload;
+    payload["messages"] = json!([{"role": "user", "content": [{"type": "text", "text": "do the task"}], "timestamp": 1}]);
+    let r = ctx
+        .trigger(
+            "harness::trigger",
+            json!({"session_id": sid, "payload": payload}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["status_code"], 200, "{r}");
+    wait_state(ctx, sid, "stopped").await
+}
+
+/// A thick stack with the Bedrock provider too, pointed at the scripted model's ConverseStream.
+async fn stack_with_bedrock() -> Stack {
+    // SAFETY: set before the client is built; one test per process (nextest).
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "AKIDTEST");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test-secret");
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+    let mut cfg = agent_harness::config::Config::load("thick").unwrap();
+    cfg.sandbox.workspace = agent_harness::config::Workspace::Shared;
+    cfg.providers.bedrock = Some(Default::default());
+    stack_config(&mut cfg, PERMISSIONS, models_catalog::Catalog::builtin()).await
+}
+
+/// Bedrock gets `cachePoint` blocks where the catalogue says the model caches, on every request
+/// of a session (Nova: the system prompt and the latest message; its tools never), none for a
+/// model that does not (the scripted server refuses them, as Bedrock does), and none anywhere
+/// when the run says `prompt_cache: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_points_follow_the_catalogue_and_the_run() {
+    let s = stack_with_bedrock().await;
+    let ctx = s.client.ctx();
+    let converse = |s: &Stack| -> Vec<Value> {
+        s.model
+            .requests()
+            .into_iter()
+            .filter(|r| r["path"].as_str().unwrap().ends_with("/converse-stream"))
+            .map(|r| r["body"].clone())
+            .collect()
+    };
+    let points = |v: &Value| {
+        v.as_array().map_or(0, |a| {
+            a.iter().filter(|b| b.get("cachePoint").is_some()).count()
+        })
+    };
+
+    s.model.load(Cassette {
+        turns: calls_then_text(2),
+        ..Default::default()
+    });
+    let done = run(
+        &ctx,
+        "nova",
+        json!({"provider": "bedrock", "model": "amazon.nova-pro-v1:0", "max_turns": 6}),
+    )
+    .await;
+    assert!(done["error"].is_null(), "{done}");
+    let bodies = converse(&s);
+    assert_eq!(bodies.len(), 3, "three model calls");
+    for (i, b) in bodies.iter().enumerate() {
+        assert_eq!(points(&b["system"]), 1, "request {i}: {}", b["system"]);
+        assert!(
+            b["system"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()
+                .get("cachePoint")
+                .is_some()
+        );
+        assert_eq!(points(&b["toolConfig"]["tools"]), 0, "Nova caches no tools");
+        let messages = b["messages"].as_array().unwrap();
+        let last = &messages.last().unwrap()["content"];
+        assert!(
+            last.as_array()
+                .unwrap()
+                .last()
+                .unwrap()
+                .get("cachePoint")
+                .is_some(),
+            "request {i}"
+        );
+        let all: usize = messages.iter().map(|m| points(&m["content"])).sum();
+        assert_eq!(
+            all, 1,
+            "one point in the messages, on the latest: request {i}"
+        );
+    }
+
+    // Llama on Bedrock: the catalogue says no cache, so no point (one would be refused).
+    s.model.load(Cassette {
+        turns: calls_then_text(1),
+        ..Default::default()
+    });
+    let done = run(
+        &ctx,
+        "llama",
+        json!({"provider": "bedrock", "model": "meta.llama3-3-70b-instruct-v1:0", "max_turns": 6}),
+    )
+    .await;
+    assert!(done["error"].is_null(), "{done}");
+    let bodies = converse(&s)[3..].to_vec();
+    assert_eq!(bodies.len(), 2);
+    assert!(
+        bodies.iter().all(|b| !b.to_string().contains("cachePoint")),
+        "{bodies:?}"
+    );
+
+    // Claude on Bedrock, told not to cache: none; Claude through Anthropic likewise.
+    let before = s.model.requests().len();
+    s.model.load(Cassette {
+        turns: calls_then_text(1),
+        ..Default::default()
+    });
+    run(&ctx, "off1", json!({"provider": "bedrock", "model": "anthropic.claude-haiku-4-5-20251001-v1:0", "max_turns": 6, "prompt_cache": false})).await;
+    s.model.load(Cassette {
+        turns: calls_then_text(1),
+        ..Default::default()
+    });
+    run(&ctx, "off2", json!({"provider": "anthropic", "model": "claude-sonnet-5-5", "max_turns": 6, "prompt_cache": false})).await;
+    let all = s.model.requests()[before..].to_vec();
+    assert_eq!(all.len(), 4, "two sessions of two calls");
+    for r in &all {
+        let text = r["body"].to_string();
+        assert!(
+            !text.contains("cachePoint") && !text.contains("cache_control"),
+            "{text}"
+        );
+    }
+}
+
+/// What caching saves, billed by the scripted server as Anthropic's cache bills (breakpoints,
+/// the 20-block lookback, the 1024-token minimum): the same session with and without markers
+/// sends the same input, but the cached one reads most of it from the cache and costs less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_session_reads_most_of_its_input_and_costs_less() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+    let mut totals = Vec::new();
+    for (sid, cache) in [("cached", true), ("uncached", false)] {
+        s.model.load(Cassette {
+            turns: calls_then_text(6),
+            simulate_cache: true,
+            ..Default::default()
+        });
+        let done = run(&ctx, sid, json!({"provider": "anthropic", "model": "claude-sonnet-5-5", "max_turns": 10, "prompt_cache": cache})).await;
+        assert!(done["error"].is_null(), "{done}");
+        totals.push(done["totals"].clone());
+    }
+    let (cached, uncached) = (&totals[0], &totals[1]);
+    assert_eq!(
+        cached["input_tokens"], uncached["input_tokens"],
+        "the same input, cached or not: {cached} {uncached}"
+    );
+    assert_eq!(uncached["cache_read_tokens"], 0);
+    assert_eq!(uncached["cache_write_tokens"], 0);
+    let input = cached["input_tokens"].as_u64().unwrap();
+    let read = cached["cache_read_tokens"].as_u64().unwrap();
+    assert!(
+        read * 2 > input,
+        "most of the input is read from the cache: {cached}"
+    );
+    assert!(
+        cached["cost_usd"].as_f64().unwrap() < uncached["cost_usd"].as_f64().unwrap(),
+        "{cached} {uncached}"
+    );
+}

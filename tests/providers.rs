@@ -738,11 +738,32 @@ async fn bedrock_streams_thinking_text_and_a_call_and_sends_converse() {
     // The request, as the SDK sent it to the model's ConverseStream path.
     let req = &rig.model.requests()[0];
     assert_eq!(
-        req["path"], "/model/converse-stream",
+        req["path"], "/model/anthropic.claude-haiku-4-5-20251001-v1:0/converse-stream",
         "the scripted server files it under its dialect"
     );
     let sent = &req["body"];
-    assert_eq!(sent["system"], json!([{"text": "You are a test."}]));
+    // A Claude model on Bedrock caches: cache points after the system prompt, the tools and
+    // the latest message (the request says nothing of caching, so the provider's default).
+    assert_eq!(
+        sent["system"],
+        json!([{"text": "You are a test."}, {"cachePoint": {"type": "default"}}])
+    );
+    assert_eq!(
+        sent["toolConfig"]["tools"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap(),
+        &json!({"cachePoint": {"type": "default"}})
+    );
+    assert_eq!(
+        sent["messages"][2]["content"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap(),
+        &json!({"cachePoint": {"type": "default"}})
+    );
     assert_eq!(sent["messages"][0]["role"], "user");
     assert_eq!(
         sent["messages"][1]["content"][1]["toolUse"]["toolUseId"],

@@ -420,6 +420,8 @@ async function viewSession(view, sid) {
       h("div", { class: "stats" },
         stat(fmt.int(turn ? turn.turn_count : NaN), "turns"), stat(fmt.int(t.tool_calls), "tool calls"),
         stat(fmt.int(t.input_tokens), "tokens in"), stat(fmt.int(t.output_tokens), "tokens out"),
+        t.cache_read_tokens || t.cache_write_tokens
+          ? stat(`${fmt.int(t.cache_read_tokens || 0)} / ${fmt.int(t.cache_write_tokens || 0)}`, "cache read / written") : "",
         stat(fmt.usd(t.cost_usd), "cost"), stat(fmt.age(turn && turn.started_at_ms), "started")),
       turn && turn.error ? h("p", { class: "error" }, `${turn.error.kind}: ${turn.error.message}`) : "");
   }

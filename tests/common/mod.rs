@@ -95,6 +95,9 @@ pub async fn stack_on(
     if let Some(s) = &mut cfg.providers.scripted {
         s.base_url = Some(base.clone());
     }
+    if let Some(b) = &mut cfg.providers.bedrock {
+        b.base_url = Some(base.clone());
+    }
     let env: HashMap<String, String> =
         HashMap::from([("ANTHROPIC_API_KEY".into(), "sk-test".into())]);
     let inputs = Inputs {

@@ -67,7 +67,8 @@ struct SystemBlock<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     text: &'a str,
-    cache_control: CacheControl,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 #[derive(Serialize)]
@@ -186,7 +187,7 @@ fn block(c: &ContentBlock) -> Option<WireBlock<'_>> {
 
 /// Agent messages → Anthropic messages; consecutive same-role turns are merged, as the API
 /// requires alternation.
-fn messages<'a>(history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
+fn messages<'a>(history: &'a [AgentMessage], cache: bool) -> Vec<WireMessage<'a>> {
     let mut out: Vec<WireMessage<'a>> = Vec::with_capacity(history.len());
     let mut push = |role: &'static str, blocks: Vec<WireBlock<'a>>| {
         if blocks.is_empty() {
@@ -235,7 +236,8 @@ fn messages<'a>(history: &'a [AgentMessage]) -> Vec<WireMessage<'a>> {
     }
     // The latest message is the conversation's newest stable prefix: the next call reads it
     // from the cache (a thinking block cannot carry the breakpoint).
-    if let Some(last) = out.last_mut().and_then(|m| m.content.last_mut())
+    if cache
+        && let Some(last) = out.last_mut().and_then(|m| m.content.last_mut())
         && !matches!(last.block, WireBlock::Thinking { .. })
     {
         last.cache_control = Some(EPHEMERAL);
@@ -265,10 +267,13 @@ impl Dialect for Anthropic {
         req: &StreamRequest,
         stream: bool,
     ) -> reqwest::RequestBuilder {
+        // Every Anthropic model takes breakpoints: only an explicit `false` leaves them out.
+        let cache = req.prompt_cache != Some(false);
+        let mark = |yes: bool| (cache && yes).then_some(EPHEMERAL);
         let body = MessagesBody {
             model: &req.model,
             max_tokens: req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-            messages: messages(req.messages()),
+            messages: messages(req.messages(), cache),
             stream,
             system: req
                 .system_prompt
@@ -278,7 +283,7 @@ impl Dialect for Anthropic {
                     [SystemBlock {
                         kind: "text",
                         text,
-                        cache_control: EPHEMERAL,
+                        cache_control: mark(true),
                     }]
                 }),
             tools: req
@@ -289,7 +294,7 @@ impl Dialect for Anthropic {
                     name: &t.name,
                     description: &t.description,
                     input_schema: &t.parameters,
-                    cache_control: (i + 1 == req.tools.len()).then_some(EPHEMERAL),
+                    cache_control: mark(i + 1 == req.tools.len()),
                 })
                 .collect(),
         };

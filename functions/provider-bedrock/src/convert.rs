@@ -1,13 +1,14 @@
 //! Our messages → a Converse request: system blocks; user and assistant turns (consecutive
 //! turns of one role merged, as Converse wants them alternating); `toolUse` for function calls
 //! and `toolResult` (with `status: error` for a failed call) for their results; images; the
-//! agent's tools as `toolConfig`; reasoning passed back with its signature.
+//! agent's tools as `toolConfig`; reasoning passed back with its signature; prompt caching as
+//! `cachePoint` blocks after the system prompt, the tools (Claude) and the latest message.
 
 use aws_sdk_bedrockruntime::types::{
-    ContentBlock, ConversationRole, ImageBlock, ImageFormat, ImageSource, Message,
-    ReasoningContentBlock, ReasoningTextBlock, SystemContentBlock, Tool, ToolConfiguration,
-    ToolInputSchema, ToolResultBlock, ToolResultContentBlock, ToolResultStatus, ToolSpecification,
-    ToolUseBlock,
+    CachePointBlock, CachePointType, ContentBlock, ConversationRole, ImageBlock, ImageFormat,
+    ImageSource, Message, ReasoningContentBlock, ReasoningTextBlock, SystemContentBlock, Tool,
+    ToolConfiguration, ToolInputSchema, ToolResultBlock, ToolResultContentBlock, ToolResultStatus,
+    ToolSpecification, ToolUseBlock,
 };
 use aws_smithy_types::{Blob, Document, Number};
 use base64::Engine;
@@ -133,13 +134,37 @@ fn tool_result(function_call_id: &str, content: &[Ours], is_error: bool) -> Opti
     b.build().ok().map(ContentBlock::ToolResult)
 }
 
+/// The model families Bedrock takes cache points from (Claude and Nova); it refuses a request
+/// with one for any other model, so only these are marked when the caller does not say.
+pub fn takes_cache_points(model: &str) -> bool {
+    model.contains("anthropic.claude") || model.contains("amazon.nova")
+}
+
+/// Whether the tool list can carry a cache point (Claude's; Nova caches system and messages).
+fn caches_tools(model: &str) -> bool {
+    model.contains("anthropic.")
+}
+
+fn cache_point() -> Option<CachePointBlock> {
+    CachePointBlock::builder()
+        .r#type(CachePointType::Default)
+        .build()
+        .ok()
+}
+
 pub fn request(req: &StreamRequest) -> Request {
-    let system = req
+    let cache = req
+        .prompt_cache
+        .unwrap_or_else(|| takes_cache_points(&req.model));
+    let mut system: Vec<SystemContentBlock> = req
         .system_prompt
         .iter()
         .filter(|s| !s.is_empty())
         .map(|s| SystemContentBlock::Text(s.clone()))
         .collect();
+    if cache && !system.is_empty() {
+        system.extend(cache_point().map(SystemContentBlock::CachePoint));
+    }
     let mut turns: Vec<(ConversationRole, Vec<ContentBlock>)> = Vec::new();
     for m in req.messages() {
         let (role, blocks) = match m {
@@ -171,6 +196,10 @@ pub fn request(req: &StreamRequest) -> Request {
             _ => turns.push((role, blocks)),
         }
     }
+    // The latest message is the newest stable prefix: the next call reads it from the cache.
+    if cache && let Some((_, last)) = turns.last_mut() {
+        last.extend(cache_point().map(ContentBlock::CachePoint));
+    }
     let messages = turns
         .into_iter()
         .filter_map(|(role, content)| {
@@ -181,7 +210,7 @@ pub fn request(req: &StreamRequest) -> Request {
                 .ok()
         })
         .collect();
-    let tools: Vec<Tool> = req
+    let mut tools: Vec<Tool> = req
         .tools
         .iter()
         .filter_map(|t| {
@@ -198,6 +227,9 @@ pub fn request(req: &StreamRequest) -> Request {
                 .map(Tool::ToolSpec)
         })
         .collect();
+    if cache && caches_tools(&req.model) && !tools.is_empty() {
+        tools.extend(cache_point().map(Tool::CachePoint));
+    }
     let tools = match tools.is_empty() {
         true => None,
         false => ToolConfiguration::builder()
@@ -220,7 +252,7 @@ mod tests {
     #[test]
     fn messages_map_to_alternating_converse_turns() {
         let req: StreamRequest = serde_json::from_value(json!({
-            "model": "anthropic.claude-x",
+            "model": "meta.llama-x",
             "system_prompt": "be brief",
             "messages": [
                 {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image", "mime": "image/png", "data": "iVBORw0KGgo="}], "timestamp": 1},
@@ -232,6 +264,7 @@ mod tests {
         }))
         .unwrap();
         let r = request(&req);
+        // An unknown family: no cache point (Bedrock would refuse it).
         assert_eq!(r.system.len(), 1);
         // user, assistant, then the result and the next user message merged into one turn.
         assert_eq!(r.messages.len(), 3);
@@ -260,6 +293,90 @@ mod tests {
                     Document::Bool(true),
                 ])
             )]))
+        );
+    }
+
+    fn cache_points(r: &Request) -> (usize, usize, usize) {
+        let system = r
+            .system
+            .iter()
+            .filter(|b| matches!(b, SystemContentBlock::CachePoint(_)))
+            .count();
+        let tools = r.tools.as_ref().map_or(0, |t| {
+            t.tools()
+                .iter()
+                .filter(|b| matches!(b, Tool::CachePoint(_)))
+                .count()
+        });
+        let messages = r
+            .messages
+            .iter()
+            .flat_map(|m| m.content())
+            .filter(|b| matches!(b, ContentBlock::CachePoint(_)))
+            .count();
+        (system, tools, messages)
+    }
+
+    fn cache_request(model: &str, prompt_cache: Option<bool>) -> Request {
+        let mut v = json!({
+            "model": model,
+            "system_prompt": "be brief",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1},
+                {"role": "assistant", "content": [{"type": "text", "text": "yes"}], "stop_reason": "end", "model": "m", "provider": "bedrock", "timestamp": 2},
+                {"role": "user", "content": [{"type": "text", "text": "and?"}], "timestamp": 3}
+            ],
+            "tools": [{"name": "a", "description": "a", "parameters": {"type": "object"}},
+                      {"name": "b", "description": "b", "parameters": {"type": "object"}}]
+        });
+        if let Some(c) = prompt_cache {
+            v["prompt_cache"] = json!(c);
+        }
+        request(&serde_json::from_value(v).unwrap())
+    }
+
+    #[test]
+    fn cache_points_go_where_the_model_takes_them() {
+        // Claude: after the system prompt, the tools and the latest message, the last blocks.
+        let r = cache_request("us.anthropic.claude-haiku-4-5-20251001-v1:0", None);
+        assert_eq!(cache_points(&r), (1, 1, 1));
+        assert!(matches!(
+            r.system.last(),
+            Some(SystemContentBlock::CachePoint(_))
+        ));
+        assert!(matches!(
+            r.tools.as_ref().unwrap().tools().last(),
+            Some(Tool::CachePoint(_))
+        ));
+        let last = r.messages.last().unwrap().content();
+        assert!(matches!(last.last(), Some(ContentBlock::CachePoint(_))));
+        assert!(
+            r.messages[0]
+                .content()
+                .iter()
+                .all(|b| !matches!(b, ContentBlock::CachePoint(_)))
+        );
+        // Nova: system and messages, never the tools.
+        assert_eq!(
+            cache_points(&cache_request("amazon.nova-pro-v1:0", None)),
+            (1, 0, 1)
+        );
+        // Llama: none unless asked; none when told not to, whatever the family.
+        assert_eq!(
+            cache_points(&cache_request("meta.llama3-3-70b-instruct-v1:0", None)),
+            (0, 0, 0)
+        );
+        assert_eq!(
+            cache_points(&cache_request("anthropic.claude-x", Some(false))),
+            (0, 0, 0)
+        );
+        // An inference-profile ARN the catalogue says caches: marked as told.
+        assert_eq!(
+            cache_points(&cache_request(
+                "arn:aws:bedrock:us-east-1:1:application-inference-profile/p",
+                Some(true)
+            )),
+            (1, 0, 1)
         );
     }
 }

@@ -48,6 +48,13 @@ pub struct StreamRequest {
     /// Budgets to charge the completion's cost to (`budget::record`), before `done`.
     #[serde(default)]
     pub budget_ids: Vec<String>,
+    /// Prompt caching: `true` marks the stable prefix for the upstream's cache (the
+    /// orchestrator says so when the catalogue's `supports_cache` does), `false` sends no
+    /// marker (`run.prompt_cache: false`), absent leaves it to the provider (Anthropic marks;
+    /// Bedrock marks only the model families it knows to take cache points, as it refuses
+    /// them elsewhere; the OpenAI dialects cache by themselves and send nothing).
+    #[serde(default)]
+    pub prompt_cache: Option<bool>,
 }
 
 impl StreamRequest {

@@ -250,6 +250,21 @@ fn wire_messages<'a>(system: Option<&'a str>, history: &'a [AgentMessage]) -> Ve
     out
 }
 
+/// A usage object → (uncached input, cached input, output). The cached part of the prompt is
+/// `prompt_tokens_details.cached_tokens` (OpenAI, LM Studio) or `cached_tokens` (Kimi), and
+/// is inside `prompt_tokens` in both: it is priced as a cache read, the rest as input.
+pub fn read_usage(u: &Value) -> (u64, u64, u64) {
+    let prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
+    let cached = u
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .or_else(|| u.get("cached_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(prompt);
+    let output = u["completion_tokens"].as_u64().unwrap_or(0);
+    (prompt - cached, cached, output)
+}
+
 #[async_trait]
 impl Dialect for OpenAiDialect {
     fn name(&self) -> &str {
@@ -324,17 +339,16 @@ impl Dialect for OpenAiDialect {
                     .to_string();
                 return Err((ErrorKind::Transient, msg));
             }
-            if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-                let cached = u
-                    .pointer("/prompt_tokens_details/cached_tokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0);
-                em.builder.usage.input = u["prompt_tokens"]
-                    .as_u64()
-                    .unwrap_or(0)
-                    .saturating_sub(cached);
-                em.builder.usage.cache_read = cached;
-                em.builder.usage.output = u["completion_tokens"].as_u64().unwrap_or(0);
+            // OpenAI sends usage on the chunk; Moonshot's stream puts it in the last choice.
+            let usage = [chunk.get("usage"), chunk.pointer("/choices/0/usage")]
+                .into_iter()
+                .flatten()
+                .find(|u| u.is_object());
+            if let Some(u) = usage {
+                let (input, cache_read, output) = read_usage(u);
+                em.builder.usage.input = input;
+                em.builder.usage.cache_read = cache_read;
+                em.builder.usage.output = output;
             }
             let Some(choice) = chunk["choices"].get(0) else {
                 continue;
@@ -426,6 +440,23 @@ impl Dialect for OpenAiDialect {
 mod tests {
     use super::*;
     use harness_sdk::messages::{AgentMessage, ContentBlock};
+
+    #[test]
+    fn cached_prompt_tokens_are_read_in_each_dialects_place() {
+        // OpenAI and LM Studio: prompt_tokens_details.cached_tokens.
+        let openai = serde_json::json!({"prompt_tokens": 1200, "completion_tokens": 7,
+            "prompt_tokens_details": {"cached_tokens": 1024}});
+        assert_eq!(read_usage(&openai), (176, 1024, 7));
+        // Kimi (Moonshot): cached_tokens beside prompt_tokens.
+        let kimi =
+            serde_json::json!({"prompt_tokens": 300, "completion_tokens": 2, "cached_tokens": 256});
+        assert_eq!(read_usage(&kimi), (44, 256, 2));
+        // Hostile: a cached count over the prompt is cut to it; junk reads as zero.
+        let odd =
+            serde_json::json!({"prompt_tokens": 10, "cached_tokens": 99, "completion_tokens": "x"});
+        assert_eq!(read_usage(&odd), (0, 10, 0));
+        assert_eq!(read_usage(&serde_json::json!({})), (0, 0, 0));
+    }
 
     fn result(id: &str, image: bool) -> AgentMessage {
         let mut content = vec![ContentBlock::Text {

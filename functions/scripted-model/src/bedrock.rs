@@ -229,11 +229,12 @@ fn crc32(bytes: &[u8]) -> u32 {
 
 pub(crate) async fn converse_stream(
     State(s): State<ScriptedModel>,
-    Path(_model): Path<String>,
+    Path(model): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (_req, turn) = match begin(&s, "/model/converse-stream", &headers, &body).await {
+    let path = format!("/model/{model}/converse-stream");
+    let (_req, turn) = match begin(&s, &path, &headers, &body).await {
         Ok(v) => v,
         Err(r) => return *r,
     };

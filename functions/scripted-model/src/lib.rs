@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod bedrock;
+pub mod prompt_cache;
 mod request;
 use request::{Request, condition_holds};
 pub use request::{SYSTEM_CONDITION, system_text, tool_results, user_text};
@@ -98,6 +99,11 @@ pub struct Cassette {
     /// When set, requests without this key are answered 401.
     #[serde(default)]
     pub require_api_key: Option<String>,
+    /// A turn that scripts no usage reports what the request would cost upstream, its prompt
+    /// cache included (see [`prompt_cache`]): the benches compare sessions with and without
+    /// cache markers by it.
+    #[serde(default)]
+    pub simulate_cache: bool,
 }
 
 impl Cassette {
@@ -122,6 +128,7 @@ struct Inner {
     /// request carries the whole conversation, so keeping them all grows with its square.
     requests: VecDeque<(String, Bytes)>,
     request_bytes: usize,
+    prompt_cache: prompt_cache::PromptCache,
 }
 
 impl Inner {
@@ -159,6 +166,7 @@ impl ScriptedModel {
         let mut i = lock(&self.inner);
         i.cassette = cassette;
         i.next = 0;
+        i.prompt_cache = Default::default();
     }
 
     /// The latest requests received, oldest first (see [`REQUESTS_KEPT`]).
@@ -355,6 +363,18 @@ fn sse(events: Vec<String>, chunk_delay: u64) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// About a token per four bytes of what the turn says.
+fn output_tokens(turn: &Turn) -> u64 {
+    let bytes = turn.text.as_deref().map_or(0, str::len)
+        + turn.thinking.as_deref().map_or(0, str::len)
+        + turn
+            .tool_calls
+            .iter()
+            .map(|c| c.name.len() + c.arguments.to_string().len())
+            .sum::<usize>();
+    (bytes as u64).div_ceil(4).max(1)
+}
+
 fn stop_of(turn: &Turn) -> String {
     turn.stop.clone().unwrap_or_else(|| {
         if turn.tool_calls.is_empty() {
@@ -381,7 +401,30 @@ async fn begin(
             &format!("invalid JSON body: {e}"),
         ))
     })?;
-    let turn = s.take(path, headers, body, &req)?;
+    let dialect = prompt_cache::Dialect::of(path);
+    let model = match dialect {
+        prompt_cache::Dialect::Bedrock => path
+            .strip_prefix("/model/")
+            .and_then(|p| p.strip_suffix("/converse-stream"))
+            .unwrap_or("")
+            .to_string(),
+        _ => req.model.as_str().unwrap_or("").to_string(),
+    };
+    if let Some(refusal) = prompt_cache::check_markers(dialect, &model, body) {
+        lock(&s.inner).keep(path, body.clone());
+        return Err(Box::new(error_response(path, 400, None, &refusal)));
+    }
+    let mut turn = s.take(path, headers, body, &req)?;
+    if turn.usage == TurnUsage::default() && lock(&s.inner).cassette.simulate_cache {
+        let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let billed = lock(&s.inner).prompt_cache.bill(dialect, &parsed);
+        turn.usage = TurnUsage {
+            input: billed.input,
+            output: output_tokens(&turn),
+            cache_read: billed.cache_read,
+            cache_write: billed.cache_write,
+        };
+    }
     // Only a real delay goes through the timer: a zero sleep still waits for the timer wheel's
     // next tick (up to a millisecond), which a zero-latency model must not add.
     if turn.delay_ms > 0 {

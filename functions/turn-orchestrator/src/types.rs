@@ -100,6 +100,11 @@ pub struct RunRequest {
     /// token with a retryable error (rate limited, overloaded, unavailable, a timeout).
     #[serde(default)]
     pub fallback: Vec<FallbackModel>,
+    /// `false`: ask no provider to cache the prompt (caching writes cost more than plain
+    /// input, so a one-shot run may be cheaper without). Absent or `true`: cache where the
+    /// catalogue says the model can.
+    #[serde(default)]
+    pub prompt_cache: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
@@ -290,6 +295,11 @@ pub struct RunTotals {
     pub input_tokens: u64,
     #[serde(default)]
     pub output_tokens: u64,
+    /// Of `input_tokens`: read from the provider's prompt cache, and written to it.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
     #[serde(default)]
     pub cost_usd: f64,
 }
@@ -298,6 +308,8 @@ impl RunTotals {
     /// Add one model call's usage (input counts cache reads and writes, as prices do).
     pub fn add_usage(&mut self, u: &harness_sdk::messages::Usage) {
         self.input_tokens += u.input + u.cache_read + u.cache_write;
+        self.cache_read_tokens += u.cache_read;
+        self.cache_write_tokens += u.cache_write;
         self.output_tokens += u.output;
         if u.cost_usd.is_finite() && u.cost_usd > 0.0 {
             self.cost_usd += u.cost_usd;

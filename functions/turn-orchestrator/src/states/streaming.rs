@@ -401,6 +401,14 @@ async fn call_model(
         if let Some(max) = caps.max_output_tokens {
             payload["max_tokens"] = json!(max);
         }
+        // Told off by the run, or what the catalogue knows; unknown: the provider's default.
+        let cache = match req.prompt_cache {
+            Some(false) => Some(false),
+            _ => caps.cache,
+        };
+        if let Some(c) = cache {
+            payload["prompt_cache"] = json!(c);
+        }
         // The history goes beside the payload: a provider in this process reads the shared
         // list as it is, any other gets it as the payload's `messages`. It is released when
         // the call ends, before this step appends to the cached list (which then needs no
@@ -577,6 +585,7 @@ pub(crate) struct Capabilities {
     pub tools: Option<bool>,
     pub vision: Option<bool>,
     pub max_output_tokens: Option<u64>,
+    pub cache: Option<bool>,
 }
 
 impl Capabilities {
@@ -588,6 +597,7 @@ impl Capabilities {
             tools: m["supports_tools"].as_bool(),
             vision: m["supports_vision"].as_bool(),
             max_output_tokens: m["max_output_tokens"].as_u64().filter(|n| *n > 0),
+            cache: m["supports_cache"].as_bool(),
         }
     }
 }
