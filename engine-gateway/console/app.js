@@ -403,6 +403,7 @@ async function viewSession(view, sid) {
   let turn = null;
   let history = [];
   let streaming = null;
+  const fallbacks = [];
 
   const info = (id) => { if (!calls.has(id)) calls.set(id, {}); return calls.get(id); };
 
@@ -471,7 +472,7 @@ async function viewSession(view, sid) {
       }
       const u = m.usage;
       return h("div", { class: "msg assistant" + (live ? " streaming" : "") },
-        h("div", { class: "role" }, `assistant${m.model ? " · " + m.model : ""}${u ? ` · ${fmt.int(u.input)} in / ${fmt.int(u.output)} out` : ""}${m.stop_reason && m.stop_reason !== "function_call" && m.stop_reason !== "end" ? " · " + m.stop_reason : ""}`),
+        h("div", { class: "role" }, `assistant${m.model ? " · " + (m.provider ? m.provider + " · " : "") + m.model : ""}${u ? ` · ${fmt.int(u.input + (u.cache_read || 0) + (u.cache_write || 0))} in${u.cache_read ? ` (${fmt.int(u.cache_read)} cached)` : ""} / ${fmt.int(u.output)} out` : ""}${m.stop_reason && m.stop_reason !== "function_call" && m.stop_reason !== "end" ? " · " + m.stop_reason : ""}`),
         parts, m.error_message ? h("p", { class: "error" }, m.error_message) : null);
     }
     if (m.role === "custom") return h("div", { class: "msg" }, h("div", { class: "role" }, m.custom_type || "note"), h("div", { class: "text" }, typeof m.content === "string" ? m.content : fmt.json(m.content)));
@@ -486,6 +487,9 @@ async function viewSession(view, sid) {
       }
     }
     const nodes = history.map((m) => messageView(m, false)).filter(Boolean);
+    // A model that failed before answering, and the one the step went on with (live only:
+    // the answer below names the model that gave it).
+    for (const f of fallbacks) nodes.push(h("p", { class: "muted fallback" }, `${f.from.provider} · ${f.from.model} failed (${f.reason}); the step went on with ${f.to.provider} · ${f.to.model}`));
     if (streaming) nodes.push(messageView(streaming, true));
     if (!nodes.length) nodes.push(h("p", { class: "muted" }, "Nothing said yet."));
     convo.replaceChildren(...nodes);
@@ -515,6 +519,7 @@ async function viewSession(view, sid) {
       case "function_execution_end": Object.assign(info(data.function_call_id), { result: data.result, is_error: data.is_error, duration_ms: data.duration_ms, awaiting: false }); render(); break;
       case "turn_state_changed": turn = data.new_value; render(); break;
       case "turn_end": case "agent_end": case "compaction_done": soon(); break;
+      case "model_fallback": if (data.from && data.to) { fallbacks.push(data); if (fallbacks.length > 20) fallbacks.shift(); render(); } break;
       default: break;
     }
   }));

@@ -221,6 +221,13 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await page.emulateMedia({ colorScheme: "dark" });
   await page.goto(`${url}#/session/${encodeURIComponent(sid)}`);
   await page.locator(".msg.assistant").first().waitFor();
+  // The prompt cache's part of the input: per answer, and for the session.
+  const cacheStat = page.locator(".stats div", { hasText: "cache read / written" });
+  await cacheStat.waitFor({ timeout: 15000 });
+  assert.match(await cacheStat.textContent(), /1,?800 \/ 0/, "the session read 800 + 1000 tokens from the cache");
+  await page.locator(".msg.assistant .role", { hasText: "(800 cached)" }).waitFor();
+  // Each answer names the provider and model that gave it (after a fallback, the one that answered).
+  assert.match(await page.locator(".msg.assistant .role").first().textContent(), /^assistant · scripted · \S+ · /);
   await shot(page, "session-dark");
 
   // Keyboard: the skip link comes first in tab order, shows when focused, and leads to the content;
