@@ -91,6 +91,21 @@ mcp_venv="$CARGO_TARGET_DIR/mcp-venv"
 mcp_pid=$!; bg_pids+=("$mcp_pid")
 export HARNESS_MCP_PYTHON="$mcp_venv/bin/python"
 
+# The seeds' workers written with the iii SDK (tests/seeds.rs): a venv with the pinned
+# PyPI iii-sdk (tests/seeds/requirements.lock), apart from the MCP one (their pins differ).
+iii_venv="$CARGO_TARGET_DIR/iii-venv"
+(
+  if ! "$iii_venv/bin/python" -c 'import iii' 2>/dev/null \
+     || ! cmp -s tests/seeds/requirements.lock "$iii_venv/requirements.lock"; then
+    rm -rf "$iii_venv"
+    python3 -m venv "$iii_venv"
+    "$iii_venv/bin/pip" install --quiet --disable-pip-version-check -r tests/seeds/requirements.lock
+    cp tests/seeds/requirements.lock "$iii_venv/requirements.lock"
+  fi
+) > "$logs/iii-sdk.log" 2>&1 &
+iii_pid=$!; bg_pids+=("$iii_pid")
+export HARNESS_III_PYTHON="$iii_venv/bin/python"
+
 # The console's browser test drives that chromium with playwright-core (npm, pinned by the
 # lock file; it downloads no browser), installed while the Rust stages compile.
 (cd tests/console && npm ci --no-audit --no-fund) > "$logs/npm.log" 2>&1 &
@@ -111,6 +126,7 @@ stage "tests (workspace, embedded backend)"
 wait "$apt_pid" || { echo "Debian packages not installed (see below); the sandbox's namespace layers are skipped"; tail -5 "$logs/apt.log"; }
 command -v bwrap >/dev/null && bwrap --version
 wait_for "MCP reference servers install" "$mcp_pid" "$logs/mcp-servers.log"
+wait_for "iii SDK install" "$iii_pid" "$logs/iii-sdk.log"
 nextest
 stage_done
 

@@ -50,7 +50,7 @@ fn the_main_command_runs_a_scripted_session_with_approvals() {
     // The demo cassette's usage, priced by the catalogue's scripted-demo entry: 3870 input +
     // 2700 cache reads, 197 output → 3870×2 + 197×10 + 2700×0.1 per million = $0.009980.
     assert!(
-        out.contains("tokens 6570 in / 197 out · cost $0.009980"),
+        out.contains("tokens 6570 in (2700 read from the prompt cache, 0 written to it) / 197 out · cost $0.009980"),
         "the provider's usage and cost add up: {out}"
     );
     assert!(out.contains(": stopped ·"), "{out}");

@@ -274,11 +274,12 @@ async fn deny_abort_max_turns_busy_and_stale_steps() {
     assert_eq!(result["details"]["reason"], "not today");
     assert!(!s.work.join("a").exists());
 
-    // aborted → terminate: the run stops without another model turn.
+    // aborted → the seeds' meaning: that one call is denied with its reason, and the run
+    // goes on to the next model turn (run::abort is how a run stops).
     s.model.load(Cassette {
         turns: vec![
             call("w2", "fs::write", json!({"path": "b", "content": "x"})),
-            text("never reached"),
+            text("fine, not writing"),
         ],
         ..Default::default()
     });
@@ -291,8 +292,18 @@ async fn deny_abort_max_turns_busy_and_stale_steps() {
     .await
     .unwrap();
     let view = wait_state(&ctx, "abort", "stopped").await;
-    assert_eq!(view["error"]["kind"], "aborted");
-    assert_eq!(view["turn_count"], 1);
+    assert!(view["error"].is_null(), "{view}");
+    assert_eq!(view["turn_count"], 2, "the run went on: {view}");
+    let rec = record(&s, "abort").await;
+    let result = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "function_result")
+        .unwrap();
+    assert_eq!(result["details"]["denied_by"], "user");
+    assert_eq!(result["details"]["reason"], "aborted by the user");
+    assert!(!s.work.join("b").exists());
 
     // max_turns: one turn with a call, then the run stops.
     s.model.load(Cassette {
@@ -859,6 +870,21 @@ async fn an_approval_applies_only_to_the_call_it_was_given_for() {
         view["awaiting_approval"][0]["function_id"], "shell::exec",
         "{view}"
     );
+    // The reused id was replaced: the command has an id of its own within the session.
+    let second = view["awaiting_approval"][0]["function_call_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(second, "dup", "{view}");
+    // A replay of the first decision under the model's id finds nothing parked there.
+    let replay = ctx
+        .trigger(
+            "approval::resolve",
+            json!({"session_id": "replay", "function_call_id": "dup", "decision": "allow"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(replay["error"], "not_pending", "{replay}");
     assert_eq!(
         std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
         "approved"
@@ -874,11 +900,11 @@ async fn an_approval_applies_only_to_the_call_it_was_given_for() {
         .await
         .unwrap();
     assert_eq!(view["state"], "function_awaiting_approval", "{view}");
-    // It runs once approved itself.
+    // It is decided under its own id.
     let ok = ctx
         .trigger(
             "approval::resolve",
-            json!({"session_id": "replay", "function_call_id": "dup", "decision": "deny", "reason": "not this one"}),
+            json!({"session_id": "replay", "function_call_id": second, "decision": "deny", "reason": "not this one"}),
         )
         .await
         .unwrap();
@@ -887,7 +913,7 @@ async fn an_approval_applies_only_to_the_call_it_was_given_for() {
     let again = ctx
         .trigger(
             "approval::resolve",
-            json!({"session_id": "replay", "function_call_id": "dup", "decision": "allow"}),
+            json!({"session_id": "replay", "function_call_id": second, "decision": "allow"}),
         )
         .await
         .unwrap();

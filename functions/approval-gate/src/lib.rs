@@ -79,8 +79,8 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
             .map(|a| a.name)
             .unwrap_or_else(|| "harness".into()),
         decided_at: engine_gateway::trace::now_ms(),
-        function_id: function_id.to_string(),
-        args_hash: hash.clone(),
+        function_id: Some(function_id.to_string()),
+        args_hash: Some(hash.clone()),
     };
     let value = serde_json::to_value(&value)
         .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))?;

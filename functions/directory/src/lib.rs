@@ -208,8 +208,45 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 /// A compact index for the system prompt: one line per namespace. Every run's provisioning
 /// asks for it: while the catalogue is the same, the last one is answered again (reading the
 /// cached skills, bodies and all, was most of a run's start).
-async fn index(memo: Arc<Downloads>, ctx: Ctx, _data: Value) -> Result<Value, ErrorBody> {
-    let key = catalogue_key(&ctx).await.map_err(storage)?;
+async fn index(memo: Arc<Downloads>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let req: types::IndexRequest = match data {
+        Value::Null => types::IndexRequest { ids: None },
+        data => serde_json::from_value(data)
+            .map_err(|e| ErrorBody::invalid(format!("directory::skills::index: {e}")))?,
+    };
+    let all = index_all(memo, &ctx).await?;
+    match req.ids {
+        Some(ids) if !ids.iter().any(|i| i == INDEX_ID) => Ok(index_of(&all, &ids)),
+        _ => Ok(all),
+    }
+}
+
+/// The index cut to the namespaces `ids` name (`iii://<worker>` or a skill in it).
+fn index_of(all: &Value, ids: &[String]) -> Value {
+    let wanted: Vec<&str> = ids.iter().filter_map(|i| namespace_of(i)).collect();
+    let body = all["body"].as_str().unwrap_or_default();
+    let mut lines = body.lines();
+    let mut out = lines.next().map(|h| format!("{h}\n")).unwrap_or_default();
+    let mut namespaces = Vec::new();
+    for line in lines {
+        let ns = line
+            .strip_prefix("- iii://")
+            .and_then(|l| l.split_once(':'))
+            .map(|(w, _)| w);
+        if let Some(ns) = ns.filter(|ns| wanted.contains(ns)) {
+            out.push_str(line);
+            out.push('\n');
+            namespaces.push(ns.to_string());
+        }
+    }
+    if namespaces.is_empty() {
+        out.clear();
+    }
+    json!({"body": out, "namespaces": namespaces})
+}
+
+async fn index_all(memo: Arc<Downloads>, ctx: &Ctx) -> Result<Value, ErrorBody> {
+    let key = catalogue_key(ctx).await.map_err(storage)?;
     if let Some(key) = &key
         && let Ok(last) = memo.index.lock()
         && let Some((k, v)) = last.as_ref()
@@ -217,7 +254,7 @@ async fn index(memo: Arc<Downloads>, ctx: Ctx, _data: Value) -> Result<Value, Er
     {
         return Ok(v.clone());
     }
-    let out = index_now(&ctx).await?;
+    let out = index_now(ctx).await?;
     if let Some(key) = key
         && let Ok(mut last) = memo.index.lock()
     {

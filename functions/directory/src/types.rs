@@ -43,9 +43,13 @@ pub struct ListAnswer {
     pub skills: Vec<SkillEntry>,
 }
 
-/// `directory::skills::index` takes nothing.
+/// `directory::skills::index {ids?}`: the namespaces these skill ids cover
+/// (`iii://<worker>`, or `iii://iii-directory/index` for all); absent: all.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct IndexRequest {}
+pub struct IndexRequest {
+    #[serde(default)]
+    pub ids: Option<Vec<String>>,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct IndexAnswer {

@@ -248,6 +248,20 @@ impl PolicyHolder {
             .network_granted_with(function_id, args, metadata)
     }
 
+    fn read_only_with(
+        &self,
+        function_id: &str,
+        args: &Value,
+        session: Option<&str>,
+        metadata: &Value,
+    ) -> bool {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .read_only_with(function_id, args, session, metadata)
+    }
+
     fn reads_metadata(&self, function_id: &str) -> bool {
         self.state
             .read()
@@ -346,9 +360,16 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
                 req.session_id.as_deref(),
                 &metadata,
             );
-            let network = matches!(decision, policy::Decision::Allow { .. })
-                && h.network_granted_with(&req.function_id, &req.args, &metadata);
-            let answer = policy::answer(decision, network);
+            let allowed = matches!(decision, policy::Decision::Allow { .. });
+            let network = allowed && h.network_granted_with(&req.function_id, &req.args, &metadata);
+            let read_only = allowed
+                && h.read_only_with(
+                    &req.function_id,
+                    &req.args,
+                    req.session_id.as_deref(),
+                    &metadata,
+                );
+            let answer = policy::answer(decision, network, read_only);
             serde_json::to_value(answer)
                 .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
         }

@@ -6,6 +6,9 @@
 //! `*` is the only wildcard (anchored). The first matching rule wins; a rule with `args`
 //! matches only if every constraint holds; no match → `needs_approval`.
 //!
+//! An allow rule may say `read_only: true`: what it allows only reads (fetches, lists, looks
+//! up), so a run in `plan` mode may call it; the built-in allows are read-only too.
+//!
 //! Order of evaluation: the built-in denials of internal and human-only functions (the agent
 //! may never call them, whatever the file says), then the file's rules, then the built-in
 //! allows of read-only functions, then `needs_approval`.
@@ -29,7 +32,11 @@ pub enum Decision {
 }
 
 /// A decision as `policy::check_permissions` answers it.
-pub fn answer(d: Decision, network: bool) -> harness_sdk::contracts::policy::CheckAnswer {
+pub fn answer(
+    d: Decision,
+    network: bool,
+    read_only: bool,
+) -> harness_sdk::contracts::policy::CheckAnswer {
     use harness_sdk::contracts::policy::{CheckAnswer, Decision as D};
     let (decision, rule_id, matched_constraint) = match d {
         Decision::Allow { rule_id } => (D::Allow, Some(rule_id), None),
@@ -44,6 +51,7 @@ pub fn answer(d: Decision, network: bool) -> harness_sdk::contracts::policy::Che
         rule_id,
         matched_constraint,
         network,
+        read_only,
     }
 }
 
@@ -71,6 +79,8 @@ pub struct Rule {
     /// Constraints on what the function registered in its `metadata` (an MCP tool's
     /// `read_only`, say): the worker's claim about the function, never the agent's.
     pub metadata: Vec<(String, Constraint)>,
+    /// What this allow rule allows only reads: a `plan` run may call it.
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -148,6 +158,7 @@ impl Rule {
             args: Vec::new(),
             network: false,
             metadata: Vec::new(),
+            read_only: false,
         }
     }
 
@@ -292,6 +303,26 @@ impl Policy {
         self.network_granted_with(function_id, args, &Value::Null)
     }
 
+    /// Whether the call is allowed as a read: by a file rule marked `read_only: true`, or by
+    /// a built-in allow of a read-only function (when no file rule matched).
+    pub fn read_only_with(
+        &self,
+        function_id: &str,
+        args: &Value,
+        session: Option<&str>,
+        metadata: &Value,
+    ) -> bool {
+        match self.decide_with(function_id, args, session, metadata) {
+            Decision::Allow { rule_id } if rule_id.starts_with("default-allow-") => true,
+            Decision::Allow { .. } => self
+                .file_rules
+                .iter()
+                .find(|r| r.matches(function_id, args, metadata))
+                .is_some_and(|r| r.read_only),
+            _ => false,
+        }
+    }
+
     pub fn network_granted_with(&self, function_id: &str, args: &Value, metadata: &Value) -> bool {
         self.file_rules
             .iter()
@@ -361,14 +392,20 @@ impl Policy {
                     for k in m.keys() {
                         let k = k.as_str().unwrap_or("?");
                         if ![
-                            "rule_id", "function", "action", "args", "network", "metadata",
+                            "rule_id",
+                            "function",
+                            "action",
+                            "args",
+                            "network",
+                            "metadata",
+                            "read_only",
                         ]
                         .contains(&k)
                         {
                             return Err(err(
                                 line,
                                 format!(
-                                    "unknown field `{k}` (rule_id, function, action, args, metadata, network)"
+                                    "unknown field `{k}` (rule_id, function, action, args, metadata, network, read_only)"
                                 ),
                             ));
                         }
@@ -418,6 +455,18 @@ impl Policy {
                     if network && action != Action::Allow {
                         return Err(err(line, "`network: true` belongs on an allow rule".into()));
                     }
+                    let read_only = match m.get("read_only") {
+                        None => false,
+                        Some(v) => v
+                            .as_bool()
+                            .ok_or_else(|| err(line, "`read_only` must be true or false".into()))?,
+                    };
+                    if read_only && action != Action::Allow {
+                        return Err(err(
+                            line,
+                            "`read_only: true` belongs on an allow rule".into(),
+                        ));
+                    }
                     Rule {
                         rule_id,
                         function: function.to_string(),
@@ -425,6 +474,7 @@ impl Policy {
                         args,
                         network,
                         metadata,
+                        read_only,
                     }
                 }
                 other => {

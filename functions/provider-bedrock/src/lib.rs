@@ -41,8 +41,17 @@ impl Bedrock {
     pub fn new(endpoint_url: Option<String>) -> Self {
         let client = engine_gateway::prewarm::start("the Bedrock client", async move {
             engine_gateway::ensure_crypto_provider();
+            // Region from the environment (a Lambda sets AWS_REGION) or the profile, else
+            // us-east-1: not the instance metadata service, which off EC2 answers nothing
+            // but two warnings at every start of a harness that merely lists Bedrock.
+            let region = aws_config::meta::region::RegionProviderChain::first_try(
+                aws_config::environment::region::EnvironmentVariableRegionProvider::new(),
+            )
+            .or_else(aws_config::profile::ProfileFileRegionProvider::new())
+            .or_else(aws_config::Region::new("us-east-1"));
             let cfg = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .http_client(engine_gateway::aws::https_client())
+                .region(region)
                 .load()
                 .await;
             let mut conf = aws_sdk_bedrockruntime::config::Builder::from(&cfg);

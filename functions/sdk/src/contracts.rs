@@ -11,8 +11,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// `serde_json::from_value` with an error that names the contract.
+/// The error names the field that is wrong (`mode: invalid type: integer `7`, expected a
+/// string`), not only what was wrong with it.
 pub fn parse<T: serde::de::DeserializeOwned>(what: &str, v: Value) -> Result<T, String> {
-    serde_json::from_value(v).map_err(|e| format!("{what}: {e}"))
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "" | "." => format!("{what}: {}", e.inner()),
+            _ => format!("{what}: `{path}`: {}", e.inner()),
+        }
+    })
 }
 
 /// The JSON Schema of `T`, as registered in `request_format` / `response_format`.
@@ -76,6 +84,10 @@ pub mod policy {
         /// The allow rule opens the network to this call's sandbox.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub network: bool,
+        /// What was allowed only reads (a rule's `read_only: true`, or a built-in read): a
+        /// run in `plan` mode may call it, and nothing else.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub read_only: bool,
     }
 }
 
@@ -90,12 +102,13 @@ pub mod approval {
     pub enum Verdict {
         Allow,
         Deny,
-        /// The call is not run and the run stops.
+        /// The call is not run: denied with its reason, as `deny` (the seeds' meaning); the
+        /// batch and the run go on. `run::abort` stops a run.
         Aborted,
     }
 
+    /// Unknown fields are ignored (SPEC): a newer or older caller's extras change nothing.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-    #[serde(deny_unknown_fields)]
     pub struct ResolveRequest {
         pub session_id: String,
         pub function_call_id: String,
@@ -137,19 +150,34 @@ pub mod approval {
         pub pending: Vec<PendingCall>,
     }
 
-    /// What `approvals/<sid>/<cid>` holds: bound to the parked call's function and arguments.
+    /// What `approvals/<sid>/<cid>` holds. The seeds' record is `{decision, reason}` (`reason`
+    /// absent or `null`), which an approval gate written to them writes; ours also binds the
+    /// decision to the parked call (`function_id`, `args_hash`: when present they must match)
+    /// and says who decided when. Call ids are unique within a session, so the key alone
+    /// names one call; anything else in the record is ignored.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct DecisionRecord {
         pub decision: Verdict,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         pub reason: String,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         pub decided_by: String,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         pub decided_at: u64,
-        pub function_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub function_id: Option<String>,
         /// `messages::args_hash` of the call's arguments.
-        pub args_hash: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub args_hash: Option<String>,
+    }
+
+    /// `null` reads as the field's default (the seeds write `reason: null`).
+    fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: serde::Deserializer<'de>,
+        T: Default + Deserialize<'de>,
+    {
+        Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
     }
 }
 
@@ -619,12 +647,37 @@ mod tests {
             }
         );
         assert!(!shown.contains("sk-live-1"), "{shown}");
-        let e = parse::<approval::ResolveRequest>(
+        // SPEC: approval::resolve ignores fields it does not know (a newer caller's extras).
+        let r = parse::<approval::ResolveRequest>(
             "approval::resolve",
-            json!({"session_id": "s", "function_call_id": "c", "decision": "allow", "decison": "deny"}),
+            json!({"session_id": "s", "function_call_id": "c", "decision": "allow", "note": "x"}),
         )
-        .unwrap_err();
-        assert!(e.contains("decison"), "a typo is refused by name: {e}");
+        .unwrap();
+        assert_eq!(r.decision, approval::Verdict::Allow);
+        // The seeds' record reads: {decision, reason: null}; ours too; junk does not.
+        let seeds = parse::<approval::DecisionRecord>(
+            "an approval record",
+            json!({"decision": "deny", "reason": null}),
+        )
+        .unwrap();
+        assert_eq!((seeds.reason.as_str(), seeds.function_id), ("", None));
+        let ours = parse::<approval::DecisionRecord>(
+            "an approval record",
+            json!({"decision": "allow", "reason": "ok", "decided_by": "bob", "decided_at": 5, "function_id": "fs::write", "args_hash": "ab", "extra": 1}),
+        )
+        .unwrap();
+        assert_eq!(ours.function_id.as_deref(), Some("fs::write"));
+        for junk in [
+            json!({}),
+            json!({"decision": "maybe"}),
+            json!("allow"),
+            json!({"decision": "allow", "reason": 7}),
+        ] {
+            assert!(
+                parse::<approval::DecisionRecord>("r", junk.clone()).is_err(),
+                "{junk}"
+            );
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
     for f in ["session_id", "provider", "model"] {
         req_str(&data, f)?;
     }
-    let req: RunRequest = serde_json::from_value(data.clone())
-        .map_err(|e| ErrorBody::invalid(format!("invalid run::start request: {e}")))?;
+    let req: RunRequest =
+        contracts::parse("invalid run::start request", data.clone()).map_err(ErrorBody::invalid)?;
     if req.session_id.is_empty() || req.session_id.contains('/') {
         return Err(ErrorBody::invalid(
             "`session_id` must be non-empty and contain no `/`",
@@ -30,6 +30,15 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
                 "`system_default_skills` entry `{shown}` must be 1 to {MAX_SKILL_ID_LEN} characters, without control characters"
             )));
         }
+    }
+    if let Some(mode) = req.mode.as_deref()
+        && !MODES.contains(&mode)
+    {
+        let shown: String = mode.chars().take(40).collect();
+        return Err(ErrorBody::invalid(format!(
+            "`mode` `{shown}` is not a mode; the modes are {}",
+            MODES.join(", ")
+        )));
     }
     if req.fallback.len() > MAX_FALLBACK {
         return Err(ErrorBody::invalid(format!(
@@ -273,11 +282,13 @@ pub(crate) async fn on_approval(ctx: Ctx, event: Value) -> Result<Value, ErrorBo
             &ctx,
             sid,
             TurnState::FunctionAwaitingApproval,
-            // Per decision, not per call id: a later call parked under the same id must
-            // wake the session too (the queue drops a repeated deduplication id).
+            // Per record written, not per call id: a second, different record under the same
+            // key (a correction after one that did not apply) must wake the session too, and
+            // the seeds' `{decision, reason}` has no time to tell two apart (the queue drops a
+            // repeated deduplication id). The same record twice wakes it once.
             format!(
                 "{sid}-approval-{cid}-{}",
-                event["new_value"]["decided_at"].as_u64().unwrap_or(0)
+                harness_sdk::messages::args_hash(&event["new_value"])
             ),
         )
         .await

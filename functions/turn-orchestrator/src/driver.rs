@@ -36,7 +36,7 @@ impl States for OnTheBus<'_> {
         match state {
             TurnState::Provisioning => provisioning(ctx, rec, &req).await,
             TurnState::AssistantStreaming => assistant_streaming(ctx, rec, &req).await,
-            TurnState::FunctionExecute => function_execute(ctx, hooks, rec, version).await,
+            TurnState::FunctionExecute => function_execute(ctx, hooks, rec, version, &req).await,
             TurnState::FunctionAwaitingApproval => {
                 function_awaiting_approval(ctx, hooks, rec, version).await
             }

@@ -8,9 +8,11 @@ use serde_json::{Value, json};
 pub fn mode_paragraph(mode: &str) -> &'static str {
     match mode {
         "plan" => {
-            "Mode: plan. Investigate and propose a plan; do not change anything. Prefer read-only functions."
+            "Mode: plan. Investigate and propose a plan; do not change anything. Only functions the policy marks read-only run in this mode; any other call is denied."
         }
-        "ask" => "Mode: ask. Answer the user's question; call functions only to look things up.",
+        "ask" => {
+            "Mode: ask. Answer the user's question; call functions only to look things up. Every call waits for the user's approval."
+        }
         _ => {
             "Mode: agent. Carry out the user's task end to end, calling functions as needed, and report what you did."
         }

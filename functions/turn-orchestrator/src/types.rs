@@ -113,6 +113,9 @@ pub struct FallbackModel {
     pub model: String,
 }
 
+/// The modes a run may ask for (`run::start`'s `mode`; absent: `agent`).
+pub const MODES: &[&str] = &["agent", "plan", "ask"];
+
 /// At most this many fallback models.
 pub const MAX_FALLBACK: usize = 4;
 pub const DEFAULT_SKILLS: &[&str] = &["iii://iii-directory/index"];

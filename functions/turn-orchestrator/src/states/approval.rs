@@ -20,15 +20,25 @@ pub(crate) async fn function_awaiting_approval(
         if stored.is_null() {
             continue;
         }
-        // A decision counts only for the call it was made for: same function, same
-        // arguments. Anything else under this id (a leftover of an earlier call, or a record
-        // that is not a decision) is ignored and the call stays parked until it is decided.
+        // A decision counts only for the call it was made for. Call ids are unique within the
+        // session (a model's repeated id is replaced), so the key names one call; a record
+        // that also names the function and the arguments' hash (ours does; the seeds' `{decision,
+        // reason}` does not) must name this call's. A record that is not a decision is ignored
+        // and the call stays parked until it is decided.
         let Ok(decision) =
             contracts::parse::<approval::DecisionRecord>("an approval record", stored)
         else {
             continue;
         };
-        if decision.function_id != call.function_id || decision.args_hash != args_hash(&call.args) {
+        let other_function = decision
+            .function_id
+            .as_ref()
+            .is_some_and(|f| *f != call.function_id);
+        let other_args = decision
+            .args_hash
+            .as_ref()
+            .is_some_and(|h| *h != args_hash(&call.args));
+        if other_function || other_args {
             continue;
         }
         let reason = decision.reason.clone();
@@ -41,25 +51,16 @@ pub(crate) async fn function_awaiting_approval(
         let executed = match decision.decision {
             // Approved: dispatched without asking the policy again.
             approval::Verdict::Allow => dispatch(ctx, hooks, rec, version, &call, false).await?,
-            approval::Verdict::Deny => {
-                let why = if reason.is_empty() {
-                    "denied by the user".to_string()
-                } else {
-                    reason
+            // Denied or aborted: this call is refused with the reason; the batch goes on (the
+            // seeds' meaning of both; `run::abort` is how a run is stopped).
+            verdict @ (approval::Verdict::Deny | approval::Verdict::Aborted) => {
+                let why = match (reason.is_empty(), verdict) {
+                    (false, _) => reason,
+                    (true, approval::Verdict::Aborted) => "aborted by the user".to_string(),
+                    (true, _) => "denied by the user".to_string(),
                 };
                 let env = denial("user", &call.function_id, None, None, &call.args, &why);
                 refused(rec, &call, env)
-            }
-            approval::Verdict::Aborted => {
-                let e = Executed {
-                    call: call.clone(),
-                    result: json!({"status": "aborted", "terminate": true, "reason": if reason.is_empty() { "aborted by the user".to_string() } else { reason }}),
-                    is_error: true,
-                    duration_ms: 0,
-                    terminate: true,
-                };
-                emit_execution_end(rec, &e);
-                e
             }
         };
         if let Some(w) = rec.work.as_mut() {

@@ -8,7 +8,9 @@ pub(crate) async fn function_execute(
     hooks: &Hooks,
     rec: &mut Record,
     version: &mut u64,
+    req: &RunRequest,
 ) -> StepResult<Outcome> {
+    let mode = Mode::of(req.mode.as_deref());
     let prepared = rec
         .work
         .as_ref()
@@ -54,8 +56,21 @@ pub(crate) async fn function_execute(
             .await;
         let executed = match asked
             .map(|v| contracts::parse::<policy::CheckAnswer>(policy::CHECK, v))
+            .map(|a| a.map(|a| mode.applied_to(a)))
         {
-            Ok(Ok(answer)) => match answer.decision {
+            // Plan mode: only what the policy allows as a read runs; nothing parks.
+            Ok(Ok(ModeAnswer::PlanRefuses)) => {
+                let env = denial(
+                    "permissions",
+                    &call.function_id,
+                    Some("mode-plan"),
+                    None,
+                    &call.args,
+                    "the run is in plan mode: it investigates and plans, it does not act, and the permissions policy does not mark this function read-only",
+                );
+                denied(rec, &call, env)
+            }
+            Ok(Ok(ModeAnswer::Policy(answer))) => match answer.decision {
                 policy::Decision::Allow => {
                     let decision = json!({"decision": "allow", "rule_id": answer.rule_id});
                     dispatch_with(
@@ -70,6 +85,11 @@ pub(crate) async fn function_execute(
                     .await?
                 }
                 policy::Decision::NeedsApproval => {
+                    // Nobody can have decided a call not yet announced: a record already under
+                    // its key was written for no parked call (a replay, a stray write) and
+                    // must not decide this one.
+                    let key = format!("{}/{}", rec.session_id, call.function_call_id);
+                    ctx.state_delete(APPROVALS, &key).await?;
                     // Parked (and saved) before it is announced, so an approver who reacts
                     // to the event finds it pending.
                     rec.awaiting_approval
@@ -147,4 +167,44 @@ pub(crate) async fn function_execute(
         return Ok(Outcome::Parked);
     }
     finalize_batch(ctx, rec).await
+}
+
+/// The run's mode (`run::start`'s `mode`), as it changes what the policy answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Agent,
+    /// Only calls the policy allows as reads run; the rest are denied, none parks.
+    Plan,
+    /// Every call the policy allows waits for a person's approval.
+    Ask,
+}
+
+pub(crate) enum ModeAnswer {
+    Policy(policy::CheckAnswer),
+    PlanRefuses,
+}
+
+impl Mode {
+    /// Validated by `run::start`; anything else reads as `agent`.
+    pub(crate) fn of(mode: Option<&str>) -> Self {
+        match mode {
+            Some("plan") => Self::Plan,
+            Some("ask") => Self::Ask,
+            _ => Self::Agent,
+        }
+    }
+
+    pub(crate) fn applied_to(self, mut answer: policy::CheckAnswer) -> ModeAnswer {
+        match (self, answer.decision) {
+            (Self::Plan, policy::Decision::Allow) if answer.read_only => ModeAnswer::Policy(answer),
+            (Self::Plan, policy::Decision::Allow | policy::Decision::NeedsApproval) => {
+                ModeAnswer::PlanRefuses
+            }
+            (Self::Ask, policy::Decision::Allow) => {
+                answer.decision = policy::Decision::NeedsApproval;
+                ModeAnswer::Policy(answer)
+            }
+            _ => ModeAnswer::Policy(answer),
+        }
+    }
 }

@@ -16,7 +16,12 @@ pub(crate) async fn provisioning(
     for id in &skills {
         let _ = best_effort(ctx, "directory::skills::download", json!({ "id": id })).await;
     }
-    let index = best_effort(ctx, "directory::skills::index", json!({})).await;
+    // The index covers the skills the run asked for (SPEC: the default skills' index), not
+    // every namespace on the bus; none asked, no index.
+    let index = match skills.is_empty() {
+        true => None,
+        false => best_effort(ctx, "directory::skills::index", json!({"ids": skills})).await,
+    };
     let index_text = index
         .as_ref()
         .and_then(|v| v["body"].as_str().or(v["index"].as_str()))

@@ -333,8 +333,8 @@ pub(crate) async fn assistant_streaming(
         message = call_model(ctx, rec, &attempt, messages.clone(), &prompt, None).await?;
         asked = (next.provider.clone(), next.model.clone());
     }
+    let message = with_usable_call_ids(message, rec.turn_count, &messages);
     drop(messages);
-    let message = with_usable_call_ids(message, rec.turn_count);
     let (message, outcome) = match outcome_of(&message) {
         // An answer whose calls will run is appended with the batch's results, in one write
         // (`append_history`): the record holds it until then, and a batch that parks appends
@@ -743,24 +743,47 @@ fn outcome_of(message: &AgentMessage) -> StepResult<Outcome> {
     }
 }
 
-/// Call ids the orchestrator can key results and approvals by: a provider id that is empty,
-/// too long, holds `/` or repeats another of the same message is replaced by
-/// `call-<turn>-<index>`, in the stored message too, so the provider's round trip still pairs
-/// each result with its call.
-pub(crate) fn with_usable_call_ids(mut message: AgentMessage, turn: u32) -> AgentMessage {
-    if let AgentMessage::Assistant { content, .. } = &mut message {
-        let mut seen = std::collections::HashSet::new();
-        for (index, block) in content.iter_mut().enumerate() {
-            if let ContentBlock::FunctionCall { id, .. } = block {
-                let usable = !id.is_empty() && id.len() <= 128 && !id.contains('/');
-                if !usable || !seen.insert(id.clone()) {
-                    let mut fresh = format!("call-{turn}-{index}");
-                    while seen.contains(&fresh) {
-                        fresh.push('_');
-                    }
-                    seen.insert(fresh.clone());
-                    *id = fresh;
+/// Every call id of the answer made usable and unique within the session: an id that is
+/// empty, over 128 bytes, holds a `/` (approval keys are `<sid>/<cid>`), repeats one of the
+/// same answer or one already in the session's history (models reuse ids such as `call_1`
+/// across turns) is replaced by `call-<turn>-<index>` (made unique). Otherwise the model's own
+/// id is kept, so the provider's round trip sees it unchanged. A decision recorded for an
+/// earlier call can then never apply to a later one.
+pub(crate) fn with_usable_call_ids(
+    mut message: AgentMessage,
+    turn: u32,
+    history: &[AgentMessage],
+) -> AgentMessage {
+    let AgentMessage::Assistant { content, .. } = &mut message else {
+        return message;
+    };
+    if !content
+        .iter()
+        .any(|b| matches!(b, ContentBlock::FunctionCall { .. }))
+    {
+        return message;
+    }
+    let mut seen: std::collections::HashSet<String> = history
+        .iter()
+        .flat_map(|m| match m {
+            AgentMessage::Assistant { content, .. } => content.as_slice(),
+            _ => &[],
+        })
+        .filter_map(|b| match b {
+            ContentBlock::FunctionCall { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    for (index, block) in content.iter_mut().enumerate() {
+        if let ContentBlock::FunctionCall { id, .. } = block {
+            let usable = !id.is_empty() && id.len() <= 128 && !id.contains('/');
+            if !usable || !seen.insert(id.clone()) {
+                let mut fresh = format!("call-{turn}-{index}");
+                while seen.contains(&fresh) {
+                    fresh.push('_');
                 }
+                seen.insert(fresh.clone());
+                *id = fresh;
             }
         }
     }
@@ -783,6 +806,68 @@ mod tests {
             provider: "p".into(),
             timestamp: 1,
         }
+    }
+
+    fn calls(ids: &[&str]) -> AgentMessage {
+        let mut m = answer("");
+        if let AgentMessage::Assistant { content, .. } = &mut m {
+            *content = ids
+                .iter()
+                .map(|id| ContentBlock::FunctionCall {
+                    id: id.to_string(),
+                    function_id: "agent_trigger".into(),
+                    arguments: json!({}),
+                })
+                .collect();
+        }
+        m
+    }
+
+    fn ids(m: &AgentMessage) -> Vec<String> {
+        match m {
+            AgentMessage::Assistant { content, .. } => content
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::FunctionCall { id, .. } => Some(id.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => vec![],
+        }
+    }
+
+    #[test]
+    fn call_ids_are_unique_within_the_session_and_the_models_kept_when_new() {
+        // An earlier turn used call_w and (replaced) call-2-0.
+        let history = vec![calls(&["call_w", "call-2-0"])];
+        let out = with_usable_call_ids(
+            calls(&[
+                "call_w",
+                "toolu_new",
+                "toolu_new",
+                "",
+                "a/b",
+                &"x".repeat(129),
+            ]),
+            2,
+            &history,
+        );
+        assert_eq!(
+            ids(&out),
+            [
+                "call-2-0_",
+                "toolu_new",
+                "call-2-2",
+                "call-2-3",
+                "call-2-4",
+                "call-2-5"
+            ]
+        );
+        // Nothing to do without calls, and a new id is the model's own.
+        assert_eq!(
+            ids(&with_usable_call_ids(calls(&["c9"]), 3, &history)),
+            ["c9"]
+        );
     }
 
     #[test]
