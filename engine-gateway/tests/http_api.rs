@@ -598,3 +598,64 @@ async fn the_console_and_the_openapi_document_are_served() {
     raw.barrier().await;
     srv.shutdown().await;
 }
+
+/// CORS: a chat front end on an allowed origin may call the API with a bearer header (its
+/// preflight is answered, its answers name it); any other origin gets no grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflights_are_answered_for_allowed_origins_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = common::options(dir.path());
+    opts.allowed_origins = vec!["https://chat.example.com".into()];
+    let srv = common::start_with(opts).await;
+    let c = http();
+    let b = base(&srv);
+    let preflight = |origin: &str| {
+        c.request(reqwest::Method::OPTIONS, format!("{b}/api/sessions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "GET")
+            .header("access-control-request-headers", "authorization")
+            .send()
+    };
+    let r = preflight("https://chat.example.com").await.unwrap();
+    assert_eq!(r.status(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://chat.example.com");
+    assert!(
+        h["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .contains("authorization")
+    );
+    assert!(
+        h["access-control-allow-methods"]
+            .to_str()
+            .unwrap()
+            .contains("POST")
+    );
+    // The call itself, from that origin, carries the grant.
+    let r = c
+        .get(format!("{b}/api/whoami"))
+        .header("origin", "https://chat.example.com")
+        .bearer_auth(&srv.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://chat.example.com"
+    );
+    // Another origin: no grant on the preflight, and its call is refused as before.
+    let r = preflight("https://evil.example.com").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let r = c
+        .get(format!("{b}/api/whoami"))
+        .header("origin", "https://evil.example.com")
+        .bearer_auth(&srv.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}

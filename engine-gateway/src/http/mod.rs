@@ -202,7 +202,7 @@ impl HttpState {
     }
 }
 
-/// Every route: the console's pages and assets, and the API.
+/// Every route: the console's pages and assets, and the API; CORS for allowed origins.
 pub fn router(state: Arc<HttpState>) -> Router {
     api::routes()
         .merge(console::routes())
@@ -213,7 +213,72 @@ pub fn router(state: Arc<HttpState>) -> Router {
                 "no such route (see /api/openapi.json)",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state)
+}
+
+/// Headers a browser page may send cross-origin (a bearer credential, JSON, the SSE resume
+/// point, trace context, the doors' session id).
+const CORS_ALLOW_HEADERS: &str =
+    "authorization, content-type, last-event-id, traceparent, baggage, x-session-id";
+
+/// CORS for the origins a browser may call from (`--allowed-origins` and the engine's own):
+/// a preflight (`OPTIONS` with `Origin`) is answered 204 with the grant, and every answer to
+/// such an origin names it. Any other origin gets no grant: its preflight is 403 and its
+/// requests are refused as before (`check_origin`).
+async fn cors(
+    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use axum::http::{self as http, header};
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(|o| o.trim_end_matches('/').to_string());
+    let granted = origin
+        .filter(|o| crate::edge::origin_listed(o, &state.origins))
+        .and_then(|o| http::HeaderValue::from_str(&o).ok());
+    let preflight = req.method() == http::Method::OPTIONS;
+    if preflight && req.headers().contains_key(header::ORIGIN) {
+        let Some(origin) = granted else {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                codes::FORBIDDEN,
+                "this origin is not allowed: start the engine with --allowed-origins to admit it",
+            )
+            .into_response();
+        };
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        let h = resp.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            http::HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            http::HeaderValue::from_static(CORS_ALLOW_HEADERS),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            http::HeaderValue::from_static("600"),
+        );
+        h.insert(header::VARY, http::HeaderValue::from_static("Origin"));
+        return resp;
+    }
+    let mut resp = next.run(req).await;
+    if let Some(origin) = granted {
+        let h = resp.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            http::HeaderValue::from_static("x-session-id"),
+        );
+        h.append(header::VARY, http::HeaderValue::from_static("Origin"));
+    }
+    resp
 }
 
 /// Serve one HTTP/1.1 connection (keep-alive included) until the peer or the engine closes it.
