@@ -3,7 +3,11 @@
 # Manager), every function of infra/template.yaml as its own bootstrap under the local Runtime
 # API, the engine router behind an emulated API Gateway WebSocket API, the template's
 # event-source mappings and the Slack webhook's Function URL (engine-gateway deployed).
-#   usage: localstack/deployed.sh up|down|status
+#   usage: localstack/deployed.sh up [Key=Value ...]|params [Key=Value ...]|down|status
+#   Template parameters (SlackApprovers, SlackApproverChannels, SlackChannel, AllowedOrigins,
+#   RunDefaults, Workspace, McpServers, BedrockModelArns, OtlpEndpoint, SlackApiBase) come
+#   from `Key=Value` arguments after `up`, else from environment variables of the same name;
+#   `up` prints which it used (values of Slack and MCP settings are not echoed).
 #   LAMBDA_PROFILE  the bootstraps' cargo profile (default lambda, as deployed; ci-lambda
 #                   builds several times faster)     HARNESS_AWS_PREFIX  (default harness-)
 #   ANTHROPIC_BASE_URL, OPENAI_BASE_URL and the providers' API keys are passed to the
@@ -18,8 +22,45 @@ mkdir -p "$run"
 pidfile="$run/deployed.pid"
 log="$run/deployed.log"
 
+
+# The template parameters to pass: `Key=Value` arguments, else same-named environment
+# variables; says which (Slack and MCP values are not echoed). Sets `params`.
+choose_params() {
+  known=(SlackApprovers SlackApproverChannels SlackChannel AllowedOrigins RunDefaults Workspace
+         McpServers BedrockModelArns OtlpEndpoint SlackApiBase)
+  declare -A chosen=()
+  for name in "${known[@]}"; do
+    if [ -n "${!name:-}" ]; then chosen[$name]="${!name}"; fi
+  done
+  for arg in "$@"; do
+    case "$arg" in
+      *=*)
+        key="${arg%%=*}"
+        if [[ " ${known[*]} " != *" $key "* ]]; then
+          echo "!! unknown template parameter \`$key\` (known: ${known[*]})" >&2; exit 2
+        fi
+        chosen[$key]="${arg#*=}" ;;
+      *) echo "!! expected Key=Value, got \`$arg\`" >&2; exit 2 ;;
+    esac
+  done
+  params=()
+  if [ ${#chosen[@]} -eq 0 ]; then
+    echo "template parameters: the template's defaults"
+  else
+    for key in "${!chosen[@]}"; do
+      params+=(--parameter "$key=${chosen[$key]}")
+      case "$key" in
+        Slack*|McpServers) echo "template parameter: $key (set, ${#chosen[$key]} characters)" ;;
+        *) echo "template parameter: $key=${chosen[$key]}" ;;
+      esac
+    done
+  fi
+}
+
 case "${1:-up}" in
   up)
+    shift || true
+    choose_params "$@"
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
       echo "already up (pid $(cat "$pidfile")):"; grep -E '^(websocket|token|slack webhook):' "$log"; exit 0
     fi
@@ -29,7 +70,7 @@ case "${1:-up}" in
     source localstack/env.sh
     bash localstack/provision.sh "$HARNESS_AWS_PREFIX" >/dev/null
     nohup "$CARGO_TARGET_DIR/debug/engine-gateway" deployed --lambda-dir "$CARGO_TARGET_DIR/lambda" \
-      --aws-prefix "$HARNESS_AWS_PREFIX" > "$log" 2>&1 &
+      --aws-prefix "$HARNESS_AWS_PREFIX" "${params[@]}" > "$log" 2>&1 &
     echo $! > "$pidfile"
     for _ in $(seq 1 240); do
       if grep -q '^token:' "$log"; then
@@ -46,6 +87,10 @@ case "${1:-up}" in
     if [ -f "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; fi
     bash localstack/emu.sh stop
     ;;
+  params)
+    # What `up` would pass, without starting anything (tests/infra.rs checks it).
+    shift; choose_params "$@"; printf '%s\n' "${params[@]}"
+    ;;
   status)
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
       echo "up (pid $(cat "$pidfile"))"; grep -E '^(websocket|token|slack webhook):' "$log"
@@ -53,5 +98,5 @@ case "${1:-up}" in
       echo "down"
     fi
     ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up [Key=Value ...]|down|status" >&2; exit 2 ;;
 esac

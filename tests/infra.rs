@@ -521,3 +521,49 @@ fn every_variable_a_function_reads_is_documented_and_set_where_it_must_be() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// `localstack/deployed.sh` forwards template parameters from `Key=Value` arguments or
+/// same-named environment variables, says which it used (without echoing Slack values), and
+/// refuses an unknown key by name.
+#[test]
+fn the_local_deployed_shape_forwards_template_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/localstack/deployed.sh"))
+            .arg("params")
+            .args(args)
+            .env("CARGO_TARGET_DIR", dir.path())
+            .env_remove("SlackApprovers")
+            .env_remove("RunDefaults")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, _) = run(
+        &["SlackApprovers=U1,U2", "AllowedOrigins=https://chat.example.com"],
+        &[("RunDefaults", r#"{"mode":"plan"}"#)],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    for expected in [
+        "SlackApprovers=U1,U2",
+        "AllowedOrigins=https://chat.example.com",
+        r#"RunDefaults={"mode":"plan"}"#,
+    ] {
+        let at = lines.iter().position(|l| *l == expected).unwrap_or_else(|| panic!("{expected} in {out}"));
+        assert_eq!(lines[at - 1], "--parameter", "{out}");
+    }
+    assert!(out.contains("template parameter: SlackApprovers (set, 5 characters)"), "{out}");
+    assert!(out.contains("template parameter: AllowedOrigins=https://chat.example.com"), "{out}");
+    let (code, out, _) = run(&[], &[]);
+    assert_eq!((code, out.trim()), (Some(0), "template parameters: the template's defaults"));
+    let (code, _, err) = run(&["SlackAprovers=U1"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown template parameter `SlackAprovers`"), "{err}");
+}
