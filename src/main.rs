@@ -205,7 +205,14 @@ async fn main() -> anyhow::Result<()> {
         stream_name: "agent::events".into(),
         group_id: Some(sid.clone()),
     })?;
-    let ctx = client.ctx();
+    // The session's own root span: every call below nests under it, so the trace has no
+    // parent a collector never receives.
+    let mut session_span = client
+        .ctx()
+        .with_baggage(ATTR_SESSION_ID, &sid)
+        .root_span("harness session", "terminal");
+    session_span.set("iii.session.id", &sid);
+    let ctx = session_span.ctx().clone();
     let mut payload = composition.run_defaults.clone();
     payload["messages"] = json!([{"role": "user", "content": [{"type": "text", "text": cli.task}], "timestamp": engine_gateway::trace::now_ms()}]);
     // Through the front door when there is one; the thin harness has only run::start.
@@ -389,6 +396,8 @@ async fn main() -> anyhow::Result<()> {
     }
     // Telemetry first, while every worker still answers the gauges; then every handle on
     // the engine goes before the shutdown, which waits for the last one.
+    session_span.finish(state["state"].as_str().filter(|s| *s == "failed"));
+    ctx.bus().flush_telemetry().await;
     engine.flush_telemetry().await;
     drop((composition, client, engine));
     running.shutdown().await;

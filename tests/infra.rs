@@ -530,7 +530,10 @@ fn the_local_deployed_shape_forwards_template_parameters() {
     let dir = tempfile::tempdir().unwrap();
     let run = |args: &[&str], env: &[(&str, &str)]| {
         let out = std::process::Command::new("bash")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/localstack/deployed.sh"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/localstack/deployed.sh"
+            ))
             .arg("params")
             .args(args)
             .env("CARGO_TARGET_DIR", dir.path())
@@ -546,7 +549,10 @@ fn the_local_deployed_shape_forwards_template_parameters() {
         )
     };
     let (code, out, _) = run(
-        &["SlackApprovers=U1,U2", "AllowedOrigins=https://chat.example.com"],
+        &[
+            "SlackApprovers=U1,U2",
+            "AllowedOrigins=https://chat.example.com",
+        ],
         &[("RunDefaults", r#"{"mode":"plan"}"#)],
     );
     assert_eq!(code, Some(0), "{out}");
@@ -556,14 +562,29 @@ fn the_local_deployed_shape_forwards_template_parameters() {
         "AllowedOrigins=https://chat.example.com",
         r#"RunDefaults={"mode":"plan"}"#,
     ] {
-        let at = lines.iter().position(|l| *l == expected).unwrap_or_else(|| panic!("{expected} in {out}"));
+        let at = lines
+            .iter()
+            .position(|l| *l == expected)
+            .unwrap_or_else(|| panic!("{expected} in {out}"));
         assert_eq!(lines[at - 1], "--parameter", "{out}");
     }
-    assert!(out.contains("template parameter: SlackApprovers (set, 5 characters)"), "{out}");
-    assert!(out.contains("template parameter: AllowedOrigins=https://chat.example.com"), "{out}");
+    assert!(
+        out.contains("template parameter: SlackApprovers (set, 5 characters)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("template parameter: AllowedOrigins=https://chat.example.com"),
+        "{out}"
+    );
     let (code, out, _) = run(&[], &[]);
-    assert_eq!((code, out.trim()), (Some(0), "template parameters: the template's defaults"));
+    assert_eq!(
+        (code, out.trim()),
+        (Some(0), "template parameters: the template's defaults")
+    );
     let (code, _, err) = run(&["SlackAprovers=U1"], &[]);
     assert_eq!(code, Some(2));
-    assert!(err.contains("unknown template parameter `SlackAprovers`"), "{err}");
+    assert!(
+        err.contains("unknown template parameter `SlackAprovers`"),
+        "{err}"
+    );
 }

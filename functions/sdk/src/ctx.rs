@@ -85,6 +85,18 @@ impl Ctx {
         crate::span::ChildSpan::start(self, name, service)
     }
 
+    /// A span with no parent, at the start of this context's trace: a client that begins a
+    /// piece of work (the terminal's session) records it, so every call made through its
+    /// [`crate::span::ChildSpan::ctx`] has a parent the collector receives.
+    pub fn root_span(&self, name: &str, service: &str) -> crate::span::ChildSpan {
+        let top = TraceContext {
+            trace_id: self.trace.trace_id.clone(),
+            span_id: String::new(),
+            baggage: self.trace.baggage.clone(),
+        };
+        crate::span::ChildSpan::start(&self.at(top), name, service)
+    }
+
     /// The same call at another position in its trace.
     pub(crate) fn at(&self, trace: TraceContext) -> Ctx {
         Ctx {
