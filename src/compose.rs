@@ -2,7 +2,7 @@
 //! elsewhere, and applies its start-up settings (budgets). Used by `cargo run` and by the
 //! whole-turn tests, so both compose the harness the same way.
 
-use crate::config::{self, Config, Placement, ProviderName};
+use crate::config::{self, Config, Placement, ProviderChoice, ProviderName};
 use auth_credentials::{Auth, EnvLookup};
 use engine_gateway::Engine;
 use engine_gateway::secrets::SecretStore;
@@ -63,10 +63,10 @@ fn embed(worker: Worker, engine: &Arc<Engine>) -> anyhow::Result<WorkerHandle> {
 }
 
 /// `auto` → the provider whose key is set (Anthropic, then OpenAI), else the scripted model.
-pub fn resolve_provider(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> ProviderName {
+pub fn resolve_provider(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> ProviderChoice {
     let listed = cfg.providers.names();
-    if cfg.run.provider != ProviderName::Auto {
-        return cfg.run.provider;
+    if cfg.run.provider != ProviderChoice::Ours(ProviderName::Auto) {
+        return cfg.run.provider.clone();
     }
     let has = |k: &str| env(k).is_some_and(|v| !v.is_empty());
     for (p, key) in [
@@ -74,14 +74,16 @@ pub fn resolve_provider(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> P
         (ProviderName::Openai, "OPENAI_API_KEY"),
     ] {
         if listed.contains(&p) && has(key) {
-            return p;
+            return ProviderChoice::Ours(p);
         }
     }
-    if listed.contains(&ProviderName::Scripted) || listed.is_empty() {
-        ProviderName::Scripted
-    } else {
-        listed[0]
-    }
+    ProviderChoice::Ours(
+        if listed.contains(&ProviderName::Scripted) || listed.is_empty() {
+            ProviderName::Scripted
+        } else {
+            listed[0]
+        },
+    )
 }
 
 /// A URL as a base without its trailing slash (the dialects append their paths).
@@ -218,12 +220,14 @@ fn slack_config(s: &config::Slack, secrets: Arc<dyn SecretStore>) -> slack_appro
 }
 
 /// The `run::start` fields `run.*` gives.
-fn run_defaults(cfg: &Config, provider: ProviderName) -> Value {
+fn run_defaults(cfg: &Config, provider: &ProviderChoice) -> Value {
+    // A provider of our own has a default model; one of yours was given one (checked).
     let model = cfg
         .run
         .model
         .clone()
-        .unwrap_or_else(|| provider.default_model().to_string());
+        .or_else(|| provider.default_model().map(str::to_owned))
+        .unwrap_or_default();
     let mut d = json!({"provider": provider.as_str(), "model": model, "max_turns": cfg.run.max_turns.get()});
     if let Some(m) = cfg.run.mode {
         d["mode"] = json!(m.as_str());
@@ -242,7 +246,7 @@ fn run_defaults(cfg: &Config, provider: ProviderName) -> Value {
             cfg.run
                 .fallback
                 .iter()
-                .map(|f| json!({"provider": f.provider.as_str(), "model": f.model.clone().unwrap_or_else(|| f.provider.default_model().to_string())}))
+                .map(|f| json!({"provider": f.provider.as_str(), "model": f.model.clone().or_else(|| f.provider.default_model().map(str::to_owned)).unwrap_or_default()}))
                 .collect::<Vec<_>>()
         );
     }
@@ -259,7 +263,7 @@ pub async fn start(
     let w = &cfg.workers;
     let env = inputs.env.unwrap_or_else(Auth::process_env);
     let provider = resolve_provider(cfg, env.as_ref());
-    let run_defaults = run_defaults(cfg, provider);
+    let run_defaults = run_defaults(cfg, &provider);
     let mut workers = Vec::new();
     let mut tools = None;
     let mut report = Vec::new();
@@ -420,6 +424,15 @@ pub async fn start(
             .filter(|(_, p, _)| *p == wanted)
             .map(|(n, _, _)| n)
             .collect();
+        let names: Vec<&str> = names
+            .into_iter()
+            .chain(
+                w.custom
+                    .iter()
+                    .filter(|(_, c)| c.placement() == wanted)
+                    .map(|(n, _)| n.as_str()),
+            )
+            .collect();
         if !names.is_empty() {
             report.push(format!("{label}: {}", names.join(", ")));
         }
@@ -454,20 +467,37 @@ pub async fn start(
 
 /// Waits (up to `remote_wait_secs`) for each `remote` worker's function ID → the ones that
 /// did not come.
-async fn wait_for_remote(cfg: &Config, engine: &Arc<Engine>) -> Vec<(&'static str, &'static str)> {
-    let expected: Vec<_> = cfg
+/// Ours by the one id each registers; yours by its `expect` list; a provider of your own
+/// (`run.provider`, a fallback) by its `provider::<name>::stream`.
+async fn wait_for_remote(cfg: &Config, engine: &Arc<Engine>) -> Vec<(String, String)> {
+    let mut expected: Vec<(String, String)> = cfg
         .workers
         .all()
         .into_iter()
         .filter(|(_, p, id)| *p == Placement::Remote && !id.is_empty())
-        .map(|(n, _, id)| (n, id))
+        .map(|(n, _, id)| (n.to_string(), id.to_string()))
         .collect();
+    for (name, w) in &cfg.workers.custom {
+        if w.placement() == Placement::Remote {
+            expected.extend(w.expect().iter().map(|id| (name.clone(), id.clone())));
+        }
+    }
+    let providers =
+        std::iter::once(&cfg.run.provider).chain(cfg.run.fallback.iter().map(|f| &f.provider));
+    for p in providers {
+        if let ProviderChoice::Custom(name) = p {
+            expected.push((
+                format!("provider {name}"),
+                format!("provider::{name}::stream"),
+            ));
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(cfg.remote_wait_secs);
     loop {
         let missing: Vec<_> = expected
             .iter()
-            .copied()
             .filter(|(_, id)| !engine.has_function(id))
+            .cloned()
             .collect();
         if missing.is_empty() || Instant::now() >= deadline {
             return missing;

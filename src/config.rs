@@ -51,9 +51,11 @@ impl Placement {
     }
 }
 
-/// The workers a harness can be composed of. A name that is not here is refused.
+/// The workers a harness can be composed of: ours by name, and any worker of your own run
+/// `remote` with the function ids start-up waits for (`my-tools: {placement: remote,
+/// expect: ["mytools::search"]}`). A name of ours misspelled is refused, naming ours.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case")]
 pub struct Workers {
     #[serde(default)]
     pub turn_orchestrator: Placement,
@@ -93,6 +95,37 @@ pub struct Workers {
     /// The SDK's example worker (`example::echo`).
     #[serde(default)]
     pub echo: Placement,
+    /// Workers of your own (checked by [`Config::check`]).
+    #[serde(flatten)]
+    pub custom: std::collections::BTreeMap<String, CustomWorker>,
+}
+
+/// A worker that is not ours: another process registers its functions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CustomWorker {
+    /// `remote` with what to wait for.
+    Expecting {
+        placement: Placement,
+        #[serde(default)]
+        expect: Vec<String>,
+    },
+    /// A bare placement (refused unless `off`: nothing to wait for).
+    Bare(Placement),
+}
+
+impl CustomWorker {
+    pub fn placement(&self) -> Placement {
+        match self {
+            CustomWorker::Expecting { placement, .. } | CustomWorker::Bare(placement) => *placement,
+        }
+    }
+    pub fn expect(&self) -> &[String] {
+        match self {
+            CustomWorker::Expecting { expect, .. } => expect,
+            CustomWorker::Bare(_) => &[],
+        }
+    }
 }
 
 /// One function ID each worker registers, to know it has arrived when it runs elsewhere.
@@ -124,6 +157,65 @@ impl Workers {
             ("mcp", self.mcp, "mcp::servers"),
             ("echo", self.echo, "example::echo"),
         ]
+    }
+}
+
+/// `run.provider` (and a fallback's): one of ours, or the name of any worker that registers
+/// `provider::<name>::stream` (start-up waits for it like a remote worker's functions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderChoice {
+    Ours(ProviderName),
+    Custom(String),
+}
+
+impl Default for ProviderChoice {
+    fn default() -> Self {
+        ProviderChoice::Ours(ProviderName::Auto)
+    }
+}
+
+impl ProviderChoice {
+    pub fn as_str(&self) -> &str {
+        match self {
+            ProviderChoice::Ours(p) => p.as_str(),
+            ProviderChoice::Custom(n) => n,
+        }
+    }
+    /// The model a run uses when none is named (none for a provider of your own).
+    pub fn default_model(&self) -> Option<&'static str> {
+        match self {
+            ProviderChoice::Ours(p) => Some(p.default_model()),
+            ProviderChoice::Custom(_) => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ProviderChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        let ours = [
+            ProviderName::Auto,
+            ProviderName::Anthropic,
+            ProviderName::Openai,
+            ProviderName::Kimi,
+            ProviderName::Lmstudio,
+            ProviderName::Bedrock,
+            ProviderName::Scripted,
+        ];
+        if let Some(p) = ours.into_iter().find(|p| p.as_str() == name) {
+            return Ok(ProviderChoice::Ours(p));
+        }
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(serde::de::Error::custom(format!(
+                "a provider is one of ours (anthropic, openai, kimi, lmstudio, bedrock, scripted, auto) or the <name> of a worker registering provider::<name>::stream (1-64 of [a-z0-9_-]), not `{name}`"
+            )));
+        }
+        Ok(ProviderChoice::Custom(name))
     }
 }
 
@@ -174,7 +266,7 @@ impl ProviderName {
 #[serde(deny_unknown_fields)]
 pub struct RunDefaults {
     #[serde(default)]
-    pub provider: ProviderName,
+    pub provider: ProviderChoice,
     /// Default: the provider's (see [`ProviderName::default_model`]).
     #[serde(default)]
     pub model: Option<String>,
@@ -206,7 +298,7 @@ fn yes() -> bool {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fallback {
-    pub provider: ProviderName,
+    pub provider: ProviderChoice,
     /// Default: the provider's.
     #[serde(default)]
     pub model: Option<String>,
@@ -215,7 +307,7 @@ pub struct Fallback {
 impl Default for RunDefaults {
     fn default() -> Self {
         Self {
-            provider: ProviderName::Auto,
+            provider: ProviderChoice::default(),
             model: None,
             max_turns: default_max_turns(),
             mode: None,
@@ -641,8 +733,16 @@ impl Config {
                 at("workers.providers")
             ));
         }
-        let wanted = self.run.provider;
-        if wanted != ProviderName::Auto
+        if let ProviderChoice::Custom(name) = &self.run.provider
+            && self.run.model.is_none()
+        {
+            return Err(format!(
+                "{}: `{name}` is a provider of your own: name its model in run.model",
+                at("run.provider")
+            ));
+        }
+        if let ProviderChoice::Ours(wanted) = self.run.provider
+            && wanted != ProviderName::Auto
             && self.workers.providers.embedded()
             && !listed.contains(&wanted)
         {
@@ -716,15 +816,75 @@ impl Config {
                 turn_orchestrator::types::MAX_FALLBACK
             ));
         }
-        if let Some(f) = self.run.fallback.iter().find(|f| {
-            f.provider == ProviderName::Auto
-                || (self.workers.providers.embedded() && !listed.contains(&f.provider))
+        if let Some(f) = self.run.fallback.iter().find(|f| match f.provider {
+            ProviderChoice::Ours(p) => {
+                p == ProviderName::Auto
+                    || (self.workers.providers.embedded() && !listed.contains(&p))
+            }
+            ProviderChoice::Custom(_) => false,
         }) {
             return Err(format!(
                 "{}: `{}` is not a provider listed under `providers`",
                 at("run.fallback"),
                 f.provider.as_str()
             ));
+        }
+        if let Some(f) = self
+            .run
+            .fallback
+            .iter()
+            .find(|f| matches!(f.provider, ProviderChoice::Custom(_)) && f.model.is_none())
+        {
+            return Err(format!(
+                "{}: `{}` is a provider of your own: name its model",
+                at("run.fallback"),
+                f.provider.as_str()
+            ));
+        }
+        let ours: Vec<&str> = self.workers.all().iter().map(|(n, _, _)| *n).collect();
+        for (name, w) in &self.workers.custom {
+            let named_ok = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !named_ok {
+                return Err(format!(
+                    "{}: a worker name is 1-64 of [A-Za-z0-9_-], not `{name}`",
+                    at("workers")
+                ));
+            }
+            match (w.placement(), w.expect().is_empty()) {
+                (Placement::Off, _) => {}
+                (Placement::Remote, false) => {}
+                (Placement::Remote, true) => {
+                    return Err(format!(
+                        "{}: `{name}` is not one of ours; a worker of your own runs remote with the function ids to wait for: `{name}: {{placement: remote, expect: [\"ns::fn\"]}}` (ours: {})",
+                        at(&format!("workers.{name}")),
+                        ours.join(", ")
+                    ));
+                }
+                (p, _) => {
+                    return Err(format!(
+                        "{}: `{name}` is not one of ours ({}); a worker of your own can only run remote (another process registers its functions), not {p:?}",
+                        at(&format!("workers.{name}")),
+                        ours.join(", ")
+                    ));
+                }
+            }
+            for id in w.expect() {
+                let (ns, f) = id.split_once("::").unwrap_or(("", ""));
+                if ns.is_empty()
+                    || f.is_empty()
+                    || id.len() > 256
+                    || id.chars().any(char::is_control)
+                {
+                    return Err(format!(
+                        "{}: `{id}` is not a function id (namespace::name)",
+                        at(&format!("workers.{name}.expect"))
+                    ));
+                }
+            }
         }
         let mut ids = std::collections::HashSet::new();
         for (i, b) in self.budgets.iter().enumerate() {

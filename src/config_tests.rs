@@ -93,7 +93,10 @@ fn run_fallback_names_listed_providers_only() {
     );
     let cfg = Config::parse(&ok, "h.yaml").unwrap();
     assert_eq!(cfg.run.fallback.len(), 2);
-    assert_eq!(cfg.run.fallback[1].provider, ProviderName::Bedrock);
+    assert_eq!(
+        cfg.run.fallback[1].provider,
+        ProviderChoice::Ours(ProviderName::Bedrock)
+    );
     let unlisted = THIN.replace("run:\n", "run:\n  fallback:\n    - provider: openai\n");
     let e = Config::parse(&unlisted, "h.yaml").unwrap_err().to_string();
     assert!(e.contains("run.fallback") && e.contains("openai"), "{e}");
@@ -108,4 +111,57 @@ fn run_prompt_cache_is_on_unless_turned_off() {
     let junk = THICK.replace("  prompt_cache: true", "  prompt_cache: sometimes");
     let e = Config::parse(&junk, "h.yaml").unwrap_err().to_string();
     assert!(e.contains("prompt_cache"), "{e}");
+}
+
+#[test]
+fn a_worker_of_your_own_runs_remote_with_what_to_wait_for() {
+    let with = |workers: &str| THICK.replace("workers:\n", &format!("workers:\n{workers}"));
+    let cfg = Config::parse(
+        &with(
+            "  my-tools: {placement: remote, expect: [\"mytools::search\", \"mytools::fetch\"]}\n",
+        ),
+        "h.yaml",
+    )
+    .unwrap();
+    let mine = &cfg.workers.custom["my-tools"];
+    assert_eq!(mine.placement(), Placement::Remote);
+    assert_eq!(mine.expect(), ["mytools::search", "mytools::fetch"]);
+    // Ours still parse as ours.
+    assert!(cfg.workers.custom.keys().all(|k| k == "my-tools"));
+    // A misspelling of ours is refused, naming ours; so is one of yours with nothing to wait
+    // for, one run embedded, and an expect that is not a function id.
+    for (bad, says) in [
+        ("  turn-orchestator: embedded\n", "not one of ours"),
+        ("  my-tools: remote\n", "expect"),
+        (
+            "  my-tools: {placement: embedded, expect: [\"a::b\"]}\n",
+            "only run remote",
+        ),
+        (
+            "  my-tools: {placement: remote, expect: [\"nope\"]}\n",
+            "not a function id",
+        ),
+        (
+            "  \"my tools\": {placement: remote, expect: [\"a::b\"]}\n",
+            "worker name",
+        ),
+    ] {
+        let e = Config::parse(&with(bad), "h.yaml").unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+    // Off is accepted (nothing runs, nothing is waited for).
+    assert!(Config::parse(&with("  my-tools: off\n"), "h.yaml").is_ok());
+}
+
+#[test]
+fn run_provider_may_be_a_provider_of_your_own() {
+    let own = THICK.replace("  provider: auto\n", "  provider: acme\n  model: acme-1\n");
+    let cfg = Config::parse(&own, "h.yaml").unwrap();
+    assert_eq!(cfg.run.provider, ProviderChoice::Custom("acme".into()));
+    let no_model = THICK.replace("  provider: auto\n", "  provider: acme\n");
+    let e = Config::parse(&no_model, "h.yaml").unwrap_err().to_string();
+    assert!(e.contains("run.model"), "{e}");
+    let bad = THICK.replace("  provider: auto\n", "  provider: \"Acme Inc\"\n");
+    let e = Config::parse(&bad, "h.yaml").unwrap_err().to_string();
+    assert!(e.contains("provider::<name>::stream"), "{e}");
 }

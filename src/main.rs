@@ -113,12 +113,12 @@ fn configuration(cli: &Cli) -> anyhow::Result<(Config, String)> {
             .scripted
             .get_or_insert_with(ScriptedSettings::default);
         s.cassette = Some(path.clone());
-        cfg.run.provider = ProviderName::Scripted;
+        cfg.run.provider = agent_harness::config::ProviderChoice::Ours(ProviderName::Scripted);
     }
     if let Some(p) = cli.provider {
         // A provider named on the command line is registered even when the file leaves it out.
         cfg.providers.include(p);
-        cfg.run.provider = p;
+        cfg.run.provider = agent_harness::config::ProviderChoice::Ours(p);
     }
     Ok((cfg, origin))
 }

@@ -369,3 +369,84 @@ async fn the_files_run_defaults_and_sandbox_settings_reach_the_workers() {
         s.work.canonicalize().unwrap().display().to_string()
     );
 }
+
+/// A worker of your own in `workers:` (remote, with what to wait for) and a fifth provider as
+/// the run's default: start-up waits for it, and a run with the file's defaults streams from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_of_your_own_and_a_fifth_provider_as_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = engine_gateway::server::start(&test_options(dir.path()))
+        .await
+        .unwrap();
+    // "acme": an OpenAI-dialect provider of its own, on its own model server.
+    let acme_model = scripted_model::ScriptedModel::default();
+    acme_model.load(Cassette {
+        turns: vec![text("hello from acme")],
+        ..Default::default()
+    });
+    let acme_url = acme_model.serve().await.unwrap();
+    let acme = provider_core::worker(Arc::new(provider_openai::OpenAiDialect {
+        name: "acme".into(),
+        base_url: format!("{acme_url}/v1"),
+        key_optional: true,
+    }));
+    let url = srv.url();
+    let remote = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        run_remote(acme, RemoteOptions::new(&url))
+    });
+    let mut cfg = Config::load("thick").unwrap();
+    cfg.run.provider = agent_harness::config::ProviderChoice::Custom("acme".into());
+    cfg.run.model = Some("acme-1".into());
+    cfg.workers.custom.insert(
+        "acme-provider".into(),
+        agent_harness::config::CustomWorker::Expecting {
+            placement: Placement::Remote,
+            expect: vec!["provider::acme::stream".into()],
+        },
+    );
+    let s = stack_on(
+        dir,
+        srv,
+        &mut cfg,
+        PERMISSIONS,
+        models_catalog::Catalog::builtin(),
+    )
+    .await;
+    assert!(
+        s.srv.engine.has_function("provider::acme::stream"),
+        "start-up waited for it: {:?}",
+        s.composition.report
+    );
+    assert!(
+        s.composition
+            .report
+            .iter()
+            .any(|l| l.starts_with("remote:") && l.contains("acme-provider")),
+        "{:?}",
+        s.composition.report
+    );
+    assert_eq!(s.composition.provider, "acme");
+    let mut payload = s.composition.run_defaults.clone();
+    payload["messages"] =
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1}]);
+    let ctx = s.client.ctx();
+    let r = ctx
+        .trigger(
+            "harness::trigger",
+            json!({"session_id": "acme1", "payload": payload}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["status_code"], 200, "{r}");
+    let view = wait_state(&ctx, "acme1", "stopped").await;
+    assert!(view["error"].is_null(), "{view}");
+    let asked = acme_model.requests();
+    assert_eq!(asked.len(), 1, "the run's model call went to acme");
+    assert_eq!(asked[0]["body"]["model"], "acme-1");
+    assert!(
+        s.model.requests().is_empty(),
+        "not to the stack's own model"
+    );
+    drop(remote.await.unwrap());
+}
