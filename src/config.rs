@@ -865,8 +865,12 @@ impl Config {
                     ));
                 }
                 (p, _) => {
+                    let p = match p {
+                        Placement::Embedded => "embedded",
+                        _ => "lambda",
+                    };
                     return Err(format!(
-                        "{}: `{name}` is not one of ours ({}); a worker of your own can only run remote (another process registers its functions), not {p:?}",
+                        "{}: `{name}` is not one of ours ({}); a worker of your own can only run remote (another process registers its functions), not {p}",
                         at(&format!("workers.{name}")),
                         ours.join(", ")
                     ));

@@ -1,7 +1,7 @@
 use super::*;
 
 #[test]
-fn both_presets_parse_and_thin_is_three_workers() {
+fn both_presets_parse_and_thin_is_the_architectures_thin_harness() {
     let thin = Config::load("thin").unwrap();
     let embedded: Vec<_> = thin
         .workers
@@ -12,8 +12,18 @@ fn both_presets_parse_and_thin_is_three_workers() {
         .collect();
     assert_eq!(
         embedded,
-        ["turn-orchestrator", "providers", "auth-credentials"]
+        [
+            "turn-orchestrator",
+            "providers",
+            "auth-credentials",
+            "harness"
+        ]
     );
+    // Its policy stance is written in the file: no policy worker, every call denied.
+    assert!(!thin.workers.policy.present());
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/presets/thin.yaml")).unwrap();
+    assert!(text.contains("Policy stance"), "{text}");
     assert_eq!(thin.providers.names(), [ProviderName::Scripted]);
     let thick = Config::load("thick").unwrap();
     assert!(

@@ -215,7 +215,8 @@ async fn main() -> anyhow::Result<()> {
     let ctx = session_span.ctx().clone();
     let mut payload = composition.run_defaults.clone();
     payload["messages"] = json!([{"role": "user", "content": [{"type": "text", "text": cli.task}], "timestamp": engine_gateway::trace::now_ms()}]);
-    // Through the front door when there is one; the thin harness has only run::start.
+    // Through the front door when there is one (both presets have it; a composition without
+    // the harness worker has only run::start).
     let started = if cfg.workers.harness.present() {
         ctx.trigger(
             "harness::trigger",

@@ -12,8 +12,7 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// `run::start` from inside the composition (the thin harness has no `harness::trigger`, and
-/// `run::start` is not a client's to call).
+/// `run::start` from inside the composition (`run::start` is not a client's to call).
 async fn run_start(s: &Stack, sid: &str, provider: &str, model: &str) -> Value {
     s.composition.workers[0]
         .ctx()
@@ -76,13 +75,14 @@ async fn the_thin_and_thick_presets_each_run_a_whole_turn() {
             "policy::check_permissions",
             "shell::exec",
             "session-tree::messages",
-            "harness::trigger",
             "provider::openai::stream",
         ] {
             assert_eq!(engine.has_function(id), thick, "{preset}: {id}");
         }
+        // Both have the front door (the thin harness's minimal harness worker).
         for id in [
             "run::start",
+            "harness::trigger",
             "auth::get_token",
             "provider::scripted::stream",
         ] {

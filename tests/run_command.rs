@@ -124,8 +124,9 @@ fn a_working_directory_that_reaches_the_data_dir_or_the_rules_is_refused() {
 
 #[test]
 fn the_thin_preset_talks_but_cannot_act_and_a_named_provider_without_a_key_is_named() {
-    // Thin: orchestrator, the scripted provider and credentials. No policy worker, so each
-    // call of the demo is denied fail-closed; the session still ends with the model's answer.
+    // Thin: orchestrator, the scripted provider, credentials and the harness worker (the run
+    // goes through harness::trigger). No policy worker, so each call of the demo is denied
+    // fail-closed, and the banner says so; the session still ends with the model's answer.
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = run(&["--config", "thin"], dir.path());
     assert!(ok, "{out}");
@@ -134,8 +135,13 @@ fn the_thin_preset_talks_but_cannot_act_and_a_named_provider_without_a_key_is_na
         "{out}"
     );
     assert!(
-        out.contains("off: policy, harness, approval-gate, tools"),
+        out.contains("embedded: turn-orchestrator, providers, auth-credentials, harness"),
         "{out}"
+    );
+    assert!(out.contains("off: policy, approval-gate, tools"), "{out}");
+    assert!(
+        out.contains("no policy worker: every tool call is denied (gate_unavailable)"),
+        "the stance in the banner: {out}"
     );
     assert_eq!(
         out.matches("denied by gate_unavailable").count(),
@@ -166,7 +172,7 @@ fn an_invalid_configuration_is_named_with_its_line_and_nothing_starts() {
     for (text, needles) in [
         (
             "workers:\n  turn-orchestrator: embedded\n  tols: embedded\n",
-            &["unknown field `tols`", "line 3"][..],
+            &["`tols` is not one of ours", "line 3"][..],
         ),
         (
             "workers:\n  turn-orchestrator: embedded\nsandbox:\n  mode: lenient\n",
