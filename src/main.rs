@@ -123,14 +123,19 @@ fn configuration(cli: &Cli) -> anyhow::Result<(Config, String)> {
     Ok((cfg, origin))
 }
 
-fn ask(question: &str) -> bool {
-    print!("{question} [y/N] ");
-    let _ = std::io::stdout().flush();
-    let mut line = String::new();
-    if std::io::stdin().lock().read_line(&mut line).is_err() {
-        return false;
-    }
-    matches!(line.trim(), "y" | "Y" | "yes")
+/// The terminal's lines, read by one thread for the whole session (a question abandoned
+/// because someone decided elsewhere leaves no reader behind that would swallow a line).
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 #[tokio::main]
@@ -244,7 +249,38 @@ async fn main() -> anyhow::Result<()> {
     let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
     // Of the input: read from the provider's prompt cache, and written to it.
     let (mut cache_read, mut cache_write) = (0u64, 0u64);
-    while let Some(msg) = pushes.recv().await {
+    // Parked calls wait for this terminal's answer one at a time; a decision made elsewhere
+    // (the console, Slack, the HTTP API) takes the question away and is said here.
+    let mut waiting: std::collections::VecDeque<(String, String)> = Default::default();
+    let mut asking: Option<String> = None;
+    let mut lines: Option<tokio::sync::mpsc::UnboundedReceiver<String>> = None;
+    loop {
+        if asking.is_none()
+            && let Some((cid, fid)) = waiting.pop_front()
+        {
+            print!("  allow {fid}? [y/N] ");
+            let _ = std::io::stdout().flush();
+            lines.get_or_insert_with(stdin_lines);
+            asking = Some(cid);
+        }
+        let msg = tokio::select! {
+            m = pushes.recv() => match m {
+                Some(m) => m,
+                None => break,
+            },
+            line = async { lines.as_mut()?.recv().await }, if asking.is_some() => {
+                let cid = asking.take().unwrap_or_default();
+                let yes = matches!(line.as_deref().map(str::trim), Some("y" | "Y" | "yes"));
+                let decision = if yes { "allow" } else { "deny" };
+                // Decided by the person at this terminal (the engine token's holder).
+                let r = ctx
+                    .with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal")
+                    .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision}))
+                    .await?;
+                println!("  {decision}: {r}");
+                continue;
+            }
+        };
         let Message::StreamEvent { event, .. } = msg else {
             continue;
         };
@@ -291,27 +327,39 @@ async fn main() -> anyhow::Result<()> {
                 );
                 if parked {
                     let cid = data["function_call_id"].as_str().unwrap_or("").to_string();
-                    let decision = if cli.approve_all {
-                        "allow"
-                    } else if cli.deny_all {
-                        "deny"
+                    if cli.approve_all || cli.deny_all {
+                        let decision = if cli.approve_all { "allow" } else { "deny" };
+                        let r = ctx
+                            .with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal")
+                            .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision}))
+                            .await?;
+                        println!("  {decision}: {r}");
                     } else {
-                        let q = format!("  allow {}?", data["function_id"].as_str().unwrap_or("?"));
-                        if tokio::task::spawn_blocking(move || ask(&q))
-                            .await
-                            .unwrap_or(false)
-                        {
-                            "allow"
-                        } else {
-                            "deny"
-                        }
-                    };
-                    // Decided by the person at this terminal (the engine token's holder).
-                    let r = ctx
-                        .with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal")
-                        .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision}))
-                        .await?;
-                    println!("  {decision}: {r}");
+                        let fid = data["function_id"].as_str().unwrap_or("?").to_string();
+                        waiting.push_back((cid, fid));
+                    }
+                }
+            }
+            "approval_applied" => {
+                let cid = data["function_call_id"].as_str().unwrap_or("");
+                let elsewhere =
+                    asking.as_deref() == Some(cid) || waiting.iter().any(|(c, _)| c == cid);
+                if elsewhere {
+                    if asking.as_deref() == Some(cid) {
+                        asking = None;
+                        println!();
+                    }
+                    waiting.retain(|(c, _)| c != cid);
+                    let reason = data["reason"].as_str().filter(|r| !r.is_empty());
+                    println!(
+                        "  decided elsewhere: {} by {}{}",
+                        data["decision"].as_str().unwrap_or("?"),
+                        data["decided_by"]
+                            .as_str()
+                            .filter(|b| !b.is_empty())
+                            .unwrap_or("someone"),
+                        reason.map(|r| format!(" ({r})")).unwrap_or_default()
+                    );
                 }
             }
             "function_execution_end" => {

@@ -213,3 +213,89 @@ fn an_invalid_configuration_is_named_with_its_line_and_nothing_starts() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/harness.yaml"));
 }
+
+/// The terminal session learns of a decision made elsewhere: while it asks `allow fs::write?`,
+/// another client (the console, Slack, the HTTP API) decides; the terminal says who decided
+/// and goes on, instead of waiting at the question.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_made_elsewhere_takes_the_terminals_question_away() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--workdir")
+        .arg(dir.path().join("work"))
+        .arg("--permissions")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/iii-permissions.yaml"))
+        .env("RUST_LOG", "warn")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("MOONSHOT_API_KEY")
+        .env_remove("HARNESS_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Nobody types: stdin stays open and silent.
+    let _stdin = child.stdin.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    let mut next_until = async |needle: &str, seen: &mut String| {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if seen.contains(needle) {
+                return;
+            }
+            let line = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no `{needle}` in: {seen}"))
+                .unwrap_or_else(|| panic!("the harness exited before `{needle}`: {seen}"));
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+    };
+    next_until("(needs approval)", &mut seen).await;
+    let first = seen.lines().next().unwrap().to_string();
+    let address = first.split_whitespace().nth(2).unwrap().to_string();
+    let token = std::fs::read_to_string(dir.path().join("data/engine.token")).unwrap();
+    let client = harness_sdk::connect_client(
+        "console",
+        harness_sdk::RemoteOptions::new(&format!("{address}/?token={}", token.trim())),
+    )
+    .await;
+    let ctx = client.ctx();
+    let pending = ctx
+        .trigger("approval::list_pending", serde_json::json!({}))
+        .await
+        .unwrap();
+    let call = &pending["pending"][0];
+    assert_eq!(call["function_id"], "fs::write", "{pending}");
+    let r = ctx
+        .trigger(
+            "approval::resolve",
+            serde_json::json!({"session_id": call["session_id"], "function_call_id": call["function_call_id"], "decision": "allow", "reason": "looks fine"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["ok"], true, "{r}");
+    next_until("decided elsewhere: allow by", &mut seen).await;
+    assert!(seen.contains("(looks fine)"), "{seen}");
+    next_until(": stopped ·", &mut seen).await;
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{seen}");
+    assert!(
+        dir.path().join("work/SUMMARY.md").exists(),
+        "the write ran: {seen}"
+    );
+}

@@ -42,8 +42,21 @@ const fmt = {
   },
 };
 
+// A run's state in words; the raw state in the tooltip.
+const STATE_WORDS = {
+  provisioning: "starting", assistant_streaming: "the model is answering", function_execute: "running tools",
+  function_awaiting_approval: "waiting for your approval", steering_check: "between turns",
+  stopped: "stopped", failed: "failed", "no run": "no run",
+};
 function badge(state) {
-  return h("span", { class: "badge " + String(state || "none").replace(/[^a-z_]/g, "") }, state || "–");
+  const raw = String(state || "none");
+  return h("span", { class: "badge " + raw.replace(/[^a-z_]/g, ""), title: raw }, STATE_WORDS[raw] || raw || "–");
+}
+
+// Tool calls of a run so far: those decided, and the ones parked for approval.
+function toolCalls(turn) {
+  if (!turn) return NaN;
+  return ((turn.totals && turn.totals.tool_calls) || 0) + ((turn.awaiting_approval && turn.awaiting_approval.length) || 0);
 }
 
 // Errors are shown, never swallowed: a list under the header, each dismissable.
@@ -335,7 +348,7 @@ async function viewSessions(view, arg) {
       h("td", {}, h("a", { href: `#/session/${encodeURIComponent(sid)}` }, sid), meta && meta.copied_from ? h("span", { class: "muted" }, " (fork)") : null),
       h("td", {}, badge(turn ? turn.state : "no run")),
       h("td", { class: "num" }, fmt.int(turn ? turn.turn_count : NaN)),
-      h("td", { class: "num" }, fmt.int(t.tool_calls)),
+      h("td", { class: "num" }, fmt.int(toolCalls(turn))),
       h("td", { class: "num" }, `${fmt.int(t.input_tokens)} / ${fmt.int(t.output_tokens)}`),
       h("td", { class: "num" }, fmt.usd(t.cost_usd)),
       h("td", {}, fmt.age((turn && turn.updated_at_ms) || (meta && meta.updated_at_ms))));
@@ -380,11 +393,20 @@ function denialOf(result) {
 
 function decisionBadge(info) {
   if (!info) return null;
+  const a = info.approval; // who decided a parked call (approval_applied, stored)
   const denial = denialOf(info.result);
-  if (denial) return h("span", { class: "badge deny" }, `denied by ${denial.denied_by}${denial.rule_id ? " · " + denial.rule_id : ""}`);
+  if (denial) {
+    const by = a && a.decided_by && denial.denied_by === "user" ? a.decided_by : denial.denied_by;
+    const rule = denial.rule_name || denial.rule_id;
+    return h("span", { class: "badge deny", title: denial.reason || "" }, `denied by ${by}${rule ? " · " + rule : ""}`);
+  }
   const d = info.decision || {};
   if (info.awaiting) return h("span", { class: "badge needs_approval" }, "needs approval");
-  if (d.decision === "allow") return h("span", { class: "badge allow" }, `allowed${d.rule_id ? " · " + d.rule_id : ""}`);
+  if (a && a.decision === "allow") return h("span", { class: "badge allow", title: a.reason || "" }, `approved by ${a.decided_by || "someone"}`);
+  if (d.decision === "allow") {
+    const rule = d.rule_name || d.rule_id;
+    return h("span", { class: "badge allow", title: d.rule_id || "" }, `allowed${rule ? " · " + rule : ""}`);
+  }
   if (info.approvedBy) return h("span", { class: "badge allow" }, "approved");
   if (info.result !== undefined) return h("span", { class: "badge allow" }, "ran");
   return h("span", { class: "badge" }, "running");
@@ -404,6 +426,21 @@ async function viewSession(view, sid) {
   let history = [];
   let streaming = null;
   const fallbacks = [];
+  // One event, stored or live, into what the page draws.
+  const apply = (data) => {
+    switch (data.type) {
+      case "function_execution_start": {
+        const i = info(data.function_call_id);
+        Object.assign(i, { decision: data.decision, function_id: data.function_id, args: data.args });
+        if (i.result === undefined) i.awaiting = !!data.awaiting_approval;
+        break;
+      }
+      case "function_execution_end": Object.assign(info(data.function_call_id), { result: data.result, is_error: data.is_error, duration_ms: data.duration_ms, awaiting: false }); break;
+      case "approval_applied": Object.assign(info(data.function_call_id), { approval: { decision: data.decision, decided_by: data.decided_by, reason: data.reason } }); break;
+      case "model_fallback": if (data.from && data.to) { fallbacks.push(data); if (fallbacks.length > 20) fallbacks.shift(); } break;
+      default: break;
+    }
+  };
 
   const info = (id) => { if (!calls.has(id)) calls.set(id, {}); return calls.get(id); };
 
@@ -419,7 +456,7 @@ async function viewSession(view, sid) {
           try { await call("run::abort", { session_id: sid }); } catch (e) { showError("abort", e); }
         } }, "Abort")),
       h("div", { class: "stats" },
-        stat(fmt.int(turn ? turn.turn_count : NaN), "turns"), stat(fmt.int(t.tool_calls), "tool calls"),
+        stat(fmt.int(turn ? turn.turn_count : NaN), "turns"), stat(fmt.int(toolCalls(turn)), "tool calls"),
         stat(fmt.int(t.input_tokens), "tokens in"), stat(fmt.int(t.output_tokens), "tokens out"),
         t.cache_read_tokens || t.cache_write_tokens
           ? stat(`${fmt.int(t.cache_read_tokens || 0)} / ${fmt.int(t.cache_write_tokens || 0)}`, "cache read / written") : "",
@@ -514,12 +551,14 @@ async function viewSession(view, sid) {
     const data = stored ? ev.data || {} : { ...(ev.data || {}), type: ev.type };
     switch (data.type) {
       case "message_update": streaming = data.message; render(); break;
-      case "message_complete": streaming = null; soon(); break;
-      case "function_execution_start": Object.assign(info(data.function_call_id), { decision: data.decision, awaiting: !!data.awaiting_approval, function_id: data.function_id, args: data.args }); render(); break;
-      case "function_execution_end": Object.assign(info(data.function_call_id), { result: data.result, is_error: data.is_error, duration_ms: data.duration_ms, awaiting: false }); render(); break;
+      // The final message stays on screen until the stored history (fetched next) has it.
+      case "message_complete":
+        if (data.message && data.message.role === "assistant") history = history.concat([data.message]);
+        streaming = null; render(); soon(); break;
+      case "function_execution_start": case "function_execution_end": case "approval_applied": apply(data); render(); break;
       case "turn_state_changed": turn = data.new_value; render(); break;
       case "turn_end": case "agent_end": case "compaction_done": soon(); break;
-      case "model_fallback": if (data.from && data.to) { fallbacks.push(data); if (fallbacks.length > 20) fallbacks.shift(); render(); } break;
+      case "model_fallback": apply(data); render(); break;
       default: break;
     }
   }));
@@ -535,8 +574,17 @@ async function viewSession(view, sid) {
       box.value = "";
     } catch (e) { showError(running ? "steer" : "start a turn", e); }
   });
-  const [t] = await Promise.all([call("turn::get_state", { session_id: sid }).catch((e) => { showError("turn::get_state", e); return null; }), loadHistory()]);
+  const [t, stored] = await Promise.all([
+    call("turn::get_state", { session_id: sid }).catch((e) => { showError("turn::get_state", e); return null; }),
+    call("ui::history", { session_id: sid }).catch((e) => { if (e.code !== "not_found") showError("ui::history", e); return null; }),
+    loadHistory()]);
   turn = t;
+  // What a live page saw, from the stored events: decisions, approvals, fallbacks.
+  for (const ev of (stored && stored.events) || []) apply(ev);
+  for (const c of (turn && turn.awaiting_approval) || []) {
+    const i = info(c.function_call_id);
+    if (i.result === undefined) Object.assign(i, { awaiting: true, function_id: c.function_id, args: c.args });
+  }
   render();
 }
 

@@ -51,6 +51,9 @@ pub struct EdgeConfig {
     /// Most bytes queued for one connection; a peer that falls this far behind has its
     /// queue dropped and is closed with 1008 (cut off if its socket takes nothing more).
     pub max_queued_bytes: usize,
+    /// Where the admin token is, as the console's sign-in card says it (`None`: given to the
+    /// engine with `--token` / `ENGINE_TOKEN`).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for EdgeConfig {
@@ -66,6 +69,7 @@ impl Default for EdgeConfig {
             max_connections: 1024,
             max_unauthenticated: 256,
             max_queued_bytes: 8 * 1024 * 1024,
+            token_file: None,
         }
     }
 }
@@ -195,6 +199,7 @@ pub async fn serve(
         body_deadline: cfg.handshake_timeout,
         max_queued_bytes: cfg.max_queued_bytes,
         max_stream_lifetime: cfg.max_lifetime,
+        token_file: cfg.token_file.clone(),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     let anonymous_pool =

@@ -263,6 +263,7 @@ impl ServeOptions {
                 .max(1),
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
             max_queued_bytes: self.max_queued_bytes,
+            token_file: None,
         }
     }
 }
@@ -478,6 +479,7 @@ pub async fn start(opts: &ServeOptions) -> anyhow::Result<RunningServer> {
     let local_addr = listener.local_addr()?;
     let mut edge_config = opts.edge_config();
     edge_config.access = access.clone();
+    edge_config.token_file = token_file.clone();
     let edge = tokio::spawn(edge::serve(engine.clone(), listener, edge_config));
     // What a deployed Lambda gets from its configuration: how to reach the bus and where
     // its backend lives.

@@ -110,6 +110,9 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   // 1–3. Open the console and sign in with the one-time link.
   await page.goto(url);
   await page.locator("#signin").waitFor({ state: "visible" });
+  // Before sign-in: no navigation, and the card names where this engine's token really is.
+  assert.equal(await page.locator("#nav").isVisible(), false, "no navigation before sign-in");
+  assert.equal(await page.locator("#token-place").textContent(), join(dir, "a", "data", "engine.token"));
   await shot(page, "signin");
   await page.goto(link);
   await page.locator("#conn.online").waitFor({ timeout: 15000 });
@@ -152,6 +155,11 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   const allow = page.getByRole("button", { name: "Allow" });
   await allow.waitFor({ timeout: 20000 });
   await page.locator(".stats").filter({ hasText: "tool calls" }).waitFor();
+  // The state reads as words (the raw state in the tooltip), and the parked call is counted.
+  const parkedBadge = page.locator("h1 + .badge");
+  await parkedBadge.filter({ hasText: "waiting for your approval" }).waitFor({ timeout: 15000 });
+  assert.equal(await parkedBadge.getAttribute("title"), "function_awaiting_approval");
+  assert.equal(await page.locator(".stats div", { hasText: "tool calls" }).locator("b").textContent(), "3");
   await shot(page, "approval");
   await allow.click();
 
@@ -162,6 +170,14 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   // A session started from the console works in its own directory.
   assert.ok(existsSync(join(dir, "work", sid, "SUMMARY.md")), "the approved write ran");
   await noErrors(page, "session");
+  // After a reload, each call still says how it was decided (from the stored events): the
+  // rule's human name, and who approved.
+  await page.reload();
+  const badgeOf = (fid) => page.locator(".tool", { hasText: fid }).locator(".badge").first();
+  await badgeOf("fs::list").filter({ hasText: "allowed · listing the workspace" }).waitFor({ timeout: 15000 });
+  await badgeOf("mcp::everything::echo").filter({ hasText: "allowed · read-only MCP tools" }).waitFor();
+  assert.match(await badgeOf("fs::write").textContent(), /^approved by \S+/);
+  await noErrors(page, "session after a reload");
   await shot(page, "session");
 
   // The list shows it with its totals.

@@ -19,6 +19,36 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
+    asset_owned(content_type, body.to_string())
+}
+
+/// The placeholder in index.html for where the admin token is.
+const TOKEN_PLACE: &str = "<code id=\"token-place\">.harness-data/engine.token</code>";
+
+/// The page, its sign-in card naming where this engine's token really is.
+fn index_for(state: &HttpState) -> String {
+    let place = match &state.token_file {
+        Some(p) => format!(
+            "<code id=\"token-place\">{}</code>",
+            html_text(&p.display().to_string())
+        ),
+        None => {
+            "the token given to the engine (<code id=\"token-place\">--token / ENGINE_TOKEN</code>)"
+                .to_string()
+        }
+    };
+    INDEX.replacen(TOKEN_PLACE, &place, 1)
+}
+
+/// Text safe inside an HTML element.
+fn html_text(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn asset_owned(content_type: &'static str, body: String) -> Response {
     let mut resp = body.into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -43,7 +73,11 @@ pub fn routes() -> Router<Arc<HttpState>> {
     Router::new()
         .route(
             "/",
-            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
+            get(
+                |axum::extract::State(state): axum::extract::State<Arc<HttpState>>| async move {
+                    asset_owned("text/html; charset=utf-8", index_for(&state))
+                },
+            ),
         )
         .route(
             "/console/app.js",

@@ -46,6 +46,8 @@ pub struct HttpState {
     pub max_queued_bytes: usize,
     /// An event stream is closed after this long (the client reconnects with Last-Event-ID).
     pub max_stream_lifetime: Duration,
+    /// Where the admin token is (the console's sign-in card names it).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// An HTTP error with the bus's error body.

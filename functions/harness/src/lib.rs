@@ -262,6 +262,14 @@ impl PolicyHolder {
             .read_only_with(function_id, args, session, metadata)
     }
 
+    fn rule_name(&self, rule_id: &str) -> Option<String> {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .rule_name(rule_id)
+    }
+
     fn reads_metadata(&self, function_id: &str) -> bool {
         self.state
             .read()
@@ -369,7 +377,8 @@ pub fn policy_worker(holder: Arc<PolicyHolder>) -> Worker {
                     req.session_id.as_deref(),
                     &metadata,
                 );
-            let answer = policy::answer(decision, network, read_only);
+            let mut answer = policy::answer(decision, network, read_only);
+            answer.rule_name = answer.rule_id.as_deref().and_then(|id| h.rule_name(id));
             serde_json::to_value(answer)
                 .map_err(|e| ErrorBody::new("serialization_error", e.to_string()))
         }
@@ -631,8 +640,62 @@ async fn ui_on_event(
     Ok(json!({"delivered": delivered}))
 }
 
-/// Add `ui::subscribe`, `ui::unsubscribe` and the `agent::events` push to a harness worker.
+/// The most events `ui::history` answers with (the latest; each tool call has two or three).
+pub const HISTORY_EVENTS: usize = 3000;
+
+/// The stored events a console draws tool calls from, so a reload shows what a live page did:
+/// the policy's decision, who approved or denied, fallbacks. Another's session reads as empty.
+async fn ui_history(ctx: harness_sdk::Ctx, data: Value) -> Result<Value, ErrorBody> {
+    let req: types::HistoryRequest =
+        harness_sdk::contracts::parse("ui::history", data).map_err(ErrorBody::invalid)?;
+    let sid = req.session_id;
+    if sid.is_empty() || sid.len() > 256 || sid.contains('/') {
+        return Err(ErrorBody::invalid(
+            "`session_id` must be 1 to 256 characters without `/`",
+        ));
+    }
+    if !harness_sdk::owners::may_see(&ctx, &sid).await? {
+        return Ok(json!(types::HistoryAnswer {
+            events: Vec::new(),
+            truncated: false
+        }));
+    }
+    let items = ctx
+        .trigger(
+            "stream::list",
+            json!({"stream_name": "agent::events", "group_id": sid}),
+        )
+        .await?;
+    let wanted = [
+        "function_execution_start",
+        "function_execution_end",
+        "approval_applied",
+        "model_fallback",
+    ];
+    let mut events: Vec<Value> = items["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| &i["data"])
+        .filter(|d| d["type"].as_str().is_some_and(|t| wanted.contains(&t)))
+        .cloned()
+        .collect();
+    let truncated = events.len() > HISTORY_EVENTS;
+    if truncated {
+        events.drain(..events.len() - HISTORY_EVENTS);
+    }
+    Ok(json!(types::HistoryAnswer { events, truncated }))
+}
+
+/// Add `ui::subscribe`, `ui::unsubscribe`, `ui::history` and the `agent::events` push to a
+/// harness worker.
 pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
+    let mut d = RegisterFunction::new("ui::history")
+        .not_for_the_agent()
+        .public()
+        .contract::<types::HistoryRequest, types::HistoryAnswer>();
+    d.description = Some("A session's stored tool-call events (decisions, approvals, results, fallbacks), for a console after a reload: {session_id}.".into());
+    w.register_function(d, ui_history);
     let h = hub.clone();
     let mut d = RegisterFunction::new("ui::subscribe")
         .not_for_the_agent()

@@ -49,6 +49,7 @@ pub fn answer(
     CheckAnswer {
         decision,
         rule_id,
+        rule_name: None,
         matched_constraint,
         network,
         read_only,
@@ -81,6 +82,8 @@ pub struct Rule {
     pub metadata: Vec<(String, Constraint)>,
     /// What this allow rule allows only reads: a `plan` run may call it.
     pub read_only: bool,
+    /// A human name (`name:`), shown to people in place of the rule id.
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -159,6 +162,7 @@ impl Rule {
             network: false,
             metadata: Vec::new(),
             read_only: false,
+            name: None,
         }
     }
 
@@ -303,6 +307,14 @@ impl Policy {
         self.network_granted_with(function_id, args, &Value::Null)
     }
 
+    /// The human name of the file rule with this id.
+    pub fn rule_name(&self, rule_id: &str) -> Option<String> {
+        self.file_rules
+            .iter()
+            .find(|r| r.rule_id == rule_id)
+            .and_then(|r| r.name.clone())
+    }
+
     /// Whether the call is allowed as a read: by a file rule marked `read_only: true`, or by
     /// a built-in allow of a read-only function (when no file rule matched).
     pub fn read_only_with(
@@ -399,13 +411,14 @@ impl Policy {
                             "network",
                             "metadata",
                             "read_only",
+                            "name",
                         ]
                         .contains(&k)
                         {
                             return Err(err(
                                 line,
                                 format!(
-                                    "unknown field `{k}` (rule_id, function, action, args, metadata, network, read_only)"
+                                    "unknown field `{k}` (rule_id, name, function, action, args, metadata, network, read_only)"
                                 ),
                             ));
                         }
@@ -461,6 +474,20 @@ impl Policy {
                             .as_bool()
                             .ok_or_else(|| err(line, "`read_only` must be true or false".into()))?,
                     };
+                    let name = match m.get("name") {
+                        None => None,
+                        Some(v) => Some(
+                            v.as_str()
+                                .filter(|n| !n.trim().is_empty() && n.len() <= 120)
+                                .map(str::to_owned)
+                                .ok_or_else(|| {
+                                    err(
+                                        line,
+                                        "`name` must be a string of 1 to 120 characters".into(),
+                                    )
+                                })?,
+                        ),
+                    };
                     if read_only && action != Action::Allow {
                         return Err(err(
                             line,
@@ -475,6 +502,7 @@ impl Policy {
                         network,
                         metadata,
                         read_only,
+                        name,
                     }
                 }
                 other => {

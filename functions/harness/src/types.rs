@@ -41,3 +41,19 @@ pub struct UiAnswer {
     pub all: bool,
     pub sessions: Vec<String>,
 }
+
+/// `ui::history {session_id}`: what a console needs to draw a session's tool calls after a
+/// reload, from its stored events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HistoryRequest {
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HistoryAnswer {
+    /// The stored `function_execution_start`, `function_execution_end`, `approval_applied`
+    /// and `model_fallback` events, oldest first (the latest [`crate::HISTORY_EVENTS`]).
+    pub events: Vec<Value>,
+    /// Older ones were left out.
+    pub truncated: bool,
+}

@@ -78,6 +78,9 @@ pub mod policy {
         /// The rule that decided (allow and deny).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub rule_id: Option<String>,
+        /// That rule's human name (`name:` in the permissions file), for people to read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rule_name: Option<String>,
         /// The argument constraint that made a deny.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub matched_constraint: Option<Value>,

@@ -72,7 +72,7 @@ pub(crate) async fn function_execute(
             }
             Ok(Ok(ModeAnswer::Policy(answer))) => match answer.decision {
                 policy::Decision::Allow => {
-                    let decision = json!({"decision": "allow", "rule_id": answer.rule_id});
+                    let decision = json!({"decision": "allow", "rule_id": answer.rule_id, "rule_name": answer.rule_name});
                     dispatch_with(
                         ctx,
                         hooks,
@@ -109,7 +109,7 @@ pub(crate) async fn function_execute(
                     continue;
                 }
                 policy::Decision::Deny => {
-                    let env = denial(
+                    let mut env = denial(
                         "permissions",
                         &call.function_id,
                         answer.rule_id.as_deref(),
@@ -117,6 +117,9 @@ pub(crate) async fn function_execute(
                         &call.args,
                         "the permissions policy denies this call",
                     );
+                    if let Some(name) = &answer.rule_name {
+                        env["rule_name"] = json!(name);
+                    }
                     denied(rec, &call, env)
                 }
             },
