@@ -80,6 +80,28 @@ async fn a_client_reaches_the_workers_through_the_deployed_topology() {
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("{}/?token={}", d.url, d.token))
         .await
         .unwrap();
+    // PROTOCOL.md: the first message a connection receives is `workerregistered` (sent before
+    // the answer to its first message: API Gateway cannot post during `$connect`).
+    ws.send(Message::text(
+        json!({"type": "invokefunction", "invocation_id": "c-first", "function_id": "engine::functions::list", "data": {"formats": false, "limit": 1}}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let first = loop {
+        let m = tokio::time::timeout(Duration::from_secs(60), ws.next())
+            .await
+            .expect("a first message within 60 s")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = m {
+            break serde_json::from_str::<Value>(&t).unwrap();
+        }
+    };
+    assert_eq!(first["type"], "workerregistered", "{first}");
+    assert!(
+        first["worker_id"].as_str().is_some_and(|w| !w.is_empty()),
+        "{first}"
+    );
     // With every function's schemas the list takes pages (each fits one WebSocket message);
     // without them, the whole catalogue fits one.
     let paged = call(&mut ws, "c0", "engine::functions::list", json!({})).await;

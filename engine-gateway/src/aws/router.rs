@@ -299,7 +299,13 @@ pub struct AwsRouter {
     allowed_origins: Vec<String>,
     /// The spans of the calls and trigger records routed here ([`super::router_trace`]).
     trace: RouterTrace,
+    /// Connections this instance has sent `workerregistered` (bounded; see [`GREETED_KEPT`]).
+    greeted: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+/// Connections remembered as greeted; past this the set starts over (a connection greeted
+/// twice gets the same `workerregistered` again, which a worker takes as it did the first).
+const GREETED_KEPT: usize = 65_536;
 
 fn status(code: u16) -> Value {
     json!({"statusCode": code})
@@ -322,6 +328,7 @@ impl AwsRouter {
             principals: Default::default(),
             allowed_origins: Vec::new(),
             trace: RouterTrace::from_env(),
+            greeted: Default::default(),
         }
     }
 
@@ -540,10 +547,27 @@ impl AwsRouter {
                 }
             }
             Some("DISCONNECT") => {
+                if let Ok(mut g) = self.greeted.lock() {
+                    g.remove(connection);
+                }
                 self.forget(connection).await;
                 status(200)
             }
             Some("MESSAGE") => {
+                // PROTOCOL.md: a connection's first message is `workerregistered`. API Gateway
+                // cannot post while `$connect` runs, so it goes before the answer to the
+                // connection's first message (the iii SDKs send their registrations without
+                // waiting for it). Its worker id is the connection id, as the registry's.
+                if self.first_message(connection)
+                    && let Err(e) = self
+                        .post(
+                            connection,
+                            &json!({"type": "workerregistered", "worker_id": connection}),
+                        )
+                        .await
+                {
+                    tracing::warn!(error = %e, connection, "cannot post workerregistered");
+                }
                 let reply = self
                     .route(connection, event["body"].as_str().unwrap_or(""))
                     .await;
@@ -557,6 +581,17 @@ impl AwsRouter {
             }
             _ => status(400),
         }
+    }
+
+    /// Whether this is the first message of `connection` this instance handles.
+    fn first_message(&self, connection: &str) -> bool {
+        let Ok(mut g) = self.greeted.lock() else {
+            return false;
+        };
+        if g.len() >= GREETED_KEPT {
+            g.clear();
+        }
+        g.insert(connection.to_string())
     }
 
     /// A connection and its stream subscriptions, forgotten.
