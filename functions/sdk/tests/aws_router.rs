@@ -19,10 +19,13 @@ use std::sync::{Arc, Mutex};
 
 type Posts = Arc<Mutex<Vec<(String, Value)>>>;
 
-async fn mock_management_api() -> (String, Posts) {
+/// The management API: posts recorded, the `workerregistered` greetings apart (each
+/// connection's first message; the tests below read the answers).
+async fn mock_management_api() -> (String, Posts, Posts) {
     let posts: Posts = Arc::default();
+    let greetings: Posts = Arc::default();
     async fn post(
-        State(posts): State<Posts>,
+        State((posts, greetings)): State<(Posts, Posts)>,
         Path(id): Path<String>,
         body: axum::body::Bytes,
     ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
@@ -34,10 +37,13 @@ async fn mock_management_api() -> (String, Posts) {
                 json!({"message": "Gone"}).to_string(),
             );
         }
-        posts
-            .lock()
-            .unwrap()
-            .push((id, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let to = if body["type"] == "workerregistered" {
+            greetings
+        } else {
+            posts
+        };
+        to.lock().unwrap().push((id, body));
         (
             StatusCode::OK,
             [("content-type", "application/json")],
@@ -46,13 +52,13 @@ async fn mock_management_api() -> (String, Posts) {
     }
     let app = axum::Router::new()
         .route("/@connections/{id}", axum::routing::post(post))
-        .with_state(posts.clone());
+        .with_state((posts.clone(), greetings.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    (url, posts)
+    (url, posts, greetings)
 }
 
 fn ws_event(kind: &str, connection: &str, body: Option<Value>, token: Option<&str>) -> Value {
@@ -116,7 +122,7 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         .unwrap();
     assert_eq!(r["state_triggers"].as_array().unwrap().len(), 1, "{r}");
 
-    let (mgmt, posts) = mock_management_api().await;
+    let (mgmt, posts, greetings) = mock_management_api().await;
     let router = AwsRouter::new(
         clients.clone(),
         &names,
@@ -211,6 +217,14 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         .await;
     let seen = posts.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
+    // Before them, the connection's first message: workerregistered (PROTOCOL.md), once.
+    assert_eq!(
+        greetings.lock().unwrap().clone(),
+        [(
+            "c1".to_string(),
+            json!({"type": "workerregistered", "worker_id": "c1"})
+        )]
+    );
     assert_eq!(seen[0].0, "c1");
     assert_eq!(
         seen[0].1,
@@ -570,7 +584,7 @@ async fn a_lambdas_stream_send_reaches_the_subscribed_connections() {
     let names = AwsNames::new(&prefix);
     let clients = AwsClients::from_env().await;
     resources::ensure_all(&clients, &names).await.unwrap();
-    let (mgmt, posts) = mock_management_api().await;
+    let (mgmt, posts, _greetings) = mock_management_api().await;
     let router = AwsRouter::new(
         clients.clone(),
         &names,
