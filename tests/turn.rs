@@ -1437,3 +1437,55 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Two different records written under one parked call's key each wake the session: the
+/// first (bound to another function) decides nothing, the second (the seeds' `{decision,
+/// reason}`, no time in it) decides. The wake-up is per record written, not per `decided_at`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_record_under_the_same_key_wakes_the_session_again() {
+    let s = stack(PERMISSIONS).await;
+    s.model.load(Cassette {
+        turns: vec![
+            call("w9", "fs::write", json!({"path": "z.txt", "content": "x"})),
+            text("not written"),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "twice", None).await;
+    wait_state(&ctx, "twice", "function_awaiting_approval").await;
+    ctx.state_set(
+        "approvals",
+        "twice/w9",
+        json!({"decision": "allow", "reason": null, "function_id": "shell::exec"}),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let view = ctx
+        .trigger("turn::get_state", json!({"session_id": "twice"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        view["state"], "function_awaiting_approval",
+        "a record bound to another function decides nothing: {view}"
+    );
+    ctx.state_set(
+        "approvals",
+        "twice/w9",
+        json!({"decision": "deny", "reason": "second thoughts"}),
+    )
+    .await
+    .unwrap();
+    wait_state(&ctx, "twice", "stopped").await;
+    let rec = record(&s, "twice").await;
+    let result = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "function_result")
+        .unwrap()
+        .clone();
+    assert_eq!(result["details"]["reason"], "second thoughts", "{result}");
+    assert!(!s.work.join("z.txt").exists());
+}
