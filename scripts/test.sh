@@ -91,20 +91,21 @@ mcp_venv="$CARGO_TARGET_DIR/mcp-venv"
 mcp_pid=$!; bg_pids+=("$mcp_pid")
 export HARNESS_MCP_PYTHON="$mcp_venv/bin/python"
 
-# The seeds' workers written with the iii SDK (tests/seeds.rs): a venv with the pinned
-# PyPI iii-sdk (tests/seeds/requirements.lock), apart from the MCP one (their pins differ).
-iii_venv="$CARGO_TARGET_DIR/iii-venv"
+# Python clients nobody here wrote, for the tests that drive our doors and contracts with
+# them: the iii SDK (tests/seeds.rs) and the official openai client (tests/doors.rs), pinned
+# in tests/clients/requirements.lock, in a venv apart from the MCP one (their pins differ).
+clients_venv="$CARGO_TARGET_DIR/clients-venv"
 (
-  if ! "$iii_venv/bin/python" -c 'import iii' 2>/dev/null \
-     || ! cmp -s tests/seeds/requirements.lock "$iii_venv/requirements.lock"; then
-    rm -rf "$iii_venv"
-    python3 -m venv "$iii_venv"
-    "$iii_venv/bin/pip" install --quiet --disable-pip-version-check -r tests/seeds/requirements.lock
-    cp tests/seeds/requirements.lock "$iii_venv/requirements.lock"
+  if ! "$clients_venv/bin/python" -c 'import iii, openai' 2>/dev/null \
+     || ! cmp -s tests/clients/requirements.lock "$clients_venv/requirements.lock"; then
+    rm -rf "$clients_venv"
+    python3 -m venv "$clients_venv"
+    "$clients_venv/bin/pip" install --quiet --disable-pip-version-check -r tests/clients/requirements.lock
+    cp tests/clients/requirements.lock "$clients_venv/requirements.lock"
   fi
-) > "$logs/iii-sdk.log" 2>&1 &
-iii_pid=$!; bg_pids+=("$iii_pid")
-export HARNESS_III_PYTHON="$iii_venv/bin/python"
+) > "$logs/python-clients.log" 2>&1 &
+clients_pid=$!; bg_pids+=("$clients_pid")
+export HARNESS_CLIENTS_PYTHON="$clients_venv/bin/python"
 
 # The console's browser test drives that chromium with playwright-core (npm, pinned by the
 # lock file; it downloads no browser), installed while the Rust stages compile.
@@ -126,7 +127,7 @@ stage "tests (workspace, embedded backend)"
 wait "$apt_pid" || { echo "Debian packages not installed (see below); the sandbox's namespace layers are skipped"; tail -5 "$logs/apt.log"; }
 command -v bwrap >/dev/null && bwrap --version
 wait_for "MCP reference servers install" "$mcp_pid" "$logs/mcp-servers.log"
-wait_for "iii SDK install" "$iii_pid" "$logs/iii-sdk.log"
+wait_for "Python clients install" "$clients_pid" "$logs/python-clients.log"
 nextest
 stage_done
 

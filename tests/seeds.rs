@@ -18,13 +18,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The Python with the pinned iii SDK (scripts/test.sh makes the venv).
-fn iii_python() -> String {
-    let p = std::env::var("HARNESS_III_PYTHON").unwrap_or_else(|_| {
-        panic!("HARNESS_III_PYTHON is not set: run scripts/test.sh (it makes a venv with the pinned iii-sdk)")
+fn clients_python() -> String {
+    let p = std::env::var("HARNESS_CLIENTS_PYTHON").unwrap_or_else(|_| {
+        panic!("HARNESS_CLIENTS_PYTHON is not set: run scripts/test.sh (it makes a venv with the pinned iii-sdk and openai)")
     });
     assert!(
         std::path::Path::new(&p).exists(),
-        "HARNESS_III_PYTHON={p} does not exist"
+        "HARNESS_CLIENTS_PYTHON={p} does not exist"
     );
     p
 }
@@ -118,7 +118,7 @@ async fn the_seeds_approval_gate_written_with_the_iii_sdk_replaces_ours() {
     let ours = owner(&ctx, "approval::resolve").await.unwrap();
 
     // The seeds' gate, on the iii SDK, with its own credential.
-    let mut gate = Command::new(iii_python())
+    let mut gate = Command::new(clients_python())
         .arg(common::mcp::repo().join("tests/seeds/approval_gate.py"))
         .arg(&harness.address)
         .env("III_TOKEN", "gate-secret")

@@ -1,5 +1,5 @@
 """The seeds' approval gate, written with the iii SDK (PyPI `iii-sdk`, pinned in
-requirements.lock) exactly as the seeds describe it, and nothing of ours:
+tests/clients/requirements.lock) exactly as the seeds describe it, and nothing of ours:
 
     approval::resolve {session_id, function_call_id, decision: allow|deny|aborted, reason?}
       -> writes approvals/<session_id>/<function_call_id> = {decision, reason}  (reason: null
