@@ -100,6 +100,28 @@ pub struct Workers {
     pub custom: std::collections::BTreeMap<String, CustomWorker>,
 }
 
+/// The standard doors' settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Doors {
+    /// How long a door's response waits for a parked call to be decided before it ends,
+    /// naming the call and how to decide it.
+    #[serde(default = "default_approval_wait")]
+    pub approval_wait_secs: u64,
+}
+
+impl Default for Doors {
+    fn default() -> Self {
+        Self {
+            approval_wait_secs: default_approval_wait(),
+        }
+    }
+}
+
+fn default_approval_wait() -> u64 {
+    300
+}
+
 /// A worker that is not ours: another process registers its functions.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -673,6 +695,9 @@ pub struct Config {
     /// The MCP servers whose tools the `mcp` worker registers (see `presets/thick.yaml`).
     #[serde(default)]
     pub mcp_servers: Vec<mcp_client::ServerConfig>,
+    /// The standard doors on the engine's port (OpenAI-compatible chat, …).
+    #[serde(default)]
+    pub doors: Doors,
 }
 
 fn default_remote_wait() -> u64 {

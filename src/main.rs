@@ -154,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
     };
     // Nothing recovered from the data dir is delivered before every worker below is back.
     cli.serve.hold_until_ready = true;
+    cli.serve.door_approval_wait_secs = cfg.doors.approval_wait_secs;
     let running = server::start(&cli.serve).await?;
     let engine = running.engine.clone();
     if cfg.workers.tools.embedded() {

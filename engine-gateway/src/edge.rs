@@ -54,6 +54,8 @@ pub struct EdgeConfig {
     /// Where the admin token is, as the console's sign-in card says it (`None`: given to the
     /// engine with `--token` / `ENGINE_TOKEN`).
     pub token_file: Option<std::path::PathBuf>,
+    /// How long a door's response waits for a parked call (`doors.approval_wait_secs`).
+    pub door_approval_wait: Duration,
 }
 
 impl Default for EdgeConfig {
@@ -70,6 +72,7 @@ impl Default for EdgeConfig {
             max_unauthenticated: 256,
             max_queued_bytes: 8 * 1024 * 1024,
             token_file: None,
+            door_approval_wait: Duration::from_secs(300),
         }
     }
 }
@@ -200,6 +203,7 @@ pub async fn serve(
         max_queued_bytes: cfg.max_queued_bytes,
         max_stream_lifetime: cfg.max_lifetime,
         token_file: cfg.token_file.clone(),
+        approval_wait: cfg.door_approval_wait,
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     let anonymous_pool =

@@ -71,6 +71,10 @@ pub struct ServeOptions {
     /// behind is disconnected and its backlog dropped.
     #[arg(long, env = "ENGINE_MAX_QUEUED_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_queued_bytes: usize,
+    /// How long a door's response (OpenAI chat, …) waits for a parked call to be decided
+    /// before it ends, naming the call and how to decide it.
+    #[arg(long, env = "ENGINE_DOOR_APPROVAL_WAIT_SECS", default_value_t = 300)]
+    pub door_approval_wait_secs: u64,
     /// Most WebSocket connections open at once.
     #[arg(long, env = "ENGINE_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
@@ -189,6 +193,7 @@ impl ServeOptions {
             allowed_origins: Vec::new(),
             handshake_timeout_secs: 10,
             max_queued_bytes: 8 * 1024 * 1024,
+            door_approval_wait_secs: 300,
             max_connections: 1024,
             max_unauthenticated: None,
             max_message_bytes: 128 * 1024,
@@ -264,6 +269,7 @@ impl ServeOptions {
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
             max_queued_bytes: self.max_queued_bytes,
             token_file: None,
+            door_approval_wait: Duration::from_secs(self.door_approval_wait_secs),
         }
     }
 }

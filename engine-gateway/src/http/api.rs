@@ -25,6 +25,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/sessions/{sid}/abort"),
     ("post", "/api/approvals/{sid}/{cid}"),
     ("get", "/api/openapi.json"),
+    ("post", "/v1/chat/completions"),
+    ("get", "/v1/models"),
 ];
 
 pub fn routes() -> Router<Arc<HttpState>> {
@@ -58,7 +60,7 @@ pub fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
 }
 
 /// Read a JSON body of at most `max_body_bytes`. An empty body reads as `{}`.
-async fn json_body(state: &HttpState, body: Body) -> Result<Value, ApiError> {
+pub(crate) async fn json_body(state: &HttpState, body: Body) -> Result<Value, ApiError> {
     let limit = state.max_body_bytes;
     // A body has a deadline, so a peer sending a byte now and then cannot hold the
     // connection (the minimum rate is the limit over the deadline).

@@ -12,6 +12,7 @@ mod api;
 pub use api::ROUTES;
 pub mod bounded;
 mod console;
+mod openai;
 mod sse;
 
 use axum::Router;
@@ -48,6 +49,9 @@ pub struct HttpState {
     pub max_stream_lifetime: Duration,
     /// Where the admin token is (the console's sign-in card names it).
     pub token_file: Option<std::path::PathBuf>,
+    /// How long a door's response waits for a parked call to be decided before it ends,
+    /// naming the call and how to decide it (`doors.approval_wait_secs`).
+    pub approval_wait: Duration,
 }
 
 /// An HTTP error with the bus's error body.
@@ -207,6 +211,7 @@ impl HttpState {
 /// Every route: the console's pages and assets, and the API; CORS for allowed origins.
 pub fn router(state: Arc<HttpState>) -> Router {
     api::routes()
+        .merge(openai::routes())
         .merge(console::routes())
         .fallback(|| async {
             ApiError::new(
