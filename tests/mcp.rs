@@ -766,3 +766,32 @@ async fn a_call_past_its_deadline_is_a_timeout_and_is_cancelled_on_the_server() 
     // SAFETY: as above; the frozen process is gone, or is killed here.
     unsafe { libc::kill(first, libc::SIGKILL) };
 }
+
+/// `mcp::cancel` with a hostile request: a clear error naming the field, nothing cancelled,
+/// and the worker goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_cancel_refuses_a_request_without_a_session_by_name() {
+    let s = stack(PERMISSIONS).await;
+    let ctx = s.client.ctx();
+    for bad in [
+        json!({}),
+        json!({"session_id": 7}),
+        json!({"session_id": null}),
+        json!([1]),
+    ] {
+        let e = ctx
+            .trigger("mcp::cancel", bad.clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("session_id") || e.contains("invalid"),
+            "{bad}: {e}"
+        );
+    }
+    let r = ctx
+        .trigger("mcp::cancel", json!({"session_id": "nobody"}))
+        .await
+        .unwrap();
+    assert_eq!(r, json!({"cancelled": 0}));
+}
