@@ -117,8 +117,10 @@ impl Worker {
             let handler = handler.clone();
             let id = id.clone();
             async move {
-                let req: Req = serde_json::from_value(data)
-                    .map_err(|e| ErrorBody::invalid(format!("invalid request for `{id}`: {e}")))?;
+                // The error names the field that is wrong, not only what was wrong with it.
+                let req: Req =
+                    crate::contracts::parse(&format!("invalid request for `{id}`"), data)
+                        .map_err(ErrorBody::invalid)?;
                 let resp = handler(ctx, req).await?;
                 serde_json::to_value(resp)
                     .map_err(|e| ErrorBody::new(codes::SERIALIZATION_ERROR, e.to_string()))
