@@ -139,6 +139,18 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await streaming.waitFor({ timeout: 20000 });
   const partial = await streaming.textContent();
   assert.ok(partial.length > 0, "streamed text shows");
+  // From the moment the first answer has streamed whole, it never leaves the page (no blank
+  // between the stream's end and the stored message).
+  await page.evaluate(() => {
+    const said = "Let me look at the working directory before I write anything.";
+    const has = () => [...document.querySelectorAll(".msg.assistant")].some((m) => m.textContent.includes(said));
+    window.__answerBlanked = false;
+    let seen = has();
+    new MutationObserver(() => {
+      if (has()) seen = true;
+      else if (seen) window.__answerBlanked = true;
+    }).observe(document.body, { childList: true, subtree: true, characterData: true });
+  });
   await page.locator(".msg.assistant:not(.streaming)").filter({ hasText: "Let me look at the working directory" }).waitFor({ timeout: 20000 });
   await page.locator(".tool", { hasText: "fs::list" }).locator(".badge.allow").waitFor();
   // An MCP server's tool shows like any other call, its server and tool named, allowed by the
@@ -169,6 +181,7 @@ test("the console, end to end in a real browser", { timeout: 240000 }, async () 
   await page.locator(".tool", { hasText: "fs::write" }).locator("summary", { hasText: "result" }).waitFor();
   // A session started from the console works in its own directory.
   assert.ok(existsSync(join(dir, "work", sid, "SUMMARY.md")), "the approved write ran");
+  assert.equal(await page.evaluate(() => window.__answerBlanked), false, "the streamed answer never blanked");
   await noErrors(page, "session");
   // After a reload, each call still says how it was decided (from the stored events): the
   // rule's human name, and who approved.
