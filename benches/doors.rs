@@ -63,6 +63,7 @@ fn main() {
             let mut api = Vec::new();
             let mut door = Vec::new();
             let mut door_stream = Vec::new();
+            let mut live = Vec::new();
             // Warm up each way once.
             for round in 0..=n {
                 let sid = format!("api-{round}");
@@ -83,6 +84,27 @@ fn main() {
                     .unwrap();
                 read_until(ev, "event: agent_end").await;
                 let api_t = t.elapsed();
+
+                // The same, but the event stream opened first (live delivery, as the door
+                // follows a turn).
+                let sid = format!("live-{round}");
+                let t = Instant::now();
+                let ev = c
+                    .get(format!("{base}/api/sessions/{sid}/events"))
+                    .bearer_auth(&token)
+                    .send()
+                    .await
+                    .unwrap();
+                let r = c
+                    .post(format!("{base}/api/sessions/{sid}/turns"))
+                    .bearer_auth(&token)
+                    .json(&json!({"message": "say hello"}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                read_until(ev, "event: agent_end").await;
+                let live_t = t.elapsed();
 
                 let t = Instant::now();
                 let r = c
@@ -115,6 +137,7 @@ fn main() {
                     api.push(api_t.as_secs_f64() * 1e3);
                     door.push(door_t.as_secs_f64() * 1e3);
                     door_stream.push(stream_t.as_secs_f64() * 1e3);
+                    live.push(live_t.as_secs_f64() * 1e3);
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
@@ -124,6 +147,7 @@ fn main() {
             println!("| --- | ---: | ---: | ---: |");
             println!("| HTTP API: POST turns + SSE events to agent_end (baseline) | {a50:.2} ms | {a90:.2} ms | |");
             for (name, v) in [
+                ("HTTP API, the event stream opened first (live delivery)", &mut live),
                 ("OpenAI door, not streaming", &mut door),
                 ("OpenAI door, streaming to [DONE]", &mut door_stream),
             ] {
