@@ -341,6 +341,9 @@ async fn the_router_lambda_behind_the_emulated_api() {
     ))
     .await
     .unwrap();
+    // The connection's first message is workerregistered (PROTOCOL.md), then the answer.
+    let first = next_text(&mut ws, "the router's workerregistered").await;
+    assert_eq!(first["type"], "workerregistered", "{first}");
     let answer = next_text(&mut ws, "the router's invocationresult").await;
     assert_eq!(answer["type"], "invocationresult", "{answer}");
     assert_eq!(answer["invocation_id"], "i-1");
