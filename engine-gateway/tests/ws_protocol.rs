@@ -490,3 +490,47 @@ async fn function_pages_name_the_catalogue_and_refuse_bad_fields() {
         assert!(r["error"]["code"].is_string(), "{bad}: {r}");
     }
 }
+
+/// Naming a connection that registers nothing (an event stream, a door following a turn)
+/// leaves the catalogue's version alone, so runs keep their cached tool list and skills; a
+/// worker with functions being renamed changes it (its skills' ids name it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn naming_a_connection_without_functions_leaves_the_catalogue_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let (outbox, _rx) = engine_gateway::engine::Outbox::bounded(1 << 20);
+    let follower = srv.engine.connect_remote(
+        outbox,
+        Some("http:events".into()),
+        engine_gateway::access::Principal::admin(),
+    );
+    let version = srv.engine.catalogue_version();
+    assert!(
+        srv.engine
+            .set_worker_info(&follower, Some("events of s1".into()), json!(null))
+    );
+    assert_eq!(
+        srv.engine.catalogue_version(),
+        version,
+        "a follower's name is not in the catalogue"
+    );
+    let mut w = Raw::connect(&srv.url()).await;
+    w.register("named::f").await;
+    let id = srv.engine.list_functions()["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function_id"] == "named::f")
+        .and_then(|f| f["worker_id"].as_str().map(str::to_owned))
+        .expect("the owner of named::f");
+    let version = srv.engine.catalogue_version();
+    assert!(
+        srv.engine
+            .set_worker_info(&id, Some("renamed".into()), json!(null))
+    );
+    assert_ne!(
+        srv.engine.catalogue_version(),
+        version,
+        "a worker with functions renamed"
+    );
+}

@@ -109,12 +109,18 @@ impl Engine {
     }
 
     pub fn set_worker_info(&self, worker_id: &str, name: Option<String>, metadata: Value) -> bool {
+        // Whether the name reaches the catalogue: a skill's id names its worker, but only a
+        // worker with functions has skills. A connection that registers nothing (an event
+        // stream, a door following a turn) is named without making every run's cached tool
+        // list and skills index stale.
+        let owns_functions = read(&self.functions).values().any(|f| f.owner == worker_id);
         match write(&self.workers).get_mut(worker_id) {
             Some(w) => {
                 if name.is_some() && name != w.name {
                     w.name = name;
-                    // A skill's id names its worker.
-                    self.catalogue_changed();
+                    if owns_functions {
+                        self.catalogue_changed();
+                    }
                 }
                 if !metadata.is_null() {
                     w.metadata = metadata;
