@@ -215,24 +215,14 @@ impl ProviderChoice {
 impl<'de> Deserialize<'de> for ProviderChoice {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = String::deserialize(d)?;
-        let ours = [
-            ProviderName::Auto,
-            ProviderName::Anthropic,
-            ProviderName::Openai,
-            ProviderName::Kimi,
-            ProviderName::Lmstudio,
-            ProviderName::Bedrock,
-            ProviderName::Scripted,
-        ];
-        if let Some(p) = ours.into_iter().find(|p| p.as_str() == name) {
-            return Ok(ProviderChoice::Ours(p));
+        use clap::ValueEnum;
+        if let Some(p) = ProviderName::value_variants()
+            .iter()
+            .find(|p| p.as_str() == name)
+        {
+            return Ok(ProviderChoice::Ours(*p));
         }
-        let ok = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !ok {
+        if !turn_orchestrator::types::is_provider_name(&name) {
             return Err(serde::de::Error::custom(format!(
                 "a provider is one of ours (anthropic, openai, kimi, lmstudio, bedrock, scripted, auto) or the <name> of a worker registering provider::<name>::stream (1-64 of [a-z0-9_-]), not `{name}`"
             )));

@@ -252,6 +252,18 @@ async fn main() -> anyhow::Result<()> {
     let (mut cache_read, mut cache_write) = (0u64, 0u64);
     // Parked calls wait for this terminal's answer one at a time; a decision made elsewhere
     // (the console, Slack, the HTTP API) takes the question away and is said here.
+    // Decided by the person at this terminal (the engine token's holder).
+    let decide = |cid: &str, decision: &'static str| {
+        let (ctx, call) = (
+            ctx.with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal"),
+            json!({"session_id": sid, "function_call_id": cid, "decision": decision}),
+        );
+        async move {
+            let r = ctx.trigger("approval::resolve", call).await?;
+            println!("  {decision}: {r}");
+            anyhow::Ok(())
+        }
+    };
     let mut waiting: std::collections::VecDeque<(String, String)> = Default::default();
     let mut asking: Option<String> = None;
     let mut lines: Option<tokio::sync::mpsc::UnboundedReceiver<String>> = None;
@@ -272,13 +284,7 @@ async fn main() -> anyhow::Result<()> {
             line = async { lines.as_mut()?.recv().await }, if asking.is_some() => {
                 let cid = asking.take().unwrap_or_default();
                 let yes = matches!(line.as_deref().map(str::trim), Some("y" | "Y" | "yes"));
-                let decision = if yes { "allow" } else { "deny" };
-                // Decided by the person at this terminal (the engine token's holder).
-                let r = ctx
-                    .with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal")
-                    .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision}))
-                    .await?;
-                println!("  {decision}: {r}");
+                decide(&cid, if yes { "allow" } else { "deny" }).await?;
                 continue;
             }
         };
@@ -329,12 +335,7 @@ async fn main() -> anyhow::Result<()> {
                 if parked {
                     let cid = data["function_call_id"].as_str().unwrap_or("").to_string();
                     if cli.approve_all || cli.deny_all {
-                        let decision = if cli.approve_all { "allow" } else { "deny" };
-                        let r = ctx
-                            .with_baggage(engine_gateway::access::ACTING_BAGGAGE, "admin:terminal")
-                            .trigger("approval::resolve", json!({"session_id": sid, "function_call_id": cid, "decision": decision}))
-                            .await?;
-                        println!("  {decision}: {r}");
+                        decide(&cid, if cli.approve_all { "allow" } else { "deny" }).await?;
                     } else {
                         let fid = data["function_id"].as_str().unwrap_or("?").to_string();
                         waiting.push_back((cid, fid));

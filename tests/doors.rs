@@ -7,20 +7,9 @@
 
 mod common;
 
-use common::process::spawn_harness;
+use common::process::{clients_python, files_under, spawn_harness};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-fn clients_python() -> String {
-    let p = std::env::var("HARNESS_CLIENTS_PYTHON").unwrap_or_else(|_| {
-        panic!("HARNESS_CLIENTS_PYTHON is not set: run scripts/test.sh (it makes a venv with the pinned openai client)")
-    });
-    assert!(
-        std::path::Path::new(&p).exists(),
-        "HARNESS_CLIENTS_PYTHON={p} does not exist"
-    );
-    p
-}
 
 fn cassette() -> Value {
     let call = |id: &str, f: &str, payload: Value| json!({"id": id, "name": "agent_trigger", "arguments": {"function": f, "payload": payload}});
@@ -133,7 +122,7 @@ async fn the_official_openai_client_runs_turns_through_the_chat_door() {
     assert!(parked.contains("waits for approval"), "{parked}");
     assert!(parked.contains("[tool fs::write · approved by"), "{parked}");
     assert!(parked.ends_with("Written."), "{parked}");
-    let written = walk(&dir.path().join("work"))
+    let written = files_under(&dir.path().join("work"))
         .into_iter()
         .any(|p| p.ends_with("door.txt"));
     assert!(written, "the approved write ran");
@@ -163,19 +152,6 @@ async fn the_official_openai_client_runs_turns_through_the_chat_door() {
         roles.contains(&"custom"),
         "the client's system message is kept: {roles:?}"
     );
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

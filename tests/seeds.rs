@@ -10,24 +10,12 @@
 
 mod common;
 
-use common::process::{spawn_harness, wait_finished};
+use common::process::{clients_python, files_under, spawn_harness, wait_finished};
 use harness_sdk::{Ctx, RemoteOptions, connect_client};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-/// The Python with the pinned iii SDK (scripts/test.sh makes the venv).
-fn clients_python() -> String {
-    let p = std::env::var("HARNESS_CLIENTS_PYTHON").unwrap_or_else(|_| {
-        panic!("HARNESS_CLIENTS_PYTHON is not set: run scripts/test.sh (it makes a venv with the pinned iii-sdk and openai)")
-    });
-    assert!(
-        std::path::Path::new(&p).exists(),
-        "HARNESS_CLIENTS_PYTHON={p} does not exist"
-    );
-    p
-}
 
 struct Killed(Child);
 
@@ -211,22 +199,9 @@ async fn the_seeds_approval_gate_written_with_the_iii_sdk_replaces_ours() {
     assert_eq!(all[1]["details"]["reason"], "not b");
     // The first call ran once: its file exists, the denied one's does not.
     let found = |name: &str| {
-        walk(&dir.path().join("work"))
+        files_under(&dir.path().join("work"))
             .iter()
             .any(|p| p.file_name().is_some_and(|f| f == name))
     };
     assert!(found("a.txt") && !found("b.txt"));
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }

@@ -140,3 +140,30 @@ pub async fn wait_finished(
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// The Python with the pinned clients nobody here wrote (iii-sdk, openai): scripts/test.sh
+/// makes the venv and exports `HARNESS_CLIENTS_PYTHON`.
+pub fn clients_python() -> String {
+    let p = std::env::var("HARNESS_CLIENTS_PYTHON").unwrap_or_else(|_| {
+        panic!("HARNESS_CLIENTS_PYTHON is not set: run scripts/test.sh (it makes a venv with the pinned iii-sdk and openai)")
+    });
+    assert!(
+        std::path::Path::new(&p).exists(),
+        "HARNESS_CLIENTS_PYTHON={p} does not exist"
+    );
+    p
+}
+
+/// Every file under `dir`, at any depth (a missing directory holds none).
+pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

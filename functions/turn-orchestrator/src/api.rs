@@ -47,12 +47,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         )));
     }
     for (i, f) in req.fallback.iter().enumerate() {
-        let provider_ok = !f.provider.is_empty()
-            && f.provider.len() <= 64
-            && f.provider
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !provider_ok {
+        if !is_provider_name(&f.provider) {
             return Err(ErrorBody::invalid(format!(
                 "`fallback[{i}].provider` must be 1-64 characters of [a-z0-9_-]"
             )));

@@ -116,6 +116,15 @@ pub struct FallbackModel {
 /// The modes a run may ask for (`run::start`'s `mode`; absent: `agent`).
 pub const MODES: &[&str] = &["agent", "plan", "ask"];
 
+/// A provider's name as `provider::<name>::stream` carries it: 1-64 of `[a-z0-9_-]`.
+pub fn is_provider_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
 /// At most this many fallback models.
 pub const MAX_FALLBACK: usize = 4;
 pub const DEFAULT_SKILLS: &[&str] = &["iii://iii-directory/index"];
