@@ -184,3 +184,29 @@ async fn the_skills_index_covers_the_runs_default_skills() {
     let none = system_of(2);
     assert!(!none.contains("Skills available"), "{none}");
 }
+
+/// `ui::history`, a public function, with hostile requests: each refused by name; an unknown
+/// session reads as empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_history_refuses_a_bad_request_by_name() {
+    let s = stack(RULES).await;
+    let ctx = s.client.ctx();
+    for bad in [
+        json!({}),
+        json!({"session_id": 7}),
+        json!({"session_id": "a/b"}),
+        json!({"session_id": "x".repeat(300)}),
+    ] {
+        let e = ctx
+            .trigger("ui::history", bad.clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("session_id"), "{bad}: {e}");
+    }
+    let r = ctx
+        .trigger("ui::history", json!({"session_id": "nobody"}))
+        .await
+        .unwrap();
+    assert_eq!(r, json!({"events": [], "truncated": false}));
+}
