@@ -92,10 +92,12 @@ mcp_pid=$!; bg_pids+=("$mcp_pid")
 export HARNESS_MCP_PYTHON="$mcp_venv/bin/python"
 
 # Python clients nobody here wrote, for the tests that drive our doors and contracts with
-# them: the iii SDK (tests/seeds.rs) and the official openai client (tests/doors.rs), pinned
+# them: the iii SDK (tests/seeds.rs), the official openai and a2a-sdk clients (tests/doors.rs), pinned
 # in tests/clients/requirements.lock, in a venv apart from the MCP one (their pins differ).
 clients_venv="$CARGO_TARGET_DIR/clients-venv"
 (
+  # The official AG-UI client (@ag-ui/client, @ag-ui/core from npm, pinned by the lock file).
+  (cd tests/doors/agui && npm ci --no-audit --no-fund)
   if ! "$clients_venv/bin/python" -c 'import iii, openai' 2>/dev/null \
      || ! cmp -s tests/clients/requirements.lock "$clients_venv/requirements.lock"; then
     rm -rf "$clients_venv"

@@ -27,6 +27,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/openapi.json"),
     ("post", "/v1/chat/completions"),
     ("get", "/v1/models"),
+    ("post", "/ag-ui"),
 ];
 
 pub fn routes() -> Router<Arc<HttpState>> {

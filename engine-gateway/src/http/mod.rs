@@ -8,10 +8,12 @@
 //! tree) under the caller's credential, so a client token reaches only public functions.
 //! Errors are JSON, `{"error": {"code", "message"}}`, with the bus's codes.
 
+mod agui;
 mod api;
 pub use api::ROUTES;
 pub mod bounded;
 mod console;
+mod doors;
 mod openai;
 mod sse;
 
@@ -212,6 +214,7 @@ impl HttpState {
 pub fn router(state: Arc<HttpState>) -> Router {
     api::routes()
         .merge(openai::routes())
+        .merge(agui::routes())
         .merge(console::routes())
         .fallback(|| async {
             ApiError::new(

@@ -25,9 +25,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::api::{check_id, json_body};
+use super::doors::{self, Decisions, Following, Reader, Started, Step};
 use super::{ApiError, Caller, HttpState};
-use crate::engine::{Outbound, Outbox};
-use crate::protocol::Message;
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The model name that means "the harness's run defaults".
@@ -123,50 +122,6 @@ async fn catalogue(state: &HttpState, caller: &Caller) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// One chat message's text: a string, or text parts (`[{type: "text", text}]`).
-fn text_of(content: &Value) -> Result<String, String> {
-    match content {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut out = String::new();
-            for p in parts {
-                match (p["type"].as_str(), p["text"].as_str()) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    (Some(other), _) => {
-                        return Err(format!(
-                            "a content part of type `{other}` is not taken here (text only)"
-                        ));
-                    }
-                    _ => return Err("a content part must be {type: \"text\", text}".into()),
-                }
-            }
-            Ok(out)
-        }
-        Value::Null => Ok(String::new()),
-        _ => Err("`content` must be a string or an array of text parts".into()),
-    }
-}
-
-/// The request's messages as the harness's: user, assistant and system text.
-fn agent_messages(messages: &[Value]) -> Result<Vec<Value>, String> {
-    let now = crate::trace::now_ms();
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        let text = text_of(&m["content"]).map_err(|e| format!("messages[{i}]: {e}"))?;
-        let blocks = json!([{"type": "text", "text": text}]);
-        out.push(match m["role"].as_str() {
-            Some("user") => json!({"role": "user", "content": blocks, "timestamp": now}),
-            Some("assistant") => json!({"role": "assistant", "content": blocks, "stop_reason": "end", "model": "client", "provider": "client", "timestamp": now}),
-            Some("system") | Some("developer") => json!({"role": "custom", "custom_type": "client_system", "content": blocks, "display": "system (from the client)", "details": null, "timestamp": now}),
-            // A client's tool messages answer tool_calls this door never makes.
-            Some("tool") | Some("function") => continue,
-            Some(other) => return Err(format!("messages[{i}]: role `{other}` is not one of user, assistant, system, developer, tool")),
-            None => return Err(format!("messages[{i}]: `role` must be a string")),
-        });
-    }
-    Ok(out)
-}
-
 /// What the client asked for, checked.
 struct ChatRequest {
     model: String,
@@ -213,7 +168,9 @@ fn parse_request(body: &Value) -> Result<ChatRequest, OpenAiError> {
             "the last message must be the user's (it starts the turn)",
         ));
     }
-    let messages = agent_messages(messages).map_err(OpenAiError::invalid)?;
+    // A client's tool messages answer tool_calls this door never makes.
+    let messages =
+        doors::agent_messages(messages, &["tool", "function"]).map_err(OpenAiError::invalid)?;
     let last_text = messages
         .last()
         .and_then(|m| m["content"][0]["text"].as_str())
@@ -272,10 +229,10 @@ async fn chat_completions(
         payload["model"] = m["id"].clone();
     }
     // History a client re-sends for a session the harness already has is not appended again.
-    let known = state
-        .call(&caller, "turn::get_state", json!({"session_id": sid}))
+    let known = !doors::turn_state(&state, &caller, &sid)
         .await
-        .is_ok_and(|v| !v.is_null());
+        .unwrap_or(Value::Null)
+        .is_null();
     let messages = if known {
         req.messages.last().cloned().into_iter().collect()
     } else {
@@ -283,41 +240,10 @@ async fn chat_completions(
     };
     payload["messages"] = Value::Array(messages);
 
-    // Subscribe before the turn starts, so no event of it is missed.
-    let engine = state.engine.clone();
-    let (outbox, pushes) = Outbox::bounded(state.max_queued_bytes);
-    let worker_id = engine.connect_remote(
-        outbox.clone(),
-        Some("http:openai".into()),
-        caller.principal.clone(),
-    );
-    engine.set_worker_info(
-        &worker_id,
-        Some(format!("openai door, session {sid}")),
-        Value::Null,
-    );
-    if let Err(e) = engine.stream_subscribe(&worker_id, super::sse::EVENTS_STREAM, Some(&sid)) {
-        engine.disconnect(&worker_id);
-        return Err(ApiError::from(e).into());
-    }
-    let started = state
-        .call(
-            &caller,
-            "harness::trigger",
-            json!({"session_id": sid, "payload": payload}),
-        )
-        .await;
-    let started = match started {
-        Ok(s) => s,
-        Err(e) => {
-            engine.disconnect(&worker_id);
-            return Err(e.into());
-        }
-    };
-    match started["status_code"].as_u64() {
-        Some(200) => {}
-        Some(409) => {
-            engine.disconnect(&worker_id);
+    let events = Following::start(&state, &caller, &sid, "openai").await?;
+    match doors::trigger(&state, &caller, &sid, payload).await? {
+        Started::Yes => {}
+        Started::Busy => {
             return Err(OpenAiError {
                 status: StatusCode::CONFLICT,
                 message: format!(
@@ -327,8 +253,7 @@ async fn chat_completions(
                 code: Some("session_busy".into()),
             });
         }
-        _ => {
-            engine.disconnect(&worker_id);
+        Started::NotYours => {
             return Err(OpenAiError {
                 status: StatusCode::NOT_FOUND,
                 message: format!("session `{sid}` is not yours"),
@@ -342,13 +267,9 @@ async fn chat_completions(
         approval_wait: state.approval_wait,
     };
     let (tx, rx) = mpsc::channel::<Piece>(64);
-    tokio::spawn({
-        let engine = engine.clone();
-        async move {
-            let mut events = Events { pushes, outbox };
-            follow(&mut events, tx, &turn).await;
-            engine.disconnect(&worker_id);
-        }
+    tokio::spawn(async move {
+        let mut events = events;
+        follow(&mut events, tx, &turn).await;
     });
     let sid_header = HeaderValue::from_str(&sid).unwrap_or(HeaderValue::from_static(""));
     let id = format!("chatcmpl-{}", crate::trace::random_hex(12));
@@ -404,41 +325,6 @@ struct Turn {
     approval_wait: Duration,
 }
 
-/// The session's events as they come, decoded (`None` when the subscription ends).
-struct Events {
-    pushes: mpsc::UnboundedReceiver<Outbound>,
-    outbox: Outbox,
-}
-
-impl Events {
-    async fn next(&mut self) -> Option<Value> {
-        loop {
-            let Outbound::Text(text) = self.pushes.recv().await? else {
-                return None;
-            };
-            self.outbox.written(text.len());
-            if let Ok(Message::StreamEvent { event, .. }) = crate::protocol::parse(&text) {
-                let mut data = event.data;
-                if data.get("type").is_none() {
-                    data["type"] = json!(event.event_type);
-                }
-                return Some(data);
-            }
-        }
-    }
-}
-
-/// The text of a (partial) assistant message.
-fn message_text(m: &Value) -> String {
-    m["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|b| b["type"] == "text")
-        .filter_map(|b| b["text"].as_str())
-        .collect()
-}
-
 /// One tool call as a line the client reads.
 fn call_line(function_id: &str, decision: &str, result: &Value, is_error: bool) -> String {
     let outcome = if result["status"] == "denied" {
@@ -455,10 +341,17 @@ fn call_line(function_id: &str, decision: &str, result: &Value, is_error: bool) 
 }
 
 /// Follow the turn's events until it ends, sending what the client sees.
-async fn follow(events: &mut Events, tx: mpsc::Sender<Piece>, turn: &Turn) {
-    let mut usage = Usage::default();
-    let mut sent = 0usize; // characters of the current answer already sent
-    let mut decisions: std::collections::HashMap<String, String> = Default::default();
+async fn follow(events: &mut Following, tx: mpsc::Sender<Piece>, turn: &Turn) {
+    let mut reader = Reader::default();
+    let usage = |r: &Reader| {
+        let t = r.total();
+        Usage {
+            prompt: t.input,
+            completion: t.output,
+            cached: t.cache_read,
+        }
+    };
+    let mut decisions = Decisions::new();
     let mut parked: Option<(String, String, tokio::time::Instant)> = None;
     let deadline = tokio::time::Instant::now() + TURN_LIMIT;
     loop {
@@ -480,130 +373,93 @@ async fn follow(events: &mut Events, tx: mpsc::Sender<Piece>, turn: &Turn) {
                         turn.approval_wait.as_secs(), turn.sid
                     );
                     let _ = tx.send(Piece::Text(note)).await;
-                    let _ = tx.send(Piece::Done(usage)).await;
+                    let _ = tx.send(Piece::Done(usage(&reader))).await;
                     return;
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    let _ = tx.send(Piece::Done(usage)).await;
+                    let _ = tx.send(Piece::Done(usage(&reader))).await;
                     return;
                 }
                 continue;
             }
         };
         let Some(data) = next else {
-            let _ = tx.send(Piece::Done(usage)).await;
+            let _ = tx.send(Piece::Done(usage(&reader))).await;
             return;
         };
-        let piece = match data["type"].as_str().unwrap_or("") {
-            "message_update" => {
-                let text = message_text(&data["message"]);
-                let new: String = text.chars().skip(sent).collect();
-                sent += new.chars().count();
-                (!new.is_empty()).then_some(Piece::Text(new))
-            }
-            "message_complete" => {
-                let m = &data["message"];
-                if m["role"] != "assistant" {
-                    None
-                } else {
-                    let u = &m["usage"];
-                    let n = |k: &str| u[k].as_u64().unwrap_or(0);
-                    usage.prompt += n("input") + n("cache_read") + n("cache_write");
-                    usage.cached += n("cache_read");
-                    usage.completion += n("output");
-                    let text = message_text(m);
-                    let new: String = text.chars().skip(sent).collect();
-                    sent = 0;
-                    let err = m["error_message"]
-                        .as_str()
-                        .filter(|_| m["stop_reason"] == "error");
-                    let new = match err {
-                        Some(e) => format!("{new}\n[the model call failed: {e}]\n"),
-                        None => new,
-                    };
-                    (!new.is_empty()).then_some(Piece::Text(new))
+        for step in reader.read(&data) {
+            let piece = match step {
+                Step::Text(t) => Some(Piece::Text(t)),
+                Step::Thinking(_) | Step::Parked => None,
+                Step::MessageDone { error } => {
+                    error.map(|e| Piece::Text(format!("\n[the model call failed: {e}]\n")))
                 }
-            }
-            "function_execution_start" => {
-                let cid = data["function_call_id"].as_str().unwrap_or("").to_string();
-                let fid = data["function_id"].as_str().unwrap_or("?").to_string();
-                let d = &data["decision"];
-                let decision = match d["decision"].as_str() {
-                    Some("allow") => format!(
-                        "allowed ({})",
-                        d["rule_name"]
-                            .as_str()
-                            .or(d["rule_id"].as_str())
-                            .unwrap_or("policy")
-                    ),
-                    Some(other) => other.replace('_', " "),
-                    None => "decided".into(),
-                };
-                decisions.insert(cid.clone(), decision);
-                if data["awaiting_approval"] == true {
-                    let line = format!(
-                        "\n[tool {fid} waits for approval: decide it in the console, or POST /api/approvals/{}/{cid} {{\"decision\": \"allow\"}}]\n",
-                        turn.sid
-                    );
-                    parked = Some((cid, fid, tokio::time::Instant::now()));
-                    Some(Piece::Text(line))
-                } else {
+                Step::CallStarted {
+                    call_id,
+                    function_id,
+                    decision,
+                    parked: is_parked,
+                    ..
+                } => {
+                    decisions.insert(call_id.clone(), decision);
+                    is_parked.then(|| {
+                        let line = format!(
+                            "\n[tool {function_id} waits for approval: decide it in the console, or POST /api/approvals/{}/{call_id} {{\"decision\": \"allow\"}}]\n",
+                            turn.sid
+                        );
+                        parked = Some((call_id, function_id, tokio::time::Instant::now()));
+                        Piece::Text(line)
+                    })
+                }
+                Step::CallDecided { call_id, decision } => {
+                    if parked.as_ref().is_some_and(|(c, _, _)| *c == call_id) {
+                        parked = None;
+                    }
+                    decisions.insert(call_id, decision);
                     None
                 }
-            }
-            "approval_applied" => {
-                let cid = data["function_call_id"].as_str().unwrap_or("");
-                if parked.as_ref().is_some_and(|(c, _, _)| c == cid) {
-                    parked = None;
+                Step::CallEnded {
+                    call_id,
+                    function_id,
+                    result,
+                    is_error,
+                } => {
+                    let decision = decisions
+                        .remove(&call_id)
+                        .unwrap_or_else(|| "decided".into());
+                    Some(Piece::Text(call_line(
+                        &function_id,
+                        &decision,
+                        &result,
+                        is_error,
+                    )))
                 }
-                decisions.insert(
-                    cid.to_string(),
-                    format!(
-                        "{} by {}",
-                        match data["decision"].as_str() {
-                            Some("allow") => "approved",
-                            _ => "denied",
-                        },
-                        data["decided_by"].as_str().unwrap_or("someone")
-                    ),
-                );
-                None
-            }
-            "function_execution_end" => {
-                let cid = data["function_call_id"].as_str().unwrap_or("");
-                let fid = data["function_id"].as_str().unwrap_or("?");
-                let decision = decisions.remove(cid).unwrap_or_else(|| "decided".into());
-                Some(Piece::Text(call_line(
-                    fid,
-                    &decision,
-                    &data["result"],
-                    data["is_error"] == true,
-                )))
-            }
-            "agent_end" => {
-                let _ = tx.send(Piece::Done(usage)).await;
-                return;
-            }
-            "turn_state_changed"
-                if matches!(
-                    data["new_value"]["state"].as_str(),
-                    Some("stopped" | "failed")
-                ) =>
-            {
-                if let Some(e) = data["new_value"]["error"]["message"].as_str() {
+                Step::Finished => {
+                    let _ = tx.send(Piece::Done(usage(&reader))).await;
+                    return;
+                }
+                Step::Stopped(error) => {
+                    if let Some(e) = error {
+                        let _ = tx
+                            .send(Piece::Text(format!("\n[the turn ended: {e}]\n")))
+                            .await;
+                    }
+                    let _ = tx.send(Piece::Done(usage(&reader))).await;
+                    return;
+                }
+                Step::Failed(e) => {
                     let _ = tx
                         .send(Piece::Text(format!("\n[the turn ended: {e}]\n")))
                         .await;
+                    let _ = tx.send(Piece::Done(usage(&reader))).await;
+                    return;
                 }
-                let _ = tx.send(Piece::Done(usage)).await;
+            };
+            if let Some(p) = piece
+                && tx.send(p).await.is_err()
+            {
                 return;
             }
-            _ => None,
-        };
-        if let Some(p) = piece
-            && tx.send(p).await.is_err()
-        {
-            return;
         }
     }
 }
