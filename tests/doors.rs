@@ -19,6 +19,7 @@ fn cassette() -> Value {
         {"when": "user~=list files && results>=1", "text": "There is nothing here.", "usage": {"input": 260, "output": 6}},
         {"when": "user~=write a file && results<1", "tool_calls": [call("w1", "fs::write", json!({"path": "door.txt", "content": "from the door"}))], "usage": {"input": 90, "output": 5}},
         {"when": "user~=write a file && results>=1", "text": "Written.", "usage": {"input": 110, "output": 3}},
+        {"when": "user~=think slowly", "text": "Done thinking.", "delay_ms": 8000},
     ]})
 }
 
@@ -397,4 +398,332 @@ async fn the_official_ag_ui_client_runs_turns_and_answers_interrupts() {
         "{}",
         seen["badKey"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_mcp_client_runs_the_agent_as_a_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), None);
+    let harness = spawn_harness(dir.path(), &[]);
+    let http = harness.address.replacen("ws://", "http://", 1);
+    let python = std::env::var("HARNESS_MCP_PYTHON").expect(
+        "HARNESS_MCP_PYTHON names the venv with the official MCP Python SDK (scripts/test.sh makes it)",
+    );
+    let out = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/doors/mcp_client.py"
+        ))
+        .arg(&http)
+        .arg(&harness.token)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    // The SDK tried its newest protocol, fell back to the handshake, and agreed on ours.
+    assert_eq!(seen["version"], "2025-11-25", "{seen}");
+    assert_eq!(
+        seen["tools"],
+        json!([
+            "get_session",
+            "list_pending_approvals",
+            "resolve_approval",
+            "run_agent"
+        ])
+    );
+    // A turn as a tool: its final text, in the session named, with progress on the way.
+    let listed = &seen["listed"];
+    assert_eq!(listed["structured"]["session_id"], "mcp-1", "{listed}");
+    assert_eq!(listed["structured"]["state"], "answered");
+    assert_eq!(
+        listed["structured"]["text"],
+        "Looking.There is nothing here."
+    );
+    assert_eq!(listed["is_error"], false);
+    let progress: Vec<&str> = listed["progress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        progress.iter().any(|p| p.starts_with("fs::list: allowed")),
+        "{progress:?}"
+    );
+    assert!(progress.contains(&"fs::list done"), "{progress:?}");
+    // No session named: a new one, returned.
+    assert!(
+        seen["fresh"]["structured"]["session_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("mcp-")
+    );
+    assert_eq!(seen["fresh"]["structured"]["text"], "Hello there, friend.");
+    // Parked: the pending call, listed, decided once; the turn goes on to its answer.
+    let parked = &seen["parked"]["structured"];
+    assert_eq!(parked["state"], "awaiting_approval", "{parked}");
+    assert_eq!(parked["pending"][0]["function_id"], "fs::write");
+    assert!(
+        seen["pending"]["pending"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["session_id"] == "mcp-2"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["resolved"]["structured"]["state"], "answered",
+        "{seen}"
+    );
+    assert_eq!(seen["resolved"]["structured"]["text"], "Written.");
+    assert_eq!(seen["again"]["is_error"], true);
+    assert!(
+        seen["again"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("not waiting for approval")
+    );
+    let written: Vec<_> = files_under(&dir.path().join("work"))
+        .into_iter()
+        .filter(|p| p.ends_with("door.txt"))
+        .collect();
+    assert_eq!(written.len(), 1, "the approved write ran once");
+    assert_eq!(seen["session"]["structured"]["state"], "answered");
+    assert_eq!(seen["session"]["structured"]["text"], "Written.");
+    assert_eq!(seen["missing"]["is_error"], true);
+    // Hostile arguments name what is wrong; an unknown tool is a protocol error.
+    for (k, says) in [
+        ("bad_type", "`message`"),
+        ("bad_name", "`sesion_id`"),
+        ("bad_id", "session_id"),
+    ] {
+        assert_eq!(seen[k]["is_error"], true, "{k}");
+        assert!(
+            seen[k]["text"].as_str().unwrap().contains(says),
+            "{k}: {}",
+            seen[k]
+        );
+    }
+    assert!(
+        seen["unknown_tool"]
+            .as_str()
+            .unwrap()
+            .contains("no_such_tool"),
+        "{seen}"
+    );
+    // Cancelled: the turn was aborted.
+    assert_eq!(seen["cancel"], "cancelled");
+    assert_eq!(seen["cancelled_session"]["state"], "aborted", "{seen}");
+    // A wrong credential does not connect.
+    assert!(
+        seen["bad_key"]
+            .as_str()
+            .unwrap()
+            .contains("missing or wrong engine token"),
+        "{seen}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ag_ui_and_mcp_doors_refuse_what_they_must() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), None);
+    let harness = spawn_harness(dir.path(), &[]);
+    let http = harness.address.replacen("ws://", "http://", 1);
+    engine_gateway::ensure_crypto_provider();
+    let c = reqwest::Client::new();
+    let agui = format!("{http}/ag-ui");
+    let mcp = format!("{http}/mcp");
+    let run = json!({"threadId": "h1", "runId": "r1", "messages": [{"id": "1", "role": "user", "content": "say hello"}]});
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    // No credential, a wrong one: 401 on both doors (MCP's with a JSON-RPC error body).
+    for (url, body) in [(&agui, &run), (&mcp, &init)] {
+        for req in [
+            c.post(url).json(body),
+            c.post(url).bearer_auth("nope").json(body),
+        ] {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 401, "{url}");
+            if url == &mcp {
+                assert_eq!(r.headers()["www-authenticate"], "Bearer");
+                let e: Value = r.json().await.unwrap();
+                assert!(
+                    e["error"]["message"].as_str().unwrap().contains("token"),
+                    "{e}"
+                );
+            }
+        }
+        // A page on a foreign origin: 403.
+        let r = c
+            .post(url)
+            .bearer_auth(&harness.token)
+            .header("origin", "https://evil.example.com")
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{url}");
+    }
+    let post = |url: &str, body: String| {
+        c.post(url)
+            .bearer_auth(&harness.token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body)
+            .send()
+    };
+    let deep = (0..200).fold(json!("x"), |v, _| json!([v]));
+    // AG-UI: hostile bodies, each a 4xx that names what is wrong.
+    for (bad, status, says) in [
+        ("x".repeat(300 * 1024), 413, "over"),
+        (json!({"threadId": "t", "runId": "r", "messages": [], "state": deep}).to_string(), 400, "recursion limit"),
+        (json!({"threadId": 5, "runId": "r", "messages": []}).to_string(), 400, "`threadId`"),
+        (json!({"threadId": "t", "runId": "r", "messages": [{"role": "user", "content": {"a": 1}}]}).to_string(), 400, "messages[0]"),
+        (json!({"threadId": "t", "runId": "r", "messages": [], "resume": [{"interruptId": "c", "status": "later"}]}).to_string(), 400, "resume[0]"),
+        (json!({"threadId": "t", "runId": "r", "messages": []}).to_string(), 400, "nothing to run"),
+        ("[1, 2]".to_string(), 400, "JSON object"),
+    ] {
+        let r = post(&agui, bad).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{says}");
+        let e: Value = r.json().await.unwrap();
+        assert!(e["error"]["message"].as_str().unwrap().contains(says), "{says}: {e}");
+    }
+    // AG-UI: a new user run on a thread whose call is parked ends at once with that interrupt.
+    let write = json!({"threadId": "h2", "runId": "w1", "messages": [{"id": "1", "role": "user", "content": "write a file"}]});
+    let first = post(&agui, write.to_string())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(first.contains("\"interrupt\""), "{first}");
+    let mut again = write.clone();
+    again["runId"] = json!("w2");
+    again["messages"][0]["content"] = json!("say hello");
+    let second = post(&agui, again.to_string())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        second.contains("\"interrupt\"") && second.contains("\"w1\""),
+        "{second}"
+    );
+    assert!(!second.contains("TEXT_MESSAGE"), "no turn ran: {second}");
+    // MCP: what is not one JSON-RPC request of ours gets JSON-RPC's own error.
+    let rpc = |method: &str, params: Value| {
+        json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string()
+    };
+    for (bad, status, code, says) in [
+        ("x".repeat(300 * 1024), 413, -32700, "over"),
+        (
+            json!({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": deep}).to_string(),
+            400,
+            -32700,
+            "recursion limit",
+        ),
+        (
+            json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]).to_string(),
+            400,
+            -32600,
+            "batches",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 1}).to_string(),
+            400,
+            -32600,
+            "`method`",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}).to_string(),
+            400,
+            -32600,
+            "`id`",
+        ),
+        (
+            json!({"jsonrpc": "1.0", "id": 1, "method": "ping"}).to_string(),
+            400,
+            -32600,
+            "`jsonrpc`",
+        ),
+        (
+            rpc("server/discover", json!({})),
+            200,
+            -32601,
+            "server/discover",
+        ),
+        (
+            rpc("resources/list", json!({})),
+            200,
+            -32601,
+            "resources/list",
+        ),
+        (
+            rpc("tools/call", json!({"arguments": {}})),
+            200,
+            -32602,
+            "params.name",
+        ),
+        ("{not json".to_string(), 400, -32700, "JSON"),
+    ] {
+        let r = post(&mcp, bad).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{says}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], code, "{says}: {e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(says),
+            "{says}: {e}"
+        );
+    }
+    // A tool's wrong arguments are the tool's error, named.
+    let r: Value = post(
+        &mcp,
+        rpc("tools/call", json!({"name": "run_agent", "arguments": "x"})),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("`arguments`"),
+        "{r}"
+    );
+    // An unknown protocol version in the header is refused; a notification is accepted.
+    let r = c
+        .post(&mcp)
+        .bearer_auth(&harness.token)
+        .header("mcp-protocol-version", "1999-01-01")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("1999-01-01"));
+    let r = post(
+        &mcp,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 202);
+    // No server stream: GET is 405, as the transport allows.
+    let r = c
+        .get(&mcp)
+        .bearer_auth(&harness.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
 }

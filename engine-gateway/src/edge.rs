@@ -204,6 +204,7 @@ pub async fn serve(
         max_stream_lifetime: cfg.max_lifetime,
         token_file: cfg.token_file.clone(),
         approval_wait: cfg.door_approval_wait,
+        mcp_calls: Default::default(),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     let anonymous_pool =

@@ -436,7 +436,7 @@ fn usage_of(reader: &Reader) -> Option<Value> {
                    "cachedInputTokens": t.cache_read, "cacheWriteInputTokens": t.cache_write})
         })
         .collect();
-    (!entries.is_empty()).then(|| Value::Array(entries))
+    (!entries.is_empty()).then_some(Value::Array(entries))
 }
 
 /// The turn's state as the client's agent state: small, whatever the record holds.

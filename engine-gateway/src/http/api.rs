@@ -28,6 +28,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/chat/completions"),
     ("get", "/v1/models"),
     ("post", "/ag-ui"),
+    ("post", "/mcp"),
+    ("get", "/mcp"),
+    ("delete", "/mcp"),
 ];
 
 pub fn routes() -> Router<Arc<HttpState>> {
@@ -60,8 +63,17 @@ pub fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Read a JSON body of at most `max_body_bytes`. An empty body reads as `{}`.
+/// Read a JSON object body of at most `max_body_bytes`. An empty body reads as `{}`.
 pub(crate) async fn json_body(state: &HttpState, body: Body) -> Result<Value, ApiError> {
+    let value = json_value(state, body).await?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// Read a JSON body of any kind, bounded and checked as `json_body`'s.
+pub(crate) async fn json_value(state: &HttpState, body: Body) -> Result<Value, ApiError> {
     let limit = state.max_body_bytes;
     // A body has a deadline, so a peer sending a byte now and then cannot hold the
     // connection (the minimum rate is the limit over the deadline).
@@ -92,9 +104,6 @@ pub(crate) async fn json_body(state: &HttpState, body: Body) -> Result<Value, Ap
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
     crate::state::check_value_depth("the body", &value)
         .map_err(crate::protocol::ErrorBody::from)?;
-    if !value.is_object() {
-        return Err(ApiError::invalid("the body must be a JSON object"));
-    }
     Ok(value)
 }
 

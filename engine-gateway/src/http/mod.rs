@@ -14,6 +14,7 @@ pub use api::ROUTES;
 pub mod bounded;
 mod console;
 mod doors;
+pub(crate) mod mcp;
 mod openai;
 mod sse;
 
@@ -54,6 +55,8 @@ pub struct HttpState {
     /// How long a door's response waits for a parked call to be decided before it ends,
     /// naming the call and how to decide it (`doors.approval_wait_secs`).
     pub approval_wait: Duration,
+    /// The MCP door's calls that follow a turn (so a cancellation finds its turn).
+    pub mcp_calls: mcp::Calls,
 }
 
 /// An HTTP error with the bus's error body.
@@ -108,8 +111,9 @@ impl IntoResponse for ApiError {
             axum::Json(json!({"error": {"code": self.body.code, "message": self.body.message}})),
         )
             .into_response();
-        if self.status == StatusCode::REQUEST_TIMEOUT {
-            // What is left of a late body is never read: the connection goes with it.
+        if closes_connection(self.status) {
+            // What is left of a late or oversized body is never read: the connection goes
+            // with it (said, so a client does not send its next request on it).
             resp.headers_mut().insert(
                 http::header::CONNECTION,
                 http::HeaderValue::from_static("close"),
@@ -117,6 +121,14 @@ impl IntoResponse for ApiError {
         }
         resp
     }
+}
+
+/// Whether an answer leaves part of the request body unread, so the connection must close.
+pub(crate) fn closes_connection(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
+    )
 }
 
 /// The token a request presents: `Authorization: Bearer …`, else `?token=…` (an
@@ -215,6 +227,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
     api::routes()
         .merge(openai::routes())
         .merge(agui::routes())
+        .merge(mcp::routes())
         .merge(console::routes())
         .fallback(|| async {
             ApiError::new(
@@ -228,9 +241,8 @@ pub fn router(state: Arc<HttpState>) -> Router {
 }
 
 /// Headers a browser page may send cross-origin (a bearer credential, JSON, the SSE resume
-/// point, trace context, the doors' session id).
-const CORS_ALLOW_HEADERS: &str =
-    "authorization, content-type, last-event-id, traceparent, baggage, x-session-id";
+/// point, trace context, the doors' session ids and MCP's protocol version).
+const CORS_ALLOW_HEADERS: &str = "authorization, content-type, accept, last-event-id, traceparent, baggage, x-session-id, mcp-session-id, mcp-protocol-version";
 
 /// CORS for the origins a browser may call from (`--allowed-origins` and the engine's own):
 /// a preflight (`OPTIONS` with `Origin`) is answered 204 with the grant, and every answer to
@@ -265,7 +277,7 @@ async fn cors(
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         h.insert(
             header::ACCESS_CONTROL_ALLOW_METHODS,
-            http::HeaderValue::from_static("GET, POST, OPTIONS"),
+            http::HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
         );
         h.insert(
             header::ACCESS_CONTROL_ALLOW_HEADERS,
@@ -284,7 +296,7 @@ async fn cors(
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         h.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            http::HeaderValue::from_static("x-session-id"),
+            http::HeaderValue::from_static("x-session-id, mcp-session-id"),
         );
         h.append(header::VARY, http::HeaderValue::from_static("Origin"));
     }

@@ -80,13 +80,18 @@ impl From<ApiError> for OpenAiError {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        (
+        let mut resp = (
             self.status,
             axum::Json(
                 json!({"error": {"message": self.message, "type": self.kind, "code": self.code}}),
             ),
         )
-            .into_response()
+            .into_response();
+        if super::closes_connection(self.status) {
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
     }
 }
 
