@@ -98,7 +98,7 @@ clients_venv="$CARGO_TARGET_DIR/clients-venv"
 (
   # The official AG-UI client (@ag-ui/client, @ag-ui/core from npm, pinned by the lock file).
   (cd tests/doors/agui && npm ci --no-audit --no-fund)
-  if ! "$clients_venv/bin/python" -c 'import iii, openai' 2>/dev/null \
+  if ! "$clients_venv/bin/python" -c 'import iii, openai, a2a' 2>/dev/null \
      || ! cmp -s tests/clients/requirements.lock "$clients_venv/requirements.lock"; then
     rm -rf "$clients_venv"
     python3 -m venv "$clients_venv"

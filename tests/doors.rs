@@ -531,7 +531,7 @@ async fn the_official_mcp_client_runs_the_agent_as_a_tool() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ag_ui_and_mcp_doors_refuse_what_they_must() {
+async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
     let dir = tempfile::tempdir().unwrap();
     setup(dir.path(), None);
     let harness = spawn_harness(dir.path(), &[]);
@@ -726,4 +726,268 @@ async fn the_ag_ui_and_mcp_doors_refuse_what_they_must() {
         .await
         .unwrap();
     assert_eq!(r.status(), 405);
+
+    // A2A: the card is public; the JSON-RPC door is not.
+    let a2a = format!("{http}/a2a");
+    let r = c
+        .get(format!("{http}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let send = |parts: Value| json!({"jsonrpc": "2.0", "id": "1", "method": "SendMessage", "params": {"message": {"messageId": "m", "role": "ROLE_USER", "parts": parts}}});
+    for req in [
+        c.post(&a2a).json(&send(json!([{"text": "hi"}]))),
+        c.post(&a2a)
+            .bearer_auth("nope")
+            .json(&send(json!([{"text": "hi"}]))),
+    ] {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        let e: Value = r.json().await.unwrap();
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains("token"),
+            "{e}"
+        );
+    }
+    let r = c
+        .post(&a2a)
+        .bearer_auth(&harness.token)
+        .header("origin", "https://evil.example.com")
+        .json(&send(json!([{"text": "hi"}])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let call = |method: &str, params: Value| {
+        json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params}).to_string()
+    };
+    for (bad, status, code, says) in [
+        ("x".repeat(300 * 1024), 413, -32700, "over"),
+        (
+            call("SendMessage", json!({"deep": deep})),
+            400,
+            -32700,
+            "recursion limit",
+        ),
+        ("[1]".to_string(), 200, -32600, "no batches"),
+        (
+            json!({"jsonrpc": "2.0", "method": "GetTask"}).to_string(),
+            200,
+            -32600,
+            "`id`",
+        ),
+        (call("Dance", json!({})), 200, -32601, "Dance"),
+        (call("ListTasks", json!({})), 200, -32004, "ListTasks"),
+        (
+            call("CreateTaskPushNotificationConfig", json!({})),
+            200,
+            -32003,
+            "push",
+        ),
+        (
+            call("SendMessage", json!({"message": "hi"})),
+            200,
+            -32602,
+            "params.message",
+        ),
+        (send(json!([])).to_string(), 200, -32602, "parts"),
+        (
+            send(json!([{"url": "https://x/y.png"}])).to_string(),
+            200,
+            -32005,
+            "files",
+        ),
+        (
+            send(json!([{"what": 1}])).to_string(),
+            200,
+            -32602,
+            "parts[0]",
+        ),
+        (
+            call(
+                "SendMessage",
+                json!({"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}], "contextId": "a/b"}}),
+            ),
+            200,
+            -32602,
+            "contextId",
+        ),
+        (call("GetTask", json!({"id": 5})), 200, -32602, "`id`"),
+        (
+            call("GetTask", json!({"id": "zz.nowhere"})),
+            200,
+            -32001,
+            "zz.nowhere",
+        ),
+        (
+            call("CancelTask", json!({"id": "nodot"})),
+            200,
+            -32001,
+            "nodot",
+        ),
+        (
+            call(
+                "SendMessage",
+                json!({"message": {"role": "ROLE_USER", "parts": [{"data": {"decision": "allow"}}], "taskId": "x.nowhere"}}),
+            ),
+            200,
+            -32001,
+            "x.nowhere",
+        ),
+    ] {
+        let r = post(&a2a, bad).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{says}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], code, "{says}: {e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(says),
+            "{says}: {e}"
+        );
+    }
+    let r: Value = c
+        .post(&a2a)
+        .bearer_auth(&harness.token)
+        .header("a2a-version", "0.3")
+        .json(&send(json!([{"text": "hi"}])))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["error"]["code"], -32009, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_a2a_client_delegates_tasks_and_answers_input_required() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), None);
+    let harness = spawn_harness(dir.path(), &[]);
+    let http = harness.address.replacen("ws://", "http://", 1);
+    let out = tokio::process::Command::new(clients_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/doors/a2a_client.py"
+        ))
+        .arg(&http)
+        .arg(&harness.token)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    // The public card: a JSON-RPC interface at /a2a, streaming, a bearer scheme, skills.
+    let card = &seen["card"];
+    assert_eq!(card["url"], format!("{http}/a2a"), "{card}");
+    assert_eq!(card["binding"], "JSONRPC");
+    assert_eq!(card["streaming"], true);
+    assert_eq!(card["schemes"], json!(["bearer"]));
+    let skills = card["skills"].as_array().unwrap();
+    assert!(
+        skills.contains(&json!("fs::list")),
+        "the agent's tools: {card}"
+    );
+    assert!(
+        !skills.iter().any(|s| {
+            let s = s.as_str().unwrap();
+            s.starts_with("engine::") || s == "approval::resolve" || s == "harness::trigger"
+        }),
+        "nothing kept from the agent is on the public card: {card}"
+    );
+    // Streamed: the task first, working notes for the call, the answer in chunks, completed.
+    let s = &seen["stream"];
+    assert_eq!(s["kinds"][0], "task", "{s}");
+    assert_eq!(s["context"], "a2a-1");
+    assert!(s["task"].as_str().unwrap().ends_with(".a2a-1"), "{s}");
+    assert_eq!(s["text"], "Looking.There is nothing here.", "{s}");
+    assert!(
+        s["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("fs::list: allowed")),
+        "{s}"
+    );
+    assert_eq!(
+        s["states"].as_array().unwrap().last().unwrap(),
+        "TASK_STATE_COMPLETED",
+        "{s}"
+    );
+    assert!(
+        s["kinds"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("artifact_update"))
+    );
+    // Not streamed: completed with its answer; GetTask reads it back; the earlier task too.
+    assert_eq!(seen["blocking"]["state"], "TASK_STATE_COMPLETED", "{seen}");
+    assert_eq!(seen["blocking"]["text"], "Hello there, friend.");
+    assert_eq!(seen["blocking"]["context"], "a2a-1");
+    assert_eq!(seen["got"], seen["blocking"]);
+    assert_eq!(seen["earlier"]["state"], "TASK_STATE_COMPLETED");
+    // Input required: the waiting call named; a text reply is refused; a data part decides.
+    let parked = &seen["parked"];
+    assert_eq!(
+        parked["states"].as_array().unwrap().last().unwrap(),
+        "TASK_STATE_INPUT_REQUIRED",
+        "{parked}"
+    );
+    assert!(
+        parked["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("fs::write (w1)")),
+        "{parked}"
+    );
+    assert!(
+        seen["text_answer"]
+            .as_str()
+            .unwrap()
+            .contains("waits for a decision"),
+        "{seen}"
+    );
+    let answered = &seen["answered"];
+    assert_eq!(answered["task"], parked["task"], "the same task goes on");
+    assert_eq!(answered["text"], "Written.", "{answered}");
+    assert_eq!(
+        answered["states"].as_array().unwrap().last().unwrap(),
+        "TASK_STATE_COMPLETED"
+    );
+    assert!(
+        seen["answer_again"]
+            .as_str()
+            .unwrap()
+            .contains("not waiting for input"),
+        "{seen}"
+    );
+    let written: Vec<_> = files_under(&dir.path().join("work"))
+        .into_iter()
+        .filter(|p| p.ends_with("door.txt"))
+        .collect();
+    assert_eq!(written.len(), 1, "the approved write ran once");
+    // Cancelled while its call waits: canceled, the call never ran, and it cannot be cancelled twice.
+    assert_eq!(
+        seen["parked_blocking"]["state"],
+        "TASK_STATE_INPUT_REQUIRED"
+    );
+    assert_eq!(seen["cancelled"]["state"], "TASK_STATE_CANCELED", "{seen}");
+    assert!(
+        seen["cancel_again"]
+            .as_str()
+            .unwrap()
+            .contains("TaskNotCancelable"),
+        "{seen}"
+    );
+    assert!(
+        seen["missing"].as_str().unwrap().contains("TaskNotFound"),
+        "{seen}"
+    );
+    assert!(seen["bad_key"].as_str().unwrap().contains("401"), "{seen}");
 }

@@ -31,6 +31,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/mcp"),
     ("get", "/mcp"),
     ("delete", "/mcp"),
+    ("post", "/a2a"),
+    ("get", "/.well-known/agent-card.json"),
 ];
 
 pub fn routes() -> Router<Arc<HttpState>> {

@@ -155,6 +155,23 @@ pub(super) fn ending_of(turn: &Value) -> Ending {
     }
 }
 
+/// The session's last answer: the text of its latest assistant message ("" if none).
+pub(super) async fn last_answer(state: &HttpState, caller: &Caller, sid: &str) -> String {
+    state
+        .call(caller, "session-tree::messages", json!({"session_id": sid}))
+        .await
+        .ok()
+        .and_then(|v| {
+            v["messages"].as_array().and_then(|ms| {
+                ms.iter()
+                    .rev()
+                    .find(|m| m["role"] == "assistant")
+                    .map(|m| blocks_text(m, "text"))
+            })
+        })
+        .unwrap_or_default()
+}
+
 /// How `approval::resolve` answered.
 #[derive(Debug, PartialEq)]
 pub(super) enum Resolved {

@@ -677,19 +677,7 @@ async fn session_outcome(
         },
         _ => "running",
     };
-    let text = state
-        .call(caller, "session-tree::messages", json!({"session_id": sid}))
-        .await
-        .ok()
-        .and_then(|v| {
-            v["messages"].as_array().and_then(|ms| {
-                ms.iter()
-                    .rev()
-                    .find(|m| m["role"] == "assistant")
-                    .map(|m| doors::blocks_text(m, "text"))
-            })
-        })
-        .unwrap_or_default();
+    let text = doors::last_answer(state, caller, sid).await;
     Ok(Some(Outcome {
         sid: sid.to_string(),
         state: word,

@@ -8,6 +8,7 @@
 //! tree) under the caller's credential, so a client token reaches only public functions.
 //! Errors are JSON, `{"error": {"code", "message"}}`, with the bus's codes.
 
+mod a2a;
 mod agui;
 mod api;
 pub use api::ROUTES;
@@ -228,6 +229,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .merge(openai::routes())
         .merge(agui::routes())
         .merge(mcp::routes())
+        .merge(a2a::routes())
         .merge(console::routes())
         .fallback(|| async {
             ApiError::new(

@@ -292,6 +292,7 @@ impl Record {
             totals: self.totals.clone(),
             started_at_ms: self.started_at_ms,
             updated_at_ms: self.updated_at_ms,
+            run_key: self.run_key.clone(),
             owner: None,
         }
     }
@@ -348,6 +349,9 @@ pub struct TurnStateView {
     pub started_at_ms: u64,
     #[serde(default)]
     pub updated_at_ms: u64,
+    /// The current (or last) run's key: the `message_id` it was started with.
+    #[serde(default)]
+    pub run_key: String,
     /// Who started the session (`{name, role}`), shown to whoever may see it
     /// (`turn::get_state`; not on the record's change events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
