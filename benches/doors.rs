@@ -4,7 +4,10 @@
 //!   until `agent_end` (the baseline);
 //! - the OpenAI-compatible door, not streaming: `POST /v1/chat/completions` (the answer comes
 //!   when the turn has ended);
-//! - the same door streaming, until `data: [DONE]`.
+//! - the same door streaming, until `data: [DONE]`;
+//! - the AG-UI door: `POST /ag-ui` until `RUN_FINISHED`;
+//! - the MCP door: `tools/call run_agent` (its JSON answer comes when the turn has ended);
+//! - the A2A door: `SendMessage` (blocking: the completed task).
 //!
 //! Each a new session, interleaved round by round, over loopback HTTP/1.1 with keep-alive.
 //! Run: `cargo bench --bench doors` (`BENCH_N` turns per way, default 200). Prints p50/p90.
@@ -64,6 +67,9 @@ fn main() {
             let mut door = Vec::new();
             let mut door_stream = Vec::new();
             let mut live = Vec::new();
+            let mut agui = Vec::new();
+            let mut mcp = Vec::new();
+            let mut a2a = Vec::new();
             // Warm up each way once.
             for round in 0..=n {
                 let sid = format!("api-{round}");
@@ -133,7 +139,46 @@ fn main() {
                     .unwrap();
                 read_until(r, "data: [DONE]").await;
                 let stream_t = t.elapsed();
+                let t = Instant::now();
+                let r = c
+                    .post(format!("{base}/ag-ui"))
+                    .bearer_auth(&token)
+                    .json(&json!({"threadId": format!("agui-{round}"), "runId": "r", "messages": [{"id": "1", "role": "user", "content": "say hello"}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                read_until(r, "RUN_FINISHED").await;
+                let agui_t = t.elapsed();
+
+                let t = Instant::now();
+                let r = c
+                    .post(format!("{base}/mcp"))
+                    .bearer_auth(&token)
+                    .header("accept", "application/json")
+                    .json(&json!({"jsonrpc": "2.0", "id": round, "method": "tools/call", "params": {"name": "run_agent", "arguments": {"message": "say hello", "session_id": format!("mcp-{round}")}}}))
+                    .send()
+                    .await
+                    .unwrap();
+                let v: serde_json::Value = r.json().await.unwrap();
+                assert_eq!(v["result"]["structuredContent"]["text"], "Hello there.", "{v}");
+                let mcp_t = t.elapsed();
+
+                let t = Instant::now();
+                let r = c
+                    .post(format!("{base}/a2a"))
+                    .bearer_auth(&token)
+                    .json(&json!({"jsonrpc": "2.0", "id": round, "method": "SendMessage", "params": {"message": {"messageId": "m", "role": "ROLE_USER", "contextId": format!("a2a-{round}"), "parts": [{"text": "say hello"}]}}}))
+                    .send()
+                    .await
+                    .unwrap();
+                let v: serde_json::Value = r.json().await.unwrap();
+                assert_eq!(v["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{v}");
+                let a2a_t = t.elapsed();
+
                 if round > 0 {
+                    agui.push(agui_t.as_secs_f64() * 1e3);
+                    mcp.push(mcp_t.as_secs_f64() * 1e3);
+                    a2a.push(a2a_t.as_secs_f64() * 1e3);
                     api.push(api_t.as_secs_f64() * 1e3);
                     door.push(door_t.as_secs_f64() * 1e3);
                     door_stream.push(stream_t.as_secs_f64() * 1e3);
@@ -150,6 +195,9 @@ fn main() {
                 ("HTTP API, the event stream opened first (live delivery)", &mut live),
                 ("OpenAI door, not streaming", &mut door),
                 ("OpenAI door, streaming to [DONE]", &mut door_stream),
+                ("AG-UI door, to RUN_FINISHED", &mut agui),
+                ("MCP door, tools/call run_agent", &mut mcp),
+                ("A2A door, SendMessage (blocking)", &mut a2a),
             ] {
                 let (m, q) = (p(v, 0.5), p(v, 0.9));
                 println!("| {name} | {m:.2} ms | {q:.2} ms | {:+.2} ms |", m - a50);

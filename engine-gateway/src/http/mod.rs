@@ -8,15 +8,11 @@
 //! tree) under the caller's credential, so a client token reaches only public functions.
 //! Errors are JSON, `{"error": {"code", "message"}}`, with the bus's codes.
 
-mod a2a;
-mod agui;
 mod api;
 pub use api::ROUTES;
 pub mod bounded;
 mod console;
 mod doors;
-pub(crate) mod mcp;
-mod openai;
 mod sse;
 
 use axum::Router;
@@ -57,7 +53,7 @@ pub struct HttpState {
     /// naming the call and how to decide it (`doors.approval_wait_secs`).
     pub approval_wait: Duration,
     /// The MCP door's calls that follow a turn (so a cancellation finds its turn).
-    pub mcp_calls: mcp::Calls,
+    pub(crate) mcp_calls: doors::mcp::Calls,
 }
 
 /// An HTTP error with the bus's error body.
@@ -226,10 +222,10 @@ impl HttpState {
 /// Every route: the console's pages and assets, and the API; CORS for allowed origins.
 pub fn router(state: Arc<HttpState>) -> Router {
     api::routes()
-        .merge(openai::routes())
-        .merge(agui::routes())
-        .merge(mcp::routes())
-        .merge(a2a::routes())
+        .merge(doors::openai::routes())
+        .merge(doors::agui::routes())
+        .merge(doors::mcp::routes())
+        .merge(doors::a2a::routes())
         .merge(console::routes())
         .fallback(|| async {
             ApiError::new(

@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-use super::api::{check_id, json_body};
-use super::doors::{self, Following, Reader, Resolved, Started, Step};
-use super::{ApiError, Caller, HttpState};
+use super::{self as doors, Following, Reader, Resolved, Started, Step};
+use crate::http::api::{check_id, json_body};
+use crate::http::{ApiError, Caller, HttpState};
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 const TURN_LIMIT: Duration = Duration::from_secs(3600);

@@ -11,7 +11,7 @@
 //! aborts its run: a parked call never runs. A context's earlier tasks read as completed.
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,16 +19,16 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
-use super::api::{check_id, json_value};
-use super::doors::{self, Ending, Following, Reader, Resolved, Step};
-use super::{ApiError, Caller, HttpState};
+use super::a2a_stream::{run_blocking, stream};
+use super::{self as doors, Ending, Following, Resolved};
+use crate::http::api::{check_id, json_value};
+use crate::http::{ApiError, Caller, HttpState};
 
 pub const PROTOCOL_VERSION: &str = "1.0";
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
-const TURN_LIMIT: Duration = Duration::from_secs(3600);
+pub(super) const KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub(super) const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// Most skills the card lists.
 const CARD_SKILLS: usize = 100;
 
@@ -51,19 +51,19 @@ pub fn routes() -> Router<Arc<HttpState>> {
 }
 
 /// A JSON-RPC error with its code.
-struct RpcError(i64, String);
+pub(super) struct RpcError(i64, String);
 
 fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
 }
 
-fn rpc_result(id: &Value, result: Value) -> Value {
+pub(super) fn rpc_result(id: &Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
 fn answer(status: StatusCode, v: &Value) -> Response {
     let mut resp = (status, axum::Json(v.clone())).into_response();
-    if super::closes_connection(status) {
+    if crate::http::closes_connection(status) {
         resp.headers_mut().insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),
@@ -247,17 +247,17 @@ fn agent_message(task: &str, sid: &str, parts: Vec<Value>) -> Value {
 }
 
 /// A task as A2A shows it.
-struct TaskView {
-    id: String,
-    sid: String,
-    state: &'static str,
-    text: String,
-    pending: Vec<Value>,
-    note: Option<String>,
+pub(super) struct TaskView {
+    pub id: String,
+    pub sid: String,
+    pub state: &'static str,
+    pub text: String,
+    pub pending: Vec<Value>,
+    pub note: Option<String>,
 }
 
 impl TaskView {
-    fn status(&self) -> Value {
+    pub fn status(&self) -> Value {
         let mut status = json!({"state": self.state});
         let message = match self.state {
             "TASK_STATE_INPUT_REQUIRED" => {
@@ -297,7 +297,7 @@ impl TaskView {
         status
     }
 
-    fn task(&self) -> Value {
+    pub fn task(&self) -> Value {
         let mut t = json!({"id": self.id, "contextId": self.sid, "status": self.status()});
         if !self.text.is_empty() {
             t["artifacts"] =
@@ -308,12 +308,12 @@ impl TaskView {
 }
 
 /// How a request begins its task.
-struct Begun {
-    id: String,
-    sid: String,
-    events: Following,
+pub(super) struct Begun {
+    pub id: String,
+    pub sid: String,
+    pub events: Following,
     /// Already come to a state the client must act on (or ended).
-    settled: Option<TaskView>,
+    pub settled: Option<TaskView>,
 }
 
 /// Start a run (a new message), or go on with a task waiting for input (an answer).
@@ -543,7 +543,11 @@ async fn subscribe(state: &HttpState, caller: &Caller, params: &Value) -> Result
 }
 
 /// A task as it stands, from its context's turn record.
-async fn view_of(state: &HttpState, caller: &Caller, task: &str) -> Result<TaskView, RpcError> {
+pub(super) async fn view_of(
+    state: &HttpState,
+    caller: &Caller,
+    task: &str,
+) -> Result<TaskView, RpcError> {
     let sid = context_of(task)?;
     let turn = doors::turn_state(state, caller, &sid)
         .await
@@ -619,214 +623,6 @@ async fn cancel_task(
         .await
         .map_err(|e| RpcError(-32603, e.body.message))?;
     Ok(view_of(state, caller, task).await?.task())
-}
-
-/// What following a task sends, in order.
-enum Update {
-    Status(TaskView),
-    /// A piece of the answer (`first` opens the artifact).
-    Text {
-        delta: String,
-        first: bool,
-    },
-    /// A call decided or done, as a working status message.
-    Note(String),
-    KeepAlive,
-}
-
-/// Follow a begun task until it settles (answered, waiting for input, cancelled, failed).
-async fn follow(
-    state: &HttpState,
-    caller: &Caller,
-    begun: &mut Begun,
-    tx: &mpsc::Sender<Update>,
-) -> TaskView {
-    let mut reader = Reader::default();
-    let mut text = String::new();
-    let deadline = tokio::time::Instant::now() + TURN_LIMIT;
-    loop {
-        let next = tokio::select! {
-            ev = begun.events.next() => ev,
-            _ = tokio::time::sleep(KEEP_ALIVE) => {
-                let _ = tx.send(Update::KeepAlive).await;
-                if tokio::time::Instant::now() < deadline {
-                    continue;
-                }
-                None
-            }
-        };
-        let Some(data) = next else {
-            // The subscription ended (or the turn ran too long): the task is as it stands.
-            return view_of(state, caller, &begun.id).await.unwrap_or(TaskView {
-                id: begun.id.clone(),
-                sid: begun.sid.clone(),
-                state: "TASK_STATE_WORKING",
-                text,
-                pending: Vec::new(),
-                note: None,
-            });
-        };
-        for step in reader.read(&data) {
-            match step {
-                Step::Text(t) => {
-                    let first = text.is_empty();
-                    text.push_str(&t);
-                    let _ = tx.send(Update::Text { delta: t, first }).await;
-                }
-                Step::CallStarted {
-                    function_id,
-                    decision,
-                    parked: false,
-                    ..
-                } => {
-                    let _ = tx
-                        .send(Update::Note(format!("{function_id}: {decision}")))
-                        .await;
-                }
-                Step::CallEnded {
-                    function_id,
-                    is_error,
-                    ..
-                } => {
-                    let _ = tx
-                        .send(Update::Note(format!(
-                            "{function_id} {}",
-                            if is_error { "failed" } else { "done" }
-                        )))
-                        .await;
-                }
-                Step::Parked | Step::Finished | Step::Stopped(_) | Step::Failed(_) => {
-                    let view = view_of(state, caller, &begun.id).await;
-                    if let Ok(mut v) = view
-                        && v.state != "TASK_STATE_WORKING"
-                    {
-                        if v.state == "TASK_STATE_COMPLETED" && v.text.is_empty() {
-                            v.text = text.clone();
-                        }
-                        return v;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
-/// `SendMessage`: the task when it settles (or at once, with `returnImmediately`).
-async fn run_blocking(
-    state: &HttpState,
-    caller: &Caller,
-    mut begun: Begun,
-    blocking: bool,
-) -> Value {
-    if let Some(v) = begun.settled.take() {
-        return v.task();
-    }
-    if !blocking {
-        return TaskView {
-            id: begun.id.clone(),
-            sid: begun.sid.clone(),
-            state: "TASK_STATE_WORKING",
-            text: String::new(),
-            pending: Vec::new(),
-            note: None,
-        }
-        .task();
-    }
-    let (tx, mut rx) = mpsc::channel(64);
-    let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let view = follow(state, caller, &mut begun, &tx).await;
-    drop(tx);
-    let _ = drain.await;
-    view.task()
-}
-
-/// `SendStreamingMessage` / `SubscribeToTask`: Server-Sent Events of `StreamResponse`s: the
-/// task, then status and artifact updates, ending with the state the client must act on.
-fn stream(state: Arc<HttpState>, caller: Caller, id: Value, mut begun: Begun) -> Response {
-    let (bytes_tx, bytes_rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(async move {
-        let frame = |result: Value| Bytes::from(format!("data: {}\n\n", rpc_result(&id, result)));
-        let (task, sid) = (begun.id.clone(), begun.sid.clone());
-        let status_update = |v: &TaskView| json!({"statusUpdate": {"taskId": task, "contextId": sid, "status": v.status()}});
-        if let Some(v) = begun.settled.take() {
-            let _ = bytes_tx.send(frame(json!({"task": v.task()}))).await;
-            return;
-        }
-        let working = TaskView {
-            id: task.clone(),
-            sid: sid.clone(),
-            state: "TASK_STATE_WORKING",
-            text: String::new(),
-            pending: Vec::new(),
-            note: None,
-        };
-        if bytes_tx
-            .send(frame(json!({"task": working.task()})))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let (tx, mut rx) = mpsc::channel::<Update>(64);
-        let follower = {
-            let state = state.clone();
-            tokio::spawn(async move {
-                let v = follow(&state, &caller, &mut begun, &tx).await;
-                let _ = tx.send(Update::Status(v)).await;
-            })
-        };
-        let mut opened = false;
-        while let Some(u) = rx.recv().await {
-            let out = match u {
-                Update::KeepAlive => Bytes::from_static(b": keep-alive\n\n"),
-                Update::Note(n) => {
-                    let v = TaskView {
-                        id: task.clone(),
-                        sid: sid.clone(),
-                        state: "TASK_STATE_WORKING",
-                        text: String::new(),
-                        pending: Vec::new(),
-                        note: Some(n),
-                    };
-                    frame(status_update(&v))
-                }
-                Update::Text { delta, first } => {
-                    opened = true;
-                    frame(
-                        json!({"artifactUpdate": {"taskId": task, "contextId": sid, "artifact": {"artifactId": "answer", "name": "answer", "parts": [{"text": delta}]}, "append": !first, "lastChunk": false}}),
-                    )
-                }
-                Update::Status(v) => {
-                    let mut out = Vec::new();
-                    if opened {
-                        out.extend_from_slice(&frame(json!({"artifactUpdate": {"taskId": task, "contextId": sid, "artifact": {"artifactId": "answer", "name": "answer", "parts": [{"text": ""}]}, "append": true, "lastChunk": true}})));
-                    }
-                    out.extend_from_slice(&frame(status_update(&v)));
-                    Bytes::from(out)
-                }
-            };
-            if bytes_tx.send(out).await.is_err() {
-                // The client went; the task goes on (GetTask or SubscribeToTask find it).
-                follower.abort();
-                return;
-            }
-        }
-    });
-    let body = futures_util::stream::unfold(bytes_rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
-    (
-        StatusCode::OK,
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-use super::api::{check_id, json_body};
-use super::doors::{self, Decisions, Following, Reader, Started, Step};
-use super::{ApiError, Caller, HttpState};
+use super::{self as doors, Decisions, Following, Reader, Started, Step};
+use crate::http::api::{check_id, json_body};
+use crate::http::{ApiError, Caller, HttpState};
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The model name that means "the harness's run defaults".
@@ -87,7 +87,7 @@ impl IntoResponse for OpenAiError {
             ),
         )
             .into_response();
-        if super::closes_connection(self.status) {
+        if crate::http::closes_connection(self.status) {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }

@@ -10,6 +10,13 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::{ApiError, Caller, HttpState};
+
+pub mod a2a;
+mod a2a_stream;
+pub mod agui;
+pub mod mcp;
+mod mcp_tools;
+pub mod openai;
 use crate::engine::{Engine, Outbound, Outbox};
 use crate::protocol::Message;
 
@@ -49,7 +56,7 @@ impl Following {
         };
         following.engine.stream_subscribe(
             &following.worker_id,
-            super::sse::EVENTS_STREAM,
+            crate::http::sse::EVENTS_STREAM,
             Some(sid),
         )?;
         Ok(following)
