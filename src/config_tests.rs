@@ -175,3 +175,26 @@ fn run_provider_may_be_a_provider_of_your_own() {
     let e = Config::parse(&bad, "h.yaml").unwrap_err().to_string();
     assert!(e.contains("provider::<name>::stream"), "{e}");
 }
+
+#[test]
+fn doors_approval_wait_is_seconds_and_nothing_else() {
+    assert_eq!(
+        Config::parse(THICK, "h.yaml")
+            .unwrap()
+            .doors
+            .approval_wait_secs,
+        300
+    );
+    for junk in [
+        "  approval_wait_secs: soon",
+        "  approval_wait_secs: -5",
+        "  approval_wait_secs: [1]",
+    ] {
+        let bad = THICK.replace("  approval_wait_secs: 300", junk);
+        let e = Config::parse(&bad, "h.yaml").unwrap_err().to_string();
+        assert!(e.contains("approval_wait_secs"), "{junk}: {e}");
+    }
+    let typo = THICK.replace("  approval_wait_secs: 300", "  approval_wait: 300");
+    let e = Config::parse(&typo, "h.yaml").unwrap_err().to_string();
+    assert!(e.contains("approval_wait"), "{e}");
+}

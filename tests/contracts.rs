@@ -308,6 +308,15 @@ async fn answers_read_back_into_their_contract_types() {
     .await;
     let _: directory::types::ListAnswer = call(&ctx, "directory::skills::list", json!({})).await;
     let _: directory::types::IndexAnswer = call(&ctx, "directory::skills::index", json!({})).await;
+    // A wrong type is refused by the field's name, never read as "all".
+    for bad in [json!({"ids": 7}), json!({"ids": [7]}), json!({"ids": "x"})] {
+        let e = ctx
+            .trigger("directory::skills::index", bad.clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ids"), "{bad}: {e}");
+    }
     let _: directory::types::Skill = call(
         &ctx,
         "directory::skills::get",

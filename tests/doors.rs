@@ -225,6 +225,16 @@ async fn the_chat_door_refuses_what_it_must_and_ends_a_long_wait() {
         let e: Value = r.json().await.unwrap();
         assert_eq!(e["error"]["type"], "authentication_error", "{e}");
     }
+    // The model list too: 401 in OpenAI's shape without a credential or with a wrong one.
+    for req in [
+        c.get(format!("{http}/v1/models")),
+        c.get(format!("{http}/v1/models")).bearer_auth("nope"),
+    ] {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["type"], "authentication_error", "{e}");
+    }
     // A page on a foreign origin: 403.
     let r = c
         .post(&url)

@@ -211,8 +211,8 @@ async fn list(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 async fn index(memo: Arc<Downloads>, ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let req: types::IndexRequest = match data {
         Value::Null => types::IndexRequest { ids: None },
-        data => serde_json::from_value(data)
-            .map_err(|e| ErrorBody::invalid(format!("directory::skills::index: {e}")))?,
+        data => harness_sdk::contracts::parse("directory::skills::index", data)
+            .map_err(ErrorBody::invalid)?,
     };
     let all = index_all(memo, &ctx).await?;
     match req.ids {

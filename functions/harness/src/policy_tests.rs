@@ -55,6 +55,29 @@ fn metadata_rules_read_what_the_function_registered() {
         deny.decide_with("mcp::everything::echo", &json!({}), None, &ro),
         Decision::Deny { .. }
     ));
+    // A rule's `name` and `read_only` of the wrong type are refused by name, at their line.
+    for (bad, says) in [
+        (
+            "version: 1\nrules:\n  - {function: \"fs::*\", action: allow, name: 7}\n",
+            "`name`",
+        ),
+        (
+            "version: 1\nrules:\n  - {function: \"fs::*\", action: allow, name: \"\"}\n",
+            "`name`",
+        ),
+        (
+            "version: 1\nrules:\n  - {function: \"fs::*\", action: allow, read_only: \"yes\"}\n",
+            "`read_only`",
+        ),
+        (
+            "version: 1\nrules:\n  - {function: \"fs::*\", action: deny, read_only: true}\n",
+            "allow rule",
+        ),
+    ] {
+        let e = Policy::parse("p.yaml", bad).unwrap_err();
+        assert!(e.message.contains(says), "{bad}: {e}");
+        assert_eq!(e.line, 3);
+    }
     for bad in [
         "version: 1\nrules:\n  - {function: \"mcp::*\", action: allow, metadata: [1]}\n",
         "version: 1\nrules:\n  - {function: \"mcp::*\", action: allow, metadata: {read_only: {is: true}}}\n",

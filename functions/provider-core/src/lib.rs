@@ -513,8 +513,9 @@ async fn run(
 
 fn parse_request(ctx: &Ctx, data: Value) -> Result<StreamRequest, ErrorBody> {
     req_str(&data, "model")?;
-    let mut req: StreamRequest = serde_json::from_value(data)
-        .map_err(|e| ErrorBody::invalid(format!("invalid provider request: {e}")))?;
+    // The error names the field that is wrong (`messages[3].content`, not only "invalid type").
+    let mut req: StreamRequest = harness_sdk::contracts::parse("invalid provider request", data)
+        .map_err(ErrorBody::invalid)?;
     req.attached_messages = ctx.attachment::<Vec<AgentMessage>>();
     Ok(req)
 }
