@@ -190,7 +190,7 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router) | binary(lambda_streaming))'
   stage_done
 
-  stage "tests (whole agent turns on the AWS backend, one over the HTTP API alone, MCP servers' tools; through the deployed shape, one traced over OTLP, one with the mcp Lambda)"
+  stage "tests (whole agent turns on the AWS backend, one over the HTTP API alone, one through every standard door, MCP servers' tools; through the deployed shape, one traced over OTLP, one with the mcp Lambda)"
   nextest -E 'package(agent-harness) & (binary(turn) | binary(deployed) | binary(deployed_trace) | binary(http_turns) | binary(mcp))'
   stage_done
 

@@ -282,3 +282,135 @@ async fn a_turn_runs_start_to_end_over_http() {
     assert!(e.to_string().contains("not public"), "{e}");
     bus_client.stop();
 }
+
+/// Every standard door runs a turn on this backend (the AWS one in CI's AWS stage): the
+/// OpenAI door answers, AG-UI parks a write and resumes it, the MCP door runs a listing, A2A
+/// parks a write, takes a data part that allows it, and reads the task back; all under a
+/// client credential.
+#[tokio::test]
+async fn every_door_runs_a_turn_on_this_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let access = dir.path().join("access.yaml");
+    std::fs::write(
+        &access,
+        format!(
+            "credentials:\n  - name: chat-ui\n    role: client\n    token_sha256: {}\n",
+            engine_gateway::access::hash_token("chat-token")
+        ),
+    )
+    .unwrap();
+    let mut opts = common::test_options(dir.path());
+    opts.access_file = Some(access);
+    let srv = engine_gateway::server::start(&opts).await.unwrap();
+    let mut cfg = agent_harness::config::Config::load("thick").unwrap();
+    cfg.sandbox.workspace = agent_harness::config::Workspace::Shared;
+    let s = common::stack_on(
+        dir,
+        srv,
+        &mut cfg,
+        PERMISSIONS,
+        models_catalog::Catalog::builtin(),
+    )
+    .await;
+    let call = |id: &str, f: &str, payload: Value| json!({"id": id, "name": "agent_trigger", "arguments": {"function": f, "payload": payload}});
+    let cassette: Cassette = serde_json::from_value(json!({"turns": [
+        {"when": "user~=say hello", "text": "Hello there."},
+        {"when": "user~=list files && results<1", "tool_calls": [call("l1", "fs::list", json!({}))]},
+        {"when": "user~=list files && results>=1", "text": "Listed."},
+        {"when": "user~=write a file && results<1", "tool_calls": [call("w1", "fs::write", json!({"path": "door.txt", "content": "x"}))]},
+        {"when": "user~=write a file && results>=1", "text": "Written."},
+    ]}))
+    .unwrap();
+    s.model.load(cassette);
+    let c = http();
+    let b = format!("http://{}", s.srv.local_addr);
+    let token = "chat-token";
+    let post = |path: &str, body: Value| {
+        c.post(format!("{b}{path}"))
+            .bearer_auth(token)
+            .header("accept", "application/json")
+            .json(&body)
+            .send()
+    };
+
+    let r: Value = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "say hello"}]}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(r["choices"][0]["message"]["content"], "Hello there.", "{r}");
+
+    let run = |run_id: &str, messages: Value, resume: Value| json!({"threadId": "d-1", "runId": run_id, "messages": messages, "resume": resume});
+    let first = post(
+        "/ag-ui",
+        run(
+            "r1",
+            json!([{"id": "1", "role": "user", "content": "write a file"}]),
+            Value::Null,
+        ),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(
+        first.contains("\"interrupt\"") && first.contains("\"w1\""),
+        "{first}"
+    );
+    let second = post(
+        "/ag-ui",
+        run(
+            "r2",
+            json!([]),
+            json!([{"interruptId": "w1", "status": "resolved", "payload": {"decision": "allow"}}]),
+        ),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(
+        second.contains("TOOL_CALL_RESULT")
+            && second.contains("Written.")
+            && second.contains("\"success\""),
+        "{second}"
+    );
+
+    let r: Value = post("/mcp", json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_agent", "arguments": {"message": "list files", "session_id": "d-2"}}}))
+        .await.unwrap().json().await.unwrap();
+    assert_eq!(r["result"]["structuredContent"]["state"], "answered", "{r}");
+    assert_eq!(r["result"]["structuredContent"]["text"], "Listed.");
+
+    let rpc = |method: &str, params: Value| json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": params});
+    let r: Value = post("/a2a", rpc("SendMessage", json!({"message": {"messageId": "m1", "role": "ROLE_USER", "contextId": "d-3", "parts": [{"text": "write a file"}]}})))
+        .await.unwrap().json().await.unwrap();
+    let task = r["result"]["task"]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        r["result"]["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{r}"
+    );
+    let r: Value = post("/a2a", rpc("SendMessage", json!({"message": {"messageId": "m2", "role": "ROLE_USER", "taskId": task, "parts": [{"data": {"decision": "allow"}}]}})))
+        .await.unwrap().json().await.unwrap();
+    assert_eq!(
+        r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{r}"
+    );
+    assert_eq!(
+        r["result"]["task"]["artifacts"][0]["parts"][0]["text"],
+        "Written."
+    );
+    let got: Value = post("/a2a", rpc("GetTask", json!({"id": task})))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["result"], r["result"]["task"], "{got}");
+    assert!(s.work.join("door.txt").exists(), "the approved writes ran");
+}

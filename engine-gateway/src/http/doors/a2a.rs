@@ -241,8 +241,11 @@ fn context_of(task: &str) -> Result<String, RpcError> {
     Ok(sid.to_string())
 }
 
+/// The agent's message in a status: its id follows from what it says, so reading the same
+/// status twice gives the same message.
 fn agent_message(task: &str, sid: &str, parts: Vec<Value>) -> Value {
-    json!({"messageId": format!("{task}-{}", crate::trace::random_hex(4)), "contextId": sid, "taskId": task,
+    let said = crate::aws::fnv(&json!(parts).to_string());
+    json!({"messageId": format!("{task}-{said:08x}"), "contextId": sid, "taskId": task,
            "role": "ROLE_AGENT", "parts": parts})
 }
 
