@@ -199,6 +199,48 @@ async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
         .unwrap();
     assert_eq!(r.status(), 405);
 
+    // A page of an allowed origin (the engine's own here) gets its preflight answered for
+    // every door, with MCP's and the doors' headers, and may read the MCP session id.
+    for path in ["/ag-ui", "/mcp", "/a2a", "/v1/chat/completions"] {
+        let r = c
+            .request(reqwest::Method::OPTIONS, format!("{http}{path}"))
+            .header("origin", &http)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type, mcp-session-id, mcp-protocol-version",
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204, "{path}");
+        assert_eq!(r.headers()["access-control-allow-origin"], http.as_str());
+        let allowed = r.headers()["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            allowed.contains("mcp-session-id") && allowed.contains("mcp-protocol-version"),
+            "{allowed}"
+        );
+    }
+    let r = c
+        .post(&mcp)
+        .bearer_auth(&harness.token)
+        .header("origin", &http)
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("mcp-session-id")
+    );
+    assert_eq!(r.headers()["mcp-session-id"].len(), 32);
+
     // A2A: the card is public; the JSON-RPC door is not.
     let a2a = format!("{http}/a2a");
     let r = c
