@@ -62,29 +62,46 @@ fn setup(dir: &std::path::Path, approval_wait: Option<u64>) -> Vec<String> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_openai_client_runs_turns_through_the_chat_door() {
-    let dir = tempfile::tempdir().unwrap();
-    setup(dir.path(), None);
-    let harness = spawn_harness(dir.path(), &[]);
-    let http = harness.address.replacen("ws://", "http://", 1);
-    let out = tokio::process::Command::new(clients_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/doors/openai_client.py"
-        ))
-        .arg(&http)
-        .arg(&harness.token)
+/// Run a client nobody here wrote against `http` with `token` (`program script http token`):
+/// it prints what it saw as one JSON object.
+async fn run_client(
+    program: impl AsRef<std::ffi::OsStr>,
+    script: &str,
+    http: &str,
+    token: &str,
+    env: &[(&str, &str)],
+) -> Value {
+    let out = tokio::process::Command::new(program)
+        .arg(script)
+        .arg(http)
+        .arg(token)
+        .envs(env.iter().copied())
         .output()
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{stdout}\n{}",
+        "{script}: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_runs_turns_through_the_chat_door() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), None);
+    let harness = spawn_harness(dir.path(), &[]);
+    let http = harness.address.replacen("ws://", "http://", 1);
+    let seen = run_client(
+        clients_python(),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/doors/openai_client.py"),
+        &http,
+        &harness.token,
+        &[],
+    )
+    .await;
     let models: Vec<&str> = seen["models"]
         .as_array()
         .unwrap()

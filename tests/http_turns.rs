@@ -67,8 +67,9 @@ async fn follow(
     }
 }
 
-#[tokio::test]
-async fn a_turn_runs_start_to_end_over_http() {
+/// The thick harness with one client credential, `chat-token` (a chat front end's), on the
+/// backend the tests run on; `workspace` overrides the preset's.
+async fn client_stack(workspace: Option<agent_harness::config::Workspace>) -> common::Stack {
     let dir = tempfile::tempdir().unwrap();
     let access = dir.path().join("access.yaml");
     std::fs::write(
@@ -83,14 +84,22 @@ async fn a_turn_runs_start_to_end_over_http() {
     opts.access_file = Some(access);
     let srv = engine_gateway::server::start(&opts).await.unwrap();
     let mut cfg = agent_harness::config::Config::load("thick").unwrap();
-    let s = common::stack_on(
+    if let Some(w) = workspace {
+        cfg.sandbox.workspace = w;
+    }
+    common::stack_on(
         dir,
         srv,
         &mut cfg,
         PERMISSIONS,
         models_catalog::Catalog::builtin(),
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_turn_runs_start_to_end_over_http() {
+    let s = client_stack(None).await;
     s.model.load(Cassette {
         turns: vec![
             call("c-list", "fs::list", json!({})),
@@ -289,29 +298,7 @@ async fn a_turn_runs_start_to_end_over_http() {
 /// client credential.
 #[tokio::test]
 async fn every_door_runs_a_turn_on_this_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let access = dir.path().join("access.yaml");
-    std::fs::write(
-        &access,
-        format!(
-            "credentials:\n  - name: chat-ui\n    role: client\n    token_sha256: {}\n",
-            engine_gateway::access::hash_token("chat-token")
-        ),
-    )
-    .unwrap();
-    let mut opts = common::test_options(dir.path());
-    opts.access_file = Some(access);
-    let srv = engine_gateway::server::start(&opts).await.unwrap();
-    let mut cfg = agent_harness::config::Config::load("thick").unwrap();
-    cfg.sandbox.workspace = agent_harness::config::Workspace::Shared;
-    let s = common::stack_on(
-        dir,
-        srv,
-        &mut cfg,
-        PERMISSIONS,
-        models_catalog::Catalog::builtin(),
-    )
-    .await;
+    let s = client_stack(Some(agent_harness::config::Workspace::Shared)).await;
     let call = |id: &str, f: &str, payload: Value| json!({"id": id, "name": "agent_trigger", "arguments": {"function": f, "payload": payload}});
     let cassette: Cassette = serde_json::from_value(json!({"turns": [
         {"when": "user~=say hello", "text": "Hello there."},

@@ -8,23 +8,14 @@ async fn the_official_a2a_client_delegates_tasks_and_answers_input_required() {
     setup(dir.path(), None);
     let harness = spawn_harness(dir.path(), &[]);
     let http = harness.address.replacen("ws://", "http://", 1);
-    let out = tokio::process::Command::new(clients_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/doors/a2a_client.py"
-        ))
-        .arg(&http)
-        .arg(&harness.token)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let seen = run_client(
+        clients_python(),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/doors/a2a_client.py"),
+        &http,
+        &harness.token,
+        &[],
+    )
+    .await;
     // The public card: a JSON-RPC interface at /a2a, streaming, a bearer scheme, skills.
     let card = &seen["card"];
     assert_eq!(card["url"], format!("{http}/a2a"), "{card}");

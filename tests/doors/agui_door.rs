@@ -15,21 +15,14 @@ async fn the_official_ag_ui_client_runs_turns_and_answers_interrupts() {
             .exists(),
         "the AG-UI client is not installed: run `npm ci` in tests/doors/agui (scripts/test.sh does)"
     );
-    let out = tokio::process::Command::new("node")
-        .arg(format!("{client}/client.mjs"))
-        .arg(&http)
-        .arg(&harness.token)
-        .env("SUPPRESS_TRANSFORMATION_WARNINGS", "true")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let seen = run_client(
+        "node",
+        &format!("{client}/client.mjs"),
+        &http,
+        &harness.token,
+        &[("SUPPRESS_TRANSFORMATION_WARNINGS", "true")],
+    )
+    .await;
     let types = |run: &str| -> Vec<String> {
         seen[run]["types"]
             .as_array()

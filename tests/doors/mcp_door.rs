@@ -11,23 +11,14 @@ async fn the_official_mcp_client_runs_the_agent_as_a_tool() {
     let python = std::env::var("HARNESS_MCP_PYTHON").expect(
         "HARNESS_MCP_PYTHON names the venv with the official MCP Python SDK (scripts/test.sh makes it)",
     );
-    let out = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/doors/mcp_client.py"
-        ))
-        .arg(&http)
-        .arg(&harness.token)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let seen = run_client(
+        python,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/doors/mcp_client.py"),
+        &http,
+        &harness.token,
+        &[],
+    )
+    .await;
     // The SDK tried its newest protocol, fell back to the handshake, and agreed on ours.
     assert_eq!(seen["version"], "2025-11-25", "{seen}");
     assert_eq!(
