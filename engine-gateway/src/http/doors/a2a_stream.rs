@@ -1,9 +1,8 @@
 //! Following an A2A task: to where it settles (`SendMessage`), or as Server-Sent Events of
 //! `StreamResponse`s (`SendStreamingMessage`, `SubscribeToTask`).
 
-use axum::body::{Body, Bytes};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
+use axum::response::Response;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -209,18 +208,5 @@ pub(super) fn stream(
             }
         }
     });
-    let body = futures_util::stream::unfold(bytes_rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
-    (
-        StatusCode::OK,
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    super::sse_response(bytes_rx)
 }

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use serde_json::{Value, json};
 use std::collections::HashSet;
@@ -216,20 +216,7 @@ async fn run(
         last_message: None,
     };
     tokio::spawn(drive(state, caller, events, run, begin));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
-    Ok((
-        StatusCode::OK,
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(super::sse_response(rx))
 }
 
 /// Decide the answered calls; what is still parked without an answer ends the run again.

@@ -427,20 +427,7 @@ async fn call_tool(
                         .await;
                 }
             });
-            let stream = futures_util::stream::unfold(bytes_rx, |mut rx| async move {
-                rx.recv()
-                    .await
-                    .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-            });
-            (
-                StatusCode::OK,
-                [
-                    (http::header::CONTENT_TYPE, "text/event-stream"),
-                    (http::header::CACHE_CONTROL, "no-cache"),
-                ],
-                Body::from_stream(stream),
-            )
-                .into_response()
+            super::sse_response(bytes_rx)
         }
         "" => json_response(
             StatusCode::OK,

@@ -87,6 +87,26 @@ impl Drop for Following {
     }
 }
 
+/// A Server-Sent Events answer whose frames come from `frames` as they are made; it ends
+/// when the sender is dropped.
+pub(super) fn sse_response(frames: mpsc::Receiver<bytes::Bytes>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = futures_util::stream::unfold(frames, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    (
+        axum::http::StatusCode::OK,
+        [
+            (http::header::CONTENT_TYPE, "text/event-stream"),
+            (http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
 /// What `harness::trigger` said.
 #[derive(Debug, PartialEq)]
 pub(super) enum Started {
