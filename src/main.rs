@@ -250,8 +250,6 @@ async fn main() -> anyhow::Result<()> {
     let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
     // Of the input: read from the provider's prompt cache, and written to it.
     let (mut cache_read, mut cache_write) = (0u64, 0u64);
-    // Parked calls wait for this terminal's answer one at a time; a decision made elsewhere
-    // (the console, Slack, the HTTP API) takes the question away and is said here.
     // Decided by the person at this terminal (the engine token's holder).
     let decide = |cid: &str, decision: &'static str| {
         let (ctx, call) = (
@@ -264,6 +262,8 @@ async fn main() -> anyhow::Result<()> {
             anyhow::Ok(())
         }
     };
+    // Parked calls wait for this terminal's answer one at a time; a decision made elsewhere
+    // (the console, Slack, the HTTP API) takes the question away and is said here.
     let mut waiting: std::collections::VecDeque<(String, String)> = Default::default();
     let mut asking: Option<String> = None;
     let mut lines: Option<tokio::sync::mpsc::UnboundedReceiver<String>> = None;

@@ -13,6 +13,7 @@ pub use api::ROUTES;
 pub mod bounded;
 mod console;
 mod doors;
+mod following;
 mod sse;
 
 use axum::Router;
@@ -103,29 +104,28 @@ impl From<ErrorBody> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (
+        (
             self.status,
             axum::Json(json!({"error": {"code": self.body.code, "message": self.body.message}})),
         )
-            .into_response();
-        if closes_connection(self.status) {
-            // What is left of a late or oversized body is never read: the connection goes
-            // with it (said, so a client does not send its next request on it).
-            resp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-        }
-        resp
+            .into_response()
     }
 }
 
-/// Whether an answer leaves part of the request body unread, so the connection must close.
-pub(crate) fn closes_connection(status: StatusCode) -> bool {
-    matches!(
-        status,
+/// Every answer that leaves part of its request body unread (408: it came too slowly; 413:
+/// too much) closes the connection, and says so, so a client does not send its next request
+/// on it. One layer for every route and every door's error shape.
+async fn close_after_unread_body(mut resp: Response) -> Response {
+    if matches!(
+        resp.status(),
         StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
-    )
+    ) {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// The token a request presents: `Authorization: Bearer …`, else `?token=…` (an
@@ -234,6 +234,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
                 "no such route (see /api/openapi.json)",
             )
         })
+        .layer(axum::middleware::map_response(close_after_unread_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state)
 }

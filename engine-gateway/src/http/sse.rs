@@ -9,24 +9,24 @@
 //! is. The stream is bounded like a WebSocket connection: too far behind, or older than the
 //! connection lifetime, and it ends; the client reconnects from its last id.
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use serde_json::{Value, json};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::api::check_id;
+use super::following::Following;
 use super::{ApiError, Caller, HttpState, query_param};
-use crate::engine::{Outbound, Outbox};
-use crate::protocol::Message;
 use crate::state::STREAM_SCOPE_PREFIX;
 
 pub const EVENTS_STREAM: &str = "agent::events";
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// A stream says something at least this often (a keep-alive comment if nothing else), so
+/// proxies and clients do not take a quiet turn for a dead connection.
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Stored events read from the state port per page.
 const BACKLOG_PAGE: usize = 200;
 
@@ -82,22 +82,14 @@ pub async fn events(
     }
     // Subscribe first, so nothing written between the backlog read and the subscription is lost.
     let engine = state.engine.clone();
-    let (outbox, mut pushes) = Outbox::bounded(state.max_queued_bytes);
-    let worker_id = engine.connect_remote(
-        outbox.clone(),
-        Some("http:events".into()),
-        caller.principal.clone(),
-    );
-    // Named in engine::workers::list, so an operator tells an event stream from a worker.
-    engine.set_worker_info(
-        &worker_id,
-        Some(format!("http events of {sid}")),
-        Value::Null,
-    );
-    if let Err(e) = engine.stream_subscribe(&worker_id, EVENTS_STREAM, Some(&sid)) {
-        engine.disconnect(&worker_id);
-        return Err(e.into());
-    }
+    let mut following = Following::start(
+        &state,
+        &caller,
+        &sid,
+        "http:events",
+        format!("http events of {sid}"),
+    )
+    .await?;
     // Another's session streams as one that does not exist: no backlog, and the engine never
     // pushes its events to this subscription.
     let visible = engine.may_see_session(&caller.principal, &sid).await;
@@ -126,14 +118,12 @@ pub async fn events(
                             &json!({"code": "storage_error", "message": e.to_string()}),
                         ))
                         .await;
-                    engine.disconnect(&worker_id);
                     return;
                 }
             };
             for entry in &items {
                 let item_id = &entry.key[prefix.len()..];
                 if tx.send(stored_frame(item_id, &entry.value)).await.is_err() {
-                    engine.disconnect(&worker_id);
                     return;
                 }
                 last_sent = Some(item_id.to_string());
@@ -148,56 +138,61 @@ pub async fn events(
             let _ = closing.wait_for(|c| *c).await;
         };
         tokio::pin!(closed);
+        let overflowed = following.overflowed();
+        tokio::pin!(overflowed);
         loop {
             let next = tokio::select! {
-                p = pushes.recv() => p,
+                p = following.next_item() => p,
                 _ = tokio::time::sleep(KEEP_ALIVE) => {
                     if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() { break }
                     continue;
                 }
                 _ = tx.closed() => break,
-                _ = outbox.overflowed() => break,
+                _ = &mut overflowed => break,
                 _ = &mut deadline => break,
                 _ = &mut closed => break,
             };
-            let Some(Outbound::Text(text)) = next else {
+            let Some((item_id, event_type, data)) = next else {
                 break;
             };
-            outbox.written(text.len());
-            let Ok(Message::StreamEvent { item_id, event, .. }) = crate::protocol::parse(&text)
-            else {
-                continue;
-            };
-            let bytes = match event.event_type.as_str() {
+            let bytes = match event_type.as_str() {
                 // A stored item (written or rewritten): at most once, in order.
                 "create" | "update" if !item_id.is_empty() => {
                     if last_sent.as_deref().is_some_and(|l| item_id.as_str() <= l) {
                         continue;
                     }
-                    let b = stored_frame(&item_id, &event.data);
+                    let b = stored_frame(&item_id, &data);
                     last_sent = Some(item_id);
                     b
                 }
-                other => frame(None, other, &json!({"data": event.data})),
+                other => frame(None, other, &json!({"data": data})),
             };
             if tx.send(bytes).await.is_err() {
                 break;
             }
         }
-        engine.disconnect(&worker_id);
     });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    Ok(sse_response(rx))
+}
+
+/// A Server-Sent Events answer whose frames come from `frames` as they are made; it ends
+/// when the sender is dropped.
+pub(crate) fn sse_response(frames: mpsc::Receiver<bytes::Bytes>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = futures_util::stream::unfold(frames, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
     });
-    Ok((
-        StatusCode::OK,
+    (
+        axum::http::StatusCode::OK,
         [
             (http::header::CONTENT_TYPE, "text/event-stream"),
             (http::header::CACHE_CONTROL, "no-cache"),
         ],
-        Body::from_stream(body),
+        axum::body::Body::from_stream(body),
     )
-        .into_response())
+        .into_response()
 }
 
 #[cfg(test)]

@@ -18,17 +18,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::a2a_stream::{run_blocking, stream};
-use super::{self as doors, Ending, Following, Resolved};
+use super::{self as doors, Ending, Following, Resolved, rpc_answer, rpc_error, rpc_result};
 use crate::http::api::{check_id, json_value};
 use crate::http::{ApiError, Caller, HttpState};
 
 pub const PROTOCOL_VERSION: &str = "1.0";
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
-pub(super) const KEEP_ALIVE: Duration = Duration::from_secs(15);
-pub(super) const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// Most skills the card lists.
 const CARD_SKILLS: usize = 100;
 
@@ -52,25 +49,6 @@ pub fn routes() -> Router<Arc<HttpState>> {
 
 /// A JSON-RPC error with its code.
 pub(super) struct RpcError(i64, String);
-
-fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
-}
-
-pub(super) fn rpc_result(id: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
-}
-
-fn answer(status: StatusCode, v: &Value) -> Response {
-    let mut resp = (status, axum::Json(v.clone())).into_response();
-    if crate::http::closes_connection(status) {
-        resp.headers_mut().insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("close"),
-        );
-    }
-    resp
-}
 
 /// The base URL the caller reached us at (the card names absolute URLs).
 fn base_url(headers: &HeaderMap) -> String {
@@ -139,19 +117,19 @@ async fn rpc(
 ) -> Response {
     let caller = match caller {
         Ok(c) => c,
-        Err(e) => return answer(e.status, &rpc_error(&Value::Null, -32000, e.body.message)),
+        Err(e) => return rpc_answer(e.status, rpc_error(&Value::Null, -32000, e.body.message)),
     };
     let msg = match json_value(&state, body).await {
         Ok(v) => v,
         Err(e) => {
-            return answer(
+            return rpc_answer(
                 e.status,
-                &rpc_error(&Value::Null, PARSE_ERROR, e.body.message),
+                rpc_error(&Value::Null, PARSE_ERROR, e.body.message),
             );
         }
     };
     let id = msg["id"].clone();
-    let refuse = |code: i64, m: String| answer(StatusCode::OK, &rpc_error(&id, code, m));
+    let refuse = |code: i64, m: String| rpc_answer(StatusCode::OK, rpc_error(&id, code, m));
     if !msg.is_object() {
         return refuse(
             INVALID_REQUEST,
@@ -184,7 +162,7 @@ async fn rpc(
         return refuse(INVALID_PARAMS, "`params` must be an object".into());
     }
     let done = |r: Result<Value, RpcError>| match r {
-        Ok(v) => answer(StatusCode::OK, &rpc_result(&id, v)),
+        Ok(v) => rpc_answer(StatusCode::OK, rpc_result(&id, v)),
         Err(RpcError(code, m)) => refuse(code, m),
     };
     match method {
@@ -438,7 +416,7 @@ async fn begin(state: &HttpState, caller: &Caller, params: &Value) -> Result<Beg
                 ));
             }
         };
-        let events = Following::start(state, caller, &sid, "a2a")
+        let events = doors::subscribe(state, caller, &sid, "a2a")
             .await
             .map_err(bus)?;
         let mut decided = Vec::new();
@@ -496,7 +474,7 @@ async fn begin(state: &HttpState, caller: &Caller, params: &Value) -> Result<Beg
     let sid = context.unwrap_or_else(|| format!("a2a-{}", crate::trace::random_hex(8)));
     let run = crate::trace::random_hex(8);
     let id = task_id(&run, &sid);
-    let events = Following::start(state, caller, &sid, "a2a")
+    let events = doors::subscribe(state, caller, &sid, "a2a")
         .await
         .map_err(bus)?;
     let payload = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": text}], "timestamp": crate::trace::now_ms()}]});
@@ -532,7 +510,7 @@ async fn subscribe(state: &HttpState, caller: &Caller, params: &Value) -> Result
         return Err(RpcError(INVALID_PARAMS, "`id` must be a task id".into()));
     };
     let sid = context_of(task)?;
-    let events = Following::start(state, caller, &sid, "a2a")
+    let events = doors::subscribe(state, caller, &sid, "a2a")
         .await
         .map_err(|e| RpcError(-32603, e.body.message))?;
     let view = view_of(state, caller, task).await?;

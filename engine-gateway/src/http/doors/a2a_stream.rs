@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-use super::a2a::{Begun, KEEP_ALIVE, TURN_LIMIT, TaskView, rpc_result, view_of};
-use super::{Reader, Step};
+use super::a2a::{Begun, TaskView, view_of};
+use super::{KEEP_ALIVE, Reader, Step, TURN_LIMIT, rpc_result};
 use crate::http::{Caller, HttpState};
 
 /// What following a task sends, in order.

@@ -20,15 +20,12 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
-use super::{self as doors, Following, Reader, Resolved, Started, Step};
+use super::{self as doors, Following, KEEP_ALIVE, Reader, Resolved, Started, Step, TURN_LIMIT};
 use crate::http::api::{check_id, json_body};
 use crate::http::{ApiError, Caller, HttpState};
 
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
-const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// The protocol version this door speaks (`RUN_STARTED.protocolVersion`).
 pub const PROTOCOL_VERSION: &str = "1.0";
 /// A tool result is sent cut to this many characters.
@@ -153,7 +150,7 @@ async fn run(
     let body = json_body(&state, body).await?;
     let input = parse_input(&body)?;
     let sid = input.thread_id.clone();
-    let events = Following::start(&state, &caller, &sid, "ag-ui").await?;
+    let events = doors::subscribe(&state, &caller, &sid, "ag-ui").await?;
     let begin = if !input.resume.is_empty() {
         resume(&state, &caller, &sid, &input.resume).await?
     } else {

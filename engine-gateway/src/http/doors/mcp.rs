@@ -22,18 +22,18 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::mcp_tools::{Outcome, check_args, id_arg, opt_str, tool_error, tools};
-use super::{self as doors, Following, Reader, Resolved, Started, Step};
+use super::{
+    self as doors, Following, KEEP_ALIVE, Reader, Resolved, Started, Step, TURN_LIMIT, rpc_answer,
+    rpc_error, rpc_result,
+};
 use crate::http::api::json_value;
 use crate::http::{ApiError, Caller, HttpState};
 
 /// Protocol versions agreed through `initialize`, newest first.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
-const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// Most turns followed through this door at once (each holds a response open).
 const MAX_IN_FLIGHT: usize = 1024;
 
@@ -110,21 +110,9 @@ impl Drop for Registered {
     }
 }
 
-fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
-}
-
-fn rpc_result(id: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
-}
-
-fn json_response(status: StatusCode, v: &Value) -> Response {
-    (status, axum::Json(v.clone())).into_response()
-}
-
 /// An HTTP-level refusal, with a JSON-RPC error body the SDKs surface.
 fn refused(e: ApiError) -> Response {
-    let mut resp = json_response(e.status, &rpc_error(&Value::Null, -32000, e.body.message));
+    let mut resp = rpc_answer(e.status, rpc_error(&Value::Null, -32000, e.body.message));
     if e.status == StatusCode::UNAUTHORIZED {
         resp.headers_mut().insert(
             http::header::WWW_AUTHENTICATE,
@@ -164,21 +152,13 @@ async fn post_mcp(
     let msg = match json_value(&state, body).await {
         Ok(v) => v,
         Err(e) => {
-            let mut resp =
-                json_response(e.status, &rpc_error(&Value::Null, -32700, e.body.message));
-            if crate::http::closes_connection(e.status) {
-                resp.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
-            }
-            return resp;
+            return rpc_answer(e.status, rpc_error(&Value::Null, -32700, e.body.message));
         }
     };
     if msg.is_array() {
-        return json_response(
+        return rpc_answer(
             StatusCode::BAD_REQUEST,
-            &rpc_error(
+            rpc_error(
                 &Value::Null,
                 INVALID_REQUEST,
                 "batches are not taken: send one JSON-RPC message per request",
@@ -189,9 +169,9 @@ async fn post_mcp(
     if let Some(v) = header("mcp-protocol-version")
         && !PROTOCOL_VERSIONS.contains(&v)
     {
-        return json_response(
+        return rpc_answer(
             StatusCode::BAD_REQUEST,
-            &rpc_error(
+            rpc_error(
                 &msg["id"],
                 INVALID_REQUEST,
                 format!(
@@ -207,9 +187,9 @@ async fn post_mcp(
         if msg.get("result").is_some() || msg.get("error").is_some() {
             return StatusCode::ACCEPTED.into_response();
         }
-        return json_response(
+        return rpc_answer(
             StatusCode::BAD_REQUEST,
-            &rpc_error(
+            rpc_error(
                 &msg["id"],
                 INVALID_REQUEST,
                 "a JSON-RPC 2.0 message needs `method`",
@@ -231,9 +211,9 @@ async fn post_mcp(
         return StatusCode::ACCEPTED.into_response();
     }
     if !(id.is_string() || id.is_i64() || id.is_u64()) {
-        return json_response(
+        return rpc_answer(
             StatusCode::BAD_REQUEST,
-            &rpc_error(
+            rpc_error(
                 &Value::Null,
                 INVALID_REQUEST,
                 "`id` must be a string or an integer",
@@ -241,9 +221,9 @@ async fn post_mcp(
         );
     }
     if msg["jsonrpc"] != "2.0" {
-        return json_response(
+        return rpc_answer(
             StatusCode::BAD_REQUEST,
-            &rpc_error(&id, INVALID_REQUEST, "`jsonrpc` must be \"2.0\""),
+            rpc_error(&id, INVALID_REQUEST, "`jsonrpc` must be \"2.0\""),
         );
     }
     match method {
@@ -260,21 +240,21 @@ async fn post_mcp(
                 "serverInfo": {"name": "agent-harness", "title": "agent-harness", "version": env!("CARGO_PKG_VERSION")},
                 "instructions": "run_agent runs a turn of the harness's agent and answers its final text, or the calls it parked for approval (decide them with resolve_approval).",
             });
-            let mut resp = json_response(StatusCode::OK, &rpc_result(&id, result));
+            let mut resp = rpc_answer(StatusCode::OK, rpc_result(&id, result));
             if let Ok(v) = http::HeaderValue::from_str(&crate::trace::random_hex(16)) {
                 resp.headers_mut().insert("mcp-session-id", v);
             }
             resp
         }
-        "ping" => json_response(StatusCode::OK, &rpc_result(&id, json!({}))),
-        "tools/list" => json_response(StatusCode::OK, &rpc_result(&id, json!({"tools": tools()}))),
+        "ping" => rpc_answer(StatusCode::OK, rpc_result(&id, json!({}))),
+        "tools/list" => rpc_answer(StatusCode::OK, rpc_result(&id, json!({"tools": tools()}))),
         "tools/call" => {
             let sse = header("accept").is_some_and(|a| a.contains("text/event-stream"));
             call_tool(state, caller, mcp_session, id, params.clone(), sse).await
         }
-        other => json_response(
+        other => rpc_answer(
             StatusCode::OK,
-            &rpc_error(
+            rpc_error(
                 &id,
                 METHOD_NOT_FOUND,
                 format!("method `{other}` is not served here"),
@@ -310,7 +290,7 @@ async fn call_tool(
     } else {
         params["arguments"].clone()
     };
-    let ok = |result: Value| json_response(StatusCode::OK, &rpc_result(&id, result));
+    let ok = |result: Value| rpc_answer(StatusCode::OK, rpc_result(&id, result));
     match name {
         "get_session" => {
             let sid = match check_args(&args, &["session_id"])
@@ -393,9 +373,9 @@ async fn call_tool(
                 while rx.recv().await.is_some() {}
                 return match follow.await.ok().flatten() {
                     Some(o) => ok(o.result()),
-                    None => json_response(
+                    None => rpc_answer(
                         StatusCode::OK,
-                        &rpc_error(&id, -32800, "the request was cancelled"),
+                        rpc_error(&id, -32800, "the request was cancelled"),
                     ),
                 };
             }
@@ -429,13 +409,13 @@ async fn call_tool(
             });
             super::sse_response(bytes_rx)
         }
-        "" => json_response(
+        "" => rpc_answer(
             StatusCode::OK,
-            &rpc_error(&id, INVALID_PARAMS, "`params.name` must name a tool"),
+            rpc_error(&id, INVALID_PARAMS, "`params.name` must name a tool"),
         ),
-        other => json_response(
+        other => rpc_answer(
             StatusCode::OK,
-            &rpc_error(
+            rpc_error(
                 &id,
                 INVALID_PARAMS,
                 format!("unknown tool `{other}` (see tools/list)"),
@@ -465,7 +445,7 @@ async fn start_run(state: &HttpState, caller: &Caller, args: &Value) -> Result<B
             payload[k] = json!(v);
         }
     }
-    let events = Following::start(state, caller, &sid, "mcp")
+    let events = doors::subscribe(state, caller, &sid, "mcp")
         .await
         .map_err(|e| e.body.message)?;
     match doors::trigger(state, caller, &sid, payload)
@@ -507,7 +487,7 @@ async fn resume_run(state: &HttpState, caller: &Caller, args: &Value) -> Result<
         _ => return Err("`decision` must be \"allow\" or \"deny\"".into()),
     };
     let reason = doors::check_reason(&args["reason"])?;
-    let events = Following::start(state, caller, &sid, "mcp")
+    let events = doors::subscribe(state, caller, &sid, "mcp")
         .await
         .map_err(|e| e.body.message)?;
     match doors::resolve(state, caller, &sid, &cid, decision, reason.as_deref())

@@ -6,8 +6,6 @@
 
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::sync::Arc;
-use tokio::sync::mpsc;
 
 use super::{ApiError, Caller, HttpState};
 
@@ -17,94 +15,46 @@ pub mod agui;
 pub mod mcp;
 mod mcp_tools;
 pub mod openai;
-use crate::engine::{Engine, Outbound, Outbox};
-use crate::protocol::Message;
+pub(super) use crate::http::following::Following;
+pub(super) use crate::http::sse::{KEEP_ALIVE, sse_response};
 
-/// A session's events, subscribed before the door starts or resumes its turn, so none is
-/// missed. Dropping it ends the subscription.
-pub(super) struct Following {
-    engine: Arc<Engine>,
-    worker_id: String,
-    pushes: mpsc::UnboundedReceiver<Outbound>,
-    outbox: Outbox,
-}
+/// The longest a door follows one turn: a response never stays open for ever.
+pub(super) const TURN_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
-impl Following {
-    pub async fn start(
-        state: &HttpState,
-        caller: &Caller,
-        sid: &str,
-        door: &str,
-    ) -> Result<Self, ApiError> {
-        let engine = state.engine.clone();
-        let (outbox, pushes) = Outbox::bounded(state.max_queued_bytes);
-        let worker_id = engine.connect_remote(
-            outbox.clone(),
-            Some(format!("http:{door}")),
-            caller.principal.clone(),
-        );
-        engine.set_worker_info(
-            &worker_id,
-            Some(format!("{door} door, session {sid}")),
-            Value::Null,
-        );
-        let following = Self {
-            engine,
-            worker_id,
-            pushes,
-            outbox,
-        };
-        following.engine.stream_subscribe(
-            &following.worker_id,
-            crate::http::sse::EVENTS_STREAM,
-            Some(sid),
-        )?;
-        Ok(following)
-    }
-
-    /// The next event of the session, decoded (`None` when the subscription ended, e.g. its
-    /// queue overflowed or the engine closes).
-    pub async fn next(&mut self) -> Option<Value> {
-        loop {
-            let Outbound::Text(text) = self.pushes.recv().await? else {
-                return None;
-            };
-            self.outbox.written(text.len());
-            if let Ok(Message::StreamEvent { event, .. }) = crate::protocol::parse(&text) {
-                let mut data = event.data;
-                if data.get("type").is_none() {
-                    data["type"] = json!(event.event_type);
-                }
-                return Some(data);
-            }
-        }
-    }
-}
-
-impl Drop for Following {
-    fn drop(&mut self) {
-        self.engine.disconnect(&self.worker_id);
-    }
-}
-
-/// A Server-Sent Events answer whose frames come from `frames` as they are made; it ends
-/// when the sender is dropped.
-pub(super) fn sse_response(frames: mpsc::Receiver<bytes::Bytes>) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let body = futures_util::stream::unfold(frames, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
-    (
-        axum::http::StatusCode::OK,
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-        ],
-        axum::body::Body::from_stream(body),
+/// Follow session `sid`'s events for `door` (named so in `engine::workers::list`).
+pub(super) async fn subscribe(
+    state: &HttpState,
+    caller: &Caller,
+    sid: &str,
+    door: &str,
+) -> Result<Following, ApiError> {
+    Following::start(
+        state,
+        caller,
+        sid,
+        &format!("http:{door}"),
+        format!("{door} door, session {sid}"),
     )
-        .into_response()
+    .await
+}
+
+/// A JSON-RPC 2.0 error (the MCP and A2A doors).
+pub(super) fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
+}
+
+/// A JSON-RPC 2.0 result.
+pub(super) fn rpc_result(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// A JSON-RPC message as the HTTP answer, with this status.
+pub(super) fn rpc_answer(
+    status: axum::http::StatusCode,
+    message: Value,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (status, axum::Json(message)).into_response()
 }
 
 /// What `harness::trigger` said.

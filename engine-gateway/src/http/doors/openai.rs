@@ -24,15 +24,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-use super::{self as doors, Decisions, Following, Reader, Started, Step};
+use super::{self as doors, Decisions, Following, KEEP_ALIVE, Reader, Started, Step, TURN_LIMIT};
 use crate::http::api::{check_id, json_body};
 use crate::http::{ApiError, Caller, HttpState};
 
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The model name that means "the harness's run defaults".
 pub const HARNESS_MODEL: &str = "harness";
-/// How long a turn may take in all (a response never stays open for ever).
-const TURN_LIMIT: Duration = Duration::from_secs(3600);
 /// A tool result is shown to the client cut to this many characters.
 const RESULT_SHOWN: usize = 200;
 
@@ -80,18 +77,13 @@ impl From<ApiError> for OpenAiError {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let mut resp = (
+        (
             self.status,
             axum::Json(
                 json!({"error": {"message": self.message, "type": self.kind, "code": self.code}}),
             ),
         )
-            .into_response();
-        if crate::http::closes_connection(self.status) {
-            resp.headers_mut()
-                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        resp
+            .into_response()
     }
 }
 
@@ -245,7 +237,7 @@ async fn chat_completions(
     };
     payload["messages"] = Value::Array(messages);
 
-    let events = Following::start(&state, &caller, &sid, "openai").await?;
+    let events = doors::subscribe(&state, &caller, &sid, "openai").await?;
     match doors::trigger(&state, &caller, &sid, payload).await? {
         Started::Yes => {}
         Started::Busy => {
