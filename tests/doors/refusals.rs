@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// A JSON-RPC door's refusal: this HTTP status, this error code, a message that says `says`.
+async fn expect_rpc_error(r: reqwest::Response, status: u16, code: i64, says: &str) {
+    assert_eq!(r.status().as_u16(), status, "{says}");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], code, "{says}: {e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains(says),
+        "{says}: {e}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
     let dir = tempfile::tempdir().unwrap();
@@ -145,14 +156,7 @@ async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
         ),
         ("{not json".to_string(), 400, -32700, "JSON"),
     ] {
-        let r = post(&mcp, bad).await.unwrap();
-        assert_eq!(r.status().as_u16(), status, "{says}");
-        let e: Value = r.json().await.unwrap();
-        assert_eq!(e["error"]["code"], code, "{says}: {e}");
-        assert!(
-            e["error"]["message"].as_str().unwrap().contains(says),
-            "{says}: {e}"
-        );
+        expect_rpc_error(post(&mcp, bad).await.unwrap(), status, code, says).await;
     }
     // A tool's wrong arguments are the tool's error, named.
     let r: Value = post(
@@ -350,14 +354,7 @@ async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
             "x.nowhere",
         ),
     ] {
-        let r = post(&a2a, bad).await.unwrap();
-        assert_eq!(r.status().as_u16(), status, "{says}");
-        let e: Value = r.json().await.unwrap();
-        assert_eq!(e["error"]["code"], code, "{says}: {e}");
-        assert!(
-            e["error"]["message"].as_str().unwrap().contains(says),
-            "{says}: {e}"
-        );
+        expect_rpc_error(post(&a2a, bad).await.unwrap(), status, code, says).await;
     }
     let r: Value = c
         .post(&a2a)
