@@ -529,6 +529,17 @@ pub(super) async fn view_of(
     caller: &Caller,
     task: &str,
 ) -> Result<TaskView, RpcError> {
+    view_with_answer(state, caller, task, None).await
+}
+
+/// [`view_of`], with the answer when the caller already has it (a door that followed the
+/// turn read it as it came): the session's history is read only when it is not known.
+pub(super) async fn view_with_answer(
+    state: &HttpState,
+    caller: &Caller,
+    task: &str,
+    answer: Option<String>,
+) -> Result<TaskView, RpcError> {
     let sid = context_of(task)?;
     let turn = doors::turn_state(state, caller, &sid)
         .await
@@ -562,7 +573,10 @@ pub(super) async fn view_of(
         Some("stopped" | "failed") => match doors::ending_of(&turn) {
             Ending::Answered => view(
                 "TASK_STATE_COMPLETED",
-                doors::last_answer(state, caller, &sid).await,
+                match answer {
+                    Some(a) => a,
+                    None => doors::last_answer(state, caller, &sid).await,
+                },
                 Vec::new(),
                 None,
             ),

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-use super::a2a::{Begun, TaskView, view_of};
+use super::a2a::{Begun, TaskView, view_of, view_with_answer};
 use super::{KEEP_ALIVE, Reader, Step, TURN_LIMIT, rpc_result};
 use crate::http::{Caller, HttpState};
 
@@ -33,6 +33,8 @@ async fn follow(
 ) -> TaskView {
     let mut reader = Reader::default();
     let mut text = String::new();
+    // The latest whole assistant message's text: the task's answer when it completes.
+    let (mut message, mut answer) = (String::new(), String::new());
     let deadline = tokio::time::Instant::now() + TURN_LIMIT;
     loop {
         let next = tokio::select! {
@@ -61,6 +63,7 @@ async fn follow(
                 Step::Text(t) => {
                     let first = text.is_empty();
                     text.push_str(&t);
+                    message.push_str(&t);
                     let _ = tx.send(Update::Text { delta: t, first }).await;
                 }
                 Step::CallStarted {
@@ -85,8 +88,10 @@ async fn follow(
                         )))
                         .await;
                 }
+                Step::MessageDone { .. } => answer = std::mem::take(&mut message),
                 Step::Parked | Step::Finished | Step::Stopped(_) | Step::Failed(_) => {
-                    let view = view_of(state, caller, &begun.id).await;
+                    let known = (!answer.is_empty()).then(|| answer.clone());
+                    let view = view_with_answer(state, caller, &begun.id, known).await;
                     if let Ok(mut v) = view
                         && v.state != "TASK_STATE_WORKING"
                     {
