@@ -202,6 +202,23 @@ async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
         .await
         .unwrap();
     assert_eq!(r.status(), 405);
+    // Ending an MCP session needs the credential too (nothing is kept per session).
+    let r = c
+        .delete(&mcp)
+        .header("mcp-session-id", "x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let r = c
+        .delete(&mcp)
+        .bearer_auth(&harness.token)
+        .header("mcp-session-id", "x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
 
     // A page of an allowed origin (the engine's own here) gets its preflight answered for
     // every door, with MCP's and the doors' headers, and may read the MCP session id.
