@@ -2,10 +2,12 @@
 # The deployed shape on this machine: LocalStack (DynamoDB + Streams, SQS FIFO, Secrets
 # Manager), every function of infra/template.yaml as its own bootstrap under the local Runtime
 # API, the engine router behind an emulated API Gateway WebSocket API, the template's
-# event-source mappings and the Slack webhook's Function URL (engine-gateway deployed).
+# event-source mappings, and the Function URLs of the Slack webhook and of the standard doors
+# (OpenAI chat, AG-UI, MCP, A2A; streaming) (engine-gateway deployed).
 #   usage: localstack/deployed.sh up [Key=Value ...]|params [Key=Value ...]|down|status
 #   Template parameters (SlackApprovers, SlackApproverChannels, SlackChannel, AllowedOrigins,
-#   RunDefaults, Workspace, McpServers, BedrockModelArns, OtlpEndpoint, SlackApiBase) come
+#   RunDefaults, Workspace, McpServers, BedrockModelArns, OtlpEndpoint, SlackApiBase,
+#   DoorsApprovalWaitSecs) come
 #   from `Key=Value` arguments after `up`, else from environment variables of the same name;
 #   `up` prints which it used (values of Slack and MCP settings are not echoed).
 #   LAMBDA_PROFILE  the bootstraps' cargo profile (default lambda, as deployed; ci-lambda
@@ -27,7 +29,7 @@ log="$run/deployed.log"
 # variables; says which (Slack and MCP values are not echoed). Sets `params`.
 choose_params() {
   known=(SlackApprovers SlackApproverChannels SlackChannel AllowedOrigins RunDefaults Workspace
-         McpServers BedrockModelArns OtlpEndpoint SlackApiBase)
+         McpServers BedrockModelArns OtlpEndpoint SlackApiBase DoorsApprovalWaitSecs)
   declare -A chosen=()
   for name in "${known[@]}"; do
     if [ -n "${!name:-}" ]; then chosen[$name]="${!name}"; fi
@@ -62,7 +64,7 @@ case "${1:-up}" in
     shift || true
     choose_params "$@"
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      echo "already up (pid $(cat "$pidfile")):"; grep -E '^(websocket|token|slack webhook):' "$log"; exit 0
+      echo "already up (pid $(cat "$pidfile")):"; grep -E '^(websocket|token|slack webhook|doors):' "$log"; exit 0
     fi
     LAMBDA_PROFILE=${LAMBDA_PROFILE:-lambda} bash scripts/lambda-builds.sh
     cargo build --locked -q -p engine-gateway --bin engine-gateway
@@ -74,7 +76,7 @@ case "${1:-up}" in
     echo $! > "$pidfile"
     for _ in $(seq 1 240); do
       if grep -q '^token:' "$log"; then
-        grep -E '^(websocket|token|slack webhook):' "$log"
+        grep -E '^(websocket|token|slack webhook|doors):' "$log"
         echo "connect: ENGINE_URL=<websocket>/?token=<token>; logs: $log; stop: bash localstack/deployed.sh down"
         exit 0
       fi
@@ -93,7 +95,7 @@ case "${1:-up}" in
     ;;
   status)
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      echo "up (pid $(cat "$pidfile"))"; grep -E '^(websocket|token|slack webhook):' "$log"
+      echo "up (pid $(cat "$pidfile"))"; grep -E '^(websocket|token|slack webhook|doors):' "$log"
     else
       echo "down"
     fi

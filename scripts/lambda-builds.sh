@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 out="$target/lambda"
 # Every binary the template deploys, and the engine CLI that provisions and registers.
-bins=(engine-gateway engine-lambda turn-orchestrator harness-worker approval-gate session llm-budget
+bins=(engine-gateway engine-lambda doors-lambda turn-orchestrator harness-worker approval-gate session llm-budget
   hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
   provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock)
 

@@ -6,6 +6,8 @@
 //! the Lambda builds (CI builds them before this stage).
 
 mod common;
+#[path = "deployed/doors.rs"]
+mod doors_deployed;
 mod shape;
 
 use common::{call, text};

@@ -70,19 +70,27 @@ fn crates() -> BTreeMap<String, (u64, u64)> {
             continue;
         };
         let (mut bins, mut memory, mut timeout) = (Vec::new(), None, None);
+        // A binary's own settings (`[package.metadata.lambda.bin.<name>.deploy]`) win.
+        let mut own: BTreeMap<String, (Option<u64>, Option<u64>)> = BTreeMap::new();
         for (section, k, v) in toml_lines(&text) {
             let (k, v) = (k.as_str(), v.as_str());
-            match (section.as_str(), k) {
-                ("[[bin]]", "name") => bins.push(v.to_string()),
-                ("[package.metadata.lambda.deploy]", "memory") => memory = v.parse().ok(),
-                ("[package.metadata.lambda.deploy]", "timeout") => timeout = v.parse().ok(),
+            let bin = section
+                .strip_prefix("[package.metadata.lambda.bin.")
+                .and_then(|s| s.strip_suffix(".deploy]"));
+            match (section.as_str(), k, bin) {
+                ("[[bin]]", "name", _) => bins.push(v.to_string()),
+                ("[package.metadata.lambda.deploy]", "memory", _) => memory = v.parse().ok(),
+                ("[package.metadata.lambda.deploy]", "timeout", _) => timeout = v.parse().ok(),
+                (_, "memory", Some(b)) => own.entry(b.into()).or_default().0 = v.parse().ok(),
+                (_, "timeout", Some(b)) => own.entry(b.into()).or_default().1 = v.parse().ok(),
                 _ => {}
             }
         }
         // Every deployable crate (a bin and lambda settings) is listed; test-only tools have none.
         if let (Some(m), Some(t)) = (memory, timeout) {
             for b in &bins {
-                out.insert(b.clone(), (m, t));
+                let (bm, bt) = own.get(b).copied().unwrap_or_default();
+                out.insert(b.clone(), (bm.unwrap_or(m), bt.unwrap_or(t)));
             }
             if dir.ends_with("engine-gateway") {
                 out.insert("engine-lambda".into(), (m, t));
@@ -407,6 +415,10 @@ fn variables_of_binary(binary: &str) -> BTreeMap<String, String> {
         })
         .map(|(name, _)| name.clone())
         .unwrap_or_else(|| panic!("no crate builds `{binary}`"));
+    // A Lambda binary of the engine crate (engine-lambda, doors-lambda): the library, plus
+    // its own file.
+    let own_file = format!("engine-gateway/src/bin/{binary}.rs");
+    let engine_bin = Path::new(&own_file).is_file();
     let mut out = BTreeMap::new();
     let (mut seen, mut todo) = (BTreeSet::new(), vec![root.clone()]);
     while let Some(name) = todo.pop() {
@@ -414,18 +426,15 @@ fn variables_of_binary(binary: &str) -> BTreeMap<String, String> {
             continue;
         }
         let (dir, deps) = &crates[&name];
-        variables_named(dir, name != root || binary == "engine-lambda", &mut out);
+        variables_named(dir, name != root || engine_bin, &mut out);
         todo.extend(deps.iter().cloned());
     }
-    if binary == "engine-lambda" {
+    if engine_bin {
         let mut own = BTreeMap::new();
-        let text = std::fs::read_to_string("engine-gateway/src/bin/engine-lambda.rs").unwrap();
+        let text = std::fs::read_to_string(&own_file).unwrap();
         let re = regex::Regex::new(r#""([A-Z]+_[A-Z0-9_]+)""#).unwrap();
         for c in re.captures_iter(&text) {
-            own.insert(
-                c[1].to_string(),
-                "engine-gateway/src/bin/engine-lambda.rs".to_string(),
-            );
+            own.insert(c[1].to_string(), own_file.clone());
         }
         out.extend(own);
     }

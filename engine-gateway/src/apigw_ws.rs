@@ -40,6 +40,14 @@ use tokio_tungstenite::tungstenite::protocol::{
 pub trait RouteTarget: Send + Sync {
     /// The integration's answer to one event.
     async fn invoke(&self, event: &Value) -> Result<Value, String>;
+
+    /// The answer as the function gives it: JSON, or its response stream (a Function URL in
+    /// `RESPONSE_STREAM` mode).
+    async fn invoke_streaming(&self, event: &Value) -> Result<crate::lambda_host::Answer, String> {
+        self.invoke(event)
+            .await
+            .map(crate::lambda_host::Answer::Json)
+    }
 }
 
 #[async_trait::async_trait]
@@ -48,6 +56,10 @@ impl RouteTarget for crate::lambda_host::LambdaFunction {
         crate::lambda_host::LambdaFunction::invoke(self, event)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    async fn invoke_streaming(&self, event: &Value) -> Result<crate::lambda_host::Answer, String> {
+        self.invoke_answer(event).await.map_err(|e| e.to_string())
     }
 }
 

@@ -38,6 +38,8 @@ pub struct TemplateFunction {
     pub stream: Option<StreamEvent>,
     /// Whether it has a Function URL.
     pub function_url: bool,
+    /// Whether its Function URL streams the answer (`InvokeMode: RESPONSE_STREAM`).
+    pub url_streams: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -216,6 +218,7 @@ pub fn template_functions(
             queue,
             stream,
             function_url: p.get("FunctionUrlConfig").is_some(),
+            url_streams: p["FunctionUrlConfig"]["InvokeMode"] == "RESPONSE_STREAM",
         });
     }
     Ok(out)
@@ -273,6 +276,8 @@ pub struct Deployed {
     pub management_url: String,
     /// The Slack webhook's Function URL.
     pub slack_url: Option<String>,
+    /// The standard doors' Function URL (OpenAI chat, AG-UI, MCP, A2A).
+    pub doors_url: Option<String>,
     pub functions: Vec<(TemplateFunction, Arc<LambdaFunction>)>,
     pub api: Arc<WebSocketApi>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -334,15 +339,16 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
             t
         }
     };
-    let (invoke_l, ws_l, mgmt_l, url_l) = (
-        listener().await?,
-        listener().await?,
-        listener().await?,
-        listener().await?,
-    );
+    let (invoke_l, ws_l, mgmt_l) = (listener().await?, listener().await?, listener().await?);
     let invoke_url = format!("http://{}", invoke_l.local_addr()?);
     let management_url = format!("http://{}/{}", mgmt_l.local_addr()?, opts.stage);
-    let local = vec![("WS_MANAGEMENT_ENDPOINT".to_string(), management_url.clone())];
+    let local = vec![
+        ("WS_MANAGEMENT_ENDPOINT".to_string(), management_url.clone()),
+        (
+            "ENGINE_WEBSOCKET_URL".to_string(),
+            format!("ws://{}", ws_l.local_addr()?),
+        ),
+    ];
     let defs = template_functions(
         &template,
         &opts.prefix,
@@ -390,10 +396,11 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
     )?;
     let mut tasks = vec![invoke_task];
     let invoking = clients.clone().with_lambda_endpoint(&invoke_url);
-    // Every worker describes itself into the registry (the routers serve no function IDs).
+    // Every worker describes itself into the registry (the routers and the doors serve no
+    // function IDs).
     for (d, _) in functions
         .iter()
-        .filter(|(d, _)| d.binary != "engine-lambda")
+        .filter(|(d, _)| !["engine-lambda", "doors-lambda"].contains(&d.binary.as_str()))
     {
         crate::aws::router::register_lambda(&invoking, &names, &d.name)
             .await
@@ -413,8 +420,7 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
     );
     let served = api.serve(ws_l, mgmt_l)?;
     tasks.extend(served.tasks);
-    let mut slack_url = None;
-    let mut url_l = Some(url_l);
+    let (mut slack_url, mut doors_url) = (None, None);
     for (d, f) in &functions {
         if let Some(q) = &d.queue {
             let queues = crate::aws::queues::SqsQueues::new(invoking.clone(), names.clone());
@@ -460,11 +466,13 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
                 m,
             )));
         }
-        if d.function_url
-            && let Some(l) = url_l.take()
-        {
-            let (url, task) = crate::function_url::serve(f.clone(), l)?;
-            slack_url = Some(url);
+        if d.function_url {
+            let (url, task) =
+                crate::function_url::serve(f.clone(), listener().await?, d.url_streams)?;
+            match d.binary.as_str() {
+                "doors-lambda" => doors_url = Some(url),
+                _ => slack_url = Some(url),
+            }
             tasks.push(task);
         }
     }
@@ -473,6 +481,7 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
         token,
         management_url,
         slack_url,
+        doors_url,
         functions,
         api,
         tasks,
@@ -525,6 +534,17 @@ mod tests {
         assert!(
             !slack.env.iter().any(|(k, _)| k == "SLACK_CHANNEL"),
             "empty: left out"
+        );
+        assert!(
+            slack.function_url && !slack.url_streams,
+            "Slack answers whole"
+        );
+        let doors = by("DoorsFunction");
+        assert!(doors.function_url && doors.url_streams, "the doors stream");
+        let env: HashMap<_, _> = doors.env.iter().cloned().collect();
+        assert!(
+            env["ENGINE_WEBSOCKET_URL"].starts_with("wss://local.execute-api."),
+            "{env:?}"
         );
         assert_eq!(
             fs.iter().filter(|f| f.binary == "engine-lambda").count(),

@@ -190,21 +190,27 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let cfg = Arc::new(cfg);
     let own: Arc<[String]> = own_origins(listener.local_addr()?).into();
+    let bus = crate::http::EngineDoors {
+        engine: engine.clone(),
+        access: cfg.access.clone(),
+        max_queued_bytes: cfg.max_queued_bytes,
+    };
+    let origins = own
+        .iter()
+        .chain(cfg.allowed_origins.iter())
+        .cloned()
+        .collect();
+    let mut doors = crate::http::Doors::new(Arc::new(bus), origins);
+    doors.max_body_bytes = cfg.max_message_bytes;
+    doors.body_deadline = cfg.handshake_timeout;
+    doors.approval_wait = cfg.door_approval_wait;
     let http = Arc::new(crate::http::HttpState {
         engine: engine.clone(),
         access: cfg.access.clone(),
-        origins: own
-            .iter()
-            .chain(cfg.allowed_origins.iter())
-            .cloned()
-            .collect(),
-        max_body_bytes: cfg.max_message_bytes,
-        body_deadline: cfg.handshake_timeout,
+        doors,
         max_queued_bytes: cfg.max_queued_bytes,
         max_stream_lifetime: cfg.max_lifetime,
         token_file: cfg.token_file.clone(),
-        approval_wait: cfg.door_approval_wait,
-        mcp_calls: Default::default(),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     let anonymous_pool =

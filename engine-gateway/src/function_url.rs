@@ -10,6 +10,7 @@
 //!   a failed invocation is `502`.
 
 use crate::apigw_ws::RouteTarget;
+use crate::lambda_host::Answer;
 use axum::Router;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -24,17 +25,22 @@ pub const MAX_BODY_BYTES: usize = 6 << 20;
 struct Url {
     target: Arc<dyn RouteTarget>,
     url_id: String,
+    /// `InvokeMode: RESPONSE_STREAM`: the answer is passed on as the function writes it.
+    streams: bool,
 }
 
-/// Serve `target` as a Function URL on `listener` → its base URL.
+/// Serve `target` as a Function URL on `listener` → its base URL. `streams`: the URL's
+/// `InvokeMode` is `RESPONSE_STREAM` (else `BUFFERED`).
 pub fn serve(
     target: Arc<dyn RouteTarget>,
     listener: tokio::net::TcpListener,
+    streams: bool,
 ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     let url = format!("http://{}", listener.local_addr()?);
     let state = Arc::new(Url {
         target,
         url_id: crate::trace::random_hex(16),
+        streams,
     });
     let app = Router::new().fallback(handle).with_state(state);
     let task = tokio::spawn(async move {
@@ -204,6 +210,74 @@ pub fn response_of(answer: &Value) -> Response {
     r
 }
 
+/// A streamed answer → the response: its HTTP prelude (`{statusCode, headers, cookies}` and
+/// eight NUL bytes) gives the status and headers, and the rest is the body, passed on as it
+/// comes. A stream without a prelude is a 200 `application/octet-stream` body, as Lambda
+/// serves it; a failure before the prelude ends is a 502, after it the body breaks off.
+pub async fn streamed_response(
+    mut pieces: tokio::sync::mpsc::Receiver<crate::lambda_stream::StreamPiece>,
+) -> Response {
+    let mut head: Vec<u8> = Vec::new();
+    let (prelude, rest) = loop {
+        match pieces.recv().await {
+            Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "Function URL stream failed before its prelude");
+                return (
+                    StatusCode::BAD_GATEWAY,
+                    axum::Json(json!({"Message": "Internal Server Error"})),
+                )
+                    .into_response();
+            }
+            None => break (None, std::mem::take(&mut head)),
+        }
+        if head.first().is_some_and(|b| *b != b'{') || head.len() > PRELUDE_MAX {
+            break (None, std::mem::take(&mut head));
+        }
+        if let Some(n) = head.windows(8).position(|w| w == [0u8; 8]) {
+            let prelude: Option<Value> = serde_json::from_slice(&head[..n]).ok();
+            let rest = head.split_off(n + 8);
+            break (prelude, rest);
+        }
+    };
+    let first = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(rest))]);
+    let more = futures_util::stream::unfold(pieces, |mut pieces| async move {
+        let piece = pieces.recv().await?;
+        Some((piece.map_err(std::io::Error::other), pieces))
+    });
+    let body = axum::body::Body::from_stream(futures_util::StreamExt::chain(first, more));
+    let mut r = Response::new(body);
+    let Some(prelude) = prelude else {
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        return r;
+    };
+    *r.status_mut() = prelude["statusCode"]
+        .as_u64()
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK);
+    for (k, v) in prelude["headers"].as_object().into_iter().flatten() {
+        if let (Ok(name), Some(Ok(value))) = (
+            k.parse::<axum::http::HeaderName>(),
+            v.as_str().map(HeaderValue::from_str),
+        ) {
+            r.headers_mut().insert(name, value);
+        }
+    }
+    for c in prelude["cookies"].as_array().into_iter().flatten() {
+        if let Some(Ok(v)) = c.as_str().map(HeaderValue::from_str) {
+            r.headers_mut().append("set-cookie", v);
+        }
+    }
+    r
+}
+
+/// Longest prelude read before a stream counts as having none.
+const PRELUDE_MAX: usize = 64 * 1024;
+
 async fn handle(
     State(url): State<Arc<Url>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -230,8 +304,14 @@ async fn handle(
         &peer.ip().to_string(),
         &body,
     );
-    match url.target.invoke(&e).await {
-        Ok(answer) => response_of(&answer),
+    let answer = if url.streams {
+        url.target.invoke_streaming(&e).await
+    } else {
+        url.target.invoke(&e).await.map(Answer::Json)
+    };
+    match answer {
+        Ok(Answer::Json(answer)) => response_of(&answer),
+        Ok(Answer::Stream(pieces)) => streamed_response(pieces).await,
         Err(err) => {
             tracing::warn!(error = %err, "Function URL invocation failed");
             (
@@ -296,5 +376,58 @@ mod tests {
         assert_eq!(r.headers()["content-type"], "application/json");
         let r = response_of(&json!({"statusCode": 200, "body": "%%", "isBase64Encoded": true}));
         assert_eq!(r.status(), 502);
+    }
+
+    /// A streamed answer: the prelude gives status, headers and cookies and the rest is the
+    /// body; without a prelude the bytes are the body; a failure before the prelude is 502.
+    #[tokio::test]
+    async fn streamed_answers_map_as_lambda_maps_them() {
+        use crate::lambda_host::LambdaError;
+        let feed = |pieces: Vec<crate::lambda_stream::StreamPiece>| {
+            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            for p in pieces {
+                tx.try_send(p).unwrap();
+            }
+            rx
+        };
+        let body = |r: Response| async move {
+            axum::body::to_bytes(r.into_body(), 1 << 20)
+                .await
+                .map(|b| b.to_vec())
+        };
+        let prelude = br#"{"statusCode":409,"headers":{"content-type":"text/event-stream"},"cookies":["a=1"]}"#;
+        let mut first = prelude[..20].to_vec();
+        let mut rest = prelude[20..].to_vec();
+        rest.extend_from_slice(&[0u8; 8]);
+        rest.extend_from_slice(b"data: 1\n\n");
+        first.truncate(20);
+        let r = streamed_response(feed(vec![
+            Ok(first.into()),
+            Ok(rest.into()),
+            Ok(bytes::Bytes::from_static(b"data: 2\n\n")),
+        ]))
+        .await;
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        assert_eq!(r.headers()["set-cookie"], "a=1");
+        assert_eq!(body(r).await.unwrap(), b"data: 1\n\ndata: 2\n\n");
+
+        let r = streamed_response(feed(vec![Ok(bytes::Bytes::from_static(b"plain"))])).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "application/octet-stream");
+        assert_eq!(body(r).await.unwrap(), b"plain");
+
+        let r = streamed_response(feed(vec![Err(LambdaError::Crashed("gone".into()))])).await;
+        assert_eq!(r.status(), 502);
+        // After the prelude a failure breaks the body off.
+        let mut head = br#"{"statusCode":200}"#.to_vec();
+        head.extend_from_slice(&[0u8; 8]);
+        let r = streamed_response(feed(vec![
+            Ok(head.into()),
+            Err(LambdaError::Crashed("gone".into())),
+        ]))
+        .await;
+        assert_eq!(r.status(), 200);
+        assert!(body(r).await.is_err());
     }
 }

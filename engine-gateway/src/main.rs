@@ -130,6 +130,9 @@ async fn main() -> anyhow::Result<()> {
             if let Some(u) = &d.slack_url {
                 println!("slack webhook: {u}");
             }
+            if let Some(u) = &d.doors_url {
+                println!("doors: {u} (/v1/chat/completions, /ag-ui, /mcp, /a2a)");
+            }
             println!("management api: {}", d.management_url);
             println!(
                 "functions: {}",

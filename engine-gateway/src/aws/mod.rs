@@ -6,6 +6,7 @@ pub mod api_calls;
 pub mod catalogue;
 pub mod changes;
 pub mod connections;
+pub mod doors;
 pub mod queues;
 pub mod registry;
 pub mod resources;
@@ -14,6 +15,7 @@ pub mod router;
 pub mod router_trace;
 pub mod secrets;
 pub mod state;
+pub mod url_http;
 
 use aws_smithy_http_client::{Builder, tls};
 use std::time::Duration;

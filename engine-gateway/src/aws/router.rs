@@ -262,6 +262,66 @@ pub async fn register_lambda(
     Ok(json!({"lambda": function_name, "functions": functions, "state_triggers": triggers}))
 }
 
+/// The credentials `$connect` accepts: the admin token, plus the worker and client
+/// credentials of the optional secret `engine/access`; or why there are none (then nobody
+/// connects). Shared by the router and the doors Lambda, which admit the same callers.
+pub async fn load_access(token: &ConnectToken) -> Result<Access, String> {
+    let (admin, store) = match token {
+        ConnectToken::Fixed(t) if !t.is_empty() => (t.clone(), None),
+        ConnectToken::Fixed(_) => {
+            return Err("the configured engine token is empty".to_string());
+        }
+        ConnectToken::Secret(store) => {
+            let token = match store.get("engine/token").await {
+                Ok(Some(t)) if !t.is_empty() && t != "{}" => t,
+                Ok(_) => {
+                    return Err("the secret engine/token is missing or empty".into());
+                }
+                Err(e) => {
+                    return Err(format!("the secret engine/token cannot be read: {e}"));
+                }
+            };
+            (token, Some(store))
+        }
+    };
+    let mut access = Access::admin_only(Some(admin));
+    if let Some(store) = store {
+        // Optional: absent means the admin token only; unreadable means nobody.
+        match store.get("engine/access").await {
+            Ok(Some(yaml)) if !yaml.trim().is_empty() && yaml != "{}" => {
+                access = access
+                    .with_file_text(&yaml)
+                    .map_err(|e| format!("the secret engine/access: {e}"))?;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(format!("the secret engine/access cannot be read: {e}"));
+            }
+        }
+    }
+    Ok(access)
+}
+
+/// A (un)subscription that carries an `invocation_id` is answered like a call: each message
+/// runs in its own invocation here, in no set order, so a client that must be subscribed
+/// before it starts a turn (the doors Lambda) waits for this answer. Without the id, only a
+/// refusal is answered, as before.
+fn acknowledged(msg: &Value, refusal: Option<Value>) -> Option<Value> {
+    let Some(id) = msg["invocation_id"].as_str() else {
+        return refusal;
+    };
+    let mut reply =
+        json!({"type": "invocationresult", "invocation_id": id, "function_id": msg["type"]});
+    match refusal {
+        Some(r) => reply["error"] = r["error"].clone(),
+        None => {
+            reply["result"] =
+                json!({"stream_name": msg["stream_name"], "group_id": msg["group_id"]})
+        }
+    }
+    Some(reply)
+}
+
 /// Where `$connect` finds the token it requires. There is no "no token": a router that cannot
 /// tell who may connect refuses everyone.
 pub enum ConnectToken {
@@ -370,42 +430,7 @@ impl AwsRouter {
     /// The credentials `$connect` accepts, or why there are none (then nobody connects).
     async fn access(&self) -> Result<&Access, String> {
         self.access
-            .get_or_try_init(|| async {
-                let (admin, store) = match &self.token {
-                    ConnectToken::Fixed(t) if !t.is_empty() => (t.clone(), None),
-                    ConnectToken::Fixed(_) => {
-                        return Err("the configured engine token is empty".to_string());
-                    }
-                    ConnectToken::Secret(store) => {
-                        let token = match store.get("engine/token").await {
-                            Ok(Some(t)) if !t.is_empty() && t != "{}" => t,
-                            Ok(_) => {
-                                return Err("the secret engine/token is missing or empty".into());
-                            }
-                            Err(e) => {
-                                return Err(format!("the secret engine/token cannot be read: {e}"));
-                            }
-                        };
-                        (token, Some(store))
-                    }
-                };
-                let mut access = Access::admin_only(Some(admin));
-                if let Some(store) = store {
-                    // Optional: absent means the admin token only; unreadable means nobody.
-                    match store.get("engine/access").await {
-                        Ok(Some(yaml)) if !yaml.trim().is_empty() && yaml != "{}" => {
-                            access = access
-                                .with_file_text(&yaml)
-                                .map_err(|e| format!("the secret engine/access: {e}"))?;
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            return Err(format!("the secret engine/access cannot be read: {e}"));
-                        }
-                    }
-                }
-                Ok(access)
-            })
+            .get_or_try_init(|| load_access(&self.token))
             .await
     }
 
@@ -704,8 +729,12 @@ impl AwsRouter {
         };
         match msg["type"].as_str() {
             Some("ping") => Some(json!({"type": "pong"})),
-            Some("streamsubscribe") => self.subscription(connection, &msg, true).await,
-            Some("streamunsubscribe") => self.subscription(connection, &msg, false).await,
+            Some("streamsubscribe") => {
+                acknowledged(&msg, self.subscription(connection, &msg, true).await)
+            }
+            Some("streamunsubscribe") => {
+                acknowledged(&msg, self.subscription(connection, &msg, false).await)
+            }
             Some("invokefunction") => {
                 let Some(function_id) = msg["function_id"].as_str() else {
                     return Some(

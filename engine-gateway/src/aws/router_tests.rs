@@ -223,3 +223,24 @@ async fn connect_refuses_browser_origins_that_are_not_admitted() {
         403
     );
 }
+
+/// A subscription with an `invocation_id` is answered like a call, recorded or refused;
+/// without one, only a refusal is answered (as the iii SDKs expect).
+#[test]
+fn a_subscription_with_an_id_is_acknowledged() {
+    let msg = json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1", "invocation_id": "f1"});
+    let ok = acknowledged(&msg, None).unwrap();
+    assert_eq!(ok["type"], "invocationresult");
+    assert_eq!(ok["invocation_id"], "f1");
+    assert_eq!(
+        ok["result"],
+        json!({"stream_name": "agent::events", "group_id": "s1"})
+    );
+    let refusal = json!({"type": "error", "error": ErrorBody::new(codes::FORBIDDEN, "no"), "in_reply_to": "streamsubscribe"});
+    let refused = acknowledged(&msg, Some(refusal.clone())).unwrap();
+    assert_eq!(refused["error"]["code"], codes::FORBIDDEN);
+    assert!(refused.get("result").is_none());
+    let plain = json!({"type": "streamsubscribe", "stream_name": "agent::events"});
+    assert_eq!(acknowledged(&plain, None), None);
+    assert_eq!(acknowledged(&plain, Some(refusal.clone())), Some(refusal));
+}

@@ -66,7 +66,7 @@ pub fn check_id(what: &str, id: &str) -> Result<(), ApiError> {
 }
 
 /// Read a JSON object body of at most `max_body_bytes`. An empty body reads as `{}`.
-pub(crate) async fn json_body(state: &HttpState, body: Body) -> Result<Value, ApiError> {
+pub(crate) async fn json_body(state: &super::Doors, body: Body) -> Result<Value, ApiError> {
     let value = json_value(state, body).await?;
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object"));
@@ -75,7 +75,7 @@ pub(crate) async fn json_body(state: &HttpState, body: Body) -> Result<Value, Ap
 }
 
 /// Read a JSON body of any kind, bounded and checked as `json_body`'s.
-pub(crate) async fn json_value(state: &HttpState, body: Body) -> Result<Value, ApiError> {
+pub(crate) async fn json_value(state: &super::Doors, body: Body) -> Result<Value, ApiError> {
     let limit = state.max_body_bytes;
     // A body has a deadline, so a peer sending a byte now and then cannot hold the
     // connection (the minimum rate is the limit over the deadline).
@@ -123,8 +123,8 @@ async fn login(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    check_origin(&headers, &state)?;
-    let body = json_body(&state, body).await?;
+    check_origin(&headers, &state.doors)?;
+    let body = json_body(&state.doors, body).await?;
     let login: LoginBody = serde_json::from_value(body).map_err(|e| {
         ApiError::invalid(format!("login: {e} (send {{\"token\"}} or {{\"code\"}})"))
     })?;
@@ -261,7 +261,7 @@ async fn start_turn(
     body: Body,
 ) -> Result<Response, ApiError> {
     check_id("session id", &sid)?;
-    let mut body = json_body(&state, body).await?;
+    let mut body = json_body(&state.doors, body).await?;
     let mut payload = match (
         body.get_mut("payload").map(Value::take),
         body.get("message"),
@@ -319,7 +319,7 @@ async fn resolve_approval(
 ) -> Result<Response, ApiError> {
     check_id("session id", &sid)?;
     check_id("call id", &cid)?;
-    let body = json_body(&state, body).await?;
+    let body = json_body(&state.doors, body).await?;
     let decision = match body["decision"].as_str() {
         Some(d @ ("allow" | "deny")) => d,
         _ => {

@@ -1,34 +1,54 @@
 //! Following a session's `agent::events` over the HTTP edge (the SSE endpoint and the
-//! standard doors): a connection of the caller's subscribed to the session's group before the
-//! turn is started or resumed, so no event is missed; dropping it disconnects.
+//! standard doors). On the engine's port it is a connection of the caller's subscribed to the
+//! session's group before the turn is started or resumed, so no event is missed; in the doors
+//! Lambda it is the caller's own WebSocket to the API Gateway (`crate::aws::doors`). Dropping
+//! it disconnects.
 
+use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
-use super::{ApiError, Caller, HttpState, sse::EVENTS_STREAM};
+use super::{ApiError, Caller, sse::EVENTS_STREAM};
 use crate::engine::{Engine, Outbound, Outbox};
 use crate::protocol::Message;
 
+/// One pushed item: `(item_id, event_type, data)`.
+pub type Pushed = (String, String, Value);
+
 pub struct Following {
-    engine: Arc<Engine>,
-    worker_id: String,
-    pushes: mpsc::UnboundedReceiver<Outbound>,
-    outbox: Outbox,
+    source: Source,
+}
+
+enum Source {
+    Engine {
+        engine: Arc<Engine>,
+        worker_id: String,
+        pushes: mpsc::UnboundedReceiver<Outbound>,
+        outbox: Outbox,
+    },
+    /// Items read elsewhere (a WebSocket's pushes); `overflow` turns true when its reader
+    /// fell behind; `_link` holds what ends with the follower (the connection).
+    Relayed {
+        items: mpsc::Receiver<Pushed>,
+        overflow: watch::Receiver<bool>,
+        _link: Box<dyn Send + Sync>,
+    },
 }
 
 impl Following {
-    /// Subscribe as `caller` to session `sid`'s events. `connection` and `name` are how the
-    /// subscription shows in `engine::workers::list` (an operator tells it from a worker).
-    pub async fn start(
-        state: &HttpState,
+    /// Subscribe as `caller` to session `sid`'s events on `engine`. `connection` and `name`
+    /// are how the subscription shows in `engine::workers::list` (an operator tells it from a
+    /// worker).
+    pub fn start(
+        engine: &Arc<Engine>,
+        max_queued_bytes: usize,
         caller: &Caller,
         sid: &str,
         connection: &str,
         name: String,
     ) -> Result<Self, ApiError> {
-        let engine = state.engine.clone();
-        let (outbox, pushes) = Outbox::bounded(state.max_queued_bytes);
+        let (outbox, pushes) = Outbox::bounded(max_queued_bytes);
         let worker_id = engine.connect_remote(
             outbox.clone(),
             Some(connection.into()),
@@ -36,29 +56,49 @@ impl Following {
         );
         engine.set_worker_info(&worker_id, Some(name), Value::Null);
         let following = Self {
-            engine,
-            worker_id,
-            pushes,
-            outbox,
+            source: Source::Engine {
+                engine: engine.clone(),
+                worker_id: worker_id.clone(),
+                pushes,
+                outbox,
+            },
         };
-        following
-            .engine
-            .stream_subscribe(&following.worker_id, EVENTS_STREAM, Some(sid))?;
+        engine.stream_subscribe(&worker_id, EVENTS_STREAM, Some(sid))?;
         Ok(following)
+    }
+
+    /// Items another reader relays; `link` is dropped with the follower.
+    pub fn relayed(
+        items: mpsc::Receiver<Pushed>,
+        overflow: watch::Receiver<bool>,
+        link: Box<dyn Send + Sync>,
+    ) -> Self {
+        Self {
+            source: Source::Relayed {
+                items,
+                overflow,
+                _link: link,
+            },
+        }
     }
 
     /// The next item pushed to the subscription: `(item_id, event_type, data)` (`item_id` is
     /// empty for a pushed, unstored event). `None` when the subscription ended (its queue
     /// overflowed, or the engine closed it).
-    pub async fn next_item(&mut self) -> Option<(String, String, Value)> {
-        loop {
-            let Outbound::Text(text) = self.pushes.recv().await? else {
-                return None;
-            };
-            self.outbox.written(text.len());
-            if let Ok(Message::StreamEvent { item_id, event, .. }) = crate::protocol::parse(&text) {
-                return Some((item_id, event.event_type, event.data));
-            }
+    pub async fn next_item(&mut self) -> Option<Pushed> {
+        match &mut self.source {
+            Source::Engine { pushes, outbox, .. } => loop {
+                let Outbound::Text(text) = pushes.recv().await? else {
+                    return None;
+                };
+                outbox.written(text.len());
+                if let Ok(Message::StreamEvent { item_id, event, .. }) =
+                    crate::protocol::parse(&text)
+                {
+                    return Some((item_id, event.event_type, event.data));
+                }
+            },
+            Source::Relayed { items, .. } => items.recv().await,
         }
     }
 
@@ -73,14 +113,32 @@ impl Following {
 
     /// Resolves once the subscription's queue went over its limit (the reader fell behind);
     /// made once, beside the reads.
-    pub fn overflowed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let outbox = self.outbox.clone();
-        async move { outbox.overflowed().await }
+    pub fn overflowed(&self) -> BoxFuture<'static, ()> {
+        match &self.source {
+            Source::Engine { outbox, .. } => {
+                let outbox = outbox.clone();
+                Box::pin(async move { outbox.overflowed().await })
+            }
+            Source::Relayed { overflow, .. } => {
+                let mut overflow = overflow.clone();
+                Box::pin(async move {
+                    // A closed sender without an overflow never resolves: the items end instead.
+                    if overflow.wait_for(|o| *o).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                })
+            }
+        }
     }
 }
 
 impl Drop for Following {
     fn drop(&mut self) {
-        self.engine.disconnect(&self.worker_id);
+        if let Source::Engine {
+            engine, worker_id, ..
+        } = &self.source
+        {
+            engine.disconnect(worker_id);
+        }
     }
 }

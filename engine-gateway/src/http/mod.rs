@@ -12,8 +12,11 @@ mod api;
 pub use api::ROUTES;
 pub mod bounded;
 mod console;
-mod doors;
+pub mod doors;
 mod following;
+pub use doors::port::{DoorBus, Doors, EngineDoors};
+pub use following::{Following, Pushed};
+pub use sse::EVENTS_STREAM;
 mod sse;
 
 use axum::Router;
@@ -38,23 +41,20 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 pub struct HttpState {
     pub engine: Arc<Engine>,
     pub access: Access,
-    /// Origins a browser may call from (the engine's own and `--allowed-origins`).
-    pub origins: Vec<String>,
-    /// Largest request body accepted (the bus's message limit).
-    pub max_body_bytes: usize,
-    /// A request body must have arrived whole by then (408, and the connection closes).
-    pub body_deadline: Duration,
+    /// What the doors and the API share: the bus port, origins, body bounds.
+    pub doors: Doors,
     /// Most bytes queued for one event stream before it is closed (the client reconnects).
     pub max_queued_bytes: usize,
     /// An event stream is closed after this long (the client reconnects with Last-Event-ID).
     pub max_stream_lifetime: Duration,
     /// Where the admin token is (the console's sign-in card names it).
     pub token_file: Option<std::path::PathBuf>,
-    /// How long a door's response waits for a parked call to be decided before it ends,
-    /// naming the call and how to decide it (`doors.approval_wait_secs`).
-    pub approval_wait: Duration,
-    /// The MCP door's calls that follow a turn (so a cancellation finds its turn).
-    pub(crate) mcp_calls: doors::mcp::Calls,
+}
+
+impl axum::extract::FromRef<Arc<HttpState>> for Doors {
+    fn from_ref(state: &Arc<HttpState>) -> Self {
+        state.doors.clone()
+    }
 }
 
 /// An HTTP error with the bus's error body.
@@ -156,40 +156,50 @@ pub(crate) fn query_param(query: Option<&str>, name: &str) -> Option<String> {
 pub struct Caller {
     pub principal: Principal,
     pub trace: TraceContext,
+    /// The credential as presented: the doors Lambda opens the caller's own WebSocket with it
+    /// to follow a session, so the router filters what it pushes as for the caller.
+    pub(crate) credential: Option<String>,
 }
 
-impl FromRequestParts<Arc<HttpState>> for Caller {
+impl<S> FromRequestParts<S> for Caller
+where
+    S: Send + Sync,
+    Doors: axum::extract::FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &Arc<HttpState>,
-    ) -> Result<Self, Self::Rejection> {
-        check_origin(&parts.headers, state)?;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let doors = <Doors as axum::extract::FromRef<S>>::from_ref(state);
+        check_origin(&parts.headers, &doors)?;
         let token = presented_token(&parts.headers, parts.uri.query());
-        let principal = state.access.authenticate(token.as_deref()).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong engine token (send `Authorization: Bearer <token>`)",
-            )
-        })?;
+        let principal = doors
+            .bus
+            .authenticate(token.as_deref())
+            .await
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "missing or wrong engine token (send `Authorization: Bearer <token>`)",
+                )
+            })?;
         let header = |name: &str| parts.headers.get(name).and_then(|h| h.to_str().ok());
         let trace = TraceContext::from_headers(header("traceparent"), header("baggage"));
         Ok(Caller {
             trace: principal.stamp(trace),
             principal,
+            credential: token,
         })
     }
 }
 
 /// A request from a browser page must come from an allowed origin, as on `$connect`.
-fn check_origin(headers: &HeaderMap, state: &HttpState) -> Result<(), ApiError> {
+fn check_origin(headers: &HeaderMap, doors: &Doors) -> Result<(), ApiError> {
     let Some(origin) = headers.get(http::header::ORIGIN) else {
         return Ok(());
     };
     let origin = origin.to_str().unwrap_or("").trim_end_matches('/');
-    if crate::edge::origin_listed(origin, &state.origins) {
+    if crate::edge::origin_listed(origin, doors.origins.iter()) {
         return Ok(());
     }
     Err(ApiError::new(
@@ -209,34 +219,41 @@ impl HttpState {
         function_id: &str,
         data: Value,
     ) -> Result<Value, ApiError> {
-        caller
-            .principal
-            .may_call(function_id, self.engine.is_public(function_id))?;
-        Ok(self
-            .engine
-            .invoke(function_id, data, &caller.trace, None, None)
-            .await?)
+        self.doors.call(caller, function_id, data).await
     }
 }
 
-/// Every route: the console's pages and assets, and the API; CORS for allowed origins.
+/// Every route: the console's pages and assets, the API and the doors; CORS for allowed
+/// origins.
 pub fn router(state: Arc<HttpState>) -> Router {
     api::routes()
-        .merge(doors::openai::routes())
-        .merge(doors::agui::routes())
-        .merge(doors::mcp::routes())
-        .merge(doors::a2a::routes())
+        .merge(doors::routes())
         .merge(console::routes())
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such route (see /api/openapi.json)",
-            )
-        })
+        .fallback(no_route)
         .layer(axum::middleware::map_response(close_after_unread_body))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
+        .layer(axum::middleware::from_fn_with_state(
+            state.doors.clone(),
+            cors,
+        ))
         .with_state(state)
+}
+
+/// The standard doors alone (the doors Lambda of the deployed shape), with the same CORS,
+/// bounds and errors as on the engine's port.
+pub fn doors_router(doors: Doors) -> Router {
+    doors::routes()
+        .fallback(no_route)
+        .layer(axum::middleware::map_response(close_after_unread_body))
+        .layer(axum::middleware::from_fn_with_state(doors.clone(), cors))
+        .with_state(doors)
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such route (see /api/openapi.json)",
+    )
 }
 
 /// Headers a browser page may send cross-origin (a bearer credential, JSON, the SSE resume
@@ -248,7 +265,7 @@ const CORS_ALLOW_HEADERS: &str = "authorization, content-type, accept, last-even
 /// such an origin names it. Any other origin gets no grant: its preflight is 403 and its
 /// requests are refused as before (`check_origin`).
 async fn cors(
-    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+    axum::extract::State(doors): axum::extract::State<Doors>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -259,7 +276,7 @@ async fn cors(
         .and_then(|o| o.to_str().ok())
         .map(|o| o.trim_end_matches('/').to_string());
     let granted = origin
-        .filter(|o| crate::edge::origin_listed(o, &state.origins))
+        .filter(|o| crate::edge::origin_listed(o, doors.origins.iter()))
         .and_then(|o| http::HeaderValue::from_str(&o).ok());
     let preflight = req.method() == http::Method::OPTIONS;
     if preflight && req.headers().contains_key(header::ORIGIN) {

@@ -83,13 +83,13 @@ pub async fn events(
     // Subscribe first, so nothing written between the backlog read and the subscription is lost.
     let engine = state.engine.clone();
     let mut following = Following::start(
-        &state,
+        &engine,
+        state.max_queued_bytes,
         &caller,
         &sid,
         "http:events",
         format!("http events of {sid}"),
-    )
-    .await?;
+    )?;
     // Another's session streams as one that does not exist: no backlog, and the engine never
     // pushes its events to this subscription.
     let visible = engine.may_see_session(&caller.principal, &sid).await;

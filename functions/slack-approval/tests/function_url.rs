@@ -17,7 +17,7 @@ async fn forged_and_stale_requests_are_refused_through_the_function_url() {
     )];
     let f = LambdaFunction::new(spec, Vec::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (url, _task) = function_url::serve(f.clone(), listener).unwrap();
+    let (url, _task) = function_url::serve(f.clone(), listener, false).unwrap();
     let http = reqwest::Client::new();
     let body = "command=%2Fapprove&text=c1&user_id=U1";
     let post = |headers: Vec<(&'static str, String)>| {

@@ -17,12 +17,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
 use super::a2a_stream::{run_blocking, stream};
 use super::{self as doors, Ending, Following, Resolved, rpc_answer, rpc_error, rpc_result};
 use crate::http::api::{check_id, json_value};
-use crate::http::{ApiError, Caller, HttpState};
+use crate::http::{ApiError, Caller, Doors};
 
 pub const PROTOCOL_VERSION: &str = "1.0";
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
@@ -41,7 +40,11 @@ const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 const PARSE_ERROR: i64 = -32700;
 
-pub fn routes() -> Router<Arc<HttpState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Doors: axum::extract::FromRef<S>,
+{
     Router::new()
         .route(CARD_PATH, get(card))
         .route("/a2a", post(rpc))
@@ -68,7 +71,7 @@ fn base_url(headers: &HeaderMap) -> String {
 }
 
 /// `GET /.well-known/agent-card.json`: public, as A2A discovery needs.
-async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+async fn card(State(state): State<Doors>, headers: HeaderMap) -> Response {
     let mut skills = vec![json!({
         "id": "agent", "name": "Agent",
         "description": "Runs a turn of the harness's agent on your message, with its tools, under its policy and approvals.",
@@ -77,8 +80,9 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
     // The functions the agent may call (its tools), not the engine's own or those kept
     // from the agent: the card is public, so it names what a delegate can ask for, no more.
     for f in state
-        .engine
-        .function_entries(false)
+        .bus
+        .functions()
+        .await
         .iter()
         .filter(|f| !crate::access::is_not_for_the_agent(f.get("metadata")))
         .filter(|f| {
@@ -110,7 +114,7 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
 }
 
 async fn rpc(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Doors>,
     caller: Result<Caller, ApiError>,
     headers: HeaderMap,
     body: Body,
@@ -298,7 +302,7 @@ pub(super) struct Begun {
 }
 
 /// Start a run (a new message), or go on with a task waiting for input (an answer).
-async fn begin(state: &HttpState, caller: &Caller, params: &Value) -> Result<Begun, RpcError> {
+async fn begin(state: &Doors, caller: &Caller, params: &Value) -> Result<Begun, RpcError> {
     let m = &params["message"];
     if !m.is_object() {
         return Err(RpcError(
@@ -505,7 +509,7 @@ async fn begin(state: &HttpState, caller: &Caller, params: &Value) -> Result<Beg
 }
 
 /// Follow an active task from now (`SubscribeToTask`).
-async fn subscribe(state: &HttpState, caller: &Caller, params: &Value) -> Result<Begun, RpcError> {
+async fn subscribe(state: &Doors, caller: &Caller, params: &Value) -> Result<Begun, RpcError> {
     let Some(task) = params["id"].as_str() else {
         return Err(RpcError(INVALID_PARAMS, "`id` must be a task id".into()));
     };
@@ -525,7 +529,7 @@ async fn subscribe(state: &HttpState, caller: &Caller, params: &Value) -> Result
 
 /// A task as it stands, from its context's turn record.
 pub(super) async fn view_of(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     task: &str,
 ) -> Result<TaskView, RpcError> {
@@ -535,7 +539,7 @@ pub(super) async fn view_of(
 /// [`view_of`], with the answer when the caller already has it (a door that followed the
 /// turn read it as it came): the session's history is read only when it is not known.
 pub(super) async fn view_with_answer(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     task: &str,
     answer: Option<String>,
@@ -587,18 +591,14 @@ pub(super) async fn view_with_answer(
     })
 }
 
-async fn get_task(state: &HttpState, caller: &Caller, params: &Value) -> Result<Value, RpcError> {
+async fn get_task(state: &Doors, caller: &Caller, params: &Value) -> Result<Value, RpcError> {
     let Some(task) = params["id"].as_str() else {
         return Err(RpcError(INVALID_PARAMS, "`id` must be a task id".into()));
     };
     Ok(view_of(state, caller, task).await?.task())
 }
 
-async fn cancel_task(
-    state: &HttpState,
-    caller: &Caller,
-    params: &Value,
-) -> Result<Value, RpcError> {
+async fn cancel_task(state: &Doors, caller: &Caller, params: &Value) -> Result<Value, RpcError> {
     let Some(task) = params["id"].as_str() else {
         return Err(RpcError(INVALID_PARAMS, "`id` must be a task id".into()));
     };

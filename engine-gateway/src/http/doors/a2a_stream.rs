@@ -4,12 +4,11 @@
 use axum::body::Bytes;
 use axum::response::Response;
 use serde_json::{Value, json};
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::a2a::{Begun, TaskView, view_of, view_with_answer};
 use super::{KEEP_ALIVE, Reader, Step, TURN_LIMIT, rpc_result};
-use crate::http::{Caller, HttpState};
+use crate::http::{Caller, Doors};
 
 /// What following a task sends, in order.
 enum Update {
@@ -26,7 +25,7 @@ enum Update {
 
 /// Follow a begun task until it settles (answered, waiting for input, cancelled, failed).
 async fn follow(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     begun: &mut Begun,
     tx: &mpsc::Sender<Update>,
@@ -109,7 +108,7 @@ async fn follow(
 
 /// `SendMessage`: the task when it settles (or at once, with `returnImmediately`).
 pub(super) async fn run_blocking(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     mut begun: Begun,
     blocking: bool,
@@ -138,12 +137,7 @@ pub(super) async fn run_blocking(
 
 /// `SendStreamingMessage` / `SubscribeToTask`: Server-Sent Events of `StreamResponse`s: the
 /// task, then status and artifact updates, ending with the state the client must act on.
-pub(super) fn stream(
-    state: Arc<HttpState>,
-    caller: Caller,
-    id: Value,
-    mut begun: Begun,
-) -> Response {
+pub(super) fn stream(state: Doors, caller: Caller, id: Value, mut begun: Begun) -> Response {
     let (bytes_tx, bytes_rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let frame = |result: Value| Bytes::from(format!("data: {}\n\n", rpc_result(&id, result)));

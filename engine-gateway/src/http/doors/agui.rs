@@ -19,19 +19,22 @@ use axum::response::Response;
 use axum::routing::post;
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::{self as doors, Following, KEEP_ALIVE, Reader, Resolved, Started, Step, TURN_LIMIT};
 use crate::http::api::{check_id, json_body};
-use crate::http::{ApiError, Caller, HttpState};
+use crate::http::{ApiError, Caller, Doors};
 
 /// The protocol version this door speaks (`RUN_STARTED.protocolVersion`).
 pub const PROTOCOL_VERSION: &str = "1.0";
 /// A tool result is sent cut to this many characters.
 const RESULT_SENT: usize = 16_000;
 
-pub fn routes() -> Router<Arc<HttpState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Doors: axum::extract::FromRef<S>,
+{
     Router::new().route("/ag-ui", post(run))
 }
 
@@ -142,7 +145,7 @@ enum Begin {
 }
 
 async fn run(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Doors>,
     caller: Result<Caller, ApiError>,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -218,7 +221,7 @@ async fn run(
 
 /// Decide the answered calls; what is still parked without an answer ends the run again.
 async fn resume(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
     answers: &[Answer],
@@ -262,7 +265,7 @@ async fn resume(
 
 /// The session's parked calls not among those just answered (those wait to be applied).
 async fn unanswered(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
     answered: &HashSet<String>,
@@ -429,18 +432,12 @@ fn snapshot(v: &Value) -> Value {
            "max_turns": v["max_turns"], "totals": v["totals"]})
 }
 
-async fn drive(
-    state: Arc<HttpState>,
-    caller: Caller,
-    mut events: Following,
-    mut run: Run,
-    begin: Begin,
-) {
+async fn drive(state: Doors, caller: Caller, mut events: Following, mut run: Run, begin: Begin) {
     let _ = follow(&state, &caller, &mut events, &mut run, begin).await;
 }
 
 async fn follow(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     events: &mut Following,
     run: &mut Run,

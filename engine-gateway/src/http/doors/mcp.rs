@@ -30,7 +30,7 @@ use super::{
     rpc_error, rpc_result,
 };
 use crate::http::api::json_value;
-use crate::http::{ApiError, Caller, HttpState};
+use crate::http::{ApiError, Caller, Doors};
 
 /// Protocol versions agreed through `initialize`, newest first.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -41,7 +41,11 @@ const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 const INVALID_REQUEST: i64 = -32600;
 
-pub fn routes() -> Router<Arc<HttpState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Doors: axum::extract::FromRef<S>,
+{
     Router::new().route("/mcp", post(post_mcp).get(no_stream).delete(end_session))
 }
 
@@ -59,13 +63,13 @@ struct InFlight {
 
 /// Removes a call's entry when its response ends, however it ends.
 struct Registered {
-    state: Arc<HttpState>,
+    state: Doors,
     key: String,
     cancelled: Arc<AtomicBool>,
 }
 
 impl Calls {
-    fn register(state: &Arc<HttpState>, key: String, sid: &str) -> Option<Registered> {
+    fn register(state: &Doors, key: String, sid: &str) -> Option<Registered> {
         let mut map = state
             .mcp_calls
             .in_flight
@@ -107,6 +111,10 @@ impl Drop for Registered {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.key);
+        let (bus, key) = (self.state.bus.clone(), std::mem::take(&mut self.key));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { bus.remember_call(&key, None).await });
+        }
     }
 }
 
@@ -140,7 +148,7 @@ async fn end_session(caller: Result<Caller, ApiError>) -> Response {
 }
 
 async fn post_mcp(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Doors>,
     caller: Result<Caller, ApiError>,
     headers: HeaderMap,
     body: Body,
@@ -202,7 +210,12 @@ async fn post_mcp(
         // A notification: nothing answers it.
         if method == "notifications/cancelled" {
             let key = call_key(&caller, &mcp_session, &params["requestId"]);
-            if let Some(sid) = state.mcp_calls.cancel(&key) {
+            // Another instance of the door (another Lambda) may be following it.
+            let sid = match state.mcp_calls.cancel(&key) {
+                Some(sid) => Some(sid),
+                None => state.bus.recall_call(&key).await,
+            };
+            if let Some(sid) = sid {
                 let _ = state
                     .call(&caller, "run::abort", json!({"session_id": sid}))
                     .await;
@@ -277,7 +290,7 @@ enum Out {
 }
 
 async fn call_tool(
-    state: Arc<HttpState>,
+    state: Doors,
     caller: Caller,
     mcp_session: String,
     id: Value,
@@ -350,11 +363,12 @@ async fn call_tool(
                 Err(e) => return ok(tool_error(e)),
             };
             let key = call_key(&caller, &mcp_session, &id);
-            let Some(registered) = Calls::register(&state, key, &sid) else {
+            let Some(registered) = Calls::register(&state, key.clone(), &sid) else {
                 return ok(tool_error(
                     "too many turns are followed through this door at once: try again shortly",
                 ));
             };
+            state.bus.remember_call(&key, Some(&sid)).await;
             let progress_token = params["_meta"]["progressToken"].clone();
             let (tx, mut rx) = mpsc::channel::<Out>(64);
             let follow = {
@@ -429,7 +443,7 @@ enum Begun {
     Done(Outcome),
 }
 
-async fn start_run(state: &HttpState, caller: &Caller, args: &Value) -> Result<Begun, String> {
+async fn start_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begun, String> {
     check_args(args, &["message", "session_id", "provider", "model"])?;
     let message = match &args["message"] {
         Value::String(m) if !m.trim().is_empty() => m.clone(),
@@ -475,7 +489,7 @@ async fn start_run(state: &HttpState, caller: &Caller, args: &Value) -> Result<B
     }
 }
 
-async fn resume_run(state: &HttpState, caller: &Caller, args: &Value) -> Result<Begun, String> {
+async fn resume_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begun, String> {
     check_args(
         args,
         &["session_id", "function_call_id", "decision", "reason"],
@@ -523,7 +537,7 @@ async fn resume_run(state: &HttpState, caller: &Caller, args: &Value) -> Result<
 
 /// A session as the tools answer it: its state, last answer and parked calls.
 async fn session_outcome(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
 ) -> Result<Option<Outcome>, ApiError> {
@@ -552,7 +566,7 @@ async fn session_outcome(
 
 /// Follow the turn until it answers, parks or ends, reporting progress.
 async fn follow(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
     events: &mut Following,

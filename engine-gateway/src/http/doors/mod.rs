@@ -7,7 +7,8 @@
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
-use super::{ApiError, Caller, HttpState};
+use super::{ApiError, Caller};
+pub use port::Doors;
 
 pub mod a2a;
 mod a2a_stream;
@@ -15,27 +16,33 @@ pub mod agui;
 pub mod mcp;
 mod mcp_tools;
 pub mod openai;
+pub mod port;
 pub(super) use crate::http::following::Following;
 pub(super) use crate::http::sse::{KEEP_ALIVE, sse_response};
 
 /// The longest a door follows one turn: a response never stays open for ever.
 pub(super) const TURN_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// Every door's routes, in any router whose state gives the doors theirs.
+pub fn routes<S>() -> axum::Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Doors: axum::extract::FromRef<S>,
+{
+    openai::routes()
+        .merge(agui::routes())
+        .merge(mcp::routes())
+        .merge(a2a::routes())
+}
+
 /// Follow session `sid`'s events for `door` (named so in `engine::workers::list`).
 pub(super) async fn subscribe(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
     door: &str,
 ) -> Result<Following, ApiError> {
-    Following::start(
-        state,
-        caller,
-        sid,
-        &format!("http:{door}"),
-        format!("{door} door, session {sid}"),
-    )
-    .await
+    state.bus.follow(caller, sid, door).await
 }
 
 /// A JSON-RPC 2.0 error (the MCP and A2A doors).
@@ -68,7 +75,7 @@ pub(super) enum Started {
 }
 
 pub(super) async fn trigger(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
     payload: Value,
@@ -90,7 +97,7 @@ pub(super) async fn trigger(
 /// The session's turn record as `turn::get_state` shows it (`Null` for a session that has
 /// not run, or is not the caller's).
 pub(super) async fn turn_state(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
 ) -> Result<Value, ApiError> {
@@ -133,7 +140,7 @@ pub(super) fn ending_of(turn: &Value) -> Ending {
 }
 
 /// The session's last answer: the text of its latest assistant message ("" if none).
-pub(super) async fn last_answer(state: &HttpState, caller: &Caller, sid: &str) -> String {
+pub(super) async fn last_answer(state: &Doors, caller: &Caller, sid: &str) -> String {
     state
         .call(caller, "session-tree::messages", json!({"session_id": sid}))
         .await
@@ -159,7 +166,7 @@ pub(super) enum Resolved {
 }
 
 pub(super) async fn resolve(
-    state: &HttpState,
+    state: &Doors,
     caller: &Caller,
     sid: &str,
     call_id: &str,

@@ -20,20 +20,23 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{self as doors, Decisions, Following, KEEP_ALIVE, Reader, Started, Step, TURN_LIMIT};
 use crate::http::api::{check_id, json_body};
-use crate::http::{ApiError, Caller, HttpState};
+use crate::http::{ApiError, Caller, Doors};
 
 /// The model name that means "the harness's run defaults".
 pub const HARNESS_MODEL: &str = "harness";
 /// A tool result is shown to the client cut to this many characters.
 const RESULT_SHOWN: usize = 200;
 
-pub fn routes() -> Router<Arc<HttpState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Doors: axum::extract::FromRef<S>,
+{
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
@@ -93,7 +96,7 @@ fn now_secs() -> u64 {
 
 /// `GET /v1/models`: `harness` (the run's defaults) and the catalogue's models.
 async fn models(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Doors>,
     caller: Result<Caller, ApiError>,
 ) -> Result<Response, OpenAiError> {
     let caller = caller?;
@@ -109,10 +112,10 @@ async fn models(
 
 /// The catalogue's models (none when no catalogue runs). Reading it is not the caller's
 /// act on the bus, so any credential that passed the door may.
-async fn catalogue(state: &HttpState, caller: &Caller) -> Vec<Value> {
+async fn catalogue(state: &Doors, caller: &Caller) -> Vec<Value> {
     state
-        .engine
-        .invoke("models::list", json!({}), &caller.trace, None, None)
+        .bus
+        .call_as_door(&caller.trace, "models::list", json!({}))
         .await
         .ok()
         .and_then(|v| v["models"].as_array().cloned())
@@ -198,7 +201,7 @@ fn session_of(headers: &HeaderMap) -> Result<String, OpenAiError> {
 }
 
 async fn chat_completions(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Doors>,
     caller: Result<Caller, ApiError>,
     headers: HeaderMap,
     body: Body,

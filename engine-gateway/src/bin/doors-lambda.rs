@@ -1,0 +1,84 @@
+//! The standard doors (OpenAI chat, AG-UI, MCP, A2A) in AWS: one Lambda behind a Function
+//! URL in `RESPONSE_STREAM` mode (infra/template.yaml). Each request is the Function URL's
+//! payload-2.0 event; it is served by the same routes as on the engine's port, and the
+//! answer streams back as it is written (server-sent events included) after the HTTP
+//! prelude. The bus is reached as `engine_gateway::aws::doors` describes.
+//!
+//! Environment: `HARNESS_AWS_PREFIX` (resource names), `ENGINE_WEBSOCKET_URL`
+//! (`wss://{api}.execute-api.{region}.amazonaws.com/{stage}`), `ENGINE_ALLOWED_ORIGINS`,
+//! `DOORS_APPROVAL_WAIT_SECS` (default 300), and the credentials in the secrets
+//! `<prefix>secrets/engine/token` and `engine/access` (or `ENGINE_TOKEN`).
+
+use engine_gateway::aws::doors::AwsDoors;
+use engine_gateway::aws::router::ConnectToken;
+use engine_gateway::aws::url_http::{prelude_of, request_of};
+use engine_gateway::aws::{AwsClients, AwsNames};
+use engine_gateway::http::Doors;
+use lambda_runtime::{LambdaEvent, StreamResponse, service_fn};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tower_service::Service;
+
+type Body = axum::body::BodyDataStream;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    engine_gateway::logging::init_logging();
+    let doors = engine_gateway::prewarm::start("the doors", async {
+        let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
+        let names = AwsNames::new(&prefix);
+        let clients = AwsClients::from_env().await;
+        let secrets = engine_gateway::aws::secrets::AwsSecrets::new(clients.clone(), names.clone());
+        let token = ConnectToken::from_env_or(Arc::new(secrets));
+        let url = std::env::var("ENGINE_WEBSOCKET_URL").unwrap_or_default();
+        let bus = AwsDoors::new(clients, &names, token, &url);
+        let origins = std::env::var("ENGINE_ALLOWED_ORIGINS")
+            .unwrap_or_default()
+            .split(',')
+            .map(|o| o.trim().trim_end_matches('/').to_string())
+            .filter(|o| !o.is_empty())
+            .collect();
+        let mut doors = Doors::new(Arc::new(bus), origins);
+        if let Some(secs) = std::env::var("DOORS_APPROVAL_WAIT_SECS")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            doors.approval_wait = std::time::Duration::from_secs(secs);
+        }
+        engine_gateway::http::doors_router(doors)
+    });
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let doors = doors.clone();
+        async move { serve(doors.await, &event.payload).await }
+    }))
+    .await
+}
+
+/// One request through the doors → the streamed answer.
+async fn serve(
+    router: Result<axum::Router, String>,
+    event: &Value,
+) -> Result<StreamResponse<Body>, lambda_runtime::Error> {
+    use axum::response::IntoResponse;
+    let response = match (router, request_of(event)) {
+        // An axum router is always ready: no `poll_ready` first.
+        (Ok(mut router), Ok(request)) => match router.call(request).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
+        (Err(why), _) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": {"code": "invocation_error", "message": why}})),
+        )
+            .into_response(),
+        (_, Err(bad)) => (
+            axum::http::StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": {"code": "invalid_message", "message": bad.to_string()}})),
+        )
+            .into_response(),
+    };
+    Ok(StreamResponse {
+        metadata_prelude: prelude_of(&response),
+        stream: response.into_body().into_data_stream(),
+    })
+}
