@@ -250,3 +250,169 @@ async fn the_standard_doors_run_turns_through_the_deployed_shape() {
     }
     s.deployed.shutdown();
 }
+
+/// A client nobody here wrote, against the doors' Function URL: `program script url token`
+/// prints what it saw as one JSON object.
+async fn official(program: &str, script: &str, url: &str, token: &str) -> Value {
+    let out = tokio::process::Command::new(program)
+        .arg(script)
+        .arg(url)
+        .arg(token)
+        .env("SUPPRESS_TRANSFORMATION_WARNINGS", "true")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+/// The official clients of each protocol (the `openai` Python client, the MCP Python SDK,
+/// `a2a-sdk`, `@ag-ui/client`), the same scripts as on the engine's port, through the doors
+/// Lambda with a client credential: streaming with usage, a parked call decided while the
+/// stream waits, MCP progress and a cancellation that reaches another Lambda instance and
+/// aborts the turn, A2A input-required answered, AG-UI interrupt and resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_clients_run_through_the_deployed_doors() {
+    let Some(dir) = lambda_dir() else { return };
+    let prefix = format!("do{}-", engine_gateway::trace::random_hex(4));
+    let call = |id: &str, f: &str, payload: Value| json!({"id": id, "name": "agent_trigger", "arguments": {"function": f, "payload": payload}});
+    // The cassette of tests/doors.rs, which the scripts expect.
+    let cassette = serde_json::from_value(json!({"turns": [
+        {"when": "user~=say hello", "text": "Hello there, friend.", "usage": {"input": 120, "output": 7}},
+        {"when": "user~=list files && results<1", "thinking": "The user wants the workspace listed.", "text": "Looking.", "tool_calls": [call("l1", "fs::list", json!({}))], "usage": {"input": 200, "output": 9, "cache_read": 50}},
+        {"when": "user~=list files && results>=1", "text": "There is nothing here.", "usage": {"input": 260, "output": 6}},
+        {"when": "user~=write a file && results<1", "tool_calls": [call("w1", "fs::write", json!({"path": "door.txt", "content": "from the door"}))], "usage": {"input": 90, "output": 5}},
+        {"when": "user~=write a file && results>=1", "text": "Written.", "usage": {"input": 110, "output": 3}},
+        {"when": "user~=think slowly", "text": "Done thinking.", "delay_ms": 8000},
+    ]}))
+    .unwrap();
+    let hash = engine_gateway::access::hash_token;
+    let access = format!(
+        "credentials:\n  - name: bob\n    role: client\n    token_sha256: {}\n",
+        hash(BOB)
+    );
+    let s = bring_up(dir, &prefix, cassette, &[("engine/access", &access)], &[]).await;
+    let url = s
+        .deployed
+        .doors_url
+        .clone()
+        .expect("the doors' Function URL");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let clients = super::common::process::clients_python();
+
+    let oai = official(
+        &clients,
+        &format!("{root}/tests/doors/openai_client.py"),
+        &url,
+        BOB,
+    )
+    .await;
+    assert_eq!(oai["plain"]["text"], "Hello there, friend.", "{oai}");
+    assert_eq!(oai["plain"]["prompt_tokens"], 120);
+    let streamed = oai["stream"]["text"].as_str().unwrap();
+    assert!(
+        streamed.starts_with("Looking.") && streamed.ends_with("There is nothing here."),
+        "{oai}"
+    );
+    assert!(oai["stream"]["chunks"].as_u64().unwrap() >= 3, "{oai}");
+    assert_eq!(oai["stream"]["usage"]["prompt_tokens"], 200 + 50 + 260);
+    assert_eq!(oai["stream_session"], "oai-stream-1");
+    assert_eq!(oai["bad_key"]["status"], 401, "{oai}");
+    assert_eq!(oai["bad_body"]["status"], 400, "{oai}");
+    assert_eq!(oai["bad_model"]["status"], 404, "{oai}");
+    // Decided over the doors' own approval route while the stream waited.
+    assert_eq!(oai["parked"]["decided"], 200, "{oai}");
+    let parked = oai["parked"]["text"].as_str().unwrap();
+    assert!(
+        parked.contains("waits for approval") && parked.ends_with("Written."),
+        "{parked}"
+    );
+
+    let mcp_python = std::env::var("HARNESS_MCP_PYTHON").expect(
+        "HARNESS_MCP_PYTHON names the venv with the official MCP Python SDK (scripts/test.sh makes it)",
+    );
+    let mcp = official(
+        &mcp_python,
+        &format!("{root}/tests/doors/mcp_client.py"),
+        &url,
+        BOB,
+    )
+    .await;
+    assert_eq!(mcp["version"], "2025-11-25", "{mcp}");
+    assert_eq!(
+        mcp["listed"]["structured"]["text"], "Looking.There is nothing here.",
+        "{mcp}"
+    );
+    assert!(
+        mcp["listed"]["progress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "fs::list done"),
+        "{mcp}"
+    );
+    assert_eq!(mcp["parked"]["structured"]["state"], "awaiting_approval");
+    assert_eq!(mcp["resolved"]["structured"]["text"], "Written.", "{mcp}");
+    assert_eq!(mcp["again"]["is_error"], true);
+    // The cancellation came to another instance of the doors than the call it cancelled,
+    // found the call in the registry, and aborted its turn.
+    assert_eq!(mcp["cancel"], "cancelled", "{mcp}");
+    assert_eq!(
+        mcp["cancelled_session"]["state"], "aborted",
+        "the turn was aborted: {mcp}"
+    );
+
+    let a2a = official(
+        &clients,
+        &format!("{root}/tests/doors/a2a_client.py"),
+        &url,
+        BOB,
+    )
+    .await;
+    assert_eq!(a2a["card"]["url"], format!("{url}/a2a"), "{a2a}");
+    assert!(
+        a2a["card"]["skills"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("fs::list")),
+        "{a2a}"
+    );
+    assert_eq!(
+        a2a["stream"]["text"], "Looking.There is nothing here.",
+        "{a2a}"
+    );
+    assert_eq!(a2a["blocking"]["text"], "Hello there, friend.", "{a2a}");
+    assert_eq!(a2a["answered"]["text"], "Written.", "{a2a}");
+    assert_eq!(a2a["answered"]["task"], a2a["parked"]["task"]);
+    assert_eq!(a2a["cancelled"]["state"], "TASK_STATE_CANCELED", "{a2a}");
+
+    let agui = format!("{root}/tests/doors/agui");
+    assert!(
+        std::path::Path::new(&agui)
+            .join("node_modules/@ag-ui/client")
+            .exists(),
+        "the AG-UI client is not installed: run `npm ci` in tests/doors/agui (scripts/test.sh does)"
+    );
+    let ag = official("node", &format!("{agui}/client.mjs"), &url, BOB).await;
+    for run in ["listed", "hello", "parked", "resumed"] {
+        assert_eq!(ag[run]["invalid"], json!([]), "{run}: {ag}");
+        assert!(ag[run]["thrown"].is_null(), "{run}: {ag}");
+    }
+    assert_eq!(
+        ag["listed"]["text"], "Looking.There is nothing here.",
+        "{ag}"
+    );
+    assert_eq!(ag["parked"]["outcome"]["type"], "interrupt", "{ag}");
+    assert_eq!(ag["resumed"]["text"], "Written.", "{ag}");
+    assert_eq!(
+        ag["resumed"]["results"].as_array().unwrap().len(),
+        1,
+        "{ag}"
+    );
+    s.deployed.shutdown();
+}

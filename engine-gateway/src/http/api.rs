@@ -310,16 +310,17 @@ async fn abort(
 }
 
 /// Decide a parked call: `{"decision": "allow"|"deny", "reason"?}`. 409 when it is not
-/// waiting (decided already, or never parked).
-async fn resolve_approval(
-    State(state): State<Arc<HttpState>>,
+/// waiting (decided already, or never parked). Served beside the doors too (the doors Lambda),
+/// since the chat door names it as the way to decide a call its stream waits for.
+pub(super) async fn resolve_approval(
+    State(state): State<super::Doors>,
     caller: Caller,
     Path((sid, cid)): Path<(String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
     check_id("session id", &sid)?;
     check_id("call id", &cid)?;
-    let body = json_body(&state.doors, body).await?;
+    let body = json_body(&state, body).await?;
     let decision = match body["decision"].as_str() {
         Some(d @ ("allow" | "deny")) => d,
         _ => {

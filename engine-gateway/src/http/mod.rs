@@ -242,6 +242,11 @@ pub fn router(state: Arc<HttpState>) -> Router {
 /// bounds and errors as on the engine's port.
 pub fn doors_router(doors: Doors) -> Router {
     doors::routes()
+        // What the chat door names for deciding a call its stream waits for.
+        .route(
+            "/api/approvals/{sid}/{cid}",
+            axum::routing::post(api::resolve_approval),
+        )
         .fallback(no_route)
         .layer(axum::middleware::map_response(close_after_unread_body))
         .layer(axum::middleware::from_fn_with_state(doors.clone(), cors))
