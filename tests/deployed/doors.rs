@@ -83,6 +83,53 @@ async fn the_standard_doors_run_turns_through_the_deployed_shape() {
         let r = post(path, "wrong", json!({})).await.unwrap();
         assert_eq!(r.status(), 401, "{path}");
     }
+    // Hostile requests get the same answers as on the engine's port: a foreign page (no
+    // AllowedOrigins here), a body over the bus's limit, one nested past the depth limit, a
+    // wrong type.
+    let r = c
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(BOB)
+        .header("origin", "https://evil.example")
+        .json(&json!({"messages": [{"role": "user", "content": "say hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let huge = json!({"messages": [{"role": "user", "content": "x".repeat(200_000)}]});
+    assert_eq!(post("/ag-ui", BOB, huge).await.unwrap().status(), 413);
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let r = c
+        .post(format!("{base}/a2a"))
+        .bearer_auth(BOB)
+        .header("content-type", "application/json")
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    let (status, text) = (r.status(), r.text().await.unwrap());
+    assert!(
+        status == 400 && text.contains("\"error\""),
+        "{status} {text}"
+    );
+    let r = post("/v1/chat/completions", BOB, json!({"messages": "hi"}))
+        .await
+        .unwrap();
+    let (status, text) = (r.status(), r.text().await.unwrap());
+    assert!(
+        status == 400 && text.contains("messages"),
+        "{status} {text}"
+    );
+    let r = c
+        .get(format!("{base}/api/sessions"))
+        .bearer_auth(BOB)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        404,
+        "the doors Lambda serves the doors, not the whole API"
+    );
     let r: Value = post("/mcp", CAROL, json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_session", "arguments": {"session_id": made_up}}}))
         .await.unwrap().json().await.unwrap();
     assert_ne!(
