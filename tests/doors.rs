@@ -18,7 +18,7 @@ mod mcp_door;
 #[path = "doors/refusals.rs"]
 mod refusals;
 
-use common::process::{clients_python, files_under, spawn_harness};
+use common::process::{clients_python, files_under, run_client, spawn_harness};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -60,32 +60,6 @@ fn setup(dir: &std::path::Path, approval_wait: Option<u64>) -> Vec<String> {
             vec!["--config".into(), cfg.display().to_string()]
         }
     }
-}
-
-/// Run a client nobody here wrote against `http` with `token` (`program script http token`):
-/// it prints what it saw as one JSON object.
-async fn run_client(
-    program: impl AsRef<std::ffi::OsStr>,
-    script: &str,
-    http: &str,
-    token: &str,
-    env: &[(&str, &str)],
-) -> Value {
-    let out = tokio::process::Command::new(program)
-        .arg(script)
-        .arg(http)
-        .arg(token)
-        .envs(env.iter().copied())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{script}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.trim()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

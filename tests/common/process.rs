@@ -167,3 +167,29 @@ pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Run a client nobody here wrote against `http` with `token` (`program script http token`):
+/// it prints what it saw as one JSON object.
+pub async fn run_client(
+    program: impl AsRef<std::ffi::OsStr>,
+    script: &str,
+    http: &str,
+    token: &str,
+    env: &[(&str, &str)],
+) -> serde_json::Value {
+    let out = tokio::process::Command::new(program)
+        .arg(script)
+        .arg(http)
+        .arg(token)
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}

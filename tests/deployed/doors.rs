@@ -3,6 +3,7 @@
 //! through the registry, and each session's events followed over the caller's own WebSocket
 //! to the emulated API Gateway.
 
+use super::common::process::run_client;
 use super::shape::{bring_up, lambda_dir, workdir};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -298,26 +299,6 @@ async fn the_standard_doors_run_turns_through_the_deployed_shape() {
     s.deployed.shutdown();
 }
 
-/// A client nobody here wrote, against the doors' Function URL: `program script url token`
-/// prints what it saw as one JSON object.
-async fn official(program: &str, script: &str, url: &str, token: &str) -> Value {
-    let out = tokio::process::Command::new(program)
-        .arg(script)
-        .arg(url)
-        .arg(token)
-        .env("SUPPRESS_TRANSFORMATION_WARNINGS", "true")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{script}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.trim()).unwrap()
-}
-
 /// The official clients of each protocol (the `openai` Python client, the MCP Python SDK,
 /// `a2a-sdk`, `@ag-ui/client`), the same scripts as on the engine's port, through the doors
 /// Lambda with a client credential: streaming with usage, a parked call decided while the
@@ -352,11 +333,12 @@ async fn the_official_clients_run_through_the_deployed_doors() {
     let root = env!("CARGO_MANIFEST_DIR");
     let clients = super::common::process::clients_python();
 
-    let oai = official(
+    let oai = run_client(
         &clients,
         &format!("{root}/tests/doors/openai_client.py"),
         &url,
         BOB,
+        &[],
     )
     .await;
     assert_eq!(oai["plain"]["text"], "Hello there, friend.", "{oai}");
@@ -383,11 +365,12 @@ async fn the_official_clients_run_through_the_deployed_doors() {
     let mcp_python = std::env::var("HARNESS_MCP_PYTHON").expect(
         "HARNESS_MCP_PYTHON names the venv with the official MCP Python SDK (scripts/test.sh makes it)",
     );
-    let mcp = official(
+    let mcp = run_client(
         &mcp_python,
         &format!("{root}/tests/doors/mcp_client.py"),
         &url,
         BOB,
+        &[],
     )
     .await;
     assert_eq!(mcp["version"], "2025-11-25", "{mcp}");
@@ -414,11 +397,12 @@ async fn the_official_clients_run_through_the_deployed_doors() {
         "the turn was aborted: {mcp}"
     );
 
-    let a2a = official(
+    let a2a = run_client(
         &clients,
         &format!("{root}/tests/doors/a2a_client.py"),
         &url,
         BOB,
+        &[],
     )
     .await;
     assert_eq!(a2a["card"]["url"], format!("{url}/a2a"), "{a2a}");
@@ -445,7 +429,14 @@ async fn the_official_clients_run_through_the_deployed_doors() {
             .exists(),
         "the AG-UI client is not installed: run `npm ci` in tests/doors/agui (scripts/test.sh does)"
     );
-    let ag = official("node", &format!("{agui}/client.mjs"), &url, BOB).await;
+    let ag = run_client(
+        "node",
+        &format!("{agui}/client.mjs"),
+        &url,
+        BOB,
+        &[("SUPPRESS_TRANSFORMATION_WARNINGS", "true")],
+    )
+    .await;
     for run in ["listed", "hello", "parked", "resumed"] {
         assert_eq!(ag[run]["invalid"], json!([]), "{run}: {ag}");
         assert!(ag[run]["thrown"].is_null(), "{run}: {ag}");

@@ -156,9 +156,22 @@ impl DoorBus for AwsDoors {
         }
     }
 
-    async fn recall_call(&self, key: &str) -> Option<String> {
-        let (_, body) = self.registry.get(MCP_CALL, &record_id(key)).await.ok()??;
-        body["session_id"].as_str().map(str::to_owned)
+    async fn cancel_remembered_call(&self, key: &str) -> Option<String> {
+        let id = record_id(key);
+        let (_, body) = self.registry.get(MCP_CALL, &id).await.ok()??;
+        let sid = body["session_id"].as_str()?.to_string();
+        let marked = json!({"session_id": sid, "cancelled": true});
+        if let Err(e) = self.registry.put(MCP_CALL, &id, "doors", marked).await {
+            tracing::warn!(error = %e, "MCP cancellation not recorded");
+        }
+        Some(sid)
+    }
+
+    async fn call_was_cancelled(&self, key: &str) -> bool {
+        matches!(
+            self.registry.get(MCP_CALL, &record_id(key)).await,
+            Ok(Some((_, body))) if body["cancelled"] == true
+        )
     }
 }
 

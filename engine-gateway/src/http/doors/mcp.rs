@@ -213,7 +213,7 @@ async fn post_mcp(
             // Another instance of the door (another Lambda) may be following it.
             let sid = match state.mcp_calls.cancel(&key) {
                 Some(sid) => Some(sid),
-                None => state.bus.recall_call(&key).await,
+                None => state.bus.cancel_remembered_call(&key).await,
             };
             if let Some(sid) = sid {
                 let _ = state
@@ -352,14 +352,10 @@ async fn call_tool(
             )
         }
         "run_agent" | "resolve_approval" => {
-            let begun = if name == "run_agent" {
-                start_run(&state, &caller, &args).await
-            } else {
-                resume_run(&state, &caller, &args).await
-            };
-            let (sid, events) = match begun {
-                Ok(Begun::Follow(sid, events)) => (sid, events),
-                Ok(Begun::Done(outcome)) => return ok(outcome.result()),
+            // The call is known (here and to the door's other instances) before its turn
+            // starts, so a cancellation that comes while it starts still finds it.
+            let sid = match session_of(name, &args) {
+                Ok(sid) => sid,
                 Err(e) => return ok(tool_error(e)),
             };
             let key = call_key(&caller, &mcp_session, &id);
@@ -369,6 +365,24 @@ async fn call_tool(
                 ));
             };
             state.bus.remember_call(&key, Some(&sid)).await;
+            let begun = if name == "run_agent" {
+                start_run(&state, &caller, &args, sid.clone()).await
+            } else {
+                resume_run(&state, &caller, &args, sid.clone()).await
+            };
+            let events = match begun {
+                Ok(Begun::Follow(events)) => events,
+                Ok(Begun::Done(outcome)) => return ok(outcome.result()),
+                Err(e) => return ok(tool_error(e)),
+            };
+            // Cancelled while it started: that abort may have come before there was a turn.
+            if registered.cancelled.load(Ordering::SeqCst)
+                || state.bus.call_was_cancelled(&key).await
+            {
+                let _ = state
+                    .call(&caller, "run::abort", json!({"session_id": sid}))
+                    .await;
+            }
             let progress_token = params["_meta"]["progressToken"].clone();
             let (tx, mut rx) = mpsc::channel::<Out>(64);
             let follow = {
@@ -439,19 +453,30 @@ async fn call_tool(
 }
 
 enum Begun {
-    Follow(String, Following),
+    /// The turn runs: follow its events.
+    Follow(Following),
     Done(Outcome),
 }
 
-async fn start_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begun, String> {
+/// The session a `run_agent` or `resolve_approval` call works in (`run_agent` without one
+/// gets a new one).
+fn session_of(tool: &str, args: &Value) -> Result<String, String> {
+    match &args["session_id"] {
+        Value::Null if tool == "run_agent" => Ok(format!("mcp-{}", crate::trace::random_hex(8))),
+        _ => id_arg(args, "session_id"),
+    }
+}
+
+async fn start_run(
+    state: &Doors,
+    caller: &Caller,
+    args: &Value,
+    sid: String,
+) -> Result<Begun, String> {
     check_args(args, &["message", "session_id", "provider", "model"])?;
     let message = match &args["message"] {
         Value::String(m) if !m.trim().is_empty() => m.clone(),
         _ => return Err("`message` must be a non-empty string".into()),
-    };
-    let sid = match &args["session_id"] {
-        Value::Null => format!("mcp-{}", crate::trace::random_hex(8)),
-        _ => id_arg(args, "session_id")?,
     };
     let mut payload = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": message}], "timestamp": crate::trace::now_ms()}]});
     for k in ["provider", "model"] {
@@ -466,7 +491,7 @@ async fn start_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begun
         .await
         .map_err(|e| e.body.message)?
     {
-        Started::Yes => Ok(Begun::Follow(sid, events)),
+        Started::Yes => Ok(Begun::Follow(events)),
         Started::Busy => {
             let turn = doors::turn_state(state, caller, &sid)
                 .await
@@ -489,12 +514,16 @@ async fn start_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begun
     }
 }
 
-async fn resume_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begun, String> {
+async fn resume_run(
+    state: &Doors,
+    caller: &Caller,
+    args: &Value,
+    sid: String,
+) -> Result<Begun, String> {
     check_args(
         args,
         &["session_id", "function_call_id", "decision", "reason"],
     )?;
-    let sid = id_arg(args, "session_id")?;
     let cid = id_arg(args, "function_call_id")?;
     let decision = match args["decision"].as_str() {
         Some(d @ ("allow" | "deny")) => d,
@@ -524,7 +553,7 @@ async fn resume_run(state: &Doors, caller: &Caller, args: &Value) -> Result<Begu
         .filter(|c| c["function_call_id"] != cid.as_str())
         .collect();
     if others.is_empty() {
-        Ok(Begun::Follow(sid, events))
+        Ok(Begun::Follow(events))
     } else {
         Ok(Begun::Done(Outcome {
             sid,

@@ -48,9 +48,15 @@ pub trait DoorBus: Send + Sync {
     /// than the call it cancels. The engine's port keeps them in memory only.
     async fn remember_call(&self, _key: &str, _sid: Option<&str>) {}
 
-    /// The session of an MCP call another instance remembered.
-    async fn recall_call(&self, _key: &str) -> Option<String> {
+    /// Mark a call another instance remembered as cancelled → its session (to abort).
+    async fn cancel_remembered_call(&self, _key: &str) -> Option<String> {
         None
+    }
+
+    /// Whether another instance marked this call cancelled (it may have come while the
+    /// call's turn was starting, before there was a turn to abort).
+    async fn call_was_cancelled(&self, _key: &str) -> bool {
+        false
     }
 }
 
