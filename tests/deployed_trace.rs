@@ -193,3 +193,76 @@ async fn a_deployed_turn_is_one_trace_across_the_router_and_every_lambda() {
         "SDK spans carry the session id"
     );
 }
+
+/// A turn started through a door of the deployed shape is in the client's trace too: the
+/// doors Lambda records a span per call it makes (service `engine`, as the router's), the
+/// client's `traceparent` their parent, and exports them before its streamed answer ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_through_a_deployed_door_is_in_the_clients_trace() {
+    let Some(dir) = lambda_dir() else { return };
+    let (collector, got) = otlp::collector().await;
+    let prefix = format!("dtd{}-", engine_gateway::trace::random_hex(4));
+    let cassette = Cassette {
+        turns: vec![text("Hello through a door.")],
+        ..Default::default()
+    };
+    let s = bring_up(dir, &prefix, cassette, &[], &[("OtlpEndpoint", &collector)]).await;
+    let client = TraceContext::new_root();
+    let url = s
+        .deployed
+        .doors_url
+        .clone()
+        .expect("the doors' Function URL");
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(&s.deployed.token)
+        .header("traceparent", client.traceparent().unwrap())
+        .json(&json!({"stream": true, "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|t| json!(t))
+        .unwrap();
+    assert!(
+        answer.as_str().unwrap().contains("Hello through a door."),
+        "{answer}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let door_span = loop {
+        let found = got
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|sp| {
+                sp.trace_id == client.trace_id
+                    && sp.service == "engine"
+                    && sp.name == "harness::trigger"
+            })
+            .cloned();
+        if let Some(sp) = found {
+            break sp;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no span of the door's harness::trigger in the client's trace"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(door_span.parent_span_id, client.span_id);
+    // The harness Lambda's span is the door span's child.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !got.lock().unwrap().iter().any(|sp| {
+        sp.service.contains("harness")
+            && sp.name == "harness::trigger"
+            && sp.parent_span_id == door_span.span_id
+    }) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the harness Lambda's span under the door's"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    s.deployed.shutdown();
+}

@@ -20,6 +20,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::registry::DynamoRegistry;
 use super::router::{ConnectToken, call_function, call_function_as, load_access};
+use super::router_trace::RouterTrace;
 use super::{AwsClients, AwsNames};
 use crate::access::{Access, Principal};
 use crate::http::{ApiError, Caller, DoorBus, Following, Pushed};
@@ -45,6 +46,9 @@ pub struct AwsDoors {
     access: tokio::sync::OnceCell<Access>,
     /// The API Gateway WebSocket API's URL (`wss://{api}.execute-api.{region}.amazonaws.com/{stage}`).
     websocket_url: String,
+    /// A span per call the doors make, as the router records one per call it routes (service
+    /// `engine`), so a turn started through a door is one trace from the client's position.
+    trace: RouterTrace,
 }
 
 impl AwsDoors {
@@ -60,7 +64,30 @@ impl AwsDoors {
             token,
             access: Default::default(),
             websocket_url: websocket_url.trim_end_matches('/').to_string(),
+            trace: RouterTrace::from_env(),
         }
+    }
+
+    /// `call` inside a span of its own in the caller's trace.
+    async fn traced<F>(
+        &self,
+        trace: &TraceContext,
+        function_id: &str,
+        call: impl FnOnce(Option<String>, Option<String>) -> F,
+    ) -> Result<Value, ErrorBody>
+    where
+        F: std::future::Future<Output = Result<Value, ErrorBody>>,
+    {
+        let baggage = trace.baggage_header();
+        let span = self.trace.start(
+            function_id,
+            function_id,
+            trace.traceparent().as_deref(),
+            baggage.as_deref(),
+        );
+        self.trace
+            .run(span, |traceparent| call(traceparent, baggage.clone()))
+            .await
     }
 
     async fn access(&self) -> Result<&Access, String> {
@@ -96,16 +123,18 @@ impl DoorBus for AwsDoors {
         function_id: &str,
         data: Value,
     ) -> Result<Value, ApiError> {
-        Ok(call_function_as(
-            &self.clients,
-            &self.registry,
-            &caller.principal,
-            function_id,
-            data,
-            caller.trace.traceparent(),
-            caller.trace.baggage_header(),
-        )
-        .await?)
+        let call = |traceparent, baggage| {
+            call_function_as(
+                &self.clients,
+                &self.registry,
+                &caller.principal,
+                function_id,
+                data,
+                traceparent,
+                baggage,
+            )
+        };
+        Ok(self.traced(&caller.trace, function_id, call).await?)
     }
 
     async fn call_as_door(
@@ -114,15 +143,17 @@ impl DoorBus for AwsDoors {
         function_id: &str,
         data: Value,
     ) -> Result<Value, ApiError> {
-        Ok(call_function(
-            &self.clients,
-            &self.registry,
-            function_id,
-            data,
-            trace.traceparent(),
-            trace.baggage_header(),
-        )
-        .await?)
+        let call = |traceparent, baggage| {
+            call_function(
+                &self.clients,
+                &self.registry,
+                function_id,
+                data,
+                traceparent,
+                baggage,
+            )
+        };
+        Ok(self.traced(trace, function_id, call).await?)
     }
 
     async fn follow(&self, caller: &Caller, sid: &str, door: &str) -> Result<Following, ApiError> {
@@ -135,6 +166,10 @@ impl DoorBus for AwsDoors {
             Some(Ok(v)) => v["functions"].as_array().cloned().unwrap_or_default(),
             _ => Vec::new(),
         }
+    }
+
+    async fn flush_telemetry(&self) {
+        self.trace.flush().await;
     }
 
     async fn remember_call(&self, key: &str, sid: Option<&str>) {

@@ -13,13 +13,15 @@ use engine_gateway::aws::doors::AwsDoors;
 use engine_gateway::aws::router::ConnectToken;
 use engine_gateway::aws::url_http::{prelude_of, request_of};
 use engine_gateway::aws::{AwsClients, AwsNames};
-use engine_gateway::http::Doors;
+use engine_gateway::http::{DoorBus, Doors};
 use lambda_runtime::{LambdaEvent, StreamResponse, service_fn};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tower_service::Service;
 
-type Body = axum::body::BodyDataStream;
+/// The answer's body as it streams; the calls' spans are exported when it ends.
+type Body =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, axum::Error>> + Send>>;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
@@ -45,7 +47,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         {
             doors.approval_wait = std::time::Duration::from_secs(secs);
         }
-        engine_gateway::http::doors_router(doors)
+        let bus = doors.bus.clone();
+        (engine_gateway::http::doors_router(doors), bus)
     });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let doors = doors.clone();
@@ -56,10 +59,15 @@ async fn main() -> Result<(), lambda_runtime::Error> {
 
 /// One request through the doors → the streamed answer.
 async fn serve(
-    router: Result<axum::Router, String>,
+    started: Result<(axum::Router, Arc<dyn DoorBus>), String>,
     event: &Value,
 ) -> Result<StreamResponse<Body>, lambda_runtime::Error> {
     use axum::response::IntoResponse;
+    use futures_util::StreamExt;
+    let (router, bus) = match started {
+        Ok((router, bus)) => (Ok(router), Some(bus)),
+        Err(why) => (Err(why), None),
+    };
     let response = match (router, request_of(event)) {
         // An axum router is always ready: no `poll_ready` first.
         (Ok(mut router), Ok(request)) => match router.call(request).await {
@@ -77,8 +85,16 @@ async fn serve(
         )
             .into_response(),
     };
+    let prelude = prelude_of(&response);
+    // Once the body has been written: the invocation ends with it.
+    let flushed = futures_util::stream::once(async move {
+        if let Some(bus) = bus {
+            bus.flush_telemetry().await;
+        }
+    })
+    .filter_map(|()| async { None });
     Ok(StreamResponse {
-        metadata_prelude: prelude_of(&response),
-        stream: response.into_body().into_data_stream(),
+        metadata_prelude: prelude,
+        stream: Box::pin(response.into_body().into_data_stream().chain(flushed)),
     })
 }

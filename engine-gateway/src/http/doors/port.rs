@@ -43,6 +43,10 @@ pub trait DoorBus: Send + Sync {
     /// card picks the agent's tools from it).
     async fn functions(&self) -> Vec<Value>;
 
+    /// Export the spans of the calls made so far (the doors Lambda does before its answer
+    /// ends: a frozen Lambda exports nothing).
+    async fn flush_telemetry(&self) {}
+
     /// Remember which session an MCP `tools/call` follows (`None`: forget it), where another
     /// instance of the door can find it: a `notifications/cancelled` may reach another Lambda
     /// than the call it cancels. The engine's port keeps them in memory only.
