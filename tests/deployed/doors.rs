@@ -83,6 +83,7 @@ async fn the_standard_doors_run_turns_through_the_deployed_shape() {
     for path in ["/v1/chat/completions", "/ag-ui", "/mcp", "/a2a"] {
         let r = post(path, "wrong", json!({})).await.unwrap();
         assert_eq!(r.status(), 401, "{path}");
+        assert_eq!(r.headers()["www-authenticate"], "Bearer", "{path}");
     }
     // Hostile requests get the same answers as on the engine's port: a foreign page (no
     // AllowedOrigins here), a body over the bus's limit, one nested past the depth limit, a

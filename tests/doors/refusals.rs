@@ -33,8 +33,8 @@ async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
         ] {
             let r = req.send().await.unwrap();
             assert_eq!(r.status(), 401, "{url}");
+            assert_eq!(r.headers()["www-authenticate"], "Bearer", "{url}");
             if url == &mcp {
-                assert_eq!(r.headers()["www-authenticate"], "Bearer");
                 let e: Value = r.json().await.unwrap();
                 assert!(
                     e["error"]["message"].as_str().unwrap().contains("token"),
@@ -279,6 +279,7 @@ async fn the_ag_ui_mcp_and_a2a_doors_refuse_what_they_must() {
     ] {
         let r = req.send().await.unwrap();
         assert_eq!(r.status(), 401);
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
         let e: Value = r.json().await.unwrap();
         assert!(
             e["error"]["message"].as_str().unwrap().contains("token"),

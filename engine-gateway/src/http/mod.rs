@@ -114,8 +114,17 @@ impl IntoResponse for ApiError {
 
 /// Every answer that leaves part of its request body unread (408: it came too slowly; 413:
 /// too much) closes the connection, and says so, so a client does not send its next request
-/// on it. One layer for every route and every door's error shape.
+/// on it; every 401 names the scheme it wants (RFC 6750), whichever door or error shape
+/// answered. One layer for every route.
 async fn close_after_unread_body(mut resp: Response) -> Response {
+    if resp.status() == StatusCode::UNAUTHORIZED
+        && !resp.headers().contains_key(http::header::WWW_AUTHENTICATE)
+    {
+        resp.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
+    }
     if matches!(
         resp.status(),
         StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
