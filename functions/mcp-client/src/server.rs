@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
@@ -57,6 +58,25 @@ impl ClientHandler for Events {
 }
 
 type Service = RunningService<RoleClient, Events>;
+
+/// How long a replaced tool set keeps its connection at least (calls already routed to it).
+const HANDOVER: Duration = Duration::from_secs(1);
+
+/// One call of a published set, counted while it runs.
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// What `mcp::servers` shows of a server.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -129,7 +149,8 @@ pub struct Server {
     broken: Notify,
     /// A call found the server down: restart it now rather than after the backoff.
     wake: Notify,
-    published: tokio::sync::Mutex<Option<crate::publish::Published>>,
+    /// The published set, and how many of its calls are running.
+    published: tokio::sync::Mutex<Option<(crate::publish::Published, Arc<AtomicUsize>)>>,
     /// What a tool may answer: the entry's limit within the publisher's transport.
     max_result: usize,
 }
@@ -362,6 +383,7 @@ impl Server {
             trust_annotations: self.cfg.trusts_annotations(),
         };
         let mut worker = Worker::new(&format!("mcp-{}", self.cfg.name));
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let (mut names, mut refused) = (Vec::new(), Vec::new());
         let mut seen = std::collections::HashSet::new();
         for tool in &tools {
@@ -384,9 +406,12 @@ impl Server {
             names.push(def.id.clone());
             let schema = def.request_format.clone();
             let me = Arc::downgrade(self);
+            let busy = in_flight.clone();
             worker.register_function(def, move |ctx, data| {
                 let (me, name, schema) = (me.clone(), name.clone(), schema.clone());
+                let running = Running::new(&busy);
                 async move {
+                    let _running = running;
                     match me.upgrade() {
                         Some(s) => s.call(ctx, &name, schema.as_ref(), data).await,
                         None => Err(ErrorBody::new(UNAVAILABLE, "the MCP worker stopped")),
@@ -395,8 +420,23 @@ impl Server {
             });
         }
         let handle = self.publisher.publish(worker).await?;
-        let old = self.published.lock().await.replace(handle);
-        drop(old);
+        let old = self.published.lock().await.replace((handle, in_flight));
+        // New calls go to the new set (the last registration wins); the calls the old set is
+        // serving run to their end before it is withdrawn (a server that changes its list
+        // while a call runs must not cut that call off), at most a call's timeout. A moment
+        // first: a call the engine routed just before the new set registered may still be on
+        // its way to the old one.
+        if let Some((old, busy)) = old {
+            let grace = self.cfg.timeout();
+            tokio::spawn(async move {
+                let until = Instant::now() + grace;
+                tokio::time::sleep(HANDOVER.min(grace)).await;
+                while busy.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                drop(old);
+            });
+        }
         {
             let mut s = lock(&self.status);
             s.tools = names;
