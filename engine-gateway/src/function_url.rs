@@ -190,6 +190,12 @@ pub fn response_of(answer: &Value) -> Response {
         Some(other) => other.to_string().into_bytes(),
     };
     let mut r = (status, body).into_response();
+    set_headers(&mut r, answer);
+    r
+}
+
+/// An answer's (or a prelude's) `headers` and `cookies` (as `Set-Cookie`) on the response.
+fn set_headers(r: &mut Response, answer: &Value) {
     if let Some(h) = answer.get("headers").and_then(Value::as_object) {
         for (k, v) in h {
             if let (Ok(name), Some(Ok(value))) = (
@@ -207,7 +213,6 @@ pub fn response_of(answer: &Value) -> Response {
             }
         }
     }
-    r
 }
 
 /// A streamed answer → the response: its HTTP prelude (`{statusCode, headers, cookies}` and
@@ -217,10 +222,11 @@ pub fn response_of(answer: &Value) -> Response {
 pub async fn streamed_response(
     mut pieces: tokio::sync::mpsc::Receiver<crate::lambda_stream::StreamPiece>,
 ) -> Response {
-    let mut head: Vec<u8> = Vec::new();
-    let (prelude, rest) = loop {
+    let mut strip = crate::lambda_stream::PreludeStripper::default();
+    let mut rest: Vec<u8> = Vec::new();
+    while !strip.decided() {
         match pieces.recv().await {
-            Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+            Some(Ok(chunk)) => rest.extend_from_slice(&strip.feed(&chunk)),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "Function URL stream failed before its prelude");
                 return (
@@ -229,17 +235,10 @@ pub async fn streamed_response(
                 )
                     .into_response();
             }
-            None => break (None, std::mem::take(&mut head)),
+            None => rest.extend(strip.finish()),
         }
-        if head.first().is_some_and(|b| *b != b'{') || head.len() > PRELUDE_MAX {
-            break (None, std::mem::take(&mut head));
-        }
-        if let Some(n) = head.windows(8).position(|w| w == [0u8; 8]) {
-            let prelude: Option<Value> = serde_json::from_slice(&head[..n]).ok();
-            let rest = head.split_off(n + 8);
-            break (prelude, rest);
-        }
-    };
+    }
+    let prelude: Option<Value> = strip.prelude().and_then(|p| serde_json::from_slice(p).ok());
     let first = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(rest))]);
     let more = futures_util::stream::unfold(pieces, |mut pieces| async move {
         let piece = pieces.recv().await?;
@@ -259,24 +258,9 @@ pub async fn streamed_response(
         .and_then(|s| u16::try_from(s).ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    for (k, v) in prelude["headers"].as_object().into_iter().flatten() {
-        if let (Ok(name), Some(Ok(value))) = (
-            k.parse::<axum::http::HeaderName>(),
-            v.as_str().map(HeaderValue::from_str),
-        ) {
-            r.headers_mut().insert(name, value);
-        }
-    }
-    for c in prelude["cookies"].as_array().into_iter().flatten() {
-        if let Some(Ok(v)) = c.as_str().map(HeaderValue::from_str) {
-            r.headers_mut().append("set-cookie", v);
-        }
-    }
+    set_headers(&mut r, &prelude);
     r
 }
-
-/// Longest prelude read before a stream counts as having none.
-const PRELUDE_MAX: usize = 64 * 1024;
 
 async fn handle(
     State(url): State<Arc<Url>>,

@@ -108,6 +108,8 @@ pub struct PreludeStripper {
     /// Bytes held while it is not yet known whether they are a prelude.
     pending: Vec<u8>,
     decided: bool,
+    /// The prelude's JSON, once one was found (a Function URL reads its status and headers).
+    prelude: Option<Vec<u8>>,
 }
 
 /// Longest prelude looked for before deciding there is none.
@@ -139,9 +141,23 @@ impl PreludeStripper {
         self.release(0)
     }
 
+    /// Whether it is known yet if the stream has a prelude.
+    pub fn decided(&self) -> bool {
+        self.decided
+    }
+
+    /// The prelude's JSON (without its eight NUL bytes), if the stream had one.
+    pub fn prelude(&self) -> Option<&[u8]> {
+        self.prelude.as_deref()
+    }
+
     fn release(&mut self, skip: usize) -> Vec<u8> {
         self.decided = true;
         let rest = self.pending.split_off(skip.min(self.pending.len()));
+        if skip >= 8 {
+            self.pending.truncate(skip - 8);
+            self.prelude = Some(std::mem::take(&mut self.pending));
+        }
         self.pending.clear();
         rest
     }
@@ -205,10 +221,16 @@ mod tests {
             .into_owned();
         out.extend_from_slice(&s.feed(b"{\"result\":1}\n"));
         assert_eq!(out, b"{\"frame\":\"a\"}\n{\"result\":1}\n");
+        assert_eq!(
+            s.prelude(),
+            Some(&br#"{"statusCode":200,"headers":{}}"#[..]),
+            "the prelude is kept for who reads it"
+        );
         let mut s = PreludeStripper::default();
         let mut out = s.feed(b"{\"frame\":\"a\"}\n").into_owned();
         out.extend(s.finish());
         assert_eq!(out, b"{\"frame\":\"a\"}\n");
+        assert_eq!(s.prelude(), None);
         let mut s = PreludeStripper::default();
         assert_eq!(&*s.feed(b"[1]"), b"[1]");
     }

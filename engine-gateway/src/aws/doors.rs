@@ -23,8 +23,8 @@ use super::router::{ConnectToken, call_function, call_function_as, load_access};
 use super::router_trace::RouterTrace;
 use super::{AwsClients, AwsNames};
 use crate::access::{Access, Principal};
-use crate::http::{ApiError, Caller, DoorBus, Following, Pushed};
-use crate::protocol::{ErrorBody, Message, codes};
+use crate::http::{ApiError, Caller, DoorBus, Following, Pushed, pushed_item};
+use crate::protocol::{ErrorBody, codes};
 use crate::registry::Registry;
 use crate::trace::TraceContext;
 use axum::http::StatusCode;
@@ -322,14 +322,4 @@ async fn follow(url: &str, caller: &Caller, sid: &str, door: &str) -> Result<Fol
         overflow,
         Box::new(Link { _stop: stop_tx }),
     ))
-}
-
-/// A `streamevent` of the followed stream → its item.
-fn pushed_item(text: &str) -> Option<Pushed> {
-    match crate::protocol::parse(text) {
-        Ok(Message::StreamEvent { item_id, event, .. }) => {
-            Some((item_id, event.event_type, event.data))
-        }
-        _ => None,
-    }
 }

@@ -322,6 +322,16 @@ fn acknowledged(msg: &Value, refusal: Option<Value>) -> Option<Value> {
     Some(reply)
 }
 
+/// `ENGINE_ALLOWED_ORIGINS` (the template's `AllowedOrigins`): comma-separated
+/// `scheme://host[:port]`, a trailing `/` dropped. Read by the router and the doors alike.
+pub fn parse_origins(origins: &str) -> Vec<String> {
+    origins
+        .split(',')
+        .map(|o| o.trim().trim_end_matches('/').to_string())
+        .filter(|o| !o.is_empty())
+        .collect()
+}
+
 /// Where `$connect` finds the token it requires. There is no "no token": a router that cannot
 /// tell who may connect refuses everyone.
 pub enum ConnectToken {
@@ -406,11 +416,7 @@ impl AwsRouter {
 
     /// Admit browsers from these origins (comma-separated, as `ENGINE_ALLOWED_ORIGINS`).
     pub fn with_allowed_origins(mut self, origins: &str) -> Self {
-        self.allowed_origins = origins
-            .split(',')
-            .map(|o| o.trim().trim_end_matches('/').to_string())
-            .filter(|o| !o.is_empty())
-            .collect();
+        self.allowed_origins = parse_origins(origins);
         self
     }
 

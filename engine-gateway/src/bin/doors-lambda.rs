@@ -10,7 +10,7 @@
 //! `<prefix>secrets/engine/token` and `engine/access` (or `ENGINE_TOKEN`).
 
 use engine_gateway::aws::doors::AwsDoors;
-use engine_gateway::aws::router::ConnectToken;
+use engine_gateway::aws::router::{ConnectToken, parse_origins};
 use engine_gateway::aws::url_http::{prelude_of, request_of};
 use engine_gateway::aws::{AwsClients, AwsNames};
 use engine_gateway::http::{DoorBus, Doors};
@@ -34,27 +34,33 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         let token = ConnectToken::from_env_or(Arc::new(secrets));
         let url = std::env::var("ENGINE_WEBSOCKET_URL").unwrap_or_default();
         let bus = AwsDoors::new(clients, &names, token, &url);
-        let origins = std::env::var("ENGINE_ALLOWED_ORIGINS")
-            .unwrap_or_default()
-            .split(',')
-            .map(|o| o.trim().trim_end_matches('/').to_string())
-            .filter(|o| !o.is_empty())
-            .collect();
+        let origins = parse_origins(&std::env::var("ENGINE_ALLOWED_ORIGINS").unwrap_or_default());
         let mut doors = Doors::new(Arc::new(bus), origins);
-        if let Some(secs) = std::env::var("DOORS_APPROVAL_WAIT_SECS")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            doors.approval_wait = std::time::Duration::from_secs(secs);
+        if let Some(wait) = approval_wait(std::env::var("DOORS_APPROVAL_WAIT_SECS").ok())? {
+            doors.approval_wait = wait;
         }
         let bus = doors.bus.clone();
-        (engine_gateway::http::doors_router(doors), bus)
+        Ok((engine_gateway::http::doors_router(doors), bus))
     });
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let doors = doors.clone();
-        async move { serve(doors.await, &event.payload).await }
+        // A start-up that failed answers every request with why (503).
+        async move { serve(doors.await.and_then(|d| d), &event.payload).await }
     }))
     .await
+}
+
+/// `DOORS_APPROVAL_WAIT_SECS`: whole seconds, at least one; unset keeps the default.
+fn approval_wait(value: Option<String>) -> Result<Option<std::time::Duration>, String> {
+    let Some(v) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(secs) if secs >= 1 => Ok(Some(std::time::Duration::from_secs(secs))),
+        _ => Err(format!(
+            "DOORS_APPROVAL_WAIT_SECS must be a whole number of seconds, at least 1 (got `{v}`)"
+        )),
+    }
 }
 
 /// One request through the doors → the streamed answer.
@@ -97,4 +103,26 @@ async fn serve(
         metadata_prelude: prelude,
         stream: Box::pin(response.into_body().into_data_stream().chain(flushed)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_approval_wait_is_whole_seconds_or_a_clear_error() {
+        assert_eq!(approval_wait(None), Ok(None));
+        assert_eq!(approval_wait(Some(" ".into())), Ok(None));
+        assert_eq!(
+            approval_wait(Some("120".into())),
+            Ok(Some(std::time::Duration::from_secs(120)))
+        );
+        for bad in ["0", "-5", "1.5", "soon", "99999999999999999999999"] {
+            let e = approval_wait(Some(bad.into())).unwrap_err();
+            assert!(
+                e.contains("DOORS_APPROVAL_WAIT_SECS") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
 }

@@ -197,6 +197,7 @@ async fn list_sessions(
         u64::from(u32::MAX),
     )?;
     let listed = state
+        .doors
         .call(
             &caller,
             "session-tree::list",
@@ -211,7 +212,7 @@ async fn list_sessions(
         .filter(|m| m["session_id"].is_string())
         .collect();
     let turns = futures_util::future::join_all(metas.iter().map(|meta| {
-        state.call(
+        state.doors.call(
             &caller,
             "turn::get_state",
             json!({"session_id": meta["session_id"]}),
@@ -239,6 +240,7 @@ async fn get_session(
 ) -> Result<axum::Json<Value>, ApiError> {
     check_id("session id", &sid)?;
     let turn = state
+        .doors
         .call(&caller, "turn::get_state", json!({"session_id": sid}))
         .await?;
     if turn.is_null() {
@@ -287,7 +289,10 @@ async fn start_turn(
         check_id("message_id", m)?;
         request["message_id"] = json!(m);
     }
-    let answer = state.call(&caller, "harness::trigger", request).await?;
+    let answer = state
+        .doors
+        .call(&caller, "harness::trigger", request)
+        .await?;
     let status = answer["status_code"]
         .as_u64()
         .and_then(|c| u16::try_from(c).ok())
@@ -304,6 +309,7 @@ async fn abort(
     check_id("session id", &sid)?;
     Ok(axum::Json(
         state
+            .doors
             .call(&caller, "run::abort", json!({"session_id": sid}))
             .await?,
     ))

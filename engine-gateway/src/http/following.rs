@@ -16,6 +16,16 @@ use crate::protocol::Message;
 /// One pushed item: `(item_id, event_type, data)`.
 pub type Pushed = (String, String, Value);
 
+/// A pushed `streamevent` frame → its item (anything else: `None`).
+pub fn pushed_item(text: &str) -> Option<Pushed> {
+    match crate::protocol::parse(text) {
+        Ok(Message::StreamEvent { item_id, event, .. }) => {
+            Some((item_id, event.event_type, event.data))
+        }
+        _ => None,
+    }
+}
+
 pub struct Following {
     source: Source,
 }
@@ -92,10 +102,8 @@ impl Following {
                     return None;
                 };
                 outbox.written(text.len());
-                if let Ok(Message::StreamEvent { item_id, event, .. }) =
-                    crate::protocol::parse(&text)
-                {
-                    return Some((item_id, event.event_type, event.data));
+                if let Some(item) = pushed_item(&text) {
+                    return Some(item);
                 }
             },
             Source::Relayed { items, .. } => items.recv().await,

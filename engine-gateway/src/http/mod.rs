@@ -15,7 +15,7 @@ mod console;
 pub mod doors;
 mod following;
 pub use doors::port::{DoorBus, Doors, EngineDoors};
-pub use following::{Following, Pushed};
+pub use following::{Following, Pushed, pushed_item};
 pub use sse::EVENTS_STREAM;
 mod sse;
 
@@ -24,7 +24,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,18 +218,6 @@ fn check_origin(headers: &HeaderMap, doors: &Doors) -> Result<(), ApiError> {
             "origin `{origin}` is not allowed: start the engine with --allowed-origins to admit it"
         ),
     ))
-}
-
-impl HttpState {
-    /// Call a function on the bus as `caller`: refused as it would be over a WebSocket.
-    pub async fn call(
-        &self,
-        caller: &Caller,
-        function_id: &str,
-        data: Value,
-    ) -> Result<Value, ApiError> {
-        self.doors.call(caller, function_id, data).await
-    }
 }
 
 /// Every route: the console's pages and assets, the API and the doors; CORS for allowed
