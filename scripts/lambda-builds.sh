@@ -27,7 +27,7 @@ if ! cargo lambda --version >/dev/null 2>&1; then
 fi
 profile=${LAMBDA_PROFILE:-ci-lambda}
 # The packages that hold those binaries.
-packages=(engine-gateway turn-orchestrator harness-worker approval-gate session-worker llm-budget
+packages=(engine-gateway engine-aws turn-orchestrator harness-worker approval-gate session-worker llm-budget
   hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
   provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock)
 args=()

@@ -183,7 +183,7 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
 
   export HARNESS_TEST_BACKEND=aws
   stage "tests (bus suites on the AWS backend: DynamoDB + Streams, SQS, Secrets Manager)"
-  nextest -E 'package(engine-gateway)'
+  nextest -E 'package(engine-gateway) | package(engine-aws)'
   stage_done
 
   stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport; channels as response streams)"

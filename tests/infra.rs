@@ -60,11 +60,7 @@ fn toml_lines(text: &str) -> Vec<(String, String, String)> {
 /// Binaries and lambda deploy settings of every crate in the workspace.
 fn crates() -> BTreeMap<String, (u64, u64)> {
     let mut out = BTreeMap::new();
-    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir("functions")
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    dirs.push(Path::new("engine-gateway").to_path_buf());
+    let dirs = crate_dirs();
     for dir in dirs {
         let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
             continue;
@@ -91,9 +87,6 @@ fn crates() -> BTreeMap<String, (u64, u64)> {
             for b in &bins {
                 let (bm, bt) = own.get(b).copied().unwrap_or_default();
                 out.insert(b.clone(), (bm.unwrap_or(m), bt.unwrap_or(t)));
-            }
-            if dir.ends_with("engine-gateway") {
-                out.insert("engine-lambda".into(), (m, t));
             }
         }
     }
@@ -317,18 +310,17 @@ fn every_worker_is_deployed_with_its_crate_settings() {
     );
 }
 
-/// Files of the engine crate that never run inside a Lambda: the engine server and the local
-/// emulators of Lambda, API Gateway, event-source mappings and Function URLs.
-const NOT_IN_A_LAMBDA: [&str; 8] = [
-    "engine-gateway/src/main.rs",
-    "engine-gateway/src/server.rs",
-    "engine-gateway/src/lambda_host.rs",
-    "engine-gateway/src/deployed.rs",
-    "engine-gateway/src/apigw_ws.rs",
-    "engine-gateway/src/mappings.rs",
-    "engine-gateway/src/function_url.rs",
-    "engine-gateway/src/bin",
-];
+/// Every crate directory of the workspace: the workers, the bus crates and the engine binary.
+fn crate_dirs() -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> = ["functions", "crates"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.push("engine-gateway".into());
+    dirs.sort();
+    dirs
+}
 
 /// Variables the Lambda service sets itself.
 const SET_BY_LAMBDA: [&str; 3] = [
@@ -339,11 +331,7 @@ const SET_BY_LAMBDA: [&str; 3] = [
 
 /// Every workspace crate: package name → (directory, workspace crates it depends on).
 fn workspace_crates() -> BTreeMap<String, (std::path::PathBuf, Vec<String>)> {
-    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir("functions")
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    dirs.push("engine-gateway".into());
+    let dirs = crate_dirs();
     let mut out = BTreeMap::new();
     for dir in dirs {
         let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
@@ -380,9 +368,7 @@ fn variables_named(dir: &Path, library_only: bool, out: &mut BTreeMap<String, St
     let mut stack = vec![dir.join("src")];
     while let Some(p) = stack.pop() {
         let shown = p.to_string_lossy().replace('\\', "/");
-        if NOT_IN_A_LAMBDA.iter().any(|x| shown == *x)
-            || (library_only && (shown.ends_with("src/main.rs") || shown.ends_with("src/bin")))
-        {
+        if library_only && (shown.ends_with("src/main.rs") || shown.ends_with("src/bin")) {
             continue;
         }
         if p.is_dir() {
@@ -415,9 +401,9 @@ fn variables_of_binary(binary: &str) -> BTreeMap<String, String> {
         })
         .map(|(name, _)| name.clone())
         .unwrap_or_else(|| panic!("no crate builds `{binary}`"));
-    // A Lambda binary of the engine crate (engine-lambda, doors-lambda): the library, plus
-    // its own file.
-    let own_file = format!("engine-gateway/src/bin/{binary}.rs");
+    // One of several Lambda binaries of a crate (engine-aws: engine-lambda, doors-lambda):
+    // the library, plus its own file.
+    let own_file = format!("{}/src/bin/{binary}.rs", crates[&root].0.display());
     let engine_bin = Path::new(&own_file).is_file();
     let mut out = BTreeMap::new();
     let (mut seen, mut todo) = (BTreeSet::new(), vec![root.clone()]);

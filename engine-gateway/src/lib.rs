@@ -1,54 +1,35 @@
-//! engine-gateway: the bus every worker runs on.
+//! engine-gateway: the engine binary (`cargo run`), composed of the workspace's bus crates.
 //!
-//! - [`protocol`]: the wire messages of SPEC §1.
-//! - [`engine`]: router, invocations, triggers, queue consumers, streams.
-//! - [`edge`]: the WebSocket server with API Gateway WebSocket semantics.
-//! - [`state`], [`queue`]: the ports; [`embedded`]: the default redb backend.
-//! - [`http`]: the web console and the HTTP API, on the edge's port.
-//! - [`channels`], [`trace`], [`builtins`].
+//! What lives where (each crate's README says what it owns and must not depend on):
+//! - `bus-telemetry`: spans, propagation, OTLP export, metrics, the tracing bridge.
+//! - `bus`: the wire protocol, access, the engine, built-ins, the ports.
+//! - `store-embedded`: the default redb backend; `bus-aws`: the AWS backends.
+//! - `bus-edge`: the WebSocket server, the HTTP API, the doors and the console.
+//! - `aws-local`: the local emulators of Lambda, API Gateway and the deployed topology.
+//! - `engine-aws`: the router and doors Lambdas.
+//!
+//! This crate holds [`server`] (the engine as `cargo run` starts it) and re-exports the
+//! modules under the paths they had before the split, so existing code keeps working.
 
-pub mod access;
-pub mod apigw_ws;
-pub mod aws;
-pub mod builtins;
-pub mod channels;
-pub mod deployed;
-pub mod edge;
-pub mod embedded;
-pub mod engine;
-pub mod events;
-pub mod fields;
-pub mod function_url;
-pub mod http;
-pub mod lambda_host;
-pub mod lambda_stream;
-pub mod logging;
-pub mod mappings;
-pub mod metrics;
-pub mod paging;
-pub mod prewarm;
-pub mod protocol;
-pub mod queue;
-pub mod registry;
-pub mod retention;
-pub mod secrets;
 pub mod server;
-pub mod sign_in;
-pub mod state;
-pub mod state_api;
-pub mod stream_item;
-pub mod telemetry;
-pub mod trace;
-pub mod tracing_bridge;
-mod wal;
 
-pub use engine::{Attachment, Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
+pub use aws_local::{apigw_ws, deployed, function_url, lambda_host, mappings};
+pub use bus::{Attachment, Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
+pub use bus::{
+    access, builtins, channels, engine, events, fields, lambda, paging, prewarm, protocol, queue,
+    registry, retention, secrets, sign_in, state, state_api, stream_item,
+};
+pub use bus_aws::lambda_stream;
+pub use bus_edge::http;
+pub use bus_edge::ws as edge;
+pub use bus_telemetry::{
+    ensure_crypto_provider, logging, metrics, telemetry, trace, tracing_bridge,
+};
+pub use store_embedded as embedded;
 
-/// Install rustls' ring provider once (reqwest is built without a default provider, so
-/// no C crypto toolchain is needed).
-pub fn ensure_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+/// The AWS backends (`bus-aws`) and the deployed engine's Lambdas (`engine-aws`), under one
+/// path as before the split.
+pub mod aws {
+    pub use bus_aws::*;
+    pub use engine_aws::{doors, router, url_http};
 }

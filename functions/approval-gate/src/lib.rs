@@ -78,7 +78,7 @@ pub async fn resolve(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
         decided_by: harness_sdk::owners::caller(&ctx)
             .map(|a| a.name)
             .unwrap_or_else(|| "harness".into()),
-        decided_at: engine_gateway::trace::now_ms(),
+        decided_at: bus_telemetry::trace::now_ms(),
         function_id: Some(function_id.to_string()),
         args_hash: Some(hash.clone()),
     };

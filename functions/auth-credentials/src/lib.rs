@@ -5,8 +5,8 @@
 
 pub mod types;
 
-use engine_gateway::builtins::req_str;
-use engine_gateway::secrets::SecretStore;
+use bus::builtins::req_str;
+use bus::secrets::SecretStore;
 use harness_sdk::contracts::auth;
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
 use serde_json::{Value, json};
@@ -149,7 +149,7 @@ impl Auth {
         }) = token
         {
             out["expires_at"] = json!(at);
-            out["expired"] = json!(at <= engine_gateway::trace::now_ms());
+            out["expired"] = json!(at <= bus_telemetry::trace::now_ms());
         }
         Ok(out)
     }

@@ -9,7 +9,7 @@
 
 pub mod plan;
 
-use engine_gateway::builtins::req_str;
+use bus::builtins::req_str;
 use futures_util::future::BoxFuture;
 use harness_sdk::messages::{AgentMessage, ContentBlock, StopReason, user_text};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
@@ -145,7 +145,7 @@ fn text(m: &AgentMessage) -> String {
 
 async fn compact(s: &Settings, ctx: &Ctx, data: &Value, force: bool) -> Result<Value, ErrorBody> {
     let sid = req_str(data, "session_id")?;
-    let owner = format!("compactor-{}", engine_gateway::trace::random_hex(4));
+    let owner = format!("compactor-{}", bus_telemetry::trace::random_hex(4));
     if !acquire(ctx, &sid, &owner).await? {
         return Ok(json!({"status": "busy", "session_id": sid}));
     }

@@ -10,7 +10,7 @@
 
 pub mod types;
 
-use engine_gateway::builtins::req_str;
+use bus::builtins::req_str;
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, def};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};

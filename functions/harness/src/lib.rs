@@ -4,7 +4,7 @@
 pub mod policy;
 pub mod types;
 
-use engine_gateway::secrets::SecretStore;
+use bus::secrets::SecretStore;
 use harness_sdk::{DefExt, ErrorBody, RegisterFunction, Worker};
 use policy::{Policy, PolicyError};
 use serde_json::{Value, json};
@@ -424,12 +424,12 @@ async fn trigger_with_defaults(
         .as_str()
         .or(payload["session_id"].as_str())
         .map(str::to_owned)
-        .unwrap_or_else(|| format!("s-{}", engine_gateway::trace::random_hex(8)));
+        .unwrap_or_else(|| format!("s-{}", bus_telemetry::trace::random_hex(8)));
     let message_id = data["message_id"]
         .as_str()
         .or(payload["message_id"].as_str())
         .map(str::to_owned)
-        .unwrap_or_else(|| format!("m-{}", engine_gateway::trace::random_hex(8)));
+        .unwrap_or_else(|| format!("m-{}", bus_telemetry::trace::random_hex(8)));
     payload["session_id"] = json!(session_id);
     payload["message_id"] = json!(message_id);
     if let (Some(p), Some(d)) = (payload.as_object_mut(), defaults.as_object()) {
@@ -438,8 +438,8 @@ async fn trigger_with_defaults(
         }
     }
     let ctx = ctx
-        .with_baggage(engine_gateway::trace::ATTR_SESSION_ID, &session_id)
-        .with_baggage(engine_gateway::trace::ATTR_MESSAGE_ID, &message_id);
+        .with_baggage(bus_telemetry::trace::ATTR_SESSION_ID, &session_id)
+        .with_baggage(bus_telemetry::trace::ATTR_MESSAGE_ID, &message_id);
     let body = ctx.trigger("run::start", payload).await?;
     // 404: the id is another's session, answered as one that is not there to be started.
     let status = match (body["started"] == true, body["reason"].as_str()) {
@@ -511,7 +511,7 @@ impl UiHub {
 
     /// Whether `viewer` may see `session`'s events.
     async fn may_see(&self, ctx: &harness_sdk::Ctx, viewer: Option<&str>, session: &str) -> bool {
-        let Some(viewer) = viewer.and_then(engine_gateway::access::Acting::parse) else {
+        let Some(viewer) = viewer.and_then(bus::access::Acting::parse) else {
             return true;
         };
         if viewer.sees_all() {
@@ -549,8 +549,8 @@ async fn ui_change(
     data: Value,
     subscribe: bool,
 ) -> Result<Value, ErrorBody> {
-    let browser = engine_gateway::builtins::req_str(&data, "browser_id")?;
-    let session = engine_gateway::builtins::opt_str(&data, "session_id")?;
+    let browser = bus::builtins::req_str(&data, "browser_id")?;
+    let session = bus::builtins::opt_str(&data, "session_id")?;
     let sub = {
         let mut subs = hub.subs.write().unwrap_or_else(|p| p.into_inner());
         let entry = subs.entry(browser.clone()).or_default();

@@ -31,9 +31,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             })?),
         };
         let prefix = var("HARNESS_AWS_PREFIX").unwrap_or_else(|| "harness-".into());
-        let store = engine_gateway::aws::secrets::AwsSecrets::new(
-            engine_gateway::aws::AwsClients::from_env().await,
-            engine_gateway::aws::AwsNames::new(&prefix),
+        let store = bus_aws::secrets::AwsSecrets::new(
+            bus_aws::AwsClients::from_env().await,
+            bus_aws::AwsNames::new(&prefix),
         );
         harness_worker::PolicyHolder::from_secret(Arc::new(store), &secret, refresh)
     } else {

@@ -131,7 +131,7 @@ pub const DEFAULT_ALLOW: &[&str] = &[
 /// own definition of what the call reaches (once, the policy checked a list's `key` while
 /// the engine listed by `prefix`, and another session's state came back).
 fn in_session(function_id: &str, args: &Value, session: Option<&str>) -> bool {
-    use engine_gateway::state_api::{StateReach, read_reach};
+    use bus::state_api::{StateReach, read_reach};
     let Some(sid) = session.filter(|s| !s.is_empty() && !s.contains('/')) else {
         return false;
     };
@@ -149,7 +149,7 @@ fn in_session(function_id: &str, args: &Value, session: Option<&str>) -> bool {
 
 /// `*` is the only wildcard, anchored at both ends.
 pub fn pattern_matches(pattern: &str, function_id: &str) -> bool {
-    engine_gateway::engine::glob_match(pattern, function_id)
+    bus::engine::glob_match(pattern, function_id)
 }
 
 impl Rule {

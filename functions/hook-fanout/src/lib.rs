@@ -8,7 +8,7 @@
 //! fails (not one that is merely slow) makes `publish_failed: true`, which gating callers
 //! treat as a deny.
 
-use engine_gateway::builtins::req_str;
+use bus::builtins::req_str;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, contracts, def};
@@ -138,7 +138,7 @@ fn remaining(deadline: Instant) -> Duration {
 
 pub async fn publish_collect(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let o = parse(&data)?;
-    let event_id = format!("hook-{}", engine_gateway::trace::random_hex(8));
+    let event_id = format!("hook-{}", bus_telemetry::trace::random_hex(8));
     let subs = match subscribers(&ctx, &o.topic).await {
         Ok(s) => s,
         Err(e) => {

@@ -12,7 +12,7 @@ pub mod period;
 pub mod types;
 
 use budget::*;
-use engine_gateway::builtins::req_str;
+use bus::builtins::req_str;
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def};
 use period::Period;
 use serde_json::{Value, json};
@@ -146,7 +146,7 @@ async fn create(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     })?;
     let id = match data["budget_id"].as_str() {
         Some(id) => budget_id(&json!({"budget_id": id}))?,
-        None => format!("bud-{}", engine_gateway::trace::random_hex(6)),
+        None => format!("bud-{}", bus_telemetry::trace::random_hex(6)),
     };
     let t = now();
     let b = Budget {

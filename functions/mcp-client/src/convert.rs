@@ -2,7 +2,7 @@
 //! answer becomes a function's answer (or its error). A server's descriptions, schemas and
 //! results are hostile input: bounded here, never executed, passed on as data.
 
-use engine_gateway::protocol::{ErrorBody, RegisterFunction};
+use bus::protocol::{ErrorBody, RegisterFunction};
 use serde_json::{Map, Value, json};
 
 /// The deepest schema a tool may declare (the engine, the orchestrator and every provider

@@ -93,7 +93,7 @@ async fn lambda(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    engine_gateway::server::init_logging();
+    bus_telemetry::logging::init_logging();
     let servers = servers_from_env()?;
     mcp_client::config::check_all(&servers)?;
     if harness_sdk::under_lambda_runtime() || std::env::args().nth(1).as_deref() == Some("lambda") {

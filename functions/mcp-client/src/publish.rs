@@ -6,7 +6,7 @@
 //! removed one is unregistered.
 
 use async_trait::async_trait;
-use engine_gateway::Engine;
+use bus::Engine;
 use harness_sdk::worker::FunctionSpec;
 use harness_sdk::{RemoteOptions, Worker};
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@ use crate::convert::{self, ToolLimits};
 use crate::process::{self, ServerLimits};
 use crate::publish::Publisher;
 use crate::secrets::{self, SecretSource};
-use engine_gateway::protocol::ErrorBody;
+use bus::protocol::ErrorBody;
 use harness_sdk::{Ctx, Worker};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
@@ -343,7 +343,7 @@ impl Server {
         url: &str,
     ) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, String> {
         use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-        engine_gateway::ensure_crypto_provider();
+        bus_telemetry::ensure_crypto_provider();
         let mut headers = HashMap::new();
         for (k, v) in &self.cfg.headers {
             let v = secrets::resolve(v, &self.secrets).await?;

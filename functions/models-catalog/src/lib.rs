@@ -4,7 +4,7 @@
 //! `thinking:low|medium|high|xhigh`, `cache`), and `models::cost {provider, model_id, usage}`.
 //! The data is `catalog.json` (sources and dates inside), or the file `MODELS_CATALOG`.
 
-use engine_gateway::builtins::{opt_str, req_str};
+use bus::builtins::{opt_str, req_str};
 use harness_sdk::DefExt;
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
 use schemars::JsonSchema;

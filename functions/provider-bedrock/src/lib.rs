@@ -27,7 +27,7 @@ pub const NAME: &str = "bedrock";
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
 pub struct Bedrock {
-    client: engine_gateway::prewarm::Started<aws_sdk_bedrockruntime::Client>,
+    client: bus::prewarm::Started<aws_sdk_bedrockruntime::Client>,
 }
 
 impl Bedrock {
@@ -39,8 +39,8 @@ impl Bedrock {
     /// [`Bedrock::from_env`] with the runtime endpoint set (`harness.yaml`'s
     /// `providers.bedrock.base_url`); the standard variables still win.
     pub fn new(endpoint_url: Option<String>) -> Self {
-        let client = engine_gateway::prewarm::start("the Bedrock client", async move {
-            engine_gateway::ensure_crypto_provider();
+        let client = bus::prewarm::start("the Bedrock client", async move {
+            bus_telemetry::ensure_crypto_provider();
             // Region from the environment (a Lambda sets AWS_REGION) or the profile, else
             // us-east-1: not the instance metadata service, which off EC2 answers nothing
             // but two warnings at every start of a harness that merely lists Bedrock.
@@ -50,7 +50,7 @@ impl Bedrock {
             .or_else(aws_config::profile::ProfileFileRegionProvider::new())
             .or_else(aws_config::Region::new("us-east-1"));
             let cfg = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                .http_client(engine_gateway::aws::https_client())
+                .http_client(bus_aws::https_client())
                 .region(region)
                 .load()
                 .await;

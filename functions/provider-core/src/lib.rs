@@ -8,7 +8,7 @@
 //! reused for a minute: [`PRICE_TTL`]).
 
 use async_trait::async_trait;
-use engine_gateway::builtins::req_str;
+use bus::builtins::req_str;
 use futures_util::StreamExt;
 use harness_sdk::messages::{
     AgentMessage, AssistantBuilder, AssistantMessageEvent, ErrorKind, StopReason, ToolSpec,
@@ -290,7 +290,7 @@ pub trait Transport: Send + Sync {
 /// How `send` reaches the model.
 #[derive(Clone)]
 enum Route {
-    Network(engine_gateway::prewarm::Prewarmed<reqwest::Client>),
+    Network(bus::prewarm::Prewarmed<reqwest::Client>),
     /// The client only builds requests (building one per request loaded the root
     /// certificates each time).
     InProcess(Arc<dyn Transport>, reqwest::Client),
@@ -522,9 +522,9 @@ fn parse_request(ctx: &Ctx, data: Value) -> Result<StreamRequest, ErrorBody> {
 
 /// `provider::<name>::stream` and `provider::<name>::complete` for a dialect.
 pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
-    engine_gateway::ensure_crypto_provider();
-    // Built off the start-up path (its root certificates): `engine_gateway::prewarm`.
-    let client = engine_gateway::prewarm::Prewarmed::new(|| {
+    bus_telemetry::ensure_crypto_provider();
+    // Built off the start-up path (its root certificates): `bus::prewarm`.
+    let client = bus::prewarm::Prewarmed::new(|| {
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
@@ -538,7 +538,7 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
 
 /// [`worker`] whose requests go to `transport` instead of the network.
 pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Transport>) -> Worker {
-    engine_gateway::ensure_crypto_provider();
+    bus_telemetry::ensure_crypto_provider();
     worker_for(Arc::new(HttpUpstream {
         dialect,
         route: Route::InProcess(

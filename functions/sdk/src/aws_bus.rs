@@ -4,13 +4,13 @@
 //! still reach their consumers. Calls to other functions look their Lambda up in the registry
 //! table and `Invoke` it (see `engine-gateway register-lambda`).
 
+use ::bus::channels::{ChannelFrame, ChannelHub, ChannelRef, UNATTACHED_TTL};
+use ::bus::protocol::ErrorBody;
+use ::bus::queue::{QueueBackend, QueueConfig, QueueMessage};
+use ::bus::state::WriteMeta;
 use async_trait::async_trait;
-use engine_gateway::aws::{AwsClients, AwsNames};
-use engine_gateway::channels::{ChannelFrame, ChannelHub, ChannelRef, UNATTACHED_TTL};
-use engine_gateway::protocol::ErrorBody;
-use engine_gateway::queue::{QueueBackend, QueueConfig, QueueMessage};
-use engine_gateway::state::WriteMeta;
-use engine_gateway::trace::{Span, TraceContext, now_ms};
+use bus_aws::{AwsClients, AwsNames};
+use bus_telemetry::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,24 +21,24 @@ use crate::channel::{ChannelReader, ChannelWriter};
 use crate::error::BusError;
 
 pub struct AwsBus {
-    state: engine_gateway::aws::state::DynamoState,
-    queues: engine_gateway::aws::queues::SqsQueues,
+    state: bus_aws::state::DynamoState,
+    queues: bus_aws::queues::SqsQueues,
     clients: AwsClients,
-    registry: engine_gateway::aws::registry::DynamoRegistry,
+    registry: bus_aws::registry::DynamoRegistry,
     names: AwsNames,
     /// Channels this Lambda created (there is no engine to hold one): the engine's own hub,
     /// whose reader is read here and whose writer is the response stream of the function the
     /// writer ref is handed to (`InvokeWithResponseStream`; see
-    /// `engine_gateway::aws::response_stream`).
+    /// `bus_aws::response_stream`).
     channels: ChannelHub,
     /// `stream::send` pushes through the WebSocket API's management endpoint
     /// (`WS_MANAGEMENT_ENDPOINT`); without one it answers with an error saying so.
-    connections: Option<engine_gateway::aws::connections::Connections>,
+    connections: Option<bus_aws::connections::Connections>,
     /// OTLP export of this Lambda's spans (when configured), flushed before each invocation
     /// returns: a frozen Lambda process exports nothing.
-    export: Option<engine_gateway::telemetry::Export>,
+    export: Option<bus_telemetry::telemetry::Export>,
     /// The AWS SDK's operation spans of each handler, exported with this Lambda's own.
-    span_target: Option<engine_gateway::tracing_bridge::SpanTarget>,
+    span_target: Option<bus_telemetry::tracing_bridge::SpanTarget>,
 }
 
 /// Most channels one Lambda instance holds unattached at once.
@@ -47,18 +47,18 @@ const MAX_LOCAL_CHANNELS: usize = 1024;
 impl AwsBus {
     pub fn new(clients: AwsClients, names: AwsNames) -> Self {
         let service = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "lambda".into());
-        let export = engine_gateway::telemetry::Export::from_env(None, &service);
+        let export = bus_telemetry::telemetry::Export::from_env(None, &service);
         let span_target = export.as_ref().map(|e| {
             let queue = e.queue.clone();
-            engine_gateway::tracing_bridge::SpanTarget::new(
+            bus_telemetry::tracing_bridge::SpanTarget::new(
                 &service,
                 Arc::new(move |s| queue.push(s)),
             )
         });
         Self {
-            state: engine_gateway::aws::state::DynamoState::new(clients.clone(), &names),
-            registry: engine_gateway::aws::registry::DynamoRegistry::new(clients.clone(), &names),
-            queues: engine_gateway::aws::queues::SqsQueues::new(clients.clone(), names.clone()),
+            state: bus_aws::state::DynamoState::new(clients.clone(), &names),
+            registry: bus_aws::registry::DynamoRegistry::new(clients.clone(), &names),
+            queues: bus_aws::queues::SqsQueues::new(clients.clone(), names.clone()),
             names,
             channels: ChannelHub::default(),
             connections: None,
@@ -71,7 +71,7 @@ impl AwsBus {
     /// Push `stream::send` events through the WebSocket API's management endpoint
     /// (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`).
     pub fn with_management_endpoint(mut self, endpoint: &str) -> Self {
-        self.connections = Some(engine_gateway::aws::connections::Connections::new(
+        self.connections = Some(bus_aws::connections::Connections::new(
             &self.clients,
             &self.names,
             endpoint,
@@ -111,10 +111,8 @@ impl AwsBus {
             baggage: trace.baggage_header(),
             unwatched: false,
         };
-        if engine_gateway::state_api::FUNCTIONS.contains(&function_id) {
-            return match engine_gateway::state_api::call(&self.state, function_id, data, &meta)
-                .await
-            {
+        if ::bus::state_api::FUNCTIONS.contains(&function_id) {
+            return match ::bus::state_api::call(&self.state, function_id, data, &meta).await {
                 Some(r) => r.map_err(BusError::from),
                 None => Err(BusError::InvalidMessage(format!(
                     "`{function_id}` is not a state function"
@@ -129,7 +127,7 @@ impl AwsBus {
         }
         if let Some(frames) = self.writer_of(&data) {
             // The callee writes to a channel whose reader is here: its response stream.
-            return engine_gateway::aws::response_stream::call_function_streaming(
+            return bus_aws::response_stream::call_function_streaming(
                 &self.clients,
                 &self.registry,
                 function_id,
@@ -142,7 +140,7 @@ impl AwsBus {
             .map_err(BusError::from);
         }
         // Another function: the Lambda the registry names, invoked directly.
-        engine_gateway::aws::router::call_function(
+        bus_aws::invoke::call_function(
             &self.clients,
             &self.registry,
             function_id,
@@ -158,7 +156,7 @@ impl AwsBus {
 impl AwsBus {
     /// `engine::channels::create`, answered here in the engine's shape.
     fn create_channel(&self, data: &Value) -> Result<Value, ErrorBody> {
-        let buffer = match engine_gateway::builtins::opt_u64(data, "buffer_size")? {
+        let buffer = match ::bus::builtins::opt_u64(data, "buffer_size")? {
             None => None,
             Some(0) => {
                 return Err(ErrorBody::invalid(
@@ -198,14 +196,14 @@ impl AwsBus {
         data: &Value,
         meta: &WriteMeta,
     ) -> Option<Result<Value, BusError>> {
-        use engine_gateway::builtins::{opt_str, req_str, stream_addr};
-        use engine_gateway::state::StateStore;
+        use ::bus::builtins::{opt_str, req_str, stream_addr};
+        use ::bus::state::StateStore;
         if !function_id.starts_with("stream::") {
             return None;
         }
         let run = async {
             if function_id == "stream::set_many" {
-                let items = engine_gateway::builtins::stream_items(&mut data.clone(), "items")?;
+                let items = ::bus::builtins::stream_items(&mut data.clone(), "items")?;
                 let count = items.len();
                 let writes = items
                     .into_iter()
@@ -219,7 +217,7 @@ impl AwsBus {
                 "stream::set" => {
                     let item = req_str(data, "item_id")?;
                     let value = data.get("data").cloned().unwrap_or(Value::Null);
-                    engine_gateway::state::check_value_depth("`data`", &value)?;
+                    ::bus::state::check_value_depth("`data`", &value)?;
                     let out = self
                         .state
                         .set(&scope, &format!("{group}\u{1}{item}"), value, None, meta)
@@ -270,7 +268,7 @@ impl AwsBus {
                     let event_type = opt_str(data, "type")?.unwrap_or_else(|| "send".into());
                     let item = opt_str(data, "item_id")?.unwrap_or_default();
                     let value = data.get("data").cloned().unwrap_or(Value::Null);
-                    engine_gateway::state::check_value_depth("`data`", &value)?;
+                    ::bus::state::check_value_depth("`data`", &value)?;
                     let reached = connections
                         .send_stream_event(&name, &group, &item, &event_type, &value)
                         .await
@@ -390,7 +388,7 @@ impl Bus for AwsBus {
         }
     }
 
-    fn span_target(&self) -> Option<&engine_gateway::tracing_bridge::SpanTarget> {
+    fn span_target(&self) -> Option<&bus_telemetry::tracing_bridge::SpanTarget> {
         self.span_target.as_ref()
     }
 
@@ -398,6 +396,6 @@ impl Bus for AwsBus {
         if let Some(export) = &self.export {
             export.flush().await;
         }
-        engine_gateway::metrics::flush().await;
+        bus_telemetry::metrics::flush().await;
     }
 }

@@ -1,9 +1,9 @@
 //! The transport port: how a worker reaches the engine. In process (`embedded`), over the
 //! WebSocket (`remote`), or from a Lambda (the remote transport without registrations).
 
+use ::bus::channels::ChannelRef;
 use async_trait::async_trait;
-use engine_gateway::channels::ChannelRef;
-use engine_gateway::trace::{Span, TraceContext};
+use bus_telemetry::trace::{Span, TraceContext};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub trait Bus: Send + Sync {
         &self,
         function_id: &str,
         mut data: Value,
-        attachment: engine_gateway::Attachment,
+        attachment: bus::Attachment,
         trace: &TraceContext,
         timeout: Option<Duration>,
     ) -> Result<Value, BusError> {
@@ -64,7 +64,7 @@ pub trait Bus: Send + Sync {
     async fn flush_telemetry(&self) {}
     /// Where the `tracing` spans opened while a handler runs go (the AWS SDK's operations,
     /// made by a bus that talks to AWS itself); `None`: they are not recorded.
-    fn span_target(&self) -> Option<&engine_gateway::tracing_bridge::SpanTarget> {
+    fn span_target(&self) -> Option<&bus_telemetry::tracing_bridge::SpanTarget> {
         None
     }
     /// A message of an SQS batch failed: make it visible again after `delay` (SPEC's

@@ -1,6 +1,6 @@
 //! Channel ends as a worker sees them: in process (the engine's hub) or over a WebSocket.
 
-use engine_gateway::channels::{ChannelFrame, ChannelHub, ChannelRef};
+use ::bus::channels::{ChannelFrame, ChannelHub, ChannelRef};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use std::sync::LazyLock;
@@ -14,7 +14,7 @@ use crate::error::BusError;
 /// The writer ends of this process's response streams (a Lambda answering an invocation in
 /// streaming mode), held by the engine's channel hub under the caller's channel id and key:
 /// opening such a ref writes into the response, whatever the bus (see
-/// `engine_gateway::aws::response_stream`).
+/// `bus_aws::response_stream`).
 static RESPONSE_STREAMS: LazyLock<ChannelHub> = LazyLock::new(ChannelHub::default);
 
 /// Make `channel` write into a response stream (until it is taken or forgotten).

@@ -37,8 +37,8 @@ pub mod provider {
 
     /// The request's conversation as an attachment: a provider in the caller's process reads
     /// it as it is, any other gets it as the payload's `messages` (the wire contract).
-    pub fn messages_attachment(messages: Arc<Vec<AgentMessage>>) -> engine_gateway::Attachment {
-        engine_gateway::Attachment::new(messages, |messages, payload| {
+    pub fn messages_attachment(messages: Arc<Vec<AgentMessage>>) -> bus::Attachment {
+        bus::Attachment::new(messages, |messages, payload| {
             if let Some(o) = payload.as_object_mut() {
                 o.insert(
                     "messages".into(),

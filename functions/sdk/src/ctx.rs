@@ -1,8 +1,8 @@
 //! `Ctx`: what a handler holds to talk to the bus. Every call it makes carries the handler's
 //! span as parent and the baggage it received, so a chain of calls is one trace.
 
-use engine_gateway::channels::ChannelRef;
-use engine_gateway::trace::{ATTR_MESSAGE_ID, ATTR_SESSION_ID, TraceContext};
+use ::bus::channels::ChannelRef;
+use bus_telemetry::trace::{ATTR_MESSAGE_ID, ATTR_SESSION_ID, TraceContext};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,7 @@ pub struct Ctx {
     function_id: Arc<str>,
     /// What the caller handed this call unserialized (only to a function registered with
     /// [`crate::Worker::accept_attachments`], only in process).
-    attachment: Option<engine_gateway::Attachment>,
+    attachment: Option<bus::Attachment>,
 }
 
 /// A clone is for the calls a handler makes, so it leaves the attachment behind: what the
@@ -44,16 +44,13 @@ impl Ctx {
         }
     }
 
-    pub(crate) fn with_attachment(
-        mut self,
-        attachment: Option<engine_gateway::Attachment>,
-    ) -> Self {
+    pub(crate) fn with_attachment(mut self, attachment: Option<bus::Attachment>) -> Self {
         self.attachment = attachment;
         self
     }
 
     /// The part of the payload the caller handed over as it is, when it is a `T` (see
-    /// [`engine_gateway::Attachment`]).
+    /// [`bus::Attachment`]).
     pub fn attachment<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.attachment.as_ref()?.get::<T>()
     }
@@ -77,24 +74,6 @@ impl Ctx {
     }
     pub fn message_id(&self) -> Option<&str> {
         self.trace.baggage_get(ATTR_MESSAGE_ID)
-    }
-
-    /// A child span of this call for a step worth its own row in the trace (`service`: the
-    /// worker that runs it). Calls made through its [`crate::span::ChildSpan::ctx`] nest under it.
-    pub fn child_span(&self, name: &str, service: &str) -> crate::span::ChildSpan {
-        crate::span::ChildSpan::start(self, name, service)
-    }
-
-    /// A span with no parent, at the start of this context's trace: a client that begins a
-    /// piece of work (the terminal's session) records it, so every call made through its
-    /// [`crate::span::ChildSpan::ctx`] has a parent the collector receives.
-    pub fn root_span(&self, name: &str, service: &str) -> crate::span::ChildSpan {
-        let top = TraceContext {
-            trace_id: self.trace.trace_id.clone(),
-            span_id: String::new(),
-            baggage: self.trace.baggage.clone(),
-        };
-        crate::span::ChildSpan::start(&self.at(top), name, service)
     }
 
     /// The same call at another position in its trace.
@@ -166,12 +145,12 @@ impl Ctx {
 
     /// [`Self::trigger_timeout`] with part of the payload beside it: a handler in this
     /// process that accepts attachments gets it as it is, any other gets it written into
-    /// `payload` (see [`engine_gateway::Attachment`]).
+    /// `payload` (see [`bus::Attachment`]).
     pub async fn trigger_attached(
         &self,
         function_id: &str,
         payload: Value,
-        attachment: engine_gateway::Attachment,
+        attachment: bus::Attachment,
         timeout: Duration,
     ) -> Result<Value, BusError> {
         self.bus
@@ -270,7 +249,7 @@ impl Ctx {
     /// a conflict on any write answers `version_conflict` and nothing is written.
     pub async fn state_commit(
         &self,
-        writes: Vec<engine_gateway::state::TxWrite>,
+        writes: Vec<::bus::state::TxWrite>,
         stream_items: Vec<(String, String, String, Value)>,
     ) -> Result<Value, BusError> {
         let writes: Vec<Value> = writes
@@ -495,7 +474,7 @@ impl Ctx {
 }
 
 /// A request object built by moving its values in (the engine's, shared by every worker).
-pub use engine_gateway::fields::fields;
+pub use ::bus::fields::fields;
 
 /// A stream item as `state::transact` and `stream::set_many` take it, its data moved in.
 fn stream_item((stream_name, group_id, item_id, data): (String, String, String, Value)) -> Value {

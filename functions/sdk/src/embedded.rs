@@ -1,11 +1,11 @@
 //! Runner 1: embedded. The worker's handlers are registered as in-process handlers on the
 //! engine; calls go straight to `Engine::invoke`.
 
+use ::bus::channels::ChannelRef;
+use ::bus::engine::Engine;
+use ::bus::protocol::ErrorBody;
 use async_trait::async_trait;
-use engine_gateway::channels::ChannelRef;
-use engine_gateway::engine::Engine;
-use engine_gateway::protocol::ErrorBody;
-use engine_gateway::trace::{Span, TraceContext};
+use bus_telemetry::trace::{Span, TraceContext};
 use futures_util::FutureExt;
 use serde_json::Value;
 use std::sync::{Arc, Weak};
@@ -68,7 +68,7 @@ impl Bus for EmbeddedBus {
         &self,
         function_id: &str,
         data: Value,
-        attachment: engine_gateway::Attachment,
+        attachment: bus::Attachment,
         trace: &TraceContext,
         timeout: Option<Duration>,
     ) -> Result<Value, BusError> {
@@ -157,7 +157,7 @@ pub fn run_embedded(worker: Worker, engine: &Arc<Engine>) -> Result<WorkerHandle
     let worker = Arc::new(worker);
     for spec in worker.functions() {
         let (w, b) = (worker.clone(), bus.clone());
-        let handler: engine_gateway::Handler = Arc::new(move |inv: engine_gateway::Invocation| {
+        let handler: bus::Handler = Arc::new(move |inv: bus::Invocation| {
             let (w, b) = (w.clone(), b.clone());
             async move {
                 w.dispatch_attached(b, &inv.function_id, inv.data, inv.attachment, &inv.trace)

@@ -1,4 +1,4 @@
-use engine_gateway::protocol::{ErrorBody, codes};
+use ::bus::protocol::{ErrorBody, codes};
 
 /// A failed bus call, typed by the engine's error codes (SPEC §1).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -10,11 +10,11 @@
 //! Outbound calls reach the engine over `ENGINE_URL` when set; without it, with
 //! `ENGINE_BACKEND=aws`, state and queues are reached directly (see `aws_bus`).
 
+use ::bus::protocol::ErrorBody;
+use ::bus::queue::QueueMessage;
 use aws_lambda_events::event::sqs::SqsEvent;
-use engine_gateway::aws::response_stream::{RESPONSE_STREAM_FIELD, answer_line, frame_line};
-use engine_gateway::protocol::ErrorBody;
-use engine_gateway::queue::QueueMessage;
-use engine_gateway::trace::TraceContext;
+use bus_aws::response_stream::{RESPONSE_STREAM_FIELD, answer_line, frame_line};
+use bus_telemetry::trace::TraceContext;
 use lambda_runtime::streaming::Body;
 use lambda_runtime::{FunctionResponse, LambdaEvent, service_fn};
 use serde_json::{Value, json};
@@ -145,7 +145,7 @@ async fn run_record(
         .unwrap_or(4);
     if let Some(obj) = msg.data.as_object_mut() {
         obj.insert(
-            engine_gateway::queue::DELIVERY_FIELD.into(),
+            ::bus::queue::DELIVERY_FIELD.into(),
             serde_json::json!({"attempt": receives, "last": receives >= max_receives}),
         );
     }
@@ -173,7 +173,7 @@ async fn retry_soon(bus: &dyn Bus, record: &aws_lambda_events::sqs::SqsMessage, 
         .unwrap_or(1);
     if let (Some(arn), Some(handle)) = (&record.event_source_arn, &record.receipt_handle) {
         // The queue's own backoff rule, with SPEC's default first delay.
-        let delay = engine_gateway::queue::QueueConfig::standard("sqs").backoff(receives);
+        let delay = ::bus::queue::QueueConfig::standard("sqs").backoff(receives);
         if let Err(e) = bus.retry_later(arn, handle, delay).await {
             tracing::warn!(message_id = %id, error = %e, "could not shorten the retry delay");
         }
@@ -233,7 +233,7 @@ async fn handle_stream(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Va
                 t.config
                     .get(field)
                     .and_then(Value::as_str)
-                    .is_none_or(|pattern| engine_gateway::engine::glob_match(pattern, actual))
+                    .is_none_or(|pattern| ::bus::engine::glob_match(pattern, actual))
             };
             if !(matches("scope", scope) && matches("key", key)) {
                 continue;
@@ -292,7 +292,7 @@ fn trace_of(envelope: &Envelope, xray_trace_id: Option<&str>) -> TraceContext {
         TraceContext::from_headers(envelope.traceparent.as_deref(), envelope.baggage.as_deref());
     match xray_trace_id {
         Some(xray) if envelope.traceparent.is_none() => {
-            match engine_gateway::telemetry::from_xray_header(xray) {
+            match bus_telemetry::telemetry::from_xray_header(xray) {
                 Some((trace_id, span_id)) => TraceContext {
                     trace_id,
                     span_id,
@@ -307,12 +307,12 @@ fn trace_of(envelope: &Envelope, xray_trace_id: Option<&str>) -> TraceContext {
 }
 
 fn parse_envelope(v: &Value) -> Result<Envelope, ErrorBody> {
-    let function_id = engine_gateway::builtins::req_str(v, "function_id")?;
+    let function_id = ::bus::builtins::req_str(v, "function_id")?;
     Ok(Envelope {
         function_id,
         data: v.get("data").cloned().unwrap_or(Value::Null),
-        traceparent: engine_gateway::builtins::opt_str(v, "traceparent")?,
-        baggage: engine_gateway::builtins::opt_str(v, "baggage")?,
+        traceparent: ::bus::builtins::opt_str(v, "traceparent")?,
+        baggage: ::bus::builtins::opt_str(v, "baggage")?,
     })
 }
 
@@ -339,7 +339,7 @@ pub async fn run_lambda_with(
         }
         _ => None,
     };
-    use engine_gateway::prewarm;
+    use ::bus::prewarm;
     let bus: prewarm::Started<Arc<dyn Bus>> = match &client {
         Some(c) => prewarm::ready(c.bus()),
         // As deployed in AWS: state and queues directly. The AWS clients (root certificates)
@@ -401,7 +401,7 @@ const LEFT_OPEN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Run one envelope and answer in streaming mode: the frames its function writes to the
 /// channel named by `data.writer_ref` as lines, as they are written, then the answer
-/// (`engine_gateway::aws::response_stream` has the format).
+/// (`bus_aws::response_stream` has the format).
 pub fn stream_envelope(
     worker: Arc<Worker>,
     bus: Arc<dyn Bus>,
@@ -426,7 +426,7 @@ async fn stream_into(
 ) -> Result<Value, ErrorBody> {
     let envelope = parse_envelope(&payload)?;
     let trace = trace_of(&envelope, xray_trace_id.as_deref());
-    let writer_ref: Option<engine_gateway::channels::ChannelRef> = envelope
+    let writer_ref: Option<::bus::channels::ChannelRef> = envelope
         .data
         .get("writer_ref")
         .and_then(|v| serde_json::from_value(v.clone()).ok());

@@ -18,12 +18,12 @@ pub mod remote;
 pub mod span;
 pub mod worker;
 
+pub use ::bus::channels::{ChannelFrame, ChannelRef};
+pub use ::bus::protocol::{ErrorBody, RegisterFunction};
 pub use bus::{Bus, EnqueueOptions};
 pub use channel::{ChannelReader, ChannelWriter};
 pub use ctx::{Ctx, Write, fields};
 pub use embedded::run_embedded;
-pub use engine_gateway::channels::{ChannelFrame, ChannelRef};
-pub use engine_gateway::protocol::{ErrorBody, RegisterFunction};
 pub use error::BusError;
 pub use lambda::{HttpHandler, handle_event, run_lambda, run_lambda_with, under_lambda_runtime};
 pub use remote::{RemoteOptions, connect_client, run_remote};
@@ -34,22 +34,22 @@ use std::sync::Arc;
 /// The secret store this process should use: Secrets Manager when `ENGINE_BACKEND=aws`
 /// (names under `HARNESS_AWS_PREFIX`), else the 0600 file `HARNESS_SECRETS_FILE`
 /// (default `./.harness-data/secrets.json`).
-pub async fn secrets_from_env() -> Arc<dyn engine_gateway::secrets::SecretStore> {
+pub async fn secrets_from_env() -> Arc<dyn ::bus::secrets::SecretStore> {
     if std::env::var("ENGINE_BACKEND").is_ok_and(|b| b == "aws") {
-        // Built off the start-up path (engine_gateway::prewarm); the first call waits for it.
-        let store = engine_gateway::prewarm::start("Secrets Manager", async {
+        // Built off the start-up path (::bus::prewarm); the first call waits for it.
+        let store = ::bus::prewarm::start("Secrets Manager", async {
             let prefix = std::env::var("HARNESS_AWS_PREFIX").unwrap_or_else(|_| "harness-".into());
-            let clients = engine_gateway::aws::AwsClients::from_env().await;
-            Arc::new(engine_gateway::aws::secrets::AwsSecrets::new(
+            let clients = bus_aws::AwsClients::from_env().await;
+            Arc::new(bus_aws::secrets::AwsSecrets::new(
                 clients,
-                engine_gateway::aws::AwsNames::new(&prefix),
-            )) as Arc<dyn engine_gateway::secrets::SecretStore>
+                bus_aws::AwsNames::new(&prefix),
+            )) as Arc<dyn ::bus::secrets::SecretStore>
         });
-        Arc::new(engine_gateway::secrets::StartedSecrets(store))
+        Arc::new(::bus::secrets::StartedSecrets(store))
     } else {
         let path = std::env::var("HARNESS_SECRETS_FILE")
             .unwrap_or_else(|_| "./.harness-data/secrets.json".into());
-        Arc::new(engine_gateway::secrets::FileSecrets::new(path.into()))
+        Arc::new(::bus::secrets::FileSecrets::new(path.into()))
     }
 }
 
@@ -105,7 +105,7 @@ impl Drop for WorkerHandle {
 /// The `main` of a worker binary: a Lambda `bootstrap` under a Runtime API, otherwise a
 /// remote worker on `ENGINE_URL` until Ctrl-C.
 pub async fn serve_main(worker: Worker) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    engine_gateway::server::init_logging();
+    bus_telemetry::logging::init_logging();
     if under_lambda_runtime() || std::env::args().nth(1).as_deref() == Some("lambda") {
         return run_lambda(worker).await;
     }

@@ -171,7 +171,7 @@ pub enum AssistantMessageEvent {
 }
 
 pub fn now_ms() -> u64 {
-    engine_gateway::trace::now_ms()
+    bus_telemetry::trace::now_ms()
 }
 
 pub fn user_text(text: &str) -> AgentMessage {

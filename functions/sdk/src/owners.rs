@@ -14,7 +14,7 @@
 //! A call with no `iii.principal` comes from the harness itself (an in-process worker with no
 //! caller behind it) and sees everything.
 
-use engine_gateway::access::{Acting, acting};
+use ::bus::access::{Acting, acting};
 use serde_json::Value;
 use std::collections::HashSet;
 

@@ -3,10 +3,10 @@
 //! the barrier that tells us the engine has processed them. Messages larger than one frame
 //! are sent fragmented, as API Gateway requires.
 
+use ::bus::channels::ChannelRef;
+use ::bus::protocol::{self, ErrorBody, InvocationResult, InvokeFunction, Message, codes};
 use async_trait::async_trait;
-use engine_gateway::channels::ChannelRef;
-use engine_gateway::protocol::{self, ErrorBody, InvocationResult, InvokeFunction, Message, codes};
-use engine_gateway::trace::{Span, TraceContext};
+use bus_telemetry::trace::{Span, TraceContext};
 use futures_util::{SinkExt, StreamExt};
 use rand::RngExt;
 use serde_json::{Value, json};
@@ -113,7 +113,7 @@ pub struct RemoteBus {
     spans: Mutex<Vec<Span>>,
     /// OTLP export of this process's spans (when configured): it exports them itself, the
     /// engine only keeps the copies sent to `engine::traces::ingest`.
-    export: Option<engine_gateway::telemetry::Export>,
+    export: Option<bus_telemetry::telemetry::Export>,
     pushes: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     stopped: AtomicBool,
 }
@@ -326,7 +326,7 @@ impl Bus for RemoteBus {
         if let Some(export) = &self.export {
             export.flush().await;
         }
-        engine_gateway::metrics::flush().await;
+        bus_telemetry::metrics::flush().await;
     }
 }
 
@@ -568,7 +568,7 @@ fn spawn_connection_loop(bus: Arc<RemoteBus>) -> tokio::task::JoinHandle<()> {
 /// reconnection) registers the worker's functions and triggers.
 pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
     let (connected, _) = watch::channel(None);
-    let export = engine_gateway::telemetry::Export::from_env(None, &worker.name);
+    let export = bus_telemetry::telemetry::Export::from_env(None, &worker.name);
     let exporting = export
         .as_ref()
         .map(|e| e.spawn_loop(Duration::from_millis(500)));

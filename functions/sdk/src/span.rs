@@ -3,7 +3,7 @@
 //! nest under it. Finished spans go where the handler's own span goes (the engine's trace
 //! store, and this process's OTLP export).
 
-use engine_gateway::trace::Span;
+use bus_telemetry::trace::Span;
 use std::sync::Arc;
 
 use crate::bus::Bus;
@@ -70,5 +70,26 @@ impl ChildSpan {
 impl Drop for ChildSpan {
     fn drop(&mut self) {
         self.end(Some("unfinished"));
+    }
+}
+
+/// Spans are started from a call's context.
+impl Ctx {
+    /// A child span of this call for a step worth its own row in the trace (`service`: the
+    /// worker that runs it). Calls made through its [`ChildSpan::ctx`] nest under it.
+    pub fn child_span(&self, name: &str, service: &str) -> ChildSpan {
+        ChildSpan::start(self, name, service)
+    }
+
+    /// A span with no parent, at the start of this context's trace: a client that begins a
+    /// piece of work (the terminal's session) records it, so every call made through its
+    /// [`ChildSpan::ctx`] has a parent the collector receives.
+    pub fn root_span(&self, name: &str, service: &str) -> ChildSpan {
+        let top = bus_telemetry::trace::TraceContext {
+            trace_id: self.trace().trace_id.clone(),
+            span_id: String::new(),
+            baggage: self.trace().baggage.clone(),
+        };
+        ChildSpan::start(&self.at(top), name, service)
     }
 }

@@ -2,8 +2,8 @@
 //! remote WebSocket worker, or as a Lambda; `dispatch` is the one code path that handles a
 //! call in all three (span, context, panic containment).
 
-use engine_gateway::protocol::{ErrorBody, RegisterFunction, RegisterTrigger, codes};
-use engine_gateway::trace::{ATTR_FUNCTION_ID, Span, TraceContext};
+use ::bus::protocol::{ErrorBody, RegisterFunction, RegisterTrigger, codes};
+use bus_telemetry::trace::{ATTR_FUNCTION_ID, Span, TraceContext};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -191,7 +191,7 @@ impl Worker {
         bus: Arc<dyn Bus>,
         function_id: &str,
         data: Value,
-        attachment: Option<engine_gateway::Attachment>,
+        attachment: Option<bus::Attachment>,
         parent: &TraceContext,
     ) -> FnResult {
         let Some(handler) = self.handler(function_id).cloned() else {
@@ -207,8 +207,8 @@ impl Worker {
         // The handler's own `tracing` spans (its AWS calls, on a bus that makes them) become
         // children of this span.
         let target = bus.span_target().map(|t| t.for_service(&self.name));
-        let bridged = engine_gateway::tracing_bridge::context_for(target.as_ref(), &position);
-        let work = engine_gateway::tracing_bridge::run_in(
+        let bridged = bus_telemetry::tracing_bridge::context_for(target.as_ref(), &position);
+        let work = bus_telemetry::tracing_bridge::run_in(
             bridged,
             handler(
                 Ctx::new(bus.clone(), position, function_id).with_attachment(attachment),

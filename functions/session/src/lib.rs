@@ -15,7 +15,7 @@ pub mod types;
 use store::*;
 pub use store::{Parent, append_chain, load_entries, load_meta};
 
-use engine_gateway::builtins::req_str;
+use bus::builtins::req_str;
 use harness_sdk::contracts::{inbox, session_tree};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def, fields};
 use serde_json::{Value, json};
@@ -70,7 +70,7 @@ fn sid_of(data: &Value, field: &str) -> Result<String, ErrorBody> {
 }
 
 fn new_id() -> String {
-    engine_gateway::trace::random_hex(8)
+    bus_telemetry::trace::random_hex(8)
 }
 
 fn now() -> u64 {

@@ -180,9 +180,7 @@ async fn fast_append(
     parent: &str,
     inputs: &[EntryInput],
 ) -> Result<Option<Vec<(Entry, bool)>>, ErrorBody> {
-    use engine_gateway::state::{
-        TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound,
-    };
+    use bus::state::{TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound};
     let Some(m) = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) else {
         return Ok(None);
     };

@@ -16,7 +16,7 @@
 
 pub mod signature;
 
-use engine_gateway::secrets::SecretStore;
+use bus::secrets::SecretStore;
 use harness_sdk::contracts::approval::{ListPendingAnswer, ListPendingRequest, PendingCall};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, def};
 use serde_json::{Value, json};
@@ -50,13 +50,13 @@ pub struct SlackConfig {
     /// from the workspace; anyone else's request decides nothing. Both empty: nobody may.
     pub approvers: Vec<String>,
     pub approver_channels: Vec<String>,
-    /// Built off the start-up path (its root certificates): `engine_gateway::prewarm`.
-    pub http: engine_gateway::prewarm::Prewarmed<reqwest::Client>,
+    /// Built off the start-up path (its root certificates): `bus::prewarm`.
+    pub http: bus::prewarm::Prewarmed<reqwest::Client>,
 }
 
 impl SlackConfig {
     pub fn from_env(secrets: Arc<dyn SecretStore>) -> Self {
-        engine_gateway::ensure_crypto_provider();
+        bus_telemetry::ensure_crypto_provider();
         Self {
             secrets,
             env: Arc::new(|k| std::env::var(k).ok().filter(|v| !v.is_empty())),
@@ -67,7 +67,7 @@ impl SlackConfig {
                 .filter(|c| !c.is_empty()),
             approvers: list_env("SLACK_APPROVERS"),
             approver_channels: list_env("SLACK_APPROVER_CHANNELS"),
-            http: engine_gateway::prewarm::Prewarmed::new(|| {
+            http: bus::prewarm::Prewarmed::new(|| {
                 reqwest::Client::builder()
                     .timeout(Duration::from_secs(10))
                     .build()
@@ -284,7 +284,7 @@ async fn resolve(ctx: &Ctx, d: &Decision) -> String {
     // Decided by the verified Slack user, an approver for every session (an operator).
     let out = ctx
         .with_baggage(
-            engine_gateway::access::ACTING_BAGGAGE,
+            bus::access::ACTING_BAGGAGE,
             &format!("operator:slack:{who}"),
         )
         .trigger(
@@ -581,8 +581,8 @@ pub async fn serve(
 }
 
 /// The webhook's connection limits: Slack's requests are small and quick.
-pub fn webhook_limits() -> engine_gateway::http::bounded::Limits {
-    engine_gateway::http::bounded::Limits {
+pub fn webhook_limits() -> http_bounded::Limits {
+    http_bounded::Limits {
         max_connections: 128,
         header_timeout: Duration::from_secs(10),
         body_deadline: Duration::from_secs(10),
@@ -595,7 +595,7 @@ pub async fn serve_with_limits(
     ctx: Ctx,
     cfg: SlackConfig,
     listen: &str,
-    limits: engine_gateway::http::bounded::Limits,
+    limits: http_bounded::Limits,
 ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     use axum::extract::State;
     use axum::http::HeaderMap;
@@ -625,7 +625,7 @@ pub async fn serve_with_limits(
         .with_state((ctx, cfg));
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let task = tokio::spawn(engine_gateway::http::bounded::serve(listener, app, limits));
+    let task = tokio::spawn(http_bounded::serve(listener, app, limits));
     Ok((url, task))
 }
 

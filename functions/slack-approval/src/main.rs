@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    engine_gateway::server::init_logging();
+    bus_telemetry::logging::init_logging();
     let cfg = slack_approval::SlackConfig::from_env(harness_sdk::secrets_from_env().await);
     let worker = slack_approval::worker(cfg.clone());
     if under_lambda_runtime() {

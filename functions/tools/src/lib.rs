@@ -14,7 +14,7 @@ pub mod waiter;
 
 pub use spaces::{Space, WorkspaceMode};
 
-use engine_gateway::builtins::{opt_str, opt_u64, req_str};
+use bus::builtins::{opt_str, opt_u64, req_str};
 use harness_sdk::{ErrorBody, RegisterFunction, Worker};
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -566,7 +566,7 @@ fn write_atomically(
         ".{}.tmp-{}-{}",
         name.to_string_lossy(),
         std::process::id(),
-        engine_gateway::trace::random_hex(4)
+        bus_telemetry::trace::random_hex(4)
     );
     let fd = rustix::fs::openat(
         &dir,

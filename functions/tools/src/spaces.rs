@@ -50,7 +50,7 @@ pub struct Space {
     dir: PathBuf,
     /// A handle of the directory, opened once: every path is resolved beneath it.
     handle: OwnedFd,
-    sandbox: engine_gateway::prewarm::Prewarmed<Sandbox>,
+    sandbox: bus::prewarm::Prewarmed<Sandbox>,
 }
 
 impl Space {
@@ -61,7 +61,7 @@ impl Space {
         let workdir = dir.clone();
         // Probed off the caller's path (the probe starts a real sandbox, a few tens of ms):
         // the first call that needs it waits for it.
-        let sandbox = engine_gateway::prewarm::Prewarmed::new(move || {
+        let sandbox = bus::prewarm::Prewarmed::new(move || {
             let sandbox = Sandbox::probe(cfg.clone(), &workdir);
             let missing = sandbox.layers().missing();
             // An isolation that was tried and could not be made (bubblewrap under a private

@@ -113,7 +113,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         .clone()
         .or_else(|| ctx.message_id().map(str::to_owned))
         .filter(|k| !k.is_empty() && !k.contains('/'))
-        .unwrap_or_else(|| format!("run{}", engine_gateway::trace::random_hex(6)));
+        .unwrap_or_else(|| format!("run{}", bus_telemetry::trace::random_hex(6)));
     ctx.state_set(SCOPE, &request_key(&sid), data).await?;
     let t = now();
     let mut rec = Record {

@@ -68,7 +68,7 @@ pub(crate) async fn step(
         let _ = fail_after_retries(ctx, &sid, expected, e).await;
         out = Err(e.clone());
     }
-    if let Some(m) = engine_gateway::metrics::get() {
+    if let Some(m) = bus_telemetry::metrics::get() {
         let outcome = match &out {
             Ok(v) if v["skipped"] == true => "stale",
             Ok(v) if v["to_state"] == "failed" => "failed",

@@ -60,7 +60,7 @@ pub struct InstanceCache {
     /// `catalogue_version` it was built from.
     pub(crate) tool: std::sync::Mutex<Option<(String, harness_sdk::messages::ToolSpec)>>,
     /// Which functions are registered `metadata.agent: false`, by catalogue version.
-    pub(crate) not_for_the_agent: std::sync::Mutex<Option<crate::states::calls::NotForTheAgent>>,
+    pub(crate) not_for_the_agent: std::sync::Mutex<Option<NotForTheAgent>>,
     /// The instance's compaction reserve (its [`Settings`]).
     pub(crate) reserved_tokens: u64,
 }
@@ -359,6 +359,14 @@ fn read_appended(
 /// that is aborted): nothing else to append with it.
 pub(crate) async fn append_pending_answer(ctx: &Ctx, rec: &mut Record) -> StepResult<()> {
     append_history(ctx, rec, Vec::new(), "r").await.map(drop)
+}
+
+/// The functions registered with `metadata.agent: false`, as of one catalogue version
+/// (read by `states::calls`, kept with the rest of the turn's cache).
+pub(crate) struct NotForTheAgent {
+    pub(crate) version: Option<String>,
+    pub(crate) read_at: std::time::Instant,
+    pub(crate) ids: std::collections::HashSet<String>,
 }
 
 #[cfg(test)]

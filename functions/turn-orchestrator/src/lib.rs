@@ -47,8 +47,8 @@ mod prelude {
         BEST_EFFORT_TIMEOUT, CALL_TIMEOUT, COMPACTION_TIMEOUT, POLICY_TIMEOUT, PROVIDER_TIMEOUT,
         RESERVED_TOKENS,
     };
-    pub(crate) use engine_gateway::builtins::req_str;
-    pub(crate) use engine_gateway::state::DURABILITY_BAGGAGE;
+    pub(crate) use bus::builtins::req_str;
+    pub(crate) use bus::state::DURABILITY_BAGGAGE;
     pub(crate) use futures_util::FutureExt;
     pub(crate) use harness_sdk::contracts::{
         self, approval, budget, compaction, inbox, policy, session_tree,
@@ -83,7 +83,7 @@ fn def(id: &str, description: &str) -> RegisterFunction {
 }
 
 /// First retry delay of a failed step; each next one doubles (SPEC's exponential backoff).
-pub const STEP_BACKOFF_MS: u64 = engine_gateway::queue::DEFAULT_BACKOFF_MS;
+pub const STEP_BACKOFF_MS: u64 = bus::queue::DEFAULT_BACKOFF_MS;
 
 /// How long a step that keeps failing transiently is retried before it is dead-lettered:
 /// `HARNESS_STEP_RETRY_SECS`, default 60 s.

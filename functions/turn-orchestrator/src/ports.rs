@@ -5,7 +5,7 @@
 
 use crate::prelude::*;
 use async_trait::async_trait;
-use engine_gateway::state::{
+use bus::state::{
     SET_MANY_MAX, TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound,
 };
 use std::collections::HashMap;

@@ -75,14 +75,14 @@ pub(crate) async fn dispatch_with(
             true,
         ),
     };
-    if engine_gateway::telemetry::gen_ai::capture_content() {
+    if bus_telemetry::telemetry::gen_ai::capture_content() {
         span.set(
-            engine_gateway::telemetry::gen_ai::TOOL_CALL_RESULT,
+            bus_telemetry::telemetry::gen_ai::TOOL_CALL_RESULT,
             redact(&result),
         );
     }
     span.finish(is_error.then(|| result["error"]["code"].as_str().unwrap_or("error")));
-    if let Some(m) = engine_gateway::metrics::get() {
+    if let Some(m) = bus_telemetry::metrics::get() {
         m.tool_call(
             &call.function_id,
             if is_error { "error" } else { "ok" },
@@ -105,7 +105,7 @@ pub(crate) async fn dispatch_with(
 /// An `execute_tool {function}` span (GenAI semantic conventions) around one tool call; the
 /// tool's own span nests under it.
 fn tool_span(ctx: &Ctx, call: &Call) -> harness_sdk::span::ChildSpan {
-    use engine_gateway::telemetry::gen_ai;
+    use bus_telemetry::telemetry::gen_ai;
     let mut span = ctx.child_span(
         &format!("execute_tool {}", call.function_id),
         "turn-orchestrator",
@@ -277,13 +277,6 @@ fn engine_never_for_the_agent(function_id: &str) -> Option<&'static str> {
 /// `catalogue_version` is asked again (and, where the engine gives none, the catalogue).
 const NOT_FOR_THE_AGENT_TTL: Duration = Duration::from_secs(1);
 
-/// The functions registered with `metadata.agent: false`, as of one catalogue version.
-pub(crate) struct NotForTheAgent {
-    version: Option<String>,
-    read_at: std::time::Instant,
-    ids: std::collections::HashSet<String>,
-}
-
 /// Why the orchestrator refuses `function_id` for the model whatever the policy says: the
 /// engine's own pattern it matches, or the worker's declaration. `None`: the policy decides.
 /// A swapped or buggy policy must not let the agent approve its own calls, read provider
@@ -327,13 +320,13 @@ pub(crate) async fn not_for_the_agent(ctx: &Ctx, function_id: &str) -> StepResul
         .functions(false)
         .await?
         .iter()
-        .filter(|f| engine_gateway::access::is_not_for_the_agent(f.get("metadata")))
+        .filter(|f| bus::access::is_not_for_the_agent(f.get("metadata")))
         .filter_map(|f| f["function_id"].as_str().map(str::to_owned))
         .collect();
     let hit = ids.contains(function_id);
     let _ = crate::history::CACHE.try_with(|c| {
         if let Ok(mut n) = c.not_for_the_agent.lock() {
-            *n = Some(NotForTheAgent {
+            *n = Some(crate::history::NotForTheAgent {
                 version,
                 read_at: std::time::Instant::now(),
                 ids,
@@ -355,7 +348,7 @@ pub(crate) fn denied(rec: &mut Record, call: &Call, envelope: Value) -> Executed
 
 /// A call that was not run: its denial envelope is the result (announced already).
 pub(crate) fn refused(rec: &mut Record, call: &Call, envelope: Value) -> Executed {
-    if let Some(m) = engine_gateway::metrics::get() {
+    if let Some(m) = bus_telemetry::metrics::get() {
         m.tool_call(&call.function_id, "denied", Duration::ZERO);
     }
     let e = Executed {

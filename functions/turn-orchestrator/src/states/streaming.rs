@@ -144,7 +144,7 @@ fn chat_span(
     req: &RunRequest,
     messages: &History,
 ) -> harness_sdk::span::ChildSpan {
-    use engine_gateway::telemetry::gen_ai;
+    use bus_telemetry::telemetry::gen_ai;
     let mut span = ctx.child_span(&format!("chat {}", req.model), "turn-orchestrator");
     span.set(gen_ai::OPERATION_NAME, "chat");
     span.set(gen_ai::PROVIDER_NAME, provider_name(&req.provider));
@@ -162,7 +162,7 @@ fn chat_span(
 
 /// The model's answer on its span: model, usage, finish reason (and content, when captured).
 fn finish_chat_span(span: &mut harness_sdk::span::ChildSpan, message: &AgentMessage) {
-    use engine_gateway::telemetry::gen_ai;
+    use bus_telemetry::telemetry::gen_ai;
     let AgentMessage::Assistant {
         model,
         usage,
@@ -561,7 +561,7 @@ async fn call_model(
         _ => None,
     };
     if let (Some(m), AgentMessage::Assistant { usage, .. }) =
-        (engine_gateway::metrics::get(), &message)
+        (bus_telemetry::metrics::get(), &message)
     {
         let u = usage.clone().unwrap_or_default();
         m.model_call(

@@ -1,0 +1,268 @@
+//! WebSocket connections as AWS sees them: pushes go through the API Gateway management API
+//! (`POST @connections/{id}`), and stream subscriptions are registry items written by the
+//! router at `streamsubscribe`. The router uses this for results and stored stream items; a
+//! Lambda uses it for `stream::send` (token deltas), which stores nothing and so has no other
+//! way to reach a client.
+
+use super::AwsClients;
+use super::registry::DynamoRegistry;
+use aws_sdk_apigatewaymanagement::primitives::Blob;
+use bus::registry::Registry;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Registry kind of a connection's stream subscription (owner: the connection).
+pub const SUBSCRIPTION: &str = "subscription";
+
+/// How long a Lambda reuses the subscribers it read for a stream group. `stream::send` is
+/// called once per batch of token deltas; a client that subscribes within this window may
+/// miss deltas, never a stored event (those come through the stream router).
+pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(1);
+
+/// Most stream groups whose subscribers are cached at once.
+const MAX_CACHED_GROUPS: usize = 1024;
+
+pub fn subscription_id(connection: &str, stream: &str, group: Option<&str>) -> String {
+    format!("{connection}\u{1}{stream}\u{1}{}", group.unwrap_or("*"))
+}
+
+/// A subscriber: its connection id, and (a client that sees only its own sessions) who it is.
+type Subscriber = (String, Option<String>);
+
+type SubscriberCache = HashMap<(String, String), (Instant, Vec<Subscriber>)>;
+
+/// Most sessions' owners a Lambda remembers (an owner never changes once recorded).
+const MAX_CACHED_OWNERS: usize = 10_000;
+
+pub struct Connections {
+    client: aws_sdk_apigatewaymanagement::Client,
+    registry: DynamoRegistry,
+    state: super::state::DynamoState,
+    cache: Mutex<SubscriberCache>,
+    owners: Mutex<HashMap<String, Value>>,
+}
+
+impl Connections {
+    /// `endpoint`: `https://{api}.execute-api.{region}.amazonaws.com/{stage}`
+    /// (`WS_MANAGEMENT_ENDPOINT`).
+    pub fn new(clients: &AwsClients, names: &super::AwsNames, endpoint: &str) -> Self {
+        let conf = aws_sdk_apigatewaymanagement::config::Builder::from(&clients.config)
+            .endpoint_url(endpoint)
+            .interceptor(super::api_calls::CountCalls)
+            .build();
+        Self {
+            client: aws_sdk_apigatewaymanagement::Client::from_conf(conf),
+            registry: DynamoRegistry::new(clients.clone(), names),
+            state: super::state::DynamoState::new(clients.clone(), names),
+            cache: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A session's recorded owner (`null`: none), remembered once read.
+    async fn owner(&self, session_id: &str) -> Value {
+        if let Some(o) = self.lock_owners().get(session_id) {
+            return o.clone();
+        }
+        use bus::state::StateStore;
+        let owner = self
+            .state
+            .get(bus::engine::OWNERS_SCOPE, session_id)
+            .await
+            .ok()
+            .flatten()
+            .map(|v| v.value)
+            .unwrap_or(Value::Null);
+        if !owner.is_null() {
+            let mut owners = self.lock_owners();
+            if owners.len() >= MAX_CACHED_OWNERS {
+                owners.clear();
+            }
+            owners.insert(session_id.to_string(), owner.clone());
+        }
+        owner
+    }
+
+    fn lock_owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Value>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Of `subs` (subscribed to `group`), the connections that may get its events: a client
+    /// only its own session's, whatever it subscribed to.
+    pub async fn allowed(&self, subs: Vec<Subscriber>, group: &str) -> Vec<String> {
+        if subs.iter().all(|(_, viewer)| viewer.is_none()) {
+            return subs.into_iter().map(|(id, _)| id).collect();
+        }
+        let owner = self.owner(group).await;
+        subs.into_iter()
+            .filter(|(_, viewer)| {
+                viewer.as_deref().is_none_or(|v| {
+                    bus::access::Acting::parse(v).is_some_and(|a| a.may_see(&owner))
+                })
+            })
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Post a message to a connection → false when the connection is gone (then its records
+    /// are forgotten).
+    pub async fn post(&self, connection_id: &str, message: &Value) -> Result<bool, String> {
+        match self
+            .client
+            .post_to_connection()
+            .connection_id(connection_id)
+            .data(Blob::new(message.to_string().into_bytes()))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_gone_exception()) => {
+                self.forget(connection_id).await;
+                Ok(false)
+            }
+            Err(e) => Err(super::err_text(&e)),
+        }
+    }
+
+    /// Remove a connection's record and its subscriptions.
+    pub async fn forget(&self, connection: &str) {
+        let _ = self
+            .registry
+            .remove("connection", connection, connection)
+            .await;
+        if let Ok(subs) = self.registry.list(SUBSCRIPTION).await {
+            for (id, owner, _) in subs {
+                if owner == connection {
+                    let _ = self.registry.remove(SUBSCRIPTION, &id, &owner).await;
+                }
+            }
+        }
+    }
+
+    /// Every subscription (id, owner, body).
+    pub async fn subscriptions(&self) -> Result<Vec<(String, String, Value)>, String> {
+        self.registry.list(SUBSCRIPTION).await
+    }
+
+    /// The connections subscribed to `stream`'s `group` (or to all its groups), read at most
+    /// once per [`SUBSCRIBERS_TTL`].
+    pub async fn subscribers(&self, stream: &str, group: &str) -> Result<Vec<String>, String> {
+        let key = (stream.to_string(), group.to_string());
+        let cached = self
+            .lock_cache()
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < SUBSCRIBERS_TTL)
+            .map(|(_, subs)| subs.clone());
+        let subs = match cached {
+            Some(subs) => subs,
+            None => {
+                let subs = subscribed_with_viewers(&self.subscriptions().await?, stream, group);
+                let mut cache = self.lock_cache();
+                if cache.len() >= MAX_CACHED_GROUPS {
+                    cache.clear();
+                }
+                cache.insert(key, (Instant::now(), subs.clone()));
+                subs
+            }
+        };
+        Ok(self.allowed(subs, group).await)
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, SubscriberCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `stream::send`: push an event to the group's subscribers without storing it, in the
+    /// engine's `streamevent` shape → how many connections it reached. A connection that
+    /// cannot be reached is logged and skipped (best effort, as on the engine).
+    pub async fn send_stream_event(
+        &self,
+        stream: &str,
+        group: &str,
+        item: &str,
+        event_type: &str,
+        data: &Value,
+    ) -> Result<usize, String> {
+        let ids = self.subscribers(stream, group).await?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let message = json!({"type": "streamevent", "stream_name": stream, "group_id": group, "item_id": item, "event": {"type": event_type, "data": data}});
+        let mut reached = 0;
+        for id in ids {
+            match self.post(&id, &message).await {
+                Ok(true) => reached += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, connection = %id, stream, "stream event not pushed")
+                }
+            }
+        }
+        Ok(reached)
+    }
+}
+
+/// The subscribers among `subs` of `stream`'s `group`, each with the client it is when it
+/// sees only its own sessions (`viewer`).
+pub fn subscribed_with_viewers(
+    subs: &[(String, String, Value)],
+    stream: &str,
+    group: &str,
+) -> Vec<Subscriber> {
+    let mut out: Vec<Subscriber> = subs
+        .iter()
+        .filter(|(_, _, sub)| {
+            sub["stream_name"].as_str() == Some(stream)
+                && sub["group_id"].as_str().is_none_or(|g| g == group)
+        })
+        .filter_map(|(_, _, sub)| {
+            let id = sub["connection_id"].as_str()?.to_owned();
+            Some((id, sub["viewer"].as_str().map(str::to_owned)))
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The connection ids among `subs` subscribed to `stream`'s `group`.
+pub fn subscribed(subs: &[(String, String, Value)], stream: &str, group: &str) -> Vec<String> {
+    let mut ids: Vec<String> = subs
+        .iter()
+        .filter(|(_, _, sub)| {
+            sub["stream_name"].as_str() == Some(stream)
+                && sub["group_id"].as_str().is_none_or(|g| g == group)
+        })
+        .filter_map(|(_, _, sub)| sub["connection_id"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_or_all_groups_subscribe() {
+        let sub = |c: &str, g: Option<&str>| {
+            (
+                subscription_id(c, "agent::events", g),
+                c.to_string(),
+                json!({"connection_id": c, "stream_name": "agent::events", "group_id": g}),
+            )
+        };
+        let subs = vec![
+            sub("a", Some("s1")),
+            sub("b", None),
+            sub("c", Some("s2")),
+            sub("a", None),
+        ];
+        assert_eq!(subscribed(&subs, "agent::events", "s1"), ["a", "b"]);
+        assert_eq!(subscribed(&subs, "agent::events", "s2"), ["a", "b", "c"]);
+        assert!(subscribed(&subs, "other", "s1").is_empty());
+    }
+}

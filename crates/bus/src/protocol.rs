@@ -1,0 +1,418 @@
+//! The worker wire protocol of SPEC §1: one JSON object per WebSocket text message, tagged by
+//! `type`. These types are the single source of truth for the field names; `PROTOCOL.md`
+//! documents them with one example each.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The metadata flag that makes a function callable by clients.
+pub const PUBLIC_FLAG: &str = "public";
+
+/// The metadata flag (`agent: false`) by which a worker declares a function for humans and
+/// the harness only: the orchestrator never dispatches it for the model.
+pub const AGENT_FLAG: &str = "agent";
+
+/// Error codes the engine answers with (SPEC §1).
+pub mod codes {
+    pub const FUNCTION_NOT_FOUND: &str = "function_not_found";
+    pub const INVOCATION_ERROR: &str = "invocation_error";
+    pub const INVOCATION_STOPPED: &str = "invocation_stopped";
+    pub const TIMEOUT: &str = "timeout";
+    pub const FORBIDDEN: &str = "forbidden";
+    pub const ENQUEUE_ERROR: &str = "enqueue_error";
+    pub const SERIALIZATION_ERROR: &str = "serialization_error";
+    pub const TRIGGER_TYPE_NOT_FOUND: &str = "trigger_type_not_found";
+    pub const INVALID_MESSAGE: &str = "invalid_message";
+    pub const VERSION_CONFLICT: &str = "version_conflict";
+    pub const STORAGE_ERROR: &str = "storage_error";
+    pub const GONE: &str = "gone";
+    /// An answer too large for the transport (a deployed WebSocket message holds 128 KiB).
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+}
+
+/// Namespaces only the engine serves: no connection, embedded worker or Lambda may register
+/// (and so replace) a function in them.
+pub const RESERVED_NAMESPACES: &[&str] = &["engine::", "iii::", "state::", "stream::"];
+
+/// `Err(forbidden)` when `id` lies in a [`RESERVED_NAMESPACES`] namespace.
+pub fn check_not_reserved(id: &str) -> Result<(), ErrorBody> {
+    match RESERVED_NAMESPACES.iter().find(|ns| id.starts_with(**ns)) {
+        Some(ns) => Err(ErrorBody::new(
+            codes::FORBIDDEN,
+            format!("`{id}` is in the engine's own namespace `{ns}*`, which cannot be registered"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `{code, message, stacktrace?}`: the error half of every answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacktrace: Option<String>,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+            stacktrace: None,
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(codes::INVALID_MESSAGE, message)
+    }
+}
+
+impl std::fmt::Display for ErrorBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ErrorBody {}
+
+/// What the engine does with an invocation instead of answering it synchronously.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Action {
+    /// Put the invocation on a named queue; the engine answers at once with `{message_receipt_id}`.
+    Enqueue {
+        queue: String,
+        /// Explicit FIFO group; otherwise the queue's `message_group_field` is read from `data`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_group_id: Option<String>,
+        /// Deterministic deduplication id (a second enqueue with the same id within the
+        /// dedup window is accepted but not stored twice).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deduplication_id: Option<String>,
+    },
+    /// Fire and forget: no answer, even with an `invocation_id`.
+    Void,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterFunction {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_format: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+impl RegisterFunction {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            description: None,
+            request_format: None,
+            response_format: None,
+            metadata: None,
+        }
+    }
+
+    /// Mark the function as for humans and the harness only (`metadata.agent: false`): the
+    /// turn orchestrator never dispatches it for the model, whatever the policy answers.
+    pub fn not_for_the_agent(self) -> Self {
+        self.with_flag(AGENT_FLAG, false)
+    }
+
+    /// `metadata.<flag> = value`, keeping the rest of the metadata.
+    fn with_flag(mut self, flag: &str, value: bool) -> Self {
+        let mut meta = match self.metadata.take() {
+            Some(Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        meta.insert(flag.into(), Value::Bool(value));
+        self.metadata = Some(Value::Object(meta));
+        self
+    }
+
+    /// Mark the function callable by client credentials (`metadata.public = true`).
+    pub fn public(self) -> Self {
+        self.with_flag(PUBLIC_FLAG, true)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterTrigger {
+    pub id: String,
+    pub trigger_type: String,
+    pub function_id: String,
+    #[serde(default)]
+    pub config: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InvokeFunction {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+    pub function_id: String,
+    #[serde(default)]
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baggage: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
+    /// Per-call override of the engine's default call timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InvocationResult {
+    pub invocation_id: String,
+    pub function_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baggage: Option<String>,
+}
+
+/// Every message of the protocol. `type` carries the lower-case variant name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Message {
+    WorkerRegistered {
+        worker_id: String,
+    },
+    RegisterFunction(RegisterFunction),
+    UnregisterFunction {
+        id: String,
+    },
+    RegisterTrigger(RegisterTrigger),
+    UnregisterTrigger {
+        id: String,
+    },
+    TriggerRegistrationResult {
+        id: String,
+        trigger_type: String,
+        function_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ErrorBody>,
+    },
+    InvokeFunction(InvokeFunction),
+    InvocationResult(InvocationResult),
+    Ping,
+    Pong,
+    /// Engine → client: a message that could not be handled and has no invocation to answer.
+    Error {
+        error: ErrorBody,
+        /// The `type` of the offending message, when it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_reply_to: Option<String>,
+    },
+    /// Client → engine: receive pushes of a stream group (browsers, CLIs).
+    StreamSubscribe {
+        stream_name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group_id: Option<String>,
+    },
+    StreamUnsubscribe {
+        stream_name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group_id: Option<String>,
+    },
+    /// Engine → client: one stream event for a subscription.
+    StreamEvent {
+        stream_name: String,
+        group_id: String,
+        item_id: String,
+        event: StreamEventBody,
+    },
+    /// Engine → client: a server push (`engine::connections::post`, the `@connections` model).
+    Push {
+        data: Value,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamEventBody {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub data: Value,
+}
+
+impl Message {
+    pub fn to_json(&self) -> String {
+        // Serializing these types cannot fail: every field is a String, number, or Value.
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            format!(
+                r#"{{"type":"error","error":{{"code":"serialization_error","message":"{e}"}}}}"#
+            )
+        })
+    }
+}
+
+/// Why a frame could not be turned into a [`Message`], with what the engine can still answer.
+#[derive(Debug, Clone)]
+pub struct ParseFailure {
+    pub error: ErrorBody,
+    /// The `type` field, if the frame had a readable one.
+    pub message_type: Option<String>,
+    /// For a broken `invokefunction`, its `invocation_id` so the caller gets a matched answer.
+    pub invocation_id: Option<String>,
+    pub function_id: Option<String>,
+}
+
+const KNOWN_TYPES: &[&str] = &[
+    "workerregistered",
+    "registerfunction",
+    "unregisterfunction",
+    "registertrigger",
+    "unregistertrigger",
+    "triggerregistrationresult",
+    "invokefunction",
+    "invocationresult",
+    "ping",
+    "pong",
+    "error",
+    "streamsubscribe",
+    "streamunsubscribe",
+    "streamevent",
+    "push",
+];
+
+/// Parse one text frame. Errors name the problem: invalid JSON, a missing or unknown `type`,
+/// or the missing/mistyped field.
+pub fn parse(text: &str) -> Result<Message, Box<ParseFailure>> {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        Box::new(ParseFailure {
+            error: ErrorBody::invalid(format!("malformed JSON: {e}")),
+            message_type: None,
+            invocation_id: None,
+            function_id: None,
+        })
+    })?;
+    parse_value(value)
+}
+
+pub fn parse_value(value: Value) -> Result<Message, Box<ParseFailure>> {
+    let fail = |msg: String, ty: Option<String>, v: &Value| {
+        Box::new(ParseFailure {
+            error: ErrorBody::invalid(msg),
+            message_type: ty,
+            invocation_id: v
+                .get("invocation_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            function_id: v
+                .get("function_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+    };
+    let Some(obj) = value.as_object() else {
+        return Err(fail(
+            format!("a message must be a JSON object, got {}", kind_of(&value)),
+            None,
+            &Value::Null,
+        ));
+    };
+    let ty = match obj.get("type") {
+        None => return Err(fail("missing field `type`".into(), None, &value)),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(fail(
+                format!("field `type` must be a string, got {}", kind_of(other)),
+                None,
+                &value,
+            ));
+        }
+    };
+    if !KNOWN_TYPES.contains(&ty.as_str()) {
+        return Err(fail(
+            format!("unknown message type `{ty}`"),
+            Some(ty),
+            &value,
+        ));
+    }
+    let ids = (
+        value
+            .get("invocation_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        value
+            .get("function_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    );
+    serde_json::from_value::<Message>(value).map_err(|e| {
+        Box::new(ParseFailure {
+            error: ErrorBody::invalid(format!("invalid `{ty}` message: {e}")),
+            message_type: Some(ty),
+            invocation_id: ids.0,
+            function_id: ids.1,
+        })
+    })
+}
+
+pub fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn round_trips_every_example() {
+        let examples = vec![
+            json!({"type":"workerregistered","worker_id":"w1"}),
+            json!({"type":"registerfunction","id":"a::b","description":"d","request_format":{"type":"object"}}),
+            json!({"type":"unregisterfunction","id":"a::b"}),
+            json!({"type":"registertrigger","id":"t1","trigger_type":"state","function_id":"a::b","config":{"scope":"s"}}),
+            json!({"type":"unregistertrigger","id":"t1"}),
+            json!({"type":"triggerregistrationresult","id":"t1","trigger_type":"state","function_id":"a::b"}),
+            json!({"type":"invokefunction","invocation_id":"i1","function_id":"a::b","data":{"x":1},"action":{"type":"enqueue","queue":"q"}}),
+            json!({"type":"invokefunction","function_id":"a::b","data":null,"action":{"type":"void"}}),
+            json!({"type":"invocationresult","invocation_id":"i1","function_id":"a::b","result":{"ok":true}}),
+            json!({"type":"invocationresult","invocation_id":"i1","function_id":"a::b","error":{"code":"timeout","message":"m"}}),
+            json!({"type":"ping"}),
+            json!({"type":"pong"}),
+        ];
+        for ex in examples {
+            let msg = parse(&ex.to_string()).expect("parses");
+            let back: Value = serde_json::from_str(&msg.to_json()).expect("json");
+            assert_eq!(back, ex);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let e = parse("{nope").unwrap_err();
+        assert!(e.error.message.contains("malformed JSON"), "{}", e.error);
+        let e = parse("[1]").unwrap_err();
+        assert!(e.error.message.contains("JSON object"), "{}", e.error);
+        let e = parse(r#"{"type":"frobnicate"}"#).unwrap_err();
+        assert!(e.error.message.contains("frobnicate"), "{}", e.error);
+        let e = parse(r#"{"type":"invokefunction","invocation_id":"i9"}"#).unwrap_err();
+        assert!(e.error.message.contains("function_id"), "{}", e.error);
+        assert_eq!(e.invocation_id.as_deref(), Some("i9"));
+        let e = parse(r#"{"type":"registerfunction","id":7}"#).unwrap_err();
+        assert!(e.error.message.contains("invalid type"), "{}", e.error);
+        let e = parse(r#"{"id":"x"}"#).unwrap_err();
+        assert!(e.error.message.contains("`type`"), "{}", e.error);
+    }
+}
