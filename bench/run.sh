@@ -17,7 +17,7 @@ CARGO_TARGET_DIR="$BB_TARGET" cargo build --release --manifest-path "$BUSBENCH_D
 BB="$BB_TARGET/release"
 data=$(mktemp -d)
 token=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
-ENGINE_TOKEN=$token ./target/release/engine-gateway serve --listen 127.0.0.1:49401 --data-dir "$data" >/dev/null 2>&1 &
+ENGINE_TOKEN=$token "${CARGO_TARGET_DIR:-target}/release/engine-gateway" serve --listen 127.0.0.1:49401 --data-dir "$data" >/dev/null 2>&1 &
 engine_pid=$!
 "$BB/floor" 127.0.0.1:49402 >/dev/null 2>&1 &
 floor_pid=$!

@@ -1,6 +1,11 @@
 use clap::{Parser, Subcommand};
 use engine_gateway::server::{self, ServeOptions};
 
+// glibc's allocator spent about a fifth of the engine's CPU under sixteen callers (chunk
+// consolidation and unlinking, bench/results/bus.md); mimalloc, as the harness uses.
+#[global_allocator]
+static GLOBAL: harness_alloc::MiMalloc = harness_alloc::MiMalloc;
+
 /// The bus of the agent harness: a WebSocket engine that routes function IDs between workers,
 /// with durable state, queues, streams, channels and traces.
 #[derive(Parser)]
@@ -81,6 +86,7 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     server::init_logging();
+    harness_alloc::purge_freed_pages_at_once();
     match cli.command {
         Command::Provision { aws, dry_run: true } => {
             let names = engine_gateway::aws::AwsNames::new(&aws.prefix);
