@@ -5,6 +5,8 @@
 //! every worker binary is deployed, and every variable a deployed function reads is documented
 //! in infra/README.md and set by the template where that table says.
 
+#[path = "common/workspace.rs"]
+mod workspace;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -60,7 +62,7 @@ fn toml_lines(text: &str) -> Vec<(String, String, String)> {
 /// Binaries and lambda deploy settings of every crate in the workspace.
 fn crates() -> BTreeMap<String, (u64, u64)> {
     let mut out = BTreeMap::new();
-    let dirs = crate_dirs();
+    let dirs = workspace::crate_dirs();
     for dir in dirs {
         let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
             continue;
@@ -310,18 +312,6 @@ fn every_worker_is_deployed_with_its_crate_settings() {
     );
 }
 
-/// Every crate directory of the workspace: the workers, the bus crates and the engine binary.
-fn crate_dirs() -> Vec<std::path::PathBuf> {
-    let mut dirs: Vec<std::path::PathBuf> = ["functions", "crates"]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(d).unwrap())
-        .map(|e| e.unwrap().path())
-        .collect();
-    dirs.push("engine-gateway".into());
-    dirs.sort();
-    dirs
-}
-
 /// Variables the Lambda service sets itself.
 const SET_BY_LAMBDA: [&str; 3] = [
     "AWS_LAMBDA_RUNTIME_API",
@@ -331,7 +321,7 @@ const SET_BY_LAMBDA: [&str; 3] = [
 
 /// Every workspace crate: package name → (directory, workspace crates it depends on).
 fn workspace_crates() -> BTreeMap<String, (std::path::PathBuf, Vec<String>)> {
-    let dirs = crate_dirs();
+    let dirs = workspace::crate_dirs();
     let mut out = BTreeMap::new();
     for dir in dirs {
         let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else {

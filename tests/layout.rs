@@ -3,6 +3,8 @@
 //! owns and what it must not depend on, and Lambda bootstraps that link only what they run
 //! (no redb, no console, no local emulators of AWS).
 
+#[path = "common/workspace.rs"]
+mod workspace;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,14 +22,8 @@ const NEVER_IN_A_WORKER: [&str; 1] = ["bus-edge"];
 
 /// Every crate directory: the bus crates, the workers, the engine binary and the harness.
 fn crate_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = ["crates", "functions"]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(d).unwrap())
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("Cargo.toml").is_file())
-        .collect();
-    dirs.extend([PathBuf::from("engine-gateway"), PathBuf::from(".")]);
-    dirs.sort();
+    let mut dirs = workspace::crate_dirs();
+    dirs.push(PathBuf::from("."));
     dirs
 }
 

@@ -274,6 +274,7 @@ impl WebSocketApi {
         });
         let id = peer.id.clone();
         let ws_config = WebSocketConfig::default()
+            .read_buffer_size(bus::protocol::SOCKET_READ_BYTES)
             .max_message_size(Some(self.cfg.max_message_bytes))
             .max_frame_size(Some(self.cfg.max_frame_bytes));
         let api = self.clone();

@@ -25,12 +25,6 @@ use bus::protocol::{self, ErrorBody, Message};
 pub use crate::config::*;
 pub use crate::origins::{origin_listed, own_origins};
 
-/// What one read from a connection's socket may take. tungstenite zero-fills this much before
-/// every read (its default, 128 KiB, was a twentieth of the engine's CPU under sixteen
-/// callers, with the reallocations it caused); the bus's messages are a few hundred bytes, and
-/// a larger one is read in several.
-const READ_BUFFER_BYTES: usize = 16 * 1024;
-
 enum Route {
     Worker(Principal),
     Channel {
@@ -377,7 +371,7 @@ async fn handle_connection(
         return Ok(());
     }
     let ws_config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER_BYTES)
+        .read_buffer_size(protocol::SOCKET_READ_BYTES)
         .max_message_size(Some(cfg.max_message_bytes))
         .max_frame_size(Some(cfg.max_frame_bytes));
     let route: Arc<Mutex<Option<Route>>> = Arc::new(Mutex::new(None));

@@ -12,6 +12,12 @@ pub const PUBLIC_FLAG: &str = "public";
 /// the harness only: the orchestrator never dispatches it for the model.
 pub const AGENT_FLAG: &str = "agent";
 
+/// What one read from a bus WebSocket's socket may take, at either end. tungstenite zero-fills
+/// its whole read buffer before every read (its default, 128 KiB, was a twentieth of the
+/// engine's CPU under sixteen callers, with the reallocations it caused); the protocol's
+/// messages are a few hundred bytes, and a larger one is read in several.
+pub const SOCKET_READ_BYTES: usize = 16 * 1024;
+
 /// Error codes the engine answers with (SPEC §1).
 pub mod codes {
     pub const FUNCTION_NOT_FOUND: &str = "function_not_found";

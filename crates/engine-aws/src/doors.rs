@@ -235,7 +235,9 @@ async fn follow(url: &str, caller: &Caller, sid: &str, door: &str) -> Result<Fol
     {
         request.headers_mut().insert("authorization", v);
     }
-    let connecting = tokio_tungstenite::connect_async(request);
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(bus::protocol::SOCKET_READ_BYTES);
+    let connecting = tokio_tungstenite::connect_async_with_config(request, Some(config), false);
     let (mut ws, _) = match tokio::time::timeout(SUBSCRIBE_DEADLINE, connecting).await {
         Ok(Ok(c)) => c,
         Ok(Err(tokio_tungstenite::tungstenite::Error::Http(r))) if r.status() == 401 => {

@@ -291,7 +291,7 @@ impl Bus for RemoteBus {
     async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
         let (ws, _) = tokio_tungstenite::connect_async_with_config(
             self.opts.request(Some(channel_path(channel, "write")))?,
-            None,
+            Some(socket_config()),
             true,
         )
         .await
@@ -303,7 +303,7 @@ impl Bus for RemoteBus {
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
         let (ws, _) = tokio_tungstenite::connect_async_with_config(
             self.opts.request(Some(channel_path(channel, "read")))?,
-            None,
+            Some(socket_config()),
             true,
         )
         .await
@@ -395,9 +395,15 @@ fn fragments(text: &str) -> Vec<WsMessage> {
         .collect()
 }
 
+/// A bus WebSocket's settings: reads of [`::bus::protocol::SOCKET_READ_BYTES`], as the engine's.
+fn socket_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(::bus::protocol::SOCKET_READ_BYTES)
+}
+
 async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
     let req = bus.opts.request(None)?;
-    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, None, true)
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(socket_config()), true)
         .await
         .map_err(|e| BusError::Disconnected(e.to_string()))?;
     let (mut sink, mut stream) = ws.split();
