@@ -187,15 +187,15 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   stage_done
 
   stage "tests (full stack on the AWS backend: Lambdas under the local Runtime API; the SDK's direct AWS transport; channels as response streams)"
-  nextest -E 'package(harness-sdk) & (binary(full_stack) | binary(aws_bus) | binary(aws_router) | binary(lambda_streaming))'
+  nextest -E 'package(harness-sdk) & test(/^(full_stack|aws_bus|aws_router|lambda_streaming)::/)'
   stage_done
 
   stage "tests (whole agent turns on the AWS backend, one over the HTTP API alone, one through every standard door, MCP servers' tools; through the deployed shape, one traced over OTLP, one with the mcp Lambda)"
-  nextest -E 'package(agent-harness) & (binary(turn) | binary(deployed) | binary(deployed_trace) | binary(http_turns) | binary(mcp))'
+  nextest -E 'package(agent-harness) & test(/^(turn|deployed|deployed_trace|http_turns|mcp)::/)'
   stage_done
 
   stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills, Slack on the AWS backend)"
-  nextest -E 'package(session-worker) | package(llm-budget) | package(hook-fanout) | (package(agent-harness) & (binary(harness_jobs) | binary(slack)))'
+  nextest -E 'package(session-worker) | package(llm-budget) | package(hook-fanout) | (package(agent-harness) & test(/^(harness_jobs|slack)::/))'
   stage_done
   unset HARNESS_TEST_BACKEND
 

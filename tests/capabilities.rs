@@ -3,7 +3,7 @@
 //! tools (and tells it so), and gives a model without vision a note in place of each image.
 //! A model the catalogue does not know gets today's request.
 
-mod common;
+use crate::common;
 
 use common::*;
 use scripted_model::Cassette;

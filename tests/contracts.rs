@@ -2,7 +2,7 @@
 //! its request (and, for the workers' functions, its answer); and the answers the workers
 //! give read back into the contract types those schemas come from.
 
-mod common;
+use crate::common;
 
 use common::*;
 use scripted_model::Cassette;

@@ -7,8 +7,7 @@
 //! summary; the flush at shutdown exports the rest). The metrics arrive too: tokens, cost, the
 //! model calls' durations and times to first token, tool calls by outcome, turn steps, queues.
 
-#[path = "common/otlp.rs"]
-mod otlp;
+use crate::otlp;
 
 use std::collections::BTreeSet;
 

@@ -5,10 +5,10 @@
 //! format, reached by the provider Lambda over HTTP. Runs with `HARNESS_TEST_BACKEND=aws` and
 //! the Lambda builds (CI builds them before this stage).
 
-mod common;
+use crate::common;
 #[path = "deployed/doors.rs"]
 mod doors_deployed;
-mod shape;
+use crate::shape;
 
 use common::{call, text};
 use futures_util::StreamExt;

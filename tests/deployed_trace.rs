@@ -6,11 +6,10 @@
 //! operation spans (DynamoDB, SQS, Lambda) are children of the bus spans that made them.
 //! Runs with `HARNESS_TEST_BACKEND=aws` and the Lambda builds, like `tests/deployed.rs`.
 
-mod common;
-mod shape;
+use crate::common;
+use crate::shape;
 
-#[path = "common/otlp.rs"]
-mod otlp;
+use crate::otlp;
 
 use common::{call, text};
 use engine_gateway::trace::TraceContext;

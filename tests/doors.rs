@@ -7,7 +7,7 @@
 //! AG-UI, MCP and A2A doors with their official clients are in `doors/*_door.rs`; what they
 //! refuse, and that no door shows one client another's sessions, in `doors/refusals.rs`.
 
-mod common;
+use crate::common;
 
 #[path = "doors/a2a_door.rs"]
 mod a2a_door;

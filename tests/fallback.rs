@@ -4,7 +4,7 @@
 //! does not. Each run is one whole turn through the real workers, both providers streaming
 //! from one scripted model server.
 
-mod common;
+use crate::common;
 
 use common::*;
 use scripted_model::{Cassette, Turn};

@@ -3,7 +3,7 @@
 //! tree (resume, fork), steering through the inbox, budgets stopping a run, hooks from a
 //! separate remote worker, compaction of a long session, and skills.
 
-mod common;
+use crate::common;
 
 use common::*;
 use harness_sdk::{RemoteOptions, Worker, run_remote};

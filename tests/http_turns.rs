@@ -3,7 +3,7 @@
 //! session and the list with their totals, run a second turn whose events come after the
 //! first's, abort, and a client credential held to the public functions.
 
-mod common;
+use crate::common;
 
 use common::{PERMISSIONS, call, text};
 use futures_util::StreamExt;

@@ -5,8 +5,7 @@
 //! every worker binary is deployed, and every variable a deployed function reads is documented
 //! in infra/README.md and set by the template where that table says.
 
-#[path = "common/workspace.rs"]
-mod workspace;
+use crate::workspace;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! and the one in flight at the kill is run again with the same `function_call_id` (which the
 //! tool here uses to make its effect idempotent, as the routing envelope intends).
 
-mod common;
+use crate::common;
 
 use common::process::{lines, processes, spawn_harness, spawn_harness_env, wait_finished};
 use harness_sdk::{RemoteOptions, connect_client};

@@ -3,8 +3,7 @@
 //! owns and what it must not depend on, and Lambda bootstraps that link only what they run
 //! (no redb, no console, no local emulators of AWS).
 
-#[path = "common/workspace.rs"]
-mod workspace;
+use crate::workspace;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

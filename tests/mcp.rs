@@ -5,7 +5,7 @@
 //! `scripts/test.sh` installs them (pinned): `tests/mcp/node_modules` and the Python of
 //! `HARNESS_MCP_PYTHON`.
 
-mod common;
+use crate::common;
 
 use agent_harness::config::{Config, Placement};
 use common::mcp::*;

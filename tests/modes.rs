@@ -3,7 +3,7 @@
 //! call for approval, an unknown mode is refused with the list of modes; the prompt's skills
 //! index covers the run's `system_default_skills`, not every namespace on the bus.
 
-mod common;
+use crate::common;
 
 use common::*;
 use scripted_model::{Cassette, ToolCall, Turn};

@@ -4,7 +4,7 @@
 //! (`sessions: all`) and the admin see every session; who decided an approval comes from the
 //! credential, never from the request.
 
-mod common;
+use crate::common;
 
 use common::process::spawn_harness;
 use engine_gateway::protocol::Message;

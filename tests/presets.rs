@@ -2,7 +2,7 @@
 //! swapped by a remote worker that the configuration expects; a key stored while the engine
 //! runs is used at once, and a missing one is named.
 
-mod common;
+use crate::common;
 
 use agent_harness::config::{Config, Placement};
 use common::*;

@@ -2,7 +2,7 @@
 //! the public functions of the real workers and nothing else; a worker credential registers
 //! only in its namespaces, so it cannot replace the policy.
 
-mod common;
+use crate::common;
 
 use common::process::spawn_harness;
 use harness_sdk::{RemoteOptions, connect_client};

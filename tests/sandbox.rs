@@ -5,7 +5,7 @@
 //! tests run once for each isolation this machine has: the reused namespaces (bubblewrap)
 //! and Landlock (what a machine without user namespaces gets).
 
-mod common;
+use crate::common;
 
 use serde_json::{Value, json};
 use std::path::Path;

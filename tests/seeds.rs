@@ -8,7 +8,7 @@
 //! turn whose model reused the same tool-call id decide nothing; a deny record denies with its
 //! reason.
 
-mod common;
+use crate::common;
 
 use common::process::{clients_python, files_under, spawn_harness, wait_finished};
 use harness_sdk::{Ctx, RemoteOptions, connect_client};

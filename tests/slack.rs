@@ -3,7 +3,7 @@
 //! signed button press approves it and the turn completes; a signed `/deny` with a bare call
 //! id denies another; forged, stale and replayed requests are refused and decide nothing.
 
-mod common;
+use crate::common;
 
 use axum::extract::State;
 use axum::routing::post;

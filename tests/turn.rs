@@ -4,7 +4,7 @@
 //! temporary directory, auth, models, and the Anthropic provider streaming from the scripted
 //! model server over HTTP.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine_gateway::trace::ATTR_SESSION_ID;

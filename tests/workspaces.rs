@@ -3,7 +3,7 @@
 //! `<workdir>/<session-id>/`, made at provisioning and released when the run ends; a fork of
 //! a session starts from a copy of its directory that its writes never change.
 
-mod common;
+use crate::common;
 
 use common::*;
 use scripted_model::Cassette;

@@ -2,7 +2,7 @@
 //! state survives, unacknowledged queue messages are delivered again (in group order), and
 //! acknowledged ones are not.
 
-mod common;
+use crate::common;
 
 use common::Raw;
 use serde_json::json;

@@ -7,7 +7,7 @@
 //! LocalStack's community edition keeps no state across a restart, so an actual restart would
 //! erase the queues under test; the proxy produces what the engine sees during one.
 
-mod common;
+use crate::common;
 
 use axum::Router;
 use axum::body::Bytes;

@@ -2,7 +2,7 @@
 //! connection must still answer a ping, and at the end the engine must still route a normal
 //! call for a fresh client. Seeded, so a failure reproduces.
 
-mod common;
+use crate::common;
 
 use common::{Raw, start};
 use futures_util::SinkExt;

@@ -3,7 +3,7 @@
 //! and hostile requests (no token, bad ids, oversized and malformed bodies, foreign origins,
 //! a request head that never ends).
 
-mod common;
+use crate::common;
 
 use common::Raw;
 use engine_gateway::access::hash_token;

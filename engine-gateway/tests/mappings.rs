@@ -5,7 +5,7 @@
 //! first failed record, bisects a batch whose invocation fails, and skips a record that keeps
 //! failing after its retries so the rest still arrive.
 
-mod common;
+use crate::common;
 
 use engine_gateway::apigw_ws::RouteTarget;
 use engine_gateway::mappings::{

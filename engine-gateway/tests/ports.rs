@@ -1,7 +1,7 @@
 //! Port conformance, run against the selected backend (embedded by default,
 //! `HARNESS_TEST_BACKEND=aws` for DynamoDB/Streams/Secrets Manager on the emulator).
 
-mod common;
+use crate::common;
 
 use engine_gateway::secrets::{FileSecrets, SecretError, SecretStore};
 use engine_gateway::server::{self, BackendKind};

@@ -1,7 +1,7 @@
 //! Queues (FIFO groups, retries, dead-letter, redrive, durable topics), state triggers,
 //! streams and channels, through workers built with the SDK over a real WebSocket.
 
-mod common;
+use crate::common;
 
 use common::{Raw, start, wait_for};
 use harness_sdk::{ChannelFrame, RemoteOptions, Worker, run_remote};

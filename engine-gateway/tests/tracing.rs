@@ -2,7 +2,7 @@
 //! tagged, `engine::traces::group_by` groups them, and every process exports its own spans
 //! over OTLP (protobuf, through the OpenTelemetry SDK's exporter).
 
-mod common;
+use crate::common;
 
 use common::{start, start_with, wait_for};
 use engine_gateway::trace::ATTR_SESSION_ID;

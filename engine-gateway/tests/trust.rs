@@ -1,7 +1,7 @@
 //! The bus as a trust boundary, over real WebSockets on the selected backend: browser origins,
 //! the engine's own namespaces, hostile nesting, unfinished handshakes and the connection cap.
 
-mod common;
+use crate::common;
 
 use common::{Raw, start, start_with};
 use serde_json::{Value, json};

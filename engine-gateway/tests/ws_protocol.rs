@@ -1,7 +1,7 @@
 //! The worker protocol over a real WebSocket: routing, ownership, timeouts, stopped calls,
 //! auth at `$connect`, transport limits, bad input, engine functions.
 
-mod common;
+use crate::common;
 
 use common::{Raw, start, start_with};
 use futures_util::{SinkExt, StreamExt};
