@@ -60,10 +60,17 @@ async fn main() {
     let (calls0, inv0, polls0) = (counts(calls_dir.path()), invocations(&s), s.polls);
     let emulated0 = api_calls::snapshot();
     let t0 = Instant::now();
-    s.start("measured", "go").await;
+    // The template's run defaults stop a run at 12 model turns: this one needs K + 1.
+    s.start_with_payload("measured", "go", json!({"max_turns": k + 2}))
+        .await;
     let state = s.wait_state("measured", &["stopped"]).await;
     let took = t0.elapsed();
     assert_eq!(state["state"], "stopped", "{state}");
+    assert!(state["error"].is_null(), "{state}");
+    assert_eq!(
+        state["totals"]["tool_calls"], k,
+        "every tool call made: {state}"
+    );
     let polls = u64::from(s.polls - polls0);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (calls1, inv1) = (counts(calls_dir.path()), invocations(&s));

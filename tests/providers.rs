@@ -379,6 +379,12 @@ async fn a_model_in_process_gets_the_same_request_and_answers_the_same_frames() 
             rig.model.load(Cassette {
                 turns: vec![
                     full_turn(),
+                    // Refused with the reused key, and again with the one asked anew.
+                    Turn {
+                        http_status: Some(401),
+                        error_message: Some("invalid x-api-key".into()),
+                        ..Default::default()
+                    },
                     Turn {
                         http_status: Some(401),
                         error_message: Some("invalid x-api-key".into()),
@@ -397,7 +403,7 @@ async fn a_model_in_process_gets_the_same_request_and_answers_the_same_frames() 
                 case.name
             );
             let sent = rig.model.requests();
-            assert_eq!(sent.len(), 2, "{}", case.name);
+            assert_eq!(sent.len(), 3, "{}", case.name);
             let done = frames.last().unwrap()["message"]["content"].clone();
             seen.push((types(&frames), answer, done, sent[0]["body"].clone()));
         }
@@ -589,6 +595,69 @@ async fn credentials_come_from_auth_and_lmstudio_needs_none() {
         "{:?}",
         frames.last()
     );
+}
+
+/// A provider process reuses the credential `auth::get_token` gave it (one ask per
+/// `TOKEN_TTL`, not one per model call): a key stored meanwhile is not used yet. When the
+/// upstream refuses the reused key (rotated there), the provider asks again at once and the
+/// call goes through with the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_reuses_its_credential_and_asks_again_when_refused() {
+    for case in CASES
+        .iter()
+        .filter(|c| ["anthropic", "openai"].contains(&c.name))
+    {
+        let rig = rig(case.name, KEYS).await;
+        let ok = || Turn {
+            text: Some("fine".into()),
+            ..Default::default()
+        };
+        rig.model.load(Cassette {
+            turns: vec![ok(), ok()],
+            require_api_key: Some("sk-test".into()),
+            ..Default::default()
+        });
+        let ctx = rig.client.ctx();
+        let messages =
+            json!([{"role": "user", "content": [{"type": "text", "text": "hi"}], "timestamp": 1}]);
+        let (frames, _) = stream(&ctx, case.name, case.model, messages.clone()).await;
+        assert_eq!(frames.last().unwrap()["type"], "done", "{}", case.name);
+        ctx.trigger(
+            "auth::set_token",
+            json!({"provider": case.name, "type": "api_key", "key": "sk-rotated"}),
+        )
+        .await
+        .unwrap();
+        // Still the reused key: the model, which wants sk-test, answers.
+        let (frames, _) = stream(&ctx, case.name, case.model, messages.clone()).await;
+        assert_eq!(
+            frames.last().unwrap()["type"],
+            "done",
+            "{}: {frames:?}",
+            case.name
+        );
+        assert_eq!(rig.model.requests().len(), 2, "{}", case.name);
+        // Rotated upstream: the reused key is refused once, the stored one goes through.
+        rig.model.load(Cassette {
+            turns: vec![ok()],
+            require_api_key: Some("sk-rotated".into()),
+            ..Default::default()
+        });
+        let before = rig.model.requests().len();
+        let (frames, answer) = stream(&ctx, case.name, case.model, messages.clone()).await;
+        assert_eq!(
+            frames.last().unwrap()["type"],
+            "done",
+            "{}: {answer}",
+            case.name
+        );
+        assert_eq!(
+            rig.model.requests().len() - before,
+            2,
+            "{}: refused, then through",
+            case.name
+        );
+    }
 }
 
 async fn rig_lm() -> Rig {

@@ -662,3 +662,88 @@ async fn preflights_are_answered_for_allowed_origins_only() {
     assert_eq!(r.status(), 403);
     assert!(r.headers().get("access-control-allow-origin").is_none());
 }
+
+/// A request refused before its body is read (a wrong key: 401) still gets its answer when
+/// the body arrives after the head: the body is read (bounded) before the answer goes out,
+/// so the connection is not reset under the client (the official MCP client saw
+/// "disconnected" instead of the 401), and it stays open for the next request. A body past
+/// the bound still gets its answer, with `Connection: close`.
+#[tokio::test]
+async fn a_refused_request_gets_its_answer_whenever_its_body_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::start(dir.path()).await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#;
+    let mut s = tokio::net::TcpStream::connect(srv.local_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.write_all(body.as_bytes()).await.unwrap();
+    let answer = read_response(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("missing or wrong engine token"), "{answer}");
+    assert!(
+        !answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    // The same connection serves the next request.
+    s.write_all(b"GET /api/nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let next = read_response(&mut s).await;
+    assert!(next.starts_with("HTTP/1.1 404"), "{next}");
+
+    // Past the bound: the answer, then the connection closes.
+    let big = 200 * 1024;
+    let mut s = tokio::net::TcpStream::connect(srv.local_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/sessions/s1/turns HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: {big}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let _ = s.write_all(&vec![b'a'; 64 * 1024]).await;
+    let answer = read_response(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    srv.shutdown().await;
+}
+
+/// One HTTP/1.1 response from `s` (head and a `Content-Length` body), as text.
+async fn read_response(s: &mut tokio::net::TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut byte))
+            .await
+            .expect("an answer within 10 s")
+            .expect("the connection was reset");
+        assert!(
+            n > 0,
+            "closed before a whole answer: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&byte[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return text;
+            }
+        }
+    }
+}

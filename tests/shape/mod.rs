@@ -159,6 +159,12 @@ impl Shape {
 
     /// [`Shape::start`] with the run's provider and model.
     pub async fn start_with(&mut self, sid: &str, task: &str, provider: &str, model: &str) {
+        self.start_with_payload(sid, task, json!({"provider": provider, "model": model}))
+            .await;
+    }
+
+    /// [`Shape::start`] with more of the run's payload (`max_turns`, …) than the defaults.
+    pub async fn start_with_payload(&mut self, sid: &str, task: &str, extra: Value) {
         self.ws
             .send(Message::text(
                 json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
@@ -166,11 +172,15 @@ impl Shape {
             ))
             .await
             .unwrap();
+        let mut payload = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": task}], "timestamp": 1}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            payload[k] = v.clone();
+        }
         let started = self
             .invoke(
                 "start",
                 "harness::trigger",
-                json!({"session_id": sid, "payload": {"provider": provider, "model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": task}], "timestamp": 1}]}}),
+                json!({"session_id": sid, "payload": payload}),
             )
             .await;
         assert!(started["error"].is_null(), "{started}");

@@ -10,6 +10,7 @@
 //! management API of the emulated WebSocket API, the host's Invoke API, and the AWS endpoint.
 
 use crate::apigw_ws::{WebSocketApi, WebSocketApiConfig};
+use crate::filter::FilterCriteria;
 use crate::lambda_host::{LambdaFunction, LambdaSpec};
 use crate::mappings::{QueueMapping, StreamMapping};
 use bus_aws::{AwsClients, AwsNames};
@@ -46,12 +47,36 @@ pub struct TemplateFunction {
 pub struct QueueEvent {
     pub queue: String,
     pub batch_size: usize,
+    /// `FilterCriteria.Filters[].Pattern`, resolved and checked ([`FilterCriteria::parse`]).
+    pub filters: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamEvent {
     pub batch_size: usize,
     pub max_retries: u32,
+    /// `MaximumBatchingWindowInSeconds`: how long records are gathered before an invocation.
+    pub batching_window: Duration,
+    /// `FilterCriteria.Filters[].Pattern`, resolved and checked.
+    pub filters: Vec<String>,
+}
+
+/// An event's `FilterCriteria` → its patterns, refused here if AWS would read them otherwise.
+fn event_filters(r: &Resolver, id: &str, e: &Value) -> Result<Vec<String>, String> {
+    let mut patterns = Vec::new();
+    for (i, f) in e["FilterCriteria"]["Filters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        patterns.push(
+            r.value(&f["Pattern"])
+                .ok_or_else(|| format!("{id}: FilterCriteria.Filters[{i}] has no Pattern"))?,
+        );
+    }
+    FilterCriteria::parse(&patterns).map_err(|e| format!("{id}: FilterCriteria: {e}"))?;
+    Ok(patterns)
 }
 
 /// Resolves the intrinsics the template's functions use.
@@ -197,12 +222,17 @@ pub fn template_functions(
                     queue = Some(QueueEvent {
                         queue: logical,
                         batch_size: e["BatchSize"].as_u64().unwrap_or(10) as usize,
+                        filters: event_filters(&r, id, e)?,
                     });
                 }
                 Some("DynamoDB") => {
                     stream = Some(StreamEvent {
                         batch_size: e["BatchSize"].as_u64().unwrap_or(100) as usize,
                         max_retries: e["MaximumRetryAttempts"].as_u64().unwrap_or(10) as u32,
+                        batching_window: Duration::from_secs(
+                            e["MaximumBatchingWindowInSeconds"].as_u64().unwrap_or(0),
+                        ),
+                        filters: event_filters(&r, id, e)?,
                     });
                 }
                 _ => {}
@@ -265,6 +295,42 @@ impl DeployedOptions {
             .map(String::from)
             .to_vec(),
         }
+    }
+}
+
+/// Whether a change a state trigger watches (its `scope`, and `key` with each `*` as some
+/// text) gets past the stream router's `FilterCriteria`: one that does not would never fire
+/// on AWS, so bringing the shape up fails instead, naming what to add to the template.
+pub fn reaches_the_stream_router(
+    filter: &FilterCriteria,
+    table: &str,
+    config: &Value,
+) -> Result<(), String> {
+    let scope = config["scope"].as_str().unwrap_or("any-scope");
+    let key = config["key"]
+        .as_str()
+        .unwrap_or("any-key")
+        .replace('*', "x");
+    let change = bus::state::ChangeRecord {
+        seq: 1,
+        position: None,
+        kind: bus::state::ChangeKind::Updated,
+        scope: scope.to_string(),
+        key: key.clone(),
+        old_value: Some(serde_json::json!({})),
+        new_value: Some(serde_json::json!({})),
+        traceparent: None,
+        baggage: None,
+    };
+    let event = bus::events::dynamodb_event(std::slice::from_ref(&change), table);
+    if filter.passes(&event["Records"][0]) {
+        Ok(())
+    } else {
+        Err(format!(
+            "it watches scope `{scope}` (key `{key}`), which the stream router's FilterCriteria \
+             in infra/template.yaml drop: those changes would never reach it; add a filter that \
+             passes them"
+        ))
     }
 }
 
@@ -398,13 +464,21 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
     let invoking = clients.clone().with_lambda_endpoint(&invoke_url);
     // Every worker describes itself into the registry (the routers and the doors serve no
     // function IDs).
+    let stream_filter = match functions.iter().find_map(|(d, _)| d.stream.as_ref()) {
+        Some(s) => FilterCriteria::parse(&s.filters).map_err(anyhow::Error::msg)?,
+        None => FilterCriteria::default(),
+    };
     for (d, _) in functions
         .iter()
         .filter(|(d, _)| !["engine-lambda", "doors-lambda"].contains(&d.binary.as_str()))
     {
-        bus_aws::invoke::register_lambda(&invoking, &names, &d.name)
+        let registered = bus_aws::invoke::register_lambda(&invoking, &names, &d.name)
             .await
             .map_err(|e| anyhow::anyhow!("register {}: {e}", d.name))?;
+        for w in registered["watches"].as_array().into_iter().flatten() {
+            reaches_the_stream_router(&stream_filter, &names.state_table(), &w["config"])
+                .map_err(|e| anyhow::anyhow!("{}: state trigger {}: {e}", d.name, w["trigger"]))?;
+        }
     }
     let router = functions
         .iter()
@@ -440,6 +514,7 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
                 batch_size: q.batch_size,
                 wait: Duration::from_secs(1),
                 pollers: opts.max_processes,
+                filter: FilterCriteria::parse(&q.filters).map_err(anyhow::Error::msg)?,
             };
             tasks.push(tokio::spawn(crate::mappings::run_queue_mapping(
                 Arc::new(queues),
@@ -454,8 +529,10 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
                 table: names.state_table(),
                 batch_size: s.batch_size,
                 wait: Duration::from_secs(1),
+                batching_window: s.batching_window,
                 max_retries: s.max_retries,
                 retry_pause: Duration::from_millis(200),
+                filter: FilterCriteria::parse(&s.filters).map_err(anyhow::Error::msg)?,
             };
             tasks.push(tokio::spawn(crate::mappings::run_stream_mapping(
                 Arc::new(feed),
@@ -488,6 +565,7 @@ pub async fn up(opts: &DeployedOptions) -> anyhow::Result<Deployed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_templates_functions_resolve_for_the_local_stage() {
@@ -507,7 +585,8 @@ mod tests {
             o.queue,
             Some(QueueEvent {
                 queue: "turn-steps".into(),
-                batch_size: 10
+                batch_size: 10,
+                filters: vec![],
             })
         );
         let env: HashMap<_, _> = o.env.iter().cloned().collect();
@@ -519,8 +598,33 @@ mod tests {
             s.stream,
             Some(StreamEvent {
                 batch_size: 100,
-                max_retries: 10
+                max_retries: 10,
+                batching_window: Duration::ZERO,
+                filters: vec![
+                    r#"{"dynamodb": {"Keys": {"scope": {"S": [{"prefix": "$stream:"}]}}}}"#.into(),
+                    r#"{"dynamodb": {"Keys": {"scope": {"S": ["approvals"]}}}}"#.into(),
+                    r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}}}"#.into(),
+                ],
             })
+        );
+        // What the deployed workers' state triggers watch gets through; other scopes do not.
+        let filter = FilterCriteria::parse(&s.stream.as_ref().unwrap().filters).unwrap();
+        for watched in [
+            json!({"scope": "approvals"}),
+            json!({"scope": "agent", "key": "session/*/turn_state", "changed": "awaiting_approval"}),
+        ] {
+            reaches_the_stream_router(&filter, "dx-state", &watched).unwrap();
+        }
+        let err = reaches_the_stream_router(&filter, "dx-state", &json!({"scope": "demo-watch"}))
+            .unwrap_err();
+        assert!(err.starts_with("it watches scope `demo-watch` (key `any-key`), which the stream router's FilterCriteria"), "{err}");
+        assert!(
+            reaches_the_stream_router(
+                &filter,
+                "dx-state",
+                &json!({"scope": "agent", "key": "session/*/notes"})
+            )
+            .is_err()
         );
         let slack = by("SlackApprovalFunction");
         assert!(slack.function_url);

@@ -4,11 +4,13 @@
 //! - [`lambda_host`]: the Lambda Runtime API, hosting `bootstrap` processes.
 //! - [`apigw_ws`]: API Gateway WebSocket in front of a router Lambda.
 //! - [`function_url`]: Lambda Function URLs, buffered and response-streaming.
-//! - [`mappings`]: event-source mappings (SQS, DynamoDB Streams) with their filters.
+//! - [`mappings`]: event-source mappings (SQS, DynamoDB Streams) with their filters
+//!   ([`filter`]: Lambda's `FilterCriteria` rules).
 //! - [`deployed`]: the whole deployed topology of `infra/template.yaml`, locally.
 
 pub mod apigw_ws;
 pub mod deployed;
+pub mod filter;
 pub mod function_url;
 pub mod lambda_host;
 pub mod mappings;

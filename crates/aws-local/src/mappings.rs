@@ -15,8 +15,12 @@
 //!   on; an invocation that fails as a whole is split in two (`BisectBatchOnFunctionError`)
 //!   until the failing record is alone; a record still failing after `max_retries` is skipped
 //!   (logged) so the stream moves on. Each record is acknowledged once handled.
+//! - **Filters** (`FilterCriteria`, [`crate::filter`]): a record no filter passes never reaches
+//!   the function; a filtered stream record is checkpointed past, a filtered queue message
+//!   deleted, as AWS does. A queue record's `body` is matched as JSON when it is a JSON object.
 
 use crate::apigw_ws::RouteTarget;
+use crate::filter::FilterCriteria;
 use bus::events::{batch_item_failures, dynamodb_event, sequence_number, sqs_event};
 use bus::queue::{QueueBackend, QueueConfig};
 use bus::state::{ChangeFeed, ChangeRecord};
@@ -33,6 +37,8 @@ pub struct QueueMapping {
     /// groups, up to the function's concurrency; SQS itself keeps a group with a message in
     /// flight from every other receive, so a session's steps still run one at a time.
     pub pollers: usize,
+    /// The mapping's `FilterCriteria` (none: every message).
+    pub filter: FilterCriteria,
 }
 
 /// Deliver one batch from the queue → how many messages it held.
@@ -52,6 +58,21 @@ pub async fn deliver_queue_batch(
         .config(&m.queue)
         .await
         .unwrap_or_else(|| QueueConfig::standard(&m.queue));
+    let event = sqs_event(&batch, &m.queue);
+    let (passed, dropped): (Vec<_>, Vec<_>) = batch
+        .iter()
+        .zip(event["Records"].as_array().into_iter().flatten())
+        .partition(|(_, record)| m.filter.passes(&queue_record_as_filtered(record)));
+    let batch: Vec<_> = passed.into_iter().map(|(d, _)| d.clone()).collect();
+    for (d, _) in dropped {
+        queues
+            .ack(d)
+            .await
+            .map_err(|e| format!("delete filtered from {}: {e}", m.queue))?;
+    }
+    if batch.is_empty() {
+        return Ok(event["Records"].as_array().map_or(0, Vec::len));
+    }
     let failed: Vec<String> = match target.invoke(&sqs_event(&batch, &m.queue)).await {
         Ok(answer) => batch_item_failures(&answer),
         Err(e) => {
@@ -78,7 +99,24 @@ pub async fn deliver_queue_batch(
                 .map_err(|e| format!("fail in {}: {e}", m.queue))?;
         }
     }
-    Ok(batch.len())
+    Ok(event["Records"].as_array().map_or(0, Vec::len))
+}
+
+/// A queue record as a filter sees it: a `body` that is a JSON object is matched by its
+/// fields (AWS's rule for SQS filters); any other body stays a string.
+fn queue_record_as_filtered(record: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+    let parsed = record["body"]
+        .as_str()
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+        .filter(serde_json::Value::is_object);
+    match parsed {
+        Some(body) => {
+            let mut r = record.clone();
+            r["body"] = body;
+            std::borrow::Cow::Owned(r)
+        }
+        None => std::borrow::Cow::Borrowed(record),
+    }
 }
 
 /// Run the queue mapping's pollers until the task is dropped (errors are logged and retried).
@@ -105,10 +143,15 @@ pub struct StreamMapping {
     pub table: String,
     pub batch_size: usize,
     pub wait: Duration,
+    /// `MaximumBatchingWindowInSeconds`: once a record is there, AWS gathers more for up to
+    /// this long (or until the batch is full) before it invokes; zero invokes at once.
+    pub batching_window: Duration,
     /// Retries of a failing record before it is skipped.
     pub max_retries: u32,
     /// First pause between retries (doubling, at most 5 s).
     pub retry_pause: Duration,
+    /// The mapping's `FilterCriteria` (none: every record).
+    pub filter: FilterCriteria,
 }
 
 /// Deliver what the feed has (one batch, fully handled) → how many records.
@@ -117,14 +160,40 @@ pub async fn deliver_stream_batch(
     target: &dyn RouteTarget,
     m: &StreamMapping,
 ) -> Result<usize, String> {
-    let records = feed
-        .next_batch(m.batch_size.max(1), m.wait)
+    let max = m.batch_size.max(1);
+    let mut records = feed
+        .next_batch(max, m.wait)
         .await
         .map_err(|e| format!("stream of {}: {e}", m.table))?;
     if records.is_empty() {
         return Ok(0);
     }
-    deliver_records(target, m, &records).await;
+    let window_ends = tokio::time::Instant::now() + m.batching_window;
+    while records.len() < max {
+        let left = window_ends.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let more = feed
+            .next_batch(max - records.len(), left)
+            .await
+            .map_err(|e| format!("stream of {}: {e}", m.table))?;
+        records.extend(more);
+    }
+    if m.filter.is_empty() {
+        deliver_records(target, m, &records).await;
+    } else {
+        let passed: Vec<ChangeRecord> = records
+            .iter()
+            .filter(|r| {
+                let event = dynamodb_event(std::slice::from_ref(*r), &m.table);
+                m.filter.passes(&event["Records"][0])
+            })
+            .cloned()
+            .collect();
+        deliver_records(target, m, &passed).await;
+    }
+    // Filtered records are checkpointed past with the delivered ones.
     feed.ack(&records)
         .await
         .map_err(|e| format!("checkpoint of {}: {e}", m.table))?;

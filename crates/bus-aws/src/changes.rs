@@ -37,9 +37,10 @@ pub struct StreamsFeed {
     table: String,
     checkpoints: String,
     inner: tokio::sync::Mutex<Inner>,
-    /// Also hand out stored stream items (`$stream:` scopes), as the stream router's mapping
-    /// filter does; the engine's own feed (state triggers) leaves every `$` scope out.
-    stream_items: bool,
+    /// Hand out every record, as a DynamoDB stream does (an event-source mapping's filter
+    /// decides what reaches its function); the engine's own feed (state triggers) leaves
+    /// every `$` scope out.
+    every_record: bool,
     /// Whose checkpoints these are, when not the engine's.
     consumer: Option<String>,
 }
@@ -67,16 +68,16 @@ impl StreamsFeed {
             table: names.state_table(),
             checkpoints: names.checkpoint_table(),
             inner: tokio::sync::Mutex::new(Inner::default()),
-            stream_items: false,
+            every_record: false,
             consumer: None,
         }
     }
 
-    /// The feed an event-source mapping to the stream router reads: every state change and
-    /// the stored stream items, checkpointed under `consumer`.
+    /// The feed an event-source mapping to the stream router reads: every record of the
+    /// table's stream (the mapping's `FilterCriteria` picks), checkpointed under `consumer`.
     pub fn for_stream_router(clients: AwsClients, names: &AwsNames, consumer: &str) -> Self {
         Self {
-            stream_items: true,
+            every_record: true,
             consumer: Some(consumer.to_string()),
             ..Self::new(clients, names)
         }
@@ -247,8 +248,7 @@ impl StreamsFeed {
             let (Some(scope), Some(key)) = (text(&keys, "scope"), text(&keys, "key")) else {
                 continue;
             };
-            let stream_item = scope.starts_with(bus::engine::STREAM_SCOPE_PREFIX);
-            if is_reserved_scope(&scope) && !(self.stream_items && stream_item) {
+            if is_reserved_scope(&scope) && !self.every_record {
                 continue;
             }
             let kind = match r.event_name() {

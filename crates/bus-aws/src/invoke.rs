@@ -198,7 +198,8 @@ pub async fn call_function_as(
 }
 
 /// Ask a deployed worker Lambda what it serves and record it in the registry → the function
-/// ids and trigger ids written.
+/// ids and state trigger ids written, and what each state trigger watches (`watches`: its id
+/// and config, for a check that the stream's filters let those changes through).
 pub async fn register_lambda(
     clients: &AwsClients,
     names: &AwsNames,
@@ -223,7 +224,7 @@ pub async fn register_lambda(
             .map_err(anyhow::Error::msg)?;
         functions.push(id.to_string());
     }
-    let mut triggers = Vec::new();
+    let (mut triggers, mut watches) = (Vec::new(), Vec::new());
     for t in described["triggers"].as_array().into_iter().flatten() {
         // Queue triggers are event source mappings (infra/); state triggers are routed here.
         if t["trigger_type"] != "state" {
@@ -237,6 +238,9 @@ pub async fn register_lambda(
             .await
             .map_err(anyhow::Error::msg)?;
         triggers.push(id.to_string());
+        watches.push(json!({"trigger": id, "config": t["config"]}));
     }
-    Ok(json!({"lambda": function_name, "functions": functions, "state_triggers": triggers}))
+    Ok(
+        json!({"lambda": function_name, "functions": functions, "state_triggers": triggers, "watches": watches}),
+    )
 }

@@ -20,7 +20,7 @@ pub const DEPLOYED_TTL: Duration = Duration::from_secs(5);
 /// Most function records kept at once (the cache starts over past it).
 const MAX_CACHED: usize = 4096;
 const CACHED_GETS: [&str; 1] = ["function"];
-const CACHED_LISTS: [&str; 1] = ["trigger"];
+const CACHED_LISTS: [&str; 2] = ["trigger", "function"];
 
 type Entry = (String, serde_json::Value);
 type Listed = Vec<(String, String, serde_json::Value)>;

@@ -1,7 +1,9 @@
 //! What every provider worker shares. A provider implements [`Dialect`] (request shape and
 //! stream translation for one upstream API); this crate does the rest of
 //! `provider::<name>::stream` and `provider::<name>::complete`: credentials through
-//! `auth::get_token` on every call (none: `auth_missing`, naming the provider), the HTTP call with `retry-after` honoured for 429s (bounded), HTTP status
+//! `auth::get_token` (reused for at most [`TOKEN_TTL`], never past an OAuth token's expiry,
+//! asked again at once when the upstream answers 401/403; none: `auth_missing`, naming the
+//! provider), the HTTP call with `retry-after` honoured for 429s (bounded), HTTP status
 //! → `error_kind` (401/403 auth_expired, 429 rate_limited, 400 context → context_overflow,
 //! 5xx/timeouts transient, other 4xx permanent), the channel emitter that always closes the
 //! writer, and the completion's cost from the model's pricing (read from `models::get`,
@@ -194,10 +196,53 @@ pub trait Upstream: Send + Sync {
     async fn complete(&self, ctx: &Ctx, req: &StreamRequest, em: &mut Emitter) -> Outcome;
 }
 
+/// How long a provider process reuses the credential `auth::get_token` gave it. It was asked
+/// for on every model call: an invocation of the credentials Lambda and a Secrets Manager
+/// read per call in the deployed shape. A key stored anew reaches the providers within this
+/// time, or at once where the upstream refuses the old one (401/403: asked again, once).
+pub const TOKEN_TTL: Duration = Duration::from_secs(60);
+/// An OAuth token is not reused this close to its `expires_at`.
+const EXPIRY_MARGIN_MS: u64 = 30_000;
+
 /// A [`Dialect`] over HTTP: credentials from `auth::get_token`, the request, its SSE answer.
 struct HttpUpstream {
     dialect: Arc<dyn Dialect>,
     route: Route,
+    /// The credential and until when it is reused (one provider per upstream: one slot).
+    token: std::sync::Mutex<Option<(Instant, Credentials)>>,
+}
+
+impl HttpUpstream {
+    fn new(dialect: Arc<dyn Dialect>, route: Route) -> Self {
+        Self {
+            dialect,
+            route,
+            token: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(Instant, Credentials)>> {
+        self.token.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The reused credential while it is fresh → (it, whether it came from the cache).
+    async fn credentials(&self, ctx: &Ctx) -> Result<(Credentials, bool), (ErrorKind, String)> {
+        if let Some((until, creds)) = self.slot().as_ref()
+            && Instant::now() < *until
+        {
+            return Ok((creds.clone(), true));
+        }
+        let (creds, expires_at) = credentials(ctx, self.dialect.as_ref()).await?;
+        let mut ttl = TOKEN_TTL;
+        if let Some(at) = expires_at {
+            let now = bus_telemetry::trace::now_ms();
+            ttl = ttl.min(Duration::from_millis(
+                at.saturating_sub(now).saturating_sub(EXPIRY_MARGIN_MS),
+            ));
+        }
+        *self.slot() = (!ttl.is_zero()).then(|| (Instant::now() + ttl, creds.clone()));
+        Ok((creds, false))
+    }
 }
 
 #[async_trait]
@@ -208,8 +253,16 @@ impl Upstream for HttpUpstream {
 
     async fn complete(&self, ctx: &Ctx, req: &StreamRequest, em: &mut Emitter) -> Outcome {
         let dialect = self.dialect.as_ref();
-        let creds = credentials(ctx, dialect).await?;
-        let resp = send(dialect, &self.route, &creds, req, true).await?;
+        let (creds, reused) = self.credentials(ctx).await?;
+        let resp = match send(dialect, &self.route, &creds, req, true).await {
+            // The reused credential was refused (rotated, revoked): ask again, once.
+            Err((ErrorKind::AuthExpired, _)) if reused => {
+                *self.slot() = None;
+                let (creds, _) = self.credentials(ctx).await?;
+                send(dialect, &self.route, &creds, req, true).await?
+            }
+            r => r?,
+        };
         let stream = resp.bytes_stream().map(|r| r.map_err(|e| e.to_string()));
         let mut events: EventStream = Box::pin(
             eventsource_stream::EventStream::new(stream)
@@ -252,7 +305,11 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .map(Duration::from_secs_f64)
 }
 
-async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (ErrorKind, String)> {
+/// Asks `auth::get_token` → the credential and, for an OAuth token, its `expires_at`.
+async fn credentials(
+    ctx: &Ctx,
+    dialect: &dyn Dialect,
+) -> Result<(Credentials, Option<u64>), (ErrorKind, String)> {
     use harness_sdk::contracts::auth;
     let token = ctx
         .trigger(
@@ -266,6 +323,10 @@ async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (E
     let token: auth::GetTokenAnswer = harness_sdk::contracts::parse(auth::GET_TOKEN, token)
         .map_err(|e| (ErrorKind::Transient, e))?;
     let key = token.as_ref().map(|t| t.secret().to_string());
+    let expires_at = match &token {
+        Some(auth::Token::Oauth { expires_at, .. }) => *expires_at,
+        _ => None,
+    };
     if key.is_none() && !dialect.credentials_optional() {
         return Err((
             ErrorKind::AuthMissing,
@@ -276,7 +337,7 @@ async fn credentials(ctx: &Ctx, dialect: &dyn Dialect) -> Result<Credentials, (E
             ),
         ));
     }
-    Ok(Credentials { api_key: key })
+    Ok((Credentials { api_key: key }, expires_at))
 }
 
 /// Where a provider's HTTP requests go: the network by default (`reqwest`), or a model
@@ -530,22 +591,19 @@ pub fn worker(dialect: Arc<dyn Dialect>) -> Worker {
             .build()
             .unwrap_or_default()
     });
-    worker_for(Arc::new(HttpUpstream {
-        dialect,
-        route: Route::Network(client),
-    }))
+    worker_for(Arc::new(HttpUpstream::new(dialect, Route::Network(client))))
 }
 
 /// [`worker`] whose requests go to `transport` instead of the network.
 pub fn worker_with_transport(dialect: Arc<dyn Dialect>, transport: Arc<dyn Transport>) -> Worker {
     bus_telemetry::ensure_crypto_provider();
-    worker_for(Arc::new(HttpUpstream {
+    worker_for(Arc::new(HttpUpstream::new(
         dialect,
-        route: Route::InProcess(
+        Route::InProcess(
             transport,
             reqwest::Client::builder().build().unwrap_or_default(),
         ),
-    }))
+    )))
 }
 
 /// `provider::<name>::stream` and `provider::<name>::complete` for any [`Upstream`].

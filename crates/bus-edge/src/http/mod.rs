@@ -13,6 +13,7 @@ pub use api::ROUTES;
 pub use http_bounded as bounded;
 mod console;
 pub mod doors;
+mod drain;
 mod following;
 pub use doors::port::{DoorBus, Doors, EngineDoors};
 pub use following::{Following, Pushed, pushed_item};
@@ -228,6 +229,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .merge(console::routes())
         .fallback(no_route)
         .layer(axum::middleware::map_response(close_after_unread_body))
+        .layer(axum::middleware::from_fn(drain::drain_unread_body))
         .layer(axum::middleware::from_fn_with_state(
             state.doors.clone(),
             cors,
@@ -246,6 +248,7 @@ pub fn doors_router(doors: Doors) -> Router {
         )
         .fallback(no_route)
         .layer(axum::middleware::map_response(close_after_unread_body))
+        .layer(axum::middleware::from_fn(drain::drain_unread_body))
         .layer(axum::middleware::from_fn_with_state(doors.clone(), cors))
         .with_state(doors)
 }
