@@ -165,6 +165,9 @@ fi
 if [ "${SKIP_LAMBDA_BUILDS:-0}" != 1 ]; then
   stage "Lambda builds (cargo lambda build --profile ci-lambda; glibc <= 2.34; sizes)"
   bash scripts/lambda-builds.sh
+  # On CI the bootstraps' intermediate objects are not needed again (the bootstraps are
+  # copied out to target/lambda): gigabytes the later stages may want.
+  if [ "${CI:-}" = true ]; then rm -rf "$CARGO_TARGET_DIR"/x86_64-unknown-linux-gnu/ci-lambda/{deps,build,.fingerprint}; fi
   stage_done
 fi
 
@@ -191,8 +194,17 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
   stage_done
 
   stage "tests (whole agent turns on the AWS backend, one over the HTTP API alone, one through every standard door, MCP servers' tools; through the deployed shape, one traced over OTLP, one with the mcp Lambda)"
-  nextest -E 'package(agent-harness) & test(/^(turn|deployed|deployed_trace|http_turns|mcp)::/)'
+  # Every deployed function records what it asks IAM for (bus-aws's iam_calls), for the next stage.
+  iam_calls="$CARGO_TARGET_DIR/iam-calls"
+  rm -rf "$iam_calls" && mkdir -p "$iam_calls"
+  HARNESS_API_CALLS_DIR="$iam_calls" nextest -E 'package(agent-harness) & test(/^(turn|deployed|deployed_trace|http_turns|mcp)::/)'
   stage_done
+
+  if [ "$EMU" = localstack ]; then
+    stage "IAM: every AWS call of the deployed functions allowed by its role, every grant used or explained (infra/iam_check.py: SAM's translator, moto's policy evaluator)"
+    "$EMU_HOME/localstack/venv/bin/python" infra/iam_check.py "$iam_calls"
+    stage_done
+  fi
 
   stage "tests (session tree, inbox, budgets across two engines, hooks, compaction, skills, Slack on the AWS backend)"
   nextest -E 'package(session-worker) | package(llm-budget) | package(hook-fanout) | (package(agent-harness) & test(/^(harness_jobs|slack)::/))'

@@ -30,7 +30,12 @@ impl Intercept for CountCalls {
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let mut key = match cfg.load::<Metadata>() {
-            Some(m) => format!("{}.{}", m.service(), m.name()),
+            Some(m) => {
+                if recording() {
+                    crate::iam_calls::note(m.service(), m.name(), context.input(), cfg);
+                }
+                format!("{}.{}", m.service(), m.name())
+            }
             None => "unknown".to_string(),
         };
         if let Some(label) = item_label(context) {
@@ -121,14 +126,32 @@ fn item_label(context: &BeforeSerializationInterceptorContextRef<'_>) -> Option<
 
 static RECORDER: std::sync::Once = std::sync::Once::new();
 
+/// Whether this process records its calls (`HARNESS_API_CALLS_DIR`).
+fn recording() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("HARNESS_API_CALLS_DIR").is_some())
+}
+
 /// With `HARNESS_API_CALLS_DIR` set, the process keeps its counts in `<dir>/<pid>.json`
 /// (rewritten a few times a second), so the calls of processes that are killed rather than
-/// ended, such as Lambda bootstraps, can be summed from outside (`bench/aws.sh`).
+/// ended, such as Lambda bootstraps, can be summed from outside (`bench/aws.sh`), and what
+/// they asked IAM for in `<dir>/<pid>.iam` ([`crate::iam_calls`], for `infra/iam_check.py`).
 fn start_recorder() {
     let Some(dir) = std::env::var_os("HARNESS_API_CALLS_DIR") else {
         return;
     };
-    let path = std::path::PathBuf::from(dir).join(format!("{}.json", std::process::id()));
+    let dir = std::path::PathBuf::from(dir);
+    let path = dir.join(format!("{}.json", std::process::id()));
+    let iam_path = dir.join(format!("{}.iam", std::process::id()));
+    let write = |path: &std::path::Path, body: Vec<u8>| {
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, body)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .is_err()
+        {
+            tracing::warn!(path = %path.display(), "API call record not written");
+        }
+    };
     let spawned = std::thread::Builder::new()
         .name("api-calls".into())
         .spawn(move || {
@@ -136,14 +159,11 @@ fn start_recorder() {
             loop {
                 let now = snapshot();
                 if now != written {
-                    let tmp = path.with_extension("tmp");
-                    let body = serde_json::to_vec(&now).unwrap_or_default();
-                    if std::fs::write(&tmp, body)
-                        .and_then(|()| std::fs::rename(&tmp, &path))
-                        .is_err()
-                    {
-                        tracing::warn!(path = %path.display(), "API call counts not written");
-                    }
+                    write(&path, serde_json::to_vec(&now).unwrap_or_default());
+                    write(
+                        &iam_path,
+                        serde_json::to_vec(&crate::iam_calls::record()).unwrap_or_default(),
+                    );
                     written = now;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(200));

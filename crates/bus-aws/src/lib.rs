@@ -6,6 +6,7 @@ pub mod api_calls;
 pub mod catalogue;
 pub mod changes;
 pub mod connections;
+pub mod iam_calls;
 pub mod invoke;
 pub mod lambda_stream;
 pub mod queues;
