@@ -224,10 +224,11 @@ def main():
                 )
             used.setdefault(logical, set()).add(action)
 
-    # Every function's grants, those no test invoked included.
+    # Every function's grants, those no test invoked included (actions do not depend on
+    # the prefix).
+    any_prefix = Resolver(template, "x-", args.stage)
     for logical in sorted(functions):
-        resolver = Resolver(template, "x-", args.stage)
-        docs = role_documents(template, logical, resolver, processor)
+        docs = role_documents(template, logical, any_prefix, processor)
         for action in sorted(set(granted_actions(docs))):
             covered = any(fnmatch.fnmatchcase(u, action) for u in used.get(logical, ()))
             own = (explained.get(logical) or {}).get(action)

@@ -376,21 +376,14 @@ async fn a_model_in_process_gets_the_same_request_and_answers_the_same_frames() 
         let mut seen = Vec::new();
         for in_process in [false, true] {
             let rig = rig_on(case.name, KEYS, in_process).await;
+            let refused = || Turn {
+                http_status: Some(401),
+                error_message: Some("invalid x-api-key".into()),
+                ..Default::default()
+            };
             rig.model.load(Cassette {
-                turns: vec![
-                    full_turn(),
-                    // Refused with the reused key, and again with the one asked anew.
-                    Turn {
-                        http_status: Some(401),
-                        error_message: Some("invalid x-api-key".into()),
-                        ..Default::default()
-                    },
-                    Turn {
-                        http_status: Some(401),
-                        error_message: Some("invalid x-api-key".into()),
-                        ..Default::default()
-                    },
-                ],
+                // Refused with the reused key, and again with the one asked anew.
+                turns: vec![full_turn(), refused(), refused()],
                 ..Default::default()
             });
             let ctx = rig.client.ctx();

@@ -73,6 +73,31 @@ fn message(queue: &str, group: &str, n: u32) -> QueueMessage {
     }
 }
 
+/// A function that handles every record it is given.
+fn handles_all() -> Function<impl Fn(&[String], usize) -> Result<Value, String> + Send + Sync> {
+    Function {
+        seen: Mutex::default(),
+        answer: |_: &[String], _| Ok(json!({"batchItemFailures": []})),
+    }
+}
+
+/// The stream mapping these tests use: batches of 100, two retries 5 ms apart.
+fn stream_mapping(
+    wait: Duration,
+    batching_window: Duration,
+    filter: FilterCriteria,
+) -> StreamMapping {
+    StreamMapping {
+        table: "state".into(),
+        batch_size: 100,
+        wait,
+        batching_window,
+        max_retries: 2,
+        retry_pause: Duration::from_millis(5),
+        filter,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_mapping_honours_partial_failures_and_fifo_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,15 +310,11 @@ async fn a_stream_mapping_retries_bisects_and_skips() {
             Ok(json!({"batchItemFailures": []}))
         },
     };
-    let m = StreamMapping {
-        table: "state".into(),
-        batch_size: 100,
-        wait: Duration::from_millis(500),
-        batching_window: Duration::ZERO,
-        max_retries: 2,
-        retry_pause: Duration::from_millis(5),
-        filter: Default::default(),
-    };
+    let m = stream_mapping(
+        Duration::from_millis(500),
+        Duration::ZERO,
+        FilterCriteria::default(),
+    );
     let mut delivered = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while delivered < 5 {
@@ -415,23 +436,16 @@ async fn a_stream_mapping_invokes_only_for_what_its_filters_pass() {
             .await
             .unwrap();
     }
-    let f = Function {
-        seen: Mutex::default(),
-        answer: |_: &[String], _| Ok(json!({"batchItemFailures": []})),
-    };
-    let m = StreamMapping {
-        table: "state".into(),
-        batch_size: 100,
-        wait: Duration::from_millis(500),
-        batching_window: Duration::ZERO,
-        max_retries: 2,
-        retry_pause: Duration::from_millis(5),
-        filter: FilterCriteria::parse(&[
+    let f = handles_all();
+    let m = stream_mapping(
+        Duration::from_millis(500),
+        Duration::ZERO,
+        FilterCriteria::parse(&[
             r#"{"dynamodb": {"Keys": {"scope": {"S": ["filtered-in"]}}}}"#,
             r#"{"dynamodb": {"Keys": {"scope": {"S": ["filtered-in-too"]}, "key": {"S": [{"suffix": "/turn_state"}]}}}}"#,
         ])
         .unwrap(),
-    };
+    );
     let (mut handled, deadline) = (0, Instant::now() + Duration::from_secs(60));
     while handled < 6 {
         assert!(Instant::now() < deadline, "{:?}", f.seen.lock().unwrap());
@@ -474,19 +488,12 @@ async fn a_stream_mapping_gathers_records_for_its_batching_window() {
         .await
         .unwrap();
     let meta = WriteMeta::default();
-    let f = Function {
-        seen: Mutex::default(),
-        answer: |_: &[String], _| Ok(json!({"batchItemFailures": []})),
-    };
-    let m = StreamMapping {
-        table: "state".into(),
-        batch_size: 100,
-        wait: Duration::from_secs(30),
-        batching_window: Duration::from_secs(3),
-        max_retries: 2,
-        retry_pause: Duration::from_millis(5),
-        filter: FilterCriteria::default(),
-    };
+    let f = handles_all();
+    let m = stream_mapping(
+        Duration::from_secs(30),
+        Duration::from_secs(3),
+        FilterCriteria::default(),
+    );
     b.state
         .set("windowed", "w1", json!(1), None, &meta)
         .await
@@ -527,10 +534,7 @@ async fn a_queue_mapping_deletes_what_its_filters_drop() {
             .await
             .unwrap();
     }
-    let f = Function {
-        seen: Mutex::default(),
-        answer: |_: &[String], _| Ok(json!({"batchItemFailures": []})),
-    };
+    let f = handles_all();
     let m = QueueMapping {
         queue: queue.clone(),
         batch_size: 10,

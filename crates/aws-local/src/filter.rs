@@ -18,6 +18,7 @@
 //! named: a template our emulation would read differently from AWS fails here, not quietly.
 //! Bounds are AWS's: at most 10 filters (5 by default, 10 by quota), 4 096 bytes each.
 
+use bus::protocol::kind_of;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -144,17 +145,6 @@ fn join(at: &str, key: &str) -> String {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
 impl Object {
     fn parse(o: &Map<String, Value>, at: &str, depth: usize) -> Result<Self, ParseError> {
         if depth > MAX_DEPTH {
@@ -176,7 +166,7 @@ impl Object {
                 let Value::Array(alts) = v else {
                     return Err((
                         here,
-                        format!("`$or` takes a list of patterns, got {}", kind(v)),
+                        format!("`$or` takes a list of patterns, got {}", kind_of(v)),
                     ));
                 };
                 if alts.len() < 2 {
@@ -187,7 +177,7 @@ impl Object {
                     let Value::Object(a) = alt else {
                         return Err((
                             format!("{here}[{i}]"),
-                            format!("an alternative is a pattern object, got {}", kind(alt)),
+                            format!("an alternative is a pattern object, got {}", kind_of(alt)),
                         ));
                     };
                     group.push(Object::parse(a, at, depth + 1)?);
@@ -211,7 +201,7 @@ impl Object {
                         here,
                         format!(
                             "a field's rules are a list (`[{other}]` to match the value), got {}",
-                            kind(other)
+                            kind_of(other)
                         ),
                     ));
                 }
@@ -264,7 +254,7 @@ fn string_or_strings(v: &Value, at: &str, op: &str) -> Result<Vec<String>, Parse
                 Value::String(s) => Ok(s.clone()),
                 other => Err((
                     at.to_string(),
-                    format!("`{op}` takes strings, got {}", kind(other)),
+                    format!("`{op}` takes strings, got {}", kind_of(other)),
                 )),
             })
             .collect(),
@@ -272,7 +262,7 @@ fn string_or_strings(v: &Value, at: &str, op: &str) -> Result<Vec<String>, Parse
             at.to_string(),
             format!(
                 "`{op}` takes a string or a list of strings, got {}",
-                kind(other)
+                kind_of(other)
             ),
         )),
     }
@@ -291,7 +281,7 @@ fn affix(v: &Value, at: &str, op: &str) -> Result<(String, bool), ParseError> {
         },
         other => Err((
             at.to_string(),
-            format!("`{op}` takes a string, got {}", kind(other)),
+            format!("`{op}` takes a string, got {}", kind_of(other)),
         )),
     }
 }
@@ -326,7 +316,7 @@ impl Rule {
                 other => {
                     return Err((
                         at,
-                        format!("`exists` takes true or false, got {}", kind(other)),
+                        format!("`exists` takes true or false, got {}", kind_of(other)),
                     ));
                 }
             },
@@ -343,7 +333,10 @@ impl Rule {
                 other => {
                     return Err((
                         at,
-                        format!("`equals-ignore-case` takes a string, got {}", kind(other)),
+                        format!(
+                            "`equals-ignore-case` takes a string, got {}",
+                            kind_of(other)
+                        ),
                     ));
                 }
             },
@@ -377,7 +370,10 @@ impl Rule {
                     {
                         return Err((
                             at,
-                            format!("`anything-but` lists strings or numbers, got {}", kind(bad)),
+                            format!(
+                                "`anything-but` lists strings or numbers, got {}",
+                                kind_of(bad)
+                            ),
                         ));
                     }
                     Rule::AnythingBut(items.clone())
@@ -388,7 +384,7 @@ impl Rule {
                         at,
                         format!(
                             "`anything-but` takes a string, a number or a list of them, got {}",
-                            kind(other)
+                            kind_of(other)
                         ),
                     ));
                 }
@@ -474,7 +470,7 @@ fn numeric(v: &Value, at: &str) -> Result<Vec<(Cmp, f64)>, ParseError> {
             _ => return bad(&format!("operators are =, <, <=, >, >=; got {}", pair[0])),
         };
         let Some(n) = pair[1].as_f64() else {
-            return bad(&format!("compares with numbers, got {}", kind(&pair[1])));
+            return bad(&format!("compares with numbers, got {}", kind_of(&pair[1])));
         };
         out.push((cmp, n));
     }

@@ -24,6 +24,8 @@ use crate::filter::FilterCriteria;
 use bus::events::{batch_item_failures, dynamodb_event, sequence_number, sqs_event};
 use bus::queue::{QueueBackend, QueueConfig};
 use bus::state::{ChangeFeed, ChangeRecord};
+use serde_json::Value;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,20 +60,23 @@ pub async fn deliver_queue_batch(
         .config(&m.queue)
         .await
         .unwrap_or_else(|| QueueConfig::standard(&m.queue));
-    let event = sqs_event(&batch, &m.queue);
-    let (passed, dropped): (Vec<_>, Vec<_>) = batch
-        .iter()
-        .zip(event["Records"].as_array().into_iter().flatten())
-        .partition(|(_, record)| m.filter.passes(&queue_record_as_filtered(record)));
-    let batch: Vec<_> = passed.into_iter().map(|(d, _)| d.clone()).collect();
+    let received = batch.len();
+    let keep = passing(
+        &m.filter,
+        received,
+        || sqs_event(&batch, &m.queue),
+        queue_record_as_filtered,
+    );
+    let (batch, dropped): (Vec<_>, Vec<_>) = batch.into_iter().zip(keep).partition(|(_, k)| *k);
     for (d, _) in dropped {
         queues
-            .ack(d)
+            .ack(&d)
             .await
             .map_err(|e| format!("delete filtered from {}: {e}", m.queue))?;
     }
+    let batch: Vec<_> = batch.into_iter().map(|(d, _)| d).collect();
     if batch.is_empty() {
-        return Ok(event["Records"].as_array().map_or(0, Vec::len));
+        return Ok(received);
     }
     let failed: Vec<String> = match target.invoke(&sqs_event(&batch, &m.queue)).await {
         Ok(answer) => batch_item_failures(&answer),
@@ -99,23 +104,39 @@ pub async fn deliver_queue_batch(
                 .map_err(|e| format!("fail in {}: {e}", m.queue))?;
         }
     }
-    Ok(event["Records"].as_array().map_or(0, Vec::len))
+    Ok(received)
+}
+
+/// Whether each of `n` items passes the mapping's filters, judged on its record in `event`
+/// (as `view` shows it to them); with no filters every one does, and no event is built.
+fn passing(
+    filter: &FilterCriteria,
+    n: usize,
+    event: impl FnOnce() -> Value,
+    view: for<'v> fn(&'v Value) -> Cow<'v, Value>,
+) -> Vec<bool> {
+    if filter.is_empty() {
+        return vec![true; n];
+    }
+    let event = event();
+    let records = event["Records"].as_array().into_iter().flatten();
+    records.map(|r| filter.passes(&view(r))).collect()
 }
 
 /// A queue record as a filter sees it: a `body` that is a JSON object is matched by its
 /// fields (AWS's rule for SQS filters); any other body stays a string.
-fn queue_record_as_filtered(record: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+fn queue_record_as_filtered(record: &Value) -> Cow<'_, Value> {
     let parsed = record["body"]
         .as_str()
-        .and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok())
-        .filter(serde_json::Value::is_object);
+        .and_then(|b| serde_json::from_str::<Value>(b).ok())
+        .filter(Value::is_object);
     match parsed {
         Some(body) => {
             let mut r = record.clone();
             r["body"] = body;
-            std::borrow::Cow::Owned(r)
+            Cow::Owned(r)
         }
-        None => std::borrow::Cow::Borrowed(record),
+        None => Cow::Borrowed(record),
     }
 }
 
@@ -180,16 +201,20 @@ pub async fn deliver_stream_batch(
             .map_err(|e| format!("stream of {}: {e}", m.table))?;
         records.extend(more);
     }
-    if m.filter.is_empty() {
+    let keep = passing(
+        &m.filter,
+        records.len(),
+        || dynamodb_event(&records, &m.table),
+        |r| Cow::Borrowed(r),
+    );
+    if keep.iter().all(|k| *k) {
         deliver_records(target, m, &records).await;
     } else {
         let passed: Vec<ChangeRecord> = records
             .iter()
-            .filter(|r| {
-                let event = dynamodb_event(std::slice::from_ref(*r), &m.table);
-                m.filter.passes(&event["Records"][0])
-            })
-            .cloned()
+            .zip(keep)
+            .filter(|(_, k)| *k)
+            .map(|(r, _)| r.clone())
             .collect();
         deliver_records(target, m, &passed).await;
     }

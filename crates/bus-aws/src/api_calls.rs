@@ -32,7 +32,7 @@ impl Intercept for CountCalls {
         let mut key = match cfg.load::<Metadata>() {
             Some(m) => {
                 if recording() {
-                    crate::iam_calls::note(m.service(), m.name(), context.input(), cfg);
+                    crate::iam_calls::note(m.service(), m.name(), context.input());
                 }
                 format!("{}.{}", m.service(), m.name())
             }

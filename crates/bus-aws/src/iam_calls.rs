@@ -5,13 +5,20 @@
 //! the call counts (`api_calls`), so `infra/iam_check.py` can check every call the deployed
 //! tests made against the role the template gives that function.
 
-use aws_smithy_types::config_bag::ConfigBag;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 type Input<'a> = &'a aws_smithy_runtime_api::client::interceptors::context::Input;
 
 static SEEN: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+
+/// `field` of the operation input, whichever of these input types it is (`None`: none of
+/// them, or the field unset).
+macro_rules! field_of {
+    ($input:expr, $field:ident: $($ty:ty),+ $(,)?) => {
+        None$(.or_else(|| $input.downcast_ref::<$ty>().and_then(|i| i.$field.clone())))+
+    };
+}
 
 fn region() -> String {
     std::env::var("AWS_REGION").unwrap_or_else(|_| bus::events::REGION.to_string())
@@ -122,57 +129,18 @@ pub fn requests(service: &str, op: &str, input: Input<'_>) -> Vec<(String, Strin
                 "ChangeMessageVisibilityBatch" => "ChangeMessageVisibility",
                 other => other,
             };
-            let url = input
-                .downcast_ref::<SendMessageInput>()
-                .and_then(|i| i.queue_url.clone())
-                .or_else(|| {
-                    input
-                        .downcast_ref::<SendMessageBatchInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<ReceiveMessageInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<DeleteMessageInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<DeleteMessageBatchInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<ChangeMessageVisibilityInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<ChangeMessageVisibilityBatchInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<GetQueueAttributesInput>()?
-                        .queue_url
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<SetQueueAttributesInput>()?
-                        .queue_url
-                        .clone()
-                });
+            let url: Option<String> = field_of!(
+                input,
+                queue_url: SendMessageInput,
+                SendMessageBatchInput,
+                ReceiveMessageInput,
+                DeleteMessageInput,
+                DeleteMessageBatchInput,
+                ChangeMessageVisibilityInput,
+                ChangeMessageVisibilityBatchInput,
+                GetQueueAttributesInput,
+                SetQueueAttributesInput,
+            );
             let resource = match url {
                 Some(u) => queue(&u),
                 None => match input.downcast_ref::<GetQueueUrlInput>() {
@@ -188,24 +156,15 @@ pub fn requests(service: &str, op: &str, input: Input<'_>) -> Vec<(String, Strin
                 describe_secret::DescribeSecretInput, get_secret_value::GetSecretValueInput,
                 put_secret_value::PutSecretValueInput, update_secret::UpdateSecretInput,
             };
-            let id = input
-                .downcast_ref::<GetSecretValueInput>()
-                .and_then(|i| i.secret_id.clone())
-                .or_else(|| {
-                    input
-                        .downcast_ref::<PutSecretValueInput>()?
-                        .secret_id
-                        .clone()
-                })
-                .or_else(|| {
-                    input
-                        .downcast_ref::<DescribeSecretInput>()?
-                        .secret_id
-                        .clone()
-                })
-                .or_else(|| input.downcast_ref::<UpdateSecretInput>()?.secret_id.clone())
-                .or_else(|| input.downcast_ref::<DeleteSecretInput>()?.secret_id.clone())
-                .or_else(|| input.downcast_ref::<CreateSecretInput>()?.name.clone());
+            let id: Option<String> = field_of!(
+                input,
+                secret_id: GetSecretValueInput,
+                PutSecretValueInput,
+                DescribeSecretInput,
+                UpdateSecretInput,
+                DeleteSecretInput,
+            )
+            .or_else(|| field_of!(input, name: CreateSecretInput));
             one(
                 format!("secretsmanager:{op}"),
                 id.map_or_else(|| "*".into(), |id| secret(&id)),
@@ -215,15 +174,11 @@ pub fn requests(service: &str, op: &str, input: Input<'_>) -> Vec<(String, Strin
             use aws_sdk_lambda::operation::{
                 invoke::InvokeInput, invoke_with_response_stream::InvokeWithResponseStreamInput,
             };
-            let name = input
-                .downcast_ref::<InvokeInput>()
-                .and_then(|i| i.function_name.clone())
-                .or_else(|| {
-                    input
-                        .downcast_ref::<InvokeWithResponseStreamInput>()?
-                        .function_name
-                        .clone()
-                });
+            let name: Option<String> = field_of!(
+                input,
+                function_name: InvokeInput,
+                InvokeWithResponseStreamInput
+            );
             let action = match op {
                 "Invoke" | "InvokeWithResponseStream" => "InvokeFunction",
                 other => other,
@@ -269,16 +224,17 @@ fn dynamodb(op: &str, input: Input<'_>) -> Vec<(String, String)> {
     };
     let action = format!("dynamodb:{op}");
     let one = |t: Option<&str>| vec![(action.clone(), t.map_or_else(|| "*".into(), table))];
-    if let Some(i) = input.downcast_ref::<GetItemInput>() {
-        one(i.table_name.as_deref())
-    } else if let Some(i) = input.downcast_ref::<PutItemInput>() {
-        one(i.table_name.as_deref())
-    } else if let Some(i) = input.downcast_ref::<UpdateItemInput>() {
-        one(i.table_name.as_deref())
-    } else if let Some(i) = input.downcast_ref::<DeleteItemInput>() {
-        one(i.table_name.as_deref())
-    } else if let Some(i) = input.downcast_ref::<DescribeTableInput>() {
-        one(i.table_name.as_deref())
+    let named: Option<String> = field_of!(
+        input,
+        table_name: GetItemInput,
+        PutItemInput,
+        UpdateItemInput,
+        DeleteItemInput,
+        DescribeTableInput,
+        ScanInput,
+    );
+    if let Some(t) = named {
+        one(Some(&t))
     } else if let Some(i) = input.downcast_ref::<QueryInput>() {
         let t = i
             .table_name
@@ -290,8 +246,6 @@ fn dynamodb(op: &str, input: Input<'_>) -> Vec<(String, String)> {
             None => t,
         };
         vec![(action, r)]
-    } else if let Some(i) = input.downcast_ref::<ScanInput>() {
-        one(i.table_name.as_deref())
     } else if let Some(i) = input.downcast_ref::<BatchGetItemInput>() {
         let tables = i.request_items.iter().flat_map(|m| m.keys());
         tables.map(|t| (action.clone(), table(t))).collect()
@@ -327,7 +281,7 @@ fn dynamodb(op: &str, input: Input<'_>) -> Vec<(String, String)> {
 }
 
 /// Note one call's IAM requests (kept once each: what was asked, not how often).
-pub fn note(service: &str, op: &str, input: Input<'_>, _cfg: &ConfigBag) {
+pub fn note(service: &str, op: &str, input: Input<'_>) {
     let asked = requests(service, op, input);
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     seen.extend(asked);
@@ -399,6 +353,32 @@ mod tests {
             [(
                 "lambda:InvokeFunction".to_string(),
                 format!("arn:aws:lambda:{}:{acct}:function:p-tools", region())
+            )]
+        );
+        let scan = aws_sdk_dynamodb::operation::scan::ScanInput::builder()
+            .table_name("p-registry")
+            .build()
+            .unwrap();
+        assert_eq!(
+            requests("DynamoDB", "Scan", &SdkInput::erase(scan)),
+            [(
+                "dynamodb:Scan".to_string(),
+                format!("arn:aws:dynamodb:{}:{acct}:table/p-registry", region())
+            )]
+        );
+        let created =
+            aws_sdk_secretsmanager::operation::create_secret::CreateSecretInput::builder()
+                .name("p-secrets/providers/x")
+                .build()
+                .unwrap();
+        assert_eq!(
+            requests("Secrets Manager", "CreateSecret", &SdkInput::erase(created)),
+            [(
+                "secretsmanager:CreateSecret".to_string(),
+                format!(
+                    "arn:aws:secretsmanager:{}:{acct}:secret:p-secrets/providers/x",
+                    region()
+                )
             )]
         );
         let send = aws_sdk_sqs::operation::send_message::SendMessageInput::builder()
