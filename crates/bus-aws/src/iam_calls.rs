@@ -32,12 +32,18 @@ fn arn(service: &str, rest: &str) -> String {
     )
 }
 
-fn table(name: &str) -> String {
+/// A resource the SDK names by name or by ARN → its ARN (`kind` as the ARN spells it:
+/// `table/`, `secret:`, `function:`).
+fn named(service: &str, kind: &str, name: &str) -> String {
     if name.starts_with("arn:") {
         name.to_string()
     } else {
-        arn("dynamodb", &format!("table/{name}"))
+        arn(service, &format!("{kind}{name}"))
     }
+}
+
+fn table(name: &str) -> String {
+    named("dynamodb", "table/", name)
 }
 
 /// A queue URL (`…/<account>/<name>`) → its ARN.
@@ -49,19 +55,11 @@ fn queue(url: &str) -> String {
 }
 
 fn secret(id: &str) -> String {
-    if id.starts_with("arn:") {
-        id.to_string()
-    } else {
-        arn("secretsmanager", &format!("secret:{id}"))
-    }
+    named("secretsmanager", "secret:", id)
 }
 
 fn function(name: &str) -> String {
-    if name.starts_with("arn:") {
-        name.to_string()
-    } else {
-        arn("lambda", &format!("function:{name}"))
-    }
+    named("lambda", "function:", name)
 }
 
 /// `execute-api` ARN of a connection: the API id and stage from the management endpoint
