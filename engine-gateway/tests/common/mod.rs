@@ -9,7 +9,12 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-pub const WAIT: Duration = Duration::from_secs(10);
+/// How long a test waits for an answer. On the AWS backend every state write is a call to
+/// the emulator, which CI's two cores share with a second test process: a PutItem there has
+/// taken over 10 s (the SDK retries a busy emulator with backoff).
+pub fn wait() -> Duration {
+    Duration::from_secs(if aws_backend() { 30 } else { 10 })
+}
 
 /// Which backend the suite runs against: `HARNESS_TEST_BACKEND=aws` runs it on the AWS
 /// backend (the emulator at `AWS_ENDPOINT_URL`), each test with its own resource prefix.
@@ -90,12 +95,12 @@ impl Raw {
             .expect("send");
     }
 
-    /// Next JSON message (panics after 10 s).
+    /// Next JSON message (panics after `wait()`).
     pub async fn recv(&mut self) -> Value {
         loop {
-            let m = tokio::time::timeout(WAIT, self.ws.next())
+            let m = tokio::time::timeout(wait(), self.ws.next())
                 .await
-                .expect("a message within 10 s")
+                .expect("a message within wait()")
                 .expect("stream open")
                 .expect("frame");
             if let Message::Text(t) = m {
@@ -158,7 +163,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    let deadline = tokio::time::Instant::now() + wait();
     while tokio::time::Instant::now() < deadline {
         if f().await {
             return;
