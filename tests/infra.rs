@@ -268,12 +268,18 @@ fn every_worker_is_deployed_with_its_crate_settings() {
         visibility >= orchestrator["Timeout"].as_u64().unwrap(),
         "SQS requires visibility ≥ the function timeout"
     );
-    // Whatever pushes to WebSocket connections (results, stored stream items, stream::send's
-    // token deltas) has the management endpoint and the right to post to connections.
+    // Whatever pushes to WebSocket connections (results; the stream items it stores and
+    // stream::send's token deltas) has the management endpoint and the right to post to
+    // connections. The stream router pushes nothing: stored items reach clients from their
+    // writer.
+    assert!(
+        t["Resources"]["StreamRouterFunction"]["Properties"]["Environment"].is_null(),
+        "the stream router posts to no connection"
+    );
     for id in [
         "EngineRouterFunction",
-        "StreamRouterFunction",
         "TurnOrchestratorFunction",
+        "ContextCompactionFunction",
     ] {
         let p = &t["Resources"][id]["Properties"];
         assert!(

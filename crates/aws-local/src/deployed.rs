@@ -601,7 +601,6 @@ mod tests {
                 max_retries: 10,
                 batching_window: Duration::ZERO,
                 filters: vec![
-                    r#"{"dynamodb": {"Keys": {"scope": {"S": [{"prefix": "$stream:"}]}}}}"#.into(),
                     r#"{"dynamodb": {"Keys": {"scope": {"S": ["approvals"]}}}}"#.into(),
                     r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}}}"#.into(),
                 ],

@@ -159,8 +159,9 @@ fn filters_are_alternatives_and_none_passes_everything() {
 }
 
 /// The shape of a record on the state table's stream (`bus::events::dynamodb_event`), and
-/// the router's filters in `infra/template.yaml`: stored stream items and the scopes state
-/// triggers watch pass; the rest of the engine's `$` scopes and unwatched scopes do not.
+/// the router's filters in `infra/template.yaml`: the scopes state triggers watch pass; stored
+/// stream items (pushed by their writer), the rest of the engine's `$` scopes and unwatched
+/// scopes do not.
 #[test]
 fn dynamodb_records_by_key() {
     let record = |scope: &str, key: &str| {
@@ -175,12 +176,11 @@ fn dynamodb_records_by_key() {
         })
     };
     let f = FilterCriteria::parse(&[
-        r#"{"dynamodb": {"Keys": {"scope": {"S": [{"prefix": "$stream:"}]}}}}"#,
         r#"{"dynamodb": {"Keys": {"scope": {"S": ["approvals"]}}}}"#,
         r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}}}"#,
     ])
     .unwrap();
-    assert!(f.passes(&record("$stream:agent::events", "s1")));
+    assert!(!f.passes(&record("$stream:agent::events", "s1")));
     assert!(f.passes(&record("approvals", "s1/c1")));
     assert!(f.passes(&record("agent", "session/s1/turn_state")));
     assert!(!f.passes(&record("agent", "session/s1/checkpoint")));

@@ -1,8 +1,9 @@
 //! WebSocket connections as AWS sees them: pushes go through the API Gateway management API
 //! (`POST @connections/{id}`), and stream subscriptions are registry items written by the
-//! router at `streamsubscribe`. The router uses this for results and stored stream items; a
-//! Lambda uses it for `stream::send` (token deltas), which stores nothing and so has no other
-//! way to reach a client.
+//! router at `streamsubscribe`. The router uses this for results; a Lambda uses it for what
+//! it puts on a stream: `stream::send` (token deltas, stored nowhere) and the stream items it
+//! stores, pushed once written (`push_stored`), so one writer's events reach a client in the
+//! order it made them.
 
 use super::AwsClients;
 use super::registry::DynamoRegistry;
@@ -159,11 +160,7 @@ impl Connections {
             Some(subs) => subs,
             None => {
                 let subs = subscribed_with_viewers(&self.subscriptions().await?, stream, group);
-                let mut cache = self.lock_cache();
-                if cache.len() >= MAX_CACHED_GROUPS {
-                    cache.clear();
-                }
-                cache.insert(key, (Instant::now(), subs.clone()));
+                self.remember_subscribers(stream, group, subs.clone());
                 subs
             }
         };
@@ -186,21 +183,90 @@ impl Connections {
         data: &Value,
     ) -> Result<usize, String> {
         let ids = self.subscribers(stream, group).await?;
-        if ids.is_empty() {
+        let event = StreamEvent {
+            stream,
+            group,
+            item,
+            event_type,
+            data,
+        };
+        Ok(self.post_event(&ids, &event).await)
+    }
+
+    /// Stored stream items, pushed by the Lambda that stored them once the write committed,
+    /// in the order written (as the embedded engine pushes them): so a client gets a step's
+    /// stored events after the token deltas the same Lambda posted before them. The
+    /// subscriptions are read fresh, once per call: a client that subscribed a moment ago
+    /// gets every stored event (the read also refreshes what `stream::send` reuses). →
+    /// how many posts reached a connection. Best effort: a failed post is logged.
+    pub async fn push_stored(&self, events: &[StreamEvent<'_>]) -> Result<usize, String> {
+        if events.is_empty() {
             return Ok(0);
         }
-        let message = json!({"type": "streamevent", "stream_name": stream, "group_id": group, "item_id": item, "event": {"type": event_type, "data": data}});
+        let subs = self.subscriptions().await?;
+        let mut groups: HashMap<(&str, &str), Vec<String>> = HashMap::new();
+        let mut reached = 0;
+        for event in events {
+            let key = (event.stream, event.group);
+            let ids = match groups.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let found = subscribed_with_viewers(&subs, event.stream, event.group);
+                    self.remember_subscribers(event.stream, event.group, found.clone());
+                    e.insert(self.allowed(found, event.group).await)
+                }
+            };
+            reached += self.post_event(ids, event).await;
+        }
+        Ok(reached)
+    }
+
+    fn remember_subscribers(&self, stream: &str, group: &str, subs: Vec<Subscriber>) {
+        let mut cache = self.lock_cache();
+        if cache.len() >= MAX_CACHED_GROUPS {
+            cache.clear();
+        }
+        cache.insert(
+            (stream.to_string(), group.to_string()),
+            (Instant::now(), subs),
+        );
+    }
+
+    /// One `streamevent` to each of `ids` → how many it reached.
+    async fn post_event(&self, ids: &[String], event: &StreamEvent<'_>) -> usize {
+        if ids.is_empty() {
+            return 0;
+        }
+        let message = event.message();
         let mut reached = 0;
         for id in ids {
-            match self.post(&id, &message).await {
+            match self.post(id, &message).await {
                 Ok(true) => reached += 1,
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, connection = %id, stream, "stream event not pushed")
+                    tracing::warn!(error = %e, connection = %id, stream = event.stream, "stream event not pushed")
                 }
             }
         }
-        Ok(reached)
+        reached
+    }
+}
+
+/// One event of a stream group, as pushed: `type` is `create`, `update` or `delete` for a
+/// stored item, anything else for a pushed one (`message_update`).
+#[derive(Debug, Clone, Copy)]
+pub struct StreamEvent<'a> {
+    pub stream: &'a str,
+    pub group: &'a str,
+    pub item: &'a str,
+    pub event_type: &'a str,
+    pub data: &'a Value,
+}
+
+impl StreamEvent<'_> {
+    /// The engine's `streamevent` message.
+    pub fn message(&self) -> Value {
+        json!({"type": "streamevent", "stream_name": self.stream, "group_id": self.group, "item_id": self.item, "event": {"type": self.event_type, "data": self.data}})
     }
 }
 

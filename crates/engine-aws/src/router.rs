@@ -11,16 +11,15 @@
 //! - **State-trigger router** ([`AwsRouter::stream`]): a DynamoDB Stream batch of the state
 //!   table goes, record by matching record, to each registered state trigger's Lambda; the
 //!   first failure is reported as `batchItemFailures` so the stream retries from there.
-//!   Stored stream items (`stream::set`/`delete`, e.g. `agent::events`) in the batch are
-//!   posted as `streamevent` messages to the connections subscribed to their group (best
-//!   effort, as in the local engine; a gone connection is forgotten). `stream::send`, which
-//!   stores nothing, is posted by the Lambda that sends it (`connections`, through `AwsBus`).
+//!   It pushes nothing to connections: a stored stream item (`stream::set`, `state::transact`'s
+//!   items, e.g. `agent::events`) is posted by the Lambda that stores it, once written and in
+//!   order with the `stream::send` pushes (token deltas) of that Lambda, as the local engine
+//!   pushes them (`bus_aws::connections`, through the SDK's `AwsBus`).
 //! - **Registration** ([`register_lambda`]): a deployed worker Lambda is asked to describe
 //!   itself (`{"describe": true}`) and its functions and state triggers are written to the
 //!   registry, which is how the router and the other Lambdas find it.
 
 use bus::access::{Access, Principal, Role};
-use bus::engine::STREAM_SCOPE_PREFIX;
 use bus::protocol::{ErrorBody, codes};
 use bus::registry::Registry;
 use bus::secrets::SecretStore;
@@ -454,49 +453,6 @@ impl AwsRouter {
         }
     }
 
-    /// The stored stream items of a stream batch → `streamevent` posts to the subscribed
-    /// connections. Best effort: a push that fails is logged, never retried.
-    async fn push_stream_items(&self, records: &[Value]) {
-        let items: Vec<(String, String, String, Value)> = records
-            .iter()
-            .filter_map(|r| {
-                let keys = &r["dynamodb"]["Keys"];
-                let stream = keys["scope"]["S"].as_str()?.strip_prefix(STREAM_SCOPE_PREFIX)?;
-                let (group, item) = keys["key"]["S"].as_str()?.split_once('\u{1}')?;
-                let (kind, image) = match r["eventName"].as_str()? {
-                    "INSERT" => ("create", "NewImage"),
-                    "MODIFY" => ("update", "NewImage"),
-                    _ => ("delete", "OldImage"),
-                };
-                let data = r["dynamodb"][image]["value"]["S"]
-                    .as_str()
-                    .and_then(|v| serde_json::from_str::<Value>(v).ok())
-                    .unwrap_or(Value::Null);
-                let message = json!({"type": "streamevent", "stream_name": stream, "group_id": group, "item_id": item, "event": {"type": kind, "data": data}});
-                Some((stream.to_string(), group.to_string(), item.to_string(), message))
-            })
-            .collect();
-        if items.is_empty() {
-            return;
-        }
-        let subs = match self.connections.subscriptions().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "stream subscriptions unreadable; items not pushed");
-                return;
-            }
-        };
-        for (stream, group, item, message) in &items {
-            let subscribers = bus_aws::connections::subscribed_with_viewers(&subs, stream, group);
-            for connection in self.connections.allowed(subscribers, group).await {
-                let connection = connection.as_str();
-                if let Err(e) = self.post(connection, message).await {
-                    tracing::warn!(error = %e, connection, stream, item, "stream event not pushed");
-                }
-            }
-        }
-    }
-
     /// One client message from `connection` → the message to send back (if any).
     async fn route(&self, connection: &str, body: &str) -> Option<Value> {
         let msg: Value = match serde_json::from_str(body) {
@@ -568,7 +524,6 @@ impl AwsRouter {
     /// as a DynamoDB event of the records it watches; partial failure from the first miss.
     pub async fn stream(&self, event: &Value) -> Value {
         let records: Vec<Value> = event["Records"].as_array().cloned().unwrap_or_default();
-        self.push_stream_items(&records).await;
         let triggers = match self.registry.list("trigger").await {
             Ok(t) => t,
             Err(e) => {

@@ -9,6 +9,7 @@ use ::bus::protocol::ErrorBody;
 use ::bus::queue::{QueueBackend, QueueConfig, QueueMessage};
 use ::bus::state::WriteMeta;
 use async_trait::async_trait;
+use bus_aws::connections::StreamEvent;
 use bus_aws::{AwsClients, AwsNames};
 use bus_telemetry::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
@@ -111,6 +112,26 @@ impl AwsBus {
             baggage: trace.baggage_header(),
             unwatched: false,
         };
+        if function_id == "state::transact" && self.connections.is_some() {
+            // Its stream items are pushed from here once committed (see `push_stored`).
+            let mut data = data;
+            let (answer, items) = ::bus::state_api::transact(&self.state, &mut data, &meta)
+                .await
+                .map_err(BusError::from)?;
+            let events: Vec<StreamEvent<'_>> = items
+                .iter()
+                .map(|i| StreamEvent {
+                    stream: &i.stream_name,
+                    group: &i.group_id,
+                    item: &i.item_id,
+                    // As the engine's built-in: whether an item was new is not known.
+                    event_type: "create",
+                    data: &i.data,
+                })
+                .collect();
+            self.push_stored(&events).await;
+            return Ok(answer);
+        }
         if ::bus::state_api::FUNCTIONS.contains(&function_id) {
             return match ::bus::state_api::call(&self.state, function_id, data, &meta).await {
                 Some(r) => r.map_err(BusError::from),
@@ -154,6 +175,19 @@ impl AwsBus {
 }
 
 impl AwsBus {
+    /// Stored stream items → their group's subscribers, from the Lambda that stored them,
+    /// after the commit and in order (the stream router pushes nothing stored). Without the
+    /// management endpoint there is nobody to push to; a failed push is logged, the write
+    /// stands (a client reads what it missed with `stream::list`).
+    async fn push_stored(&self, events: &[StreamEvent<'_>]) {
+        let Some(connections) = &self.connections else {
+            return;
+        };
+        if let Err(e) = connections.push_stored(events).await {
+            tracing::warn!(error = %e, "stream subscriptions unreadable; stored items not pushed");
+        }
+    }
+
     /// `engine::channels::create`, answered here in the engine's shape.
     fn create_channel(&self, data: &Value) -> Result<Value, ErrorBody> {
         let buffer = match ::bus::builtins::opt_u64(data, "buffer_size")? {
@@ -187,9 +221,9 @@ impl AwsBus {
     }
 
     /// `stream::*` on the state table, with the engine's keys (`$stream:<name>`,
-    /// `<group>\u{1}<item>`): the table's stream carries each stored item to the stream
-    /// router, which pushes it to the subscribed connections. `stream::send` stores nothing:
-    /// it is posted to the subscribed connections from here, through the management API.
+    /// `<group>\u{1}<item>`). Every stored item is pushed from here once written
+    /// (`push_stored`), and `stream::send`, which stores nothing, is posted from here too:
+    /// both through the management API, so one Lambda's events reach a client in order.
     async fn stream_call(
         &self,
         function_id: &str,
@@ -206,10 +240,26 @@ impl AwsBus {
                 let items = ::bus::builtins::stream_items(&mut data.clone(), "items")?;
                 let count = items.len();
                 let writes = items
-                    .into_iter()
-                    .map(|i| (i.scope, i.key, i.data))
+                    .iter()
+                    .map(|i| (i.scope.clone(), i.key.clone(), i.data.clone()))
                     .collect();
-                self.state.set_many(writes, meta).await?;
+                let existed = self.state.set_many(writes, meta).await?;
+                let events: Vec<StreamEvent<'_>> = items
+                    .iter()
+                    .zip(existed)
+                    .map(|(i, existed)| StreamEvent {
+                        stream: &i.stream_name,
+                        group: &i.group_id,
+                        item: &i.item_id,
+                        event_type: if existed == Some(true) {
+                            "update"
+                        } else {
+                            "create"
+                        },
+                        data: &i.data,
+                    })
+                    .collect();
+                self.push_stored(&events).await;
                 return Ok(serde_json::json!({ "count": count }));
             }
             let (scope, group) = stream_addr(data)?;
@@ -222,7 +272,21 @@ impl AwsBus {
                         .state
                         .set(&scope, &format!("{group}\u{1}{item}"), value, None, meta)
                         .await?;
-                    Ok(serde_json::json!({"old_value": out.old_value, "new_value": out.new_value}))
+                    let stream = req_str(data, "stream_name")?;
+                    let new_value = out.new_value.unwrap_or(Value::Null);
+                    self.push_stored(&[StreamEvent {
+                        stream: &stream,
+                        group: &group,
+                        item: &item,
+                        event_type: if out.old_value.is_some() {
+                            "update"
+                        } else {
+                            "create"
+                        },
+                        data: &new_value,
+                    }])
+                    .await;
+                    Ok(serde_json::json!({"old_value": out.old_value, "new_value": new_value}))
                 }
                 "stream::get" => {
                     let item = req_str(data, "item_id")?;
@@ -239,6 +303,17 @@ impl AwsBus {
                         .state
                         .delete(&scope, &format!("{group}\u{1}{item}"), None, meta)
                         .await?;
+                    if let Some(old) = &out.old_value {
+                        let stream = req_str(data, "stream_name")?;
+                        self.push_stored(&[StreamEvent {
+                            stream: &stream,
+                            group: &group,
+                            item: &item,
+                            event_type: "delete",
+                            data: old,
+                        }])
+                        .await;
+                    }
                     Ok(serde_json::json!({"deleted": out.old_value.is_some()}))
                 }
                 "stream::list" => {

@@ -594,12 +594,22 @@ pub mod session_tree {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schemars(with = "Option<Option<String>>")]
         pub parent_id: Option<Value>,
+        /// Inboxes to peek once the entries are stored, as `session-inbox::peek`'s `names`:
+        /// the answer's `inbox`. The append that ends a turn's step asks it, so deciding
+        /// whether a steering message came takes no call of its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub peek_inboxes: Option<Vec<String>>,
     }
     #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
     pub struct AppendBatchAnswer {
         pub entry_ids: Vec<String>,
         pub leaf_id: Option<String>,
         pub entries: Vec<StoredEntry>,
+        /// With `peek_inboxes`: the peek's answer, read after the entries were stored. Absent
+        /// from a worker that does not know the field, or that could not read the inboxes
+        /// (the caller then peeks itself).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub inbox: Option<super::inbox::ItemsAnswer>,
     }
 
     /// The model context of a branch: leaf → root, compaction applied.

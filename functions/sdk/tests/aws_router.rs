@@ -4,7 +4,8 @@
 //! with `register_lambda`; the WebSocket router checks tokens at `$connect`, routes an
 //! `invokefunction` to a Lambda that itself calls another through the registry, and posts
 //! the result through the API Gateway management API (a mock that can say "gone"); the
-//! stream router fires a state trigger's Lambda from a DynamoDB Stream batch.
+//! stream router fires a state trigger's Lambda from a DynamoDB Stream batch; a Lambda pushes
+//! the stream items it stores.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -446,8 +447,9 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
     assert!(state.get("demo-audit", "k").await.unwrap().is_none());
     assert!(echo.process_count() >= 1 && steps.process_count() >= 1);
 
-    // Stream pushes: stored stream items in a stream batch reach the connections subscribed
-    // to their group (or to every group), as `streamevent` messages.
+    // Stream pushes: a stored stream item reaches the connections subscribed to its group
+    // (or to every group), as a `streamevent`, from the Lambda that stored it, in the order
+    // written; the stream router pushes nothing stored.
     for c in ["c2", "c3"] {
         router
             .websocket(&ws_event("CONNECT", c, None, Some("s3cret-token")))
@@ -504,13 +506,6 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
                 "s1-1",
                 Some(json!({"type": "turn_end"})),
             ),
-            item(
-                11,
-                ChangeKind::Updated,
-                "s2",
-                "s2-1",
-                Some(json!({"type": "agent_end"})),
-            ),
             item(12, ChangeKind::Deleted, "s1", "s1-1", None),
         ],
         &names.state_table(),
@@ -520,6 +515,63 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         router.stream(&batch).await,
         json!({"batchItemFailures": []})
     );
+    assert_eq!(
+        posts.lock().unwrap().len(),
+        before,
+        "the router pushed a stored item"
+    );
+
+    let writer = harness_sdk::Ctx::root(Arc::new(
+        harness_sdk::aws_bus::AwsBus::new(clients.clone(), names.clone())
+            .with_management_endpoint(&mgmt),
+    ));
+    let set = |group: &str, item: &str, data: Value| json!({"stream_name": "agent::events", "group_id": group, "item_id": item, "data": data});
+    writer
+        .trigger(
+            "stream::set",
+            set("s1", "s1-1", json!({"type": "turn_end"})),
+        )
+        .await
+        .unwrap();
+    writer
+        .trigger(
+            "stream::set",
+            set("s2", "s2-1", json!({"type": "agent_start"})),
+        )
+        .await
+        .unwrap();
+    writer
+        .trigger(
+            "stream::set",
+            set("s2", "s2-1", json!({"type": "agent_end"})),
+        )
+        .await
+        .unwrap();
+    // A step's record and its events, in one transaction, pushed in their order after it.
+    writer
+        .trigger(
+            "state::transact",
+            json!({
+                "writes": [{"scope": "pushed-test", "key": "s1", "value": {"n": 1}}],
+                "stream_items": [set("s1", "s1-2", json!({"n": 2})), set("s1", "s1-3", json!({"n": 3}))],
+            }),
+        )
+        .await
+        .unwrap();
+    writer
+        .trigger(
+            "stream::set_many",
+            json!({"items": [set("s1", "s1-4", json!({"n": 4})), set("s1", "s1-5", json!({"n": 5}))]}),
+        )
+        .await
+        .unwrap();
+    writer
+        .trigger(
+            "stream::delete",
+            json!({"stream_name": "agent::events", "group_id": "s1", "item_id": "s1-1"}),
+        )
+        .await
+        .unwrap();
     let pushed: Vec<(String, Value)> = posts.lock().unwrap()[before..].to_vec();
     let to = |c: &str| -> Vec<Value> {
         pushed
@@ -528,18 +580,28 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
             .map(|(_, m)| m.clone())
             .collect()
     };
-    assert_eq!(
-        to("c2"),
-        vec![
-            json!({"type": "streamevent", "stream_name": "agent::events", "group_id": "s1", "item_id": "s1-1", "event": {"type": "create", "data": {"type": "turn_end"}}}),
-            json!({"type": "streamevent", "stream_name": "agent::events", "group_id": "s1", "item_id": "s1-1", "event": {"type": "delete", "data": {"type": "turn_end"}}}),
-        ]
-    );
+    let ev = |group: &str, item: &str, kind: &str, data: Value| json!({"type": "streamevent", "stream_name": "agent::events", "group_id": group, "item_id": item, "event": {"type": kind, "data": data}});
+    let s1 = vec![
+        ev("s1", "s1-1", "create", json!({"type": "turn_end"})),
+        ev("s1", "s1-2", "create", json!({"n": 2})),
+        ev("s1", "s1-3", "create", json!({"n": 3})),
+        ev("s1", "s1-4", "create", json!({"n": 4})),
+        ev("s1", "s1-5", "create", json!({"n": 5})),
+        ev("s1", "s1-1", "delete", json!({"type": "turn_end"})),
+    ];
+    assert_eq!(to("c2"), s1);
     let all = to("c3");
-    assert_eq!(all.len(), 3, "{pushed:?}");
-    assert_eq!(all[1]["group_id"], "s2");
-    assert_eq!(all[1]["event"]["type"], "update");
-    assert_eq!(all[1]["event"]["data"], json!({"type": "agent_end"}));
+    assert_eq!(all.len(), 8, "{pushed:?}");
+    assert_eq!(
+        all[1],
+        ev("s2", "s2-1", "create", json!({"type": "agent_start"}))
+    );
+    assert_eq!(
+        all[2],
+        ev("s2", "s2-1", "update", json!({"type": "agent_end"}))
+    );
+    let only_s1: Vec<Value> = all.into_iter().filter(|m| m["group_id"] == "s1").collect();
+    assert_eq!(only_s1, s1);
     // The gone connection was forgotten with its subscription.
     let subs = registry.list("subscription").await.unwrap();
     assert!(
@@ -566,7 +628,10 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         .await;
     assert!(registry.list("subscription").await.unwrap().is_empty());
     let before = posts.lock().unwrap().len();
-    router.stream(&batch).await;
+    writer
+        .trigger("stream::set", set("s1", "s1-6", json!({"n": 6})))
+        .await
+        .unwrap();
     assert_eq!(posts.lock().unwrap().len(), before);
 }
 

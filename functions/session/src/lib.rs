@@ -124,15 +124,30 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
             .collect::<Result<Vec<_>, _>>()?,
         _ => return Err(ErrorBody::invalid("`entries` must be an array")),
     };
+    let peek = match data.get("peek_inboxes") {
+        None | Some(Value::Null) => None,
+        Some(names) => Some(peek_names(names)?),
+    };
     let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, inputs).await?;
-    Ok(fields([
+    let mut answer = fields([
         (
             "entry_ids",
             stored.iter().map(|s| Value::from(s.0.id.clone())).collect(),
         ),
         ("leaf_id", json!(stored.last().map(|s| s.0.id.clone()))),
         ("entries", stored.iter().map(stored_json).collect()),
-    ]))
+    ]);
+    if let Some(names) = peek {
+        // The entries are stored: an inbox that cannot be read now leaves `inbox` out, and
+        // the caller peeks on its own.
+        match peek_first(&ctx, &sid, &names).await {
+            Ok(inbox) => answer["inbox"] = inbox,
+            Err(e) => {
+                tracing::warn!(session = %sid, error = %e.message, "inboxes not peeked after an append")
+            }
+        }
+    }
+    Ok(answer)
 }
 
 /// The path to `leaf_id` (default: the current leaf) and its model context.
@@ -521,15 +536,14 @@ async fn inbox_push(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
 async fn inbox_peek(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let key = inbox_key(&data)?;
     if let Some(names) = data.get("names").filter(|v| !v.is_null()) {
-        return inbox_peek_first(&ctx, &sid_of(&data, "session_id")?, names).await;
+        return peek_first(&ctx, &sid_of(&data, "session_id")?, &peek_names(names)?).await;
     }
     let v = ctx.state_get(INBOX, &key).await.map_err(storage)?;
     Ok(json!({"items": v["items"].as_array().cloned().unwrap_or_default()}))
 }
 
-/// `names`: the first of these inboxes that holds items, found with one read of the
-/// session's inboxes → `{items, name}` (`name` null when all are empty).
-async fn inbox_peek_first(ctx: &Ctx, sid: &str, names: &Value) -> Result<Value, ErrorBody> {
+/// A peek's inbox names (`names`, or an append's `peek_inboxes`), checked.
+fn peek_names(names: &Value) -> Result<Vec<String>, ErrorBody> {
     let names: Vec<String> = serde_json::from_value(names.clone())
         .map_err(|_| ErrorBody::invalid("`names` must be a list of inbox names"))?;
     if names.is_empty() || names.len() > inbox::PEEK_MAX_NAMES {
@@ -541,6 +555,12 @@ async fn inbox_peek_first(ctx: &Ctx, sid: &str, names: &Value) -> Result<Value, 
     for name in &names {
         valid_id("names[]", name)?;
     }
+    Ok(names)
+}
+
+/// The first of `names` that holds items, found with one read of the session's inboxes →
+/// `{items, name}` (`name` null when all are empty).
+async fn peek_first(ctx: &Ctx, sid: &str, names: &[String]) -> Result<Value, ErrorBody> {
     let prefix = format!("{sid}/");
     // A session has a few inboxes: one page holds them.
     let page = ctx

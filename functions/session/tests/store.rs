@@ -534,6 +534,58 @@ async fn one_peek_finds_the_first_inbox_with_items_among_several() {
     }
 }
 
+/// `session-tree::append_batch` with `peek_inboxes`: the entries are stored, then the inboxes
+/// read as `session-inbox::peek` with `names` reads them (the steering check's call, saved);
+/// without the field the answer has no `inbox`; a bad list is refused before anything is
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_can_peek_the_inboxes_after_storing() {
+    let client_store = store().await;
+    let ctx = client_store.client.ctx();
+    let append = |id: &str, peek: Option<Value>| {
+        let ctx = ctx.clone();
+        let mut req = json!({
+            "session_id": "ap",
+            "entries": [{"id": id, "message": {"role": "user", "content": [{"type": "text", "text": id}], "timestamp": 1}}],
+        });
+        if let Some(p) = peek {
+            req["peek_inboxes"] = p;
+        }
+        async move { ctx.trigger("session-tree::append_batch", req).await }
+    };
+    ctx.trigger("session-tree::create", json!({"session_id": "ap"}))
+        .await
+        .unwrap();
+    let r = append("e1", None).await.unwrap();
+    assert!(r.get("inbox").is_none(), "{r}");
+    let r = append("e2", Some(json!(["steering", "followup"])))
+        .await
+        .unwrap();
+    assert_eq!(r["entry_ids"], json!(["e2"]));
+    assert_eq!(r["inbox"], json!({"items": [], "name": null}));
+    ctx.trigger(
+        "session-inbox::push",
+        json!({"name": "followup", "session_id": "ap", "item": "later"}),
+    )
+    .await
+    .unwrap();
+    let r = append("e3", Some(json!(["steering", "followup"])))
+        .await
+        .unwrap();
+    assert_eq!(r["inbox"], json!({"items": ["later"], "name": "followup"}));
+    // Hostile lists are refused by name, and nothing is appended.
+    for names in [json!([]), json!("steering"), json!(["a/b"])] {
+        let e = append("e4", Some(names.clone())).await.unwrap_err();
+        assert_eq!(e.code(), "invalid_message", "{names}: {e}");
+        assert!(e.message().contains("names"), "{names}: {e}");
+    }
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "ap"}))
+        .await
+        .unwrap();
+    assert_eq!(m["entry_ids"], json!(["e1", "e2", "e3"]));
+}
+
 /// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once
 /// across the pages; a bad `limit` or `offset` is refused naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

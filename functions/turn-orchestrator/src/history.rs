@@ -243,6 +243,28 @@ pub(crate) async fn append_history(
     messages: Vec<AgentMessage>,
     tag: &str,
 ) -> StepResult<Vec<AgentMessage>> {
+    append(ctx, rec, messages, tag, false).await
+}
+
+/// [`append_history`] for the append that ends a step before its steering check: the same
+/// call peeks the inboxes once the messages are stored (`rec.peeked_inbox`), which saves the
+/// check a call of its own. A session worker that does not peek leaves the check to do it.
+pub(crate) async fn append_history_then_peek(
+    ctx: &Ctx,
+    rec: &mut Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+) -> StepResult<Vec<AgentMessage>> {
+    append(ctx, rec, messages, tag, true).await
+}
+
+async fn append(
+    ctx: &Ctx,
+    rec: &mut Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+    peek: bool,
+) -> StepResult<Vec<AgentMessage>> {
     if !rec.tree {
         rec.messages.extend(messages.iter().cloned());
         return Ok(messages);
@@ -280,10 +302,18 @@ pub(crate) async fn append_history(
             .collect(),
         // The run's leaf; none yet: a new root.
         parent_id: Some(json!(rec.tree_leaf)),
+        peek_inboxes: peek.then(|| INBOXES.iter().map(|n| n.to_string()).collect()),
     };
-    let out = ctx
+    let mut out = ctx
         .trigger(session_tree::APPEND_BATCH, json!(request))
         .await?;
+    if peek {
+        rec.peeked_inbox = out
+            .get_mut("inbox")
+            .map(Value::take)
+            .and_then(|v| contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, v).ok())
+            .and_then(first_of);
+    }
     let (leaf_id, stored) = read_appended(out, sent)?;
     let old_leaf = rec.tree_leaf.take();
     rec.tree_leaf = leaf_id;

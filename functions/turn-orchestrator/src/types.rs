@@ -163,6 +163,9 @@ pub struct TurnError {
     pub message: String,
 }
 
+/// The first inbox that holds items, with its items; `None`: all are empty.
+pub type PeekedInbox = Option<(String, Vec<Value>)>;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub session_id: String,
@@ -207,6 +210,11 @@ pub struct Record {
     /// write.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub assistant_pending: bool,
+    /// The inboxes as the step's last append found them (`peek_inboxes`), for the
+    /// steering check that follows it in the same step; never stored: a step that runs
+    /// again peeks again.
+    #[serde(skip)]
+    pub peeked_inbox: Option<PeekedInbox>,
     /// Counter for event item ids.
     #[serde(default)]
     pub event_seq: u64,

@@ -228,7 +228,8 @@ pub(crate) async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
             terminate |= e.terminate;
         }
     }
-    let results = append_history(ctx, rec, results, "r").await?;
+    // The steering check follows in this step: the append peeks the inboxes for it.
+    let results = append_history_then_peek(ctx, rec, results, "r").await?;
     Ok(Outcome::BatchDone {
         results,
         terminated: terminate,

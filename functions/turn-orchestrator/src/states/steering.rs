@@ -32,7 +32,11 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     // Steering first, then follow-ups (the inbox worker may not run). Peek, store, then
     // drain exactly what was stored: a crash in between leaves the items in the inbox, and
     // the retry's appends are no-ops (ids from each item's content and position).
-    if let Some((name, raw)) = first_inbox_items(ctx, &rec.session_id).await {
+    let peeked = match rec.peeked_inbox.take() {
+        Some(peeked) => peeked,
+        None => first_inbox_items(ctx, &rec.session_id).await,
+    };
+    if let Some((name, raw)) = peeked {
         let name = name.as_str();
         for (i, item) in raw.iter().enumerate() {
             let message = item
@@ -60,7 +64,23 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     Ok(Outcome::Idle)
 }
 
-const INBOXES: [&str; 2] = ["steering", "followup"];
+/// The inboxes the steering check reads, in order (an append that ends a step peeks them).
+pub(crate) const INBOXES: [&str; 2] = ["steering", "followup"];
+
+/// A peek of several [`INBOXES`] → the first that holds items; `None` inside: all are empty;
+/// `None` outside: the answer is not one of several inboxes (a worker that reads one only).
+pub(crate) fn first_of(answer: inbox::ItemsAnswer) -> Option<PeekedInbox> {
+    match answer.name {
+        // Only an inbox asked for: the name becomes entry ids and the drain's target.
+        Some(Some(name)) if !answer.items.is_empty() => Some(
+            INBOXES
+                .contains(&name.as_str())
+                .then_some((name, answer.items)),
+        ),
+        Some(_) => Some(None),
+        None => None,
+    }
+}
 
 /// The first inbox, in [`INBOXES`] order, that holds items, with its items: one peek of both
 /// (a worker that peeks only the inbox it is named answers without `name`, and the rest are
@@ -82,16 +102,11 @@ async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)>
     let answer =
         contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, peek(INBOXES[0], Some(all)).await?)
             .ok()?;
-    match answer.name {
-        Some(Some(name)) if !answer.items.is_empty() => {
-            // Only an inbox asked for: the name becomes entry ids and the drain's target.
-            return INBOXES
-                .contains(&name.as_str())
-                .then_some((name, answer.items));
-        }
-        Some(_) => return None,
-        None if !answer.items.is_empty() => return Some((INBOXES[0].into(), answer.items)),
-        None => {}
+    if answer.name.is_some() {
+        return first_of(answer).flatten();
+    }
+    if !answer.items.is_empty() {
+        return Some((INBOXES[0].into(), answer.items));
     }
     for name in &INBOXES[1..] {
         let items = peek(name, None)

@@ -346,7 +346,9 @@ pub(crate) async fn assistant_streaming(
         _ => {
             // The stored message is the one decided on (a re-run step gets the first run's
             // back).
-            let stored = append_history(ctx, rec, vec![message], "a")
+            // An answer without calls goes to the steering check in this step (see
+            // `append_history_then_peek`).
+            let stored = append_history_then_peek(ctx, rec, vec![message], "a")
                 .await?
                 .pop()
                 .ok_or_else(|| StepError::Fatal("the assistant message was not stored".into()))?;
