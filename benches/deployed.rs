@@ -63,8 +63,12 @@ async fn main() {
     // The template's run defaults stop a run at 12 model turns: this one needs K + 1.
     s.start_with_payload("measured", "go", json!({"max_turns": k + 2}))
         .await;
-    let state = s.wait_state("measured", &["stopped"]).await;
+    // Followed as a UI follows it, by its events: polling `turn::get_state` meanwhile would
+    // keep a second orchestrator instance busy, and each step landing on the other one
+    // misses that instance's history cache.
+    s.wait_event("measured", "agent_end").await;
     let took = t0.elapsed();
+    let state = s.wait_state("measured", &["stopped"]).await;
     assert_eq!(state["state"], "stopped", "{state}");
     assert!(state["error"].is_null(), "{state}");
     assert_eq!(
@@ -124,6 +128,15 @@ async fn main() {
     println!("--- | ---");
     for (op, n) in &emulated {
         println!("{op} | {:.2}", *n as f64 / kf);
+    }
+    // Warm instances (execution environments) per function at the end: a step that lands on
+    // another instance than the one before misses that instance's caches.
+    println!("\nfunction | instances at the end");
+    println!("--- | ---");
+    for (id, f) in s.deployed.functions() {
+        if f.process_count() > 1 {
+            println!("{id} | {}", f.process_count());
+        }
     }
     s.deployed.shutdown();
 }

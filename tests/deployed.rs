@@ -50,12 +50,33 @@ async fn a_whole_turn_through_the_deployed_shape() {
     )
     .await;
     let sid = "dep-1";
+    let slack_before = s
+        .deployed
+        .function("SlackApprovalFunction")
+        .unwrap()
+        .invocations();
     s.start(sid, "list the workspace").await;
     let parked = s
         .wait_state(sid, &["function_awaiting_approval", "stopped"])
         .await;
     assert_eq!(parked["state"], "function_awaiting_approval", "{parked}");
     assert!(!workdir.join(&written).exists(), "not before the approval");
+    // The parked call reached slack::on_parked: the turn record's save passed the stream
+    // router's filters (its `filled` fields name `awaiting_approval`) and the router invoked
+    // the Slack Lambda's state trigger, before anyone pressed a button.
+    let slack = s
+        .deployed
+        .function("SlackApprovalFunction")
+        .unwrap()
+        .clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while slack.invocations() == slack_before && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        slack.invocations() > slack_before,
+        "slack::on_parked was not invoked"
+    );
 
     // A signed Slack button, posted to the Function URL as Slack posts it.
     let payload = json!({"type": "block_actions", "user": {"id": "U123", "username": "ann"}, "channel": {"id": "C1"}, "actions": [{"action_id": "approve", "value": format!("{sid}/w1")}]});

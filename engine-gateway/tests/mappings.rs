@@ -643,6 +643,29 @@ fn filters_decide_as_localstacks_matcher_does() {
         ddb("session-entries", "s1/0001", "INSERT"),
         ddb("$subscription", "c1", "REMOVE"),
     ];
+    // Turn records as the state table's stream carries them, with the `filled` string set
+    // the router's filters test (parked calls before, after, or neither).
+    let parked = json!({"state": "function_awaiting_approval", "awaiting_approval": [{"function_call_id": "c1"}]});
+    let running = json!({"state": "function_execute", "awaiting_approval": null});
+    let mut records = records;
+    for (old, new) in [
+        (running.clone(), parked.clone()),
+        (parked, running.clone()),
+        (running.clone(), running),
+    ] {
+        let change = engine_gateway::state::ChangeRecord {
+            seq: 1,
+            position: None,
+            kind: engine_gateway::state::ChangeKind::Updated,
+            scope: "agent".into(),
+            key: "session/s1/turn_state".into(),
+            old_value: Some(old),
+            new_value: Some(new),
+            traceparent: None,
+            baggage: None,
+        };
+        records.push(engine_gateway::events::dynamodb_event(&[change], "t")["Records"][0].clone());
+    }
     let ours: Vec<bool> = patterns
         .iter()
         .flat_map(|p| {

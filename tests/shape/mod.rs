@@ -207,6 +207,31 @@ impl Shape {
     }
 
     /// Poll `turn::get_state` until the session is in one of `wanted` (or failed).
+    /// Wait, reading this connection's pushes (kept in `pushed`), for session `sid`'s stored
+    /// event of type `event_type` (e.g. `agent_end`): what a UI following the session waits
+    /// for, with no call of its own meanwhile.
+    pub async fn wait_event(&mut self, sid: &str, event_type: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let m = tokio::time::timeout(left, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("no {event_type} event of {sid} within 240 s"))
+                .expect("connection open")
+                .expect("frame");
+            if let Message::Text(t) = m {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                let found = v["type"] == "streamevent"
+                    && v["group_id"] == sid
+                    && v["event"]["data"]["type"] == event_type;
+                self.pushed.push(v.clone());
+                if found {
+                    return v;
+                }
+            }
+        }
+    }
+
     pub async fn wait_state(&mut self, sid: &str, wanted: &[&str]) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
         loop {

@@ -311,19 +311,35 @@ pub fn reaches_the_stream_router(
         .as_str()
         .unwrap_or("any-key")
         .replace('*', "x");
-    let change = bus::state::ChangeRecord {
-        seq: 1,
-        position: None,
-        kind: bus::state::ChangeKind::Updated,
-        scope: scope.to_string(),
-        key: key.clone(),
-        old_value: Some(serde_json::json!({})),
-        new_value: Some(serde_json::json!({})),
-        traceparent: None,
-        baggage: None,
+    // The changes it takes: any, or (`changed`) those where that path gets or loses a value.
+    let empty = serde_json::json!({});
+    let values = match config["changed"].as_str() {
+        None => vec![(empty.clone(), empty)],
+        Some(path) => {
+            let set = bus::state::UpdateOp::Set {
+                path: path.to_string(),
+                value: serde_json::json!(["something"]),
+            };
+            let filled = bus::state::apply_ops(empty.clone(), &[set]).unwrap_or_default();
+            vec![(empty.clone(), filled.clone()), (filled, empty)]
+        }
     };
-    let event = bus::events::dynamodb_event(std::slice::from_ref(&change), table);
-    if filter.passes(&event["Records"][0]) {
+    let passes = values.into_iter().all(|(old, new)| {
+        let change = bus::state::ChangeRecord {
+            seq: 1,
+            position: None,
+            kind: bus::state::ChangeKind::Updated,
+            scope: scope.to_string(),
+            key: key.clone(),
+            old_value: Some(old),
+            new_value: Some(new),
+            traceparent: None,
+            baggage: None,
+        };
+        let event = bus::events::dynamodb_event(std::slice::from_ref(&change), table);
+        filter.passes(&event["Records"][0])
+    });
+    if passes {
         Ok(())
     } else {
         Err(format!(
@@ -602,7 +618,8 @@ mod tests {
                 batching_window: Duration::ZERO,
                 filters: vec![
                     r#"{"dynamodb": {"Keys": {"scope": {"S": ["approvals"]}}}}"#.into(),
-                    r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}}}"#.into(),
+                    r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}, "NewImage": {"filled": {"SS": ["awaiting_approval"]}}}}"#.into(),
+                    r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}, "OldImage": {"filled": {"SS": ["awaiting_approval"]}}}}"#.into(),
                 ],
             })
         );
@@ -625,6 +642,17 @@ mod tests {
             )
             .is_err()
         );
+        // The turn record passes only when its parked calls change: a trigger on its every
+        // save, or on another field, would be starved.
+        for starved in [
+            json!({"scope": "agent", "key": "session/*/turn_state"}),
+            json!({"scope": "agent", "key": "session/*/turn_state", "changed": "state"}),
+        ] {
+            assert!(
+                reaches_the_stream_router(&filter, "dx-state", &starved).is_err(),
+                "{starved}"
+            );
+        }
         let slack = by("SlackApprovalFunction");
         assert!(slack.function_url);
         assert!(

@@ -177,12 +177,36 @@ fn dynamodb_records_by_key() {
     };
     let f = FilterCriteria::parse(&[
         r#"{"dynamodb": {"Keys": {"scope": {"S": ["approvals"]}}}}"#,
-        r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}}}"#,
+        r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}, "NewImage": {"filled": {"SS": ["awaiting_approval"]}}}}"#,
+        r#"{"dynamodb": {"Keys": {"scope": {"S": ["agent"]}, "key": {"S": [{"suffix": "/turn_state"}]}}, "OldImage": {"filled": {"SS": ["awaiting_approval"]}}}}"#,
     ])
     .unwrap();
     assert!(!f.passes(&record("$stream:agent::events", "s1")));
     assert!(f.passes(&record("approvals", "s1/c1")));
-    assert!(f.passes(&record("agent", "session/s1/turn_state")));
+    // A turn record: only a save with parked calls before or after it (the `filled` set the
+    // state adapter writes; `bus::events` builds the images the same way).
+    let turn = |old: Value, new: Value| {
+        let change = bus::state::ChangeRecord {
+            seq: 1,
+            position: None,
+            kind: bus::state::ChangeKind::Updated,
+            scope: "agent".into(),
+            key: "session/s1/turn_state".into(),
+            old_value: Some(old),
+            new_value: Some(new),
+            traceparent: None,
+            baggage: None,
+        };
+        bus::events::dynamodb_event(&[change], "t")["Records"][0].clone()
+    };
+    let parked = json!({"state": "function_awaiting_approval", "awaiting_approval": [{"function_call_id": "c1"}]});
+    let running = json!({"state": "function_execute", "awaiting_approval": null, "work": {"n": 1}});
+    let emptied = json!({"state": "steering_check", "awaiting_approval": []});
+    assert!(f.passes(&turn(running.clone(), parked.clone())));
+    assert!(f.passes(&turn(parked.clone(), emptied.clone())));
+    assert!(!f.passes(&turn(running.clone(), emptied.clone())));
+    assert!(!f.passes(&turn(emptied, running)));
+    assert!(!f.passes(&record("agent", "session/s1/turn_state")));
     assert!(!f.passes(&record("agent", "session/s1/checkpoint")));
     assert!(!f.passes(&record("session-entries", "s1/0001")));
     assert!(!f.passes(&record("$subscription", "c1")));

@@ -9,8 +9,9 @@ use std::collections::HashMap;
 
 use super::{AwsClients, AwsNames, err_code, err_text};
 use bus::state::{
-    Entry, StateError, StateStore, TxWrite, UpdateOp, Versioned, WriteMeta, WriteOutcome,
-    apply_ops, check_expected, check_transaction, next_version, validate_address,
+    Entry, FILLED_FIELDS_ATTRIBUTE, StateError, StateStore, TxWrite, UpdateOp, Versioned,
+    WriteMeta, WriteOutcome, apply_ops, check_expected, check_transaction, filled_fields,
+    next_version, validate_address,
 };
 
 /// How often a `state::update` retries after losing a race to another writer.
@@ -25,6 +26,14 @@ type Item = HashMap<String, AttributeValue>;
 
 fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.to_string())
+}
+
+/// The value's filled fields as a string set (`bus::state::filled_fields`); `None` when there
+/// are none (a set cannot be empty).
+fn filled_set(value: &Value) -> Option<AttributeValue> {
+    let filled = filled_fields(value);
+    (!filled.is_empty())
+        .then(|| AttributeValue::Ss(filled.into_iter().map(str::to_owned).collect()))
 }
 
 fn storage(e: impl std::fmt::Display) -> StateError {
@@ -78,6 +87,16 @@ impl UnconditionalSet {
             "#val = :val",
             "#ver = if_not_exists(#ver, :before_first) + :one",
         ];
+        // The filled fields, for filters on the table's stream; gone when none are.
+        names.insert("#fl".into(), FILLED_FIELDS_ATTRIBUTE.into());
+        let filled = filled_set(value);
+        let remove = if let Some(filled) = filled {
+            values.insert(":fl".into(), filled);
+            set.push("#fl = :fl");
+            ""
+        } else {
+            " REMOVE #fl"
+        };
         if let Some(tp) = &meta.traceparent {
             names.insert("#tp".into(), "tp".into());
             values.insert(":tp".into(), s(tp));
@@ -91,7 +110,7 @@ impl UnconditionalSet {
         Self {
             before_first,
             value_bytes,
-            expression: format!("SET {}", set.join(", ")),
+            expression: format!("SET {}{remove}", set.join(", ")),
             names,
             values,
         }
@@ -125,6 +144,9 @@ impl ConditionalPut {
                 AttributeValue::N(version.to_string()),
             ),
         ]);
+        if let Some(filled) = filled_set(value) {
+            item.insert(FILLED_FIELDS_ATTRIBUTE.into(), filled);
+        }
         if let Some(tp) = &meta.traceparent {
             item.insert("tp".into(), s(tp));
         }

@@ -81,6 +81,13 @@ fn image(scope: &str, key: &str, value: &Value, tp: Option<&str>, bg: Option<&st
     m.insert("scope".into(), json!({"S": scope}));
     m.insert("key".into(), json!({"S": key}));
     m.insert("value".into(), json!({"S": value.to_string()}));
+    let filled = crate::state::filled_fields(value);
+    if !filled.is_empty() {
+        m.insert(
+            crate::state::FILLED_FIELDS_ATTRIBUTE.into(),
+            json!({ "SS": filled }),
+        );
+    }
     if let Some(tp) = tp {
         m.insert("tp".into(), json!({"S": tp}));
     }

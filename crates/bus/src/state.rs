@@ -182,6 +182,32 @@ impl WriteMeta {
 /// Stream items are stored in scope `$stream:<stream name>`.
 pub const STREAM_SCOPE_PREFIX: &str = "$stream:";
 
+/// The item attribute (a DynamoDB string set) naming the value's [`filled_fields`]: a stored
+/// value is JSON text, which an event-source filter cannot look into, so this is what a
+/// filter on the table's stream tests (e.g. a turn record with calls awaiting approval).
+pub const FILLED_FIELDS_ATTRIBUTE: &str = "filled";
+
+/// The top-level fields of an object value that hold something: not null, false, an empty
+/// string, array or object. Sorted; none for any other value. Bounded by the value itself.
+pub fn filled_fields(value: &Value) -> Vec<&str> {
+    let Value::Object(fields) = value else {
+        return Vec::new();
+    };
+    let mut filled: Vec<&str> = fields
+        .iter()
+        .filter(|(_, v)| match v {
+            Value::Null | Value::Bool(false) => false,
+            Value::String(s) => !s.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            Value::Object(o) => !o.is_empty(),
+            _ => true,
+        })
+        .map(|(k, _)| k.as_str())
+        .collect();
+    filled.sort_unstable();
+    filled
+}
+
 /// Scopes starting with `$` are the engine's own (stream items, registries): they never fire
 /// state triggers.
 pub fn is_reserved_scope(scope: &str) -> bool {

@@ -315,3 +315,109 @@ async fn stream_items_from_a_lambda_land_in_the_state_table() {
     assert_eq!(after.value["n"], 22);
     assert_eq!(after.version, before + 1);
 }
+
+/// Every write names the value's filled top-level fields in the item's `filled` string set
+/// (what the stream router's filters test, since `value` is JSON text): unconditional and
+/// conditional sets, updates and transactions alike; a value with none filled has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_names_the_values_filled_fields_for_stream_filters() {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(&format!(
+        "fl{}-",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
+    let meta = engine_gateway::state::WriteMeta::default();
+    let filled = |key: &'static str| {
+        let (clients, table) = (clients.clone(), names.state_table());
+        async move {
+            let out = clients
+                .dynamodb
+                .get_item()
+                .table_name(table)
+                .key(
+                    "scope",
+                    aws_sdk_dynamodb::types::AttributeValue::S("agent".into()),
+                )
+                .key(
+                    "key",
+                    aws_sdk_dynamodb::types::AttributeValue::S(key.into()),
+                )
+                .send()
+                .await
+                .unwrap();
+            let mut set = out
+                .item()
+                .and_then(|i| i.get("filled"))
+                .map(|v| v.as_ss().unwrap().clone())
+                .unwrap_or_default();
+            set.sort();
+            set
+        }
+    };
+    let parked = json!({"state": "p", "awaiting_approval": [{"c": 1}], "error": null, "work": {}, "n": 0, "tree": false, "note": ""});
+    state
+        .set("agent", "a", parked.clone(), None, &meta)
+        .await
+        .unwrap();
+    assert_eq!(filled("a").await, ["awaiting_approval", "n", "state"]);
+    // Emptied by an unconditional set: the set loses the field.
+    let running = json!({"state": "r", "awaiting_approval": []});
+    state
+        .set("agent", "a", running.clone(), None, &meta)
+        .await
+        .unwrap();
+    assert_eq!(filled("a").await, ["state"]);
+    // Nothing filled: no set at all.
+    state
+        .set(
+            "agent",
+            "a",
+            json!({"awaiting_approval": null}),
+            None,
+            &meta,
+        )
+        .await
+        .unwrap();
+    assert!(filled("a").await.is_empty());
+    // A conditional set (a Put) and an update (read, apply, Put).
+    let v = state
+        .set("agent", "b", parked.clone(), Some(0), &meta)
+        .await
+        .unwrap();
+    assert_eq!(filled("b").await, ["awaiting_approval", "n", "state"]);
+    let ops = vec![engine_gateway::state::UpdateOp::Set {
+        path: "awaiting_approval".into(),
+        value: json!(null),
+    }];
+    state
+        .update("agent", "b", ops, Some(v.version), &meta)
+        .await
+        .unwrap();
+    assert_eq!(filled("b").await, ["n", "state"]);
+    // A transaction's conditional and unconditional writes.
+    let tx = |key: &str, value: serde_json::Value, expected_version: Option<u64>| {
+        engine_gateway::state::TxWrite {
+            scope: "agent".into(),
+            key: key.into(),
+            value,
+            expected_version,
+        }
+    };
+    state
+        .transact(
+            vec![tx("c", parked.clone(), Some(0)), tx("d", running, None)],
+            &meta,
+        )
+        .await
+        .unwrap();
+    assert_eq!(filled("c").await, ["awaiting_approval", "n", "state"]);
+    assert_eq!(filled("d").await, ["state"]);
+}
