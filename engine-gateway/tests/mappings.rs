@@ -653,17 +653,12 @@ fn filters_decide_as_localstacks_matcher_does() {
         (parked, running.clone()),
         (running.clone(), running),
     ] {
-        let change = engine_gateway::state::ChangeRecord {
-            seq: 1,
-            position: None,
-            kind: engine_gateway::state::ChangeKind::Updated,
-            scope: "agent".into(),
-            key: "session/s1/turn_state".into(),
-            old_value: Some(old),
-            new_value: Some(new),
-            traceparent: None,
-            baggage: None,
-        };
+        let change = engine_gateway::state::ChangeRecord::updated(
+            "agent",
+            "session/s1/turn_state",
+            old,
+            new,
+        );
         records.push(engine_gateway::events::dynamodb_event(&[change], "t")["Records"][0].clone());
     }
     let ours: Vec<bool> = patterns

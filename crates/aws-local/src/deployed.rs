@@ -325,17 +325,7 @@ pub fn reaches_the_stream_router(
         }
     };
     let passes = values.into_iter().all(|(old, new)| {
-        let change = bus::state::ChangeRecord {
-            seq: 1,
-            position: None,
-            kind: bus::state::ChangeKind::Updated,
-            scope: scope.to_string(),
-            key: key.clone(),
-            old_value: Some(old),
-            new_value: Some(new),
-            traceparent: None,
-            baggage: None,
-        };
+        let change = bus::state::ChangeRecord::updated(scope, &key, old, new);
         let event = bus::events::dynamodb_event(std::slice::from_ref(&change), table);
         filter.passes(&event["Records"][0])
     });

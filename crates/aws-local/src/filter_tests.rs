@@ -186,17 +186,7 @@ fn dynamodb_records_by_key() {
     // A turn record: only a save with parked calls before or after it (the `filled` set the
     // state adapter writes; `bus::events` builds the images the same way).
     let turn = |old: Value, new: Value| {
-        let change = bus::state::ChangeRecord {
-            seq: 1,
-            position: None,
-            kind: bus::state::ChangeKind::Updated,
-            scope: "agent".into(),
-            key: "session/s1/turn_state".into(),
-            old_value: Some(old),
-            new_value: Some(new),
-            traceparent: None,
-            baggage: None,
-        };
+        let change = bus::state::ChangeRecord::updated("agent", "session/s1/turn_state", old, new);
         bus::events::dynamodb_event(&[change], "t")["Records"][0].clone()
     };
     let parked = json!({"state": "function_awaiting_approval", "awaiting_approval": [{"function_call_id": "c1"}]});

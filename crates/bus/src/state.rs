@@ -123,6 +123,22 @@ pub struct ChangeRecord {
 }
 
 impl ChangeRecord {
+    /// An update of `scope`/`key` from `old` to `new`, at no place in a feed and with no
+    /// trace: what a filter or a trigger is checked against before any write happens.
+    pub fn updated(scope: &str, key: &str, old: Value, new: Value) -> ChangeRecord {
+        ChangeRecord {
+            seq: 1,
+            position: None,
+            kind: ChangeKind::Updated,
+            scope: scope.to_string(),
+            key: key.to_string(),
+            old_value: Some(old),
+            new_value: Some(new),
+            traceparent: None,
+            baggage: None,
+        }
+    }
+
     /// What acknowledging this record needs (its place in the feed: `seq`, `position`), without
     /// its values or trace context. Dispatched records wait for their handlers and then up to
     /// `ACK_INTERVAL` for their acknowledgement; kept whole, their old and new values (a turn
