@@ -137,18 +137,17 @@ impl Shape {
             .await
             .unwrap();
         loop {
-            let m = tokio::time::timeout(Duration::from_secs(120), self.ws.next())
+            let within = Duration::from_secs(120);
+            let Some(v) = self
+                .next_json(within, || format!("{function_id}: no answer within 120 s"))
                 .await
-                .unwrap_or_else(|_| panic!("{function_id}: no answer within 120 s"))
-                .unwrap()
-                .unwrap();
-            if let Message::Text(t) = m {
-                let v: Value = serde_json::from_str(&t).unwrap();
-                if v["invocation_id"] == id {
-                    return v;
-                }
-                self.pushed.push(v);
+            else {
+                continue;
+            };
+            if v["invocation_id"] == id {
+                return v;
             }
+            self.pushed.push(v);
         }
     }
 
@@ -214,21 +213,39 @@ impl Shape {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let m = tokio::time::timeout(left, self.ws.next())
+            let Some(v) = self
+                .next_json(left, || {
+                    format!("no {event_type} event of {sid} within 240 s")
+                })
                 .await
-                .unwrap_or_else(|_| panic!("no {event_type} event of {sid} within 240 s"))
-                .expect("connection open")
-                .expect("frame");
-            if let Message::Text(t) = m {
-                let v: Value = serde_json::from_str(&t).unwrap();
-                let found = v["type"] == "streamevent"
-                    && v["group_id"] == sid
-                    && v["event"]["data"]["type"] == event_type;
-                self.pushed.push(v.clone());
-                if found {
-                    return v;
-                }
+            else {
+                continue;
+            };
+            let found = v["type"] == "streamevent"
+                && v["group_id"] == sid
+                && v["event"]["data"]["type"] == event_type;
+            self.pushed.push(v.clone());
+            if found {
+                return v;
             }
+        }
+    }
+
+    /// The connection's next message as JSON (`None`: a frame that is not text); panics
+    /// with `late()` when none comes `within`.
+    async fn next_json(
+        &mut self,
+        within: Duration,
+        late: impl FnOnce() -> String,
+    ) -> Option<Value> {
+        let m = tokio::time::timeout(within, self.ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("{}", late()))
+            .expect("connection open")
+            .expect("frame");
+        match m {
+            Message::Text(t) => Some(serde_json::from_str(&t).expect("the engine sends JSON")),
+            _ => None,
         }
     }
 

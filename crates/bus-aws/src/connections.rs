@@ -263,7 +263,18 @@ pub struct StreamEvent<'a> {
     pub data: &'a Value,
 }
 
-impl StreamEvent<'_> {
+impl<'a> StreamEvent<'a> {
+    /// A stored item's event (`existed`: whether the write replaced one, if known).
+    pub fn stored(item: &'a bus::stream_item::StreamItem, existed: Option<bool>) -> Self {
+        StreamEvent {
+            stream: &item.stream_name,
+            group: &item.group_id,
+            item: &item.item_id,
+            event_type: bus::stream_item::stored_event_type(existed),
+            data: &item.data,
+        }
+    }
+
     /// The engine's `streamevent` message.
     pub fn message(&self) -> Value {
         json!({"type": "streamevent", "stream_name": self.stream, "group_id": self.group, "item_id": self.item, "event": {"type": self.event_type, "data": self.data}})
@@ -293,21 +304,6 @@ pub fn subscribed_with_viewers(
     out
 }
 
-/// The connection ids among `subs` subscribed to `stream`'s `group`.
-pub fn subscribed(subs: &[(String, String, Value)], stream: &str, group: &str) -> Vec<String> {
-    let mut ids: Vec<String> = subs
-        .iter()
-        .filter(|(_, _, sub)| {
-            sub["stream_name"].as_str() == Some(stream)
-                && sub["group_id"].as_str().is_none_or(|g| g == group)
-        })
-        .filter_map(|(_, _, sub)| sub["connection_id"].as_str().map(str::to_owned))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,8 +323,14 @@ mod tests {
             sub("c", Some("s2")),
             sub("a", None),
         ];
-        assert_eq!(subscribed(&subs, "agent::events", "s1"), ["a", "b"]);
-        assert_eq!(subscribed(&subs, "agent::events", "s2"), ["a", "b", "c"]);
-        assert!(subscribed(&subs, "other", "s1").is_empty());
+        let subscribed = |stream: &str, group: &str| -> Vec<String> {
+            subscribed_with_viewers(&subs, stream, group)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect()
+        };
+        assert_eq!(subscribed("agent::events", "s1"), ["a", "b"]);
+        assert_eq!(subscribed("agent::events", "s2"), ["a", "b", "c"]);
+        assert!(subscribed("other", "s1").is_empty());
     }
 }

@@ -18,7 +18,7 @@ pub use crate::engine::ENGINE_OWNER;
 // Workers read their requests' fields with these; they live in `fields` (a leaf module, so
 // `state_api` needs nothing from here).
 pub use crate::fields::{opt_str, opt_u64, req_str};
-pub use crate::stream_item::{StreamItem, stream_addr, stream_items};
+pub use crate::stream_item::{StreamItem, stored_event_type, stream_addr, stream_items};
 
 fn req_value(data: &Value, field: &str) -> Result<Value, ErrorBody> {
     data.get(field)
@@ -347,11 +347,7 @@ pub fn register(engine: &Arc<Engine>) {
                 .state
                 .set(&scope, &key, data, None, &meta_of(&inv))
                 .await?;
-            let event_type = if out.old_value.is_some() {
-                "update"
-            } else {
-                "create"
-            };
+            let event_type = stored_event_type(Some(out.old_value.is_some()));
             let new_value = out.new_value.unwrap_or(Value::Null);
             e.emit_stream_event(&name, &group, &item, event_type, &new_value, &inv.trace);
             let mut answer = serde_json::Map::with_capacity(2);
@@ -387,7 +383,7 @@ pub fn register(engine: &Arc<Engine>) {
                     &item.stream_name,
                     &item.group_id,
                     &item.item_id,
-                    "create",
+                    stored_event_type(None),
                     &item.data,
                     &inv.trace,
                 );
@@ -414,11 +410,7 @@ pub fn register(engine: &Arc<Engine>) {
                 .collect();
             let existed = e.state.set_many(writes, &meta_of(&inv)).await?;
             for (item, existed) in items.iter().zip(existed) {
-                let event_type = if existed == Some(true) {
-                    "update"
-                } else {
-                    "create"
-                };
+                let event_type = stored_event_type(existed);
                 e.emit_stream_event(
                     &item.stream_name,
                     &item.group_id,

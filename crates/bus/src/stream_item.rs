@@ -20,6 +20,17 @@ pub fn stream_addr(data: &Value) -> Result<(String, String), ErrorBody> {
     Ok((format!("{STREAM_SCOPE_PREFIX}{name}"), group))
 }
 
+/// The `streamevent` type a stored item is pushed with: `update` when the write replaced an
+/// item, else `create`, also when that is not known (`None`: a transaction returns no old
+/// images). Every backend's stream writes push by this.
+pub fn stored_event_type(existed: Option<bool>) -> &'static str {
+    if existed == Some(true) {
+        "update"
+    } else {
+        "create"
+    }
+}
+
 /// One item of a `stream::set_many` call, checked.
 pub struct StreamItem {
     pub stream_name: String,

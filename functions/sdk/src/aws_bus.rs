@@ -118,17 +118,9 @@ impl AwsBus {
             let (answer, items) = ::bus::state_api::transact(&self.state, &mut data, &meta)
                 .await
                 .map_err(BusError::from)?;
-            let events: Vec<StreamEvent<'_>> = items
-                .iter()
-                .map(|i| StreamEvent {
-                    stream: &i.stream_name,
-                    group: &i.group_id,
-                    item: &i.item_id,
-                    // As the engine's built-in: whether an item was new is not known.
-                    event_type: "create",
-                    data: &i.data,
-                })
-                .collect();
+            // As the engine's built-in: whether an item was new is not known.
+            let events: Vec<StreamEvent<'_>> =
+                items.iter().map(|i| StreamEvent::stored(i, None)).collect();
             self.push_stored(&events).await;
             return Ok(answer);
         }
@@ -230,7 +222,7 @@ impl AwsBus {
         data: &Value,
         meta: &WriteMeta,
     ) -> Option<Result<Value, BusError>> {
-        use ::bus::builtins::{opt_str, req_str, stream_addr};
+        use ::bus::builtins::{opt_str, req_str, stored_event_type, stream_addr};
         use ::bus::state::StateStore;
         if !function_id.starts_with("stream::") {
             return None;
@@ -247,22 +239,14 @@ impl AwsBus {
                 let events: Vec<StreamEvent<'_>> = items
                     .iter()
                     .zip(existed)
-                    .map(|(i, existed)| StreamEvent {
-                        stream: &i.stream_name,
-                        group: &i.group_id,
-                        item: &i.item_id,
-                        event_type: if existed == Some(true) {
-                            "update"
-                        } else {
-                            "create"
-                        },
-                        data: &i.data,
-                    })
+                    .map(|(i, existed)| StreamEvent::stored(i, existed))
                     .collect();
                 self.push_stored(&events).await;
                 return Ok(serde_json::json!({ "count": count }));
             }
             let (scope, group) = stream_addr(data)?;
+            // The stream's name, as `stream_addr` checked it.
+            let stream = &scope[::bus::state::STREAM_SCOPE_PREFIX.len()..];
             match function_id {
                 "stream::set" => {
                     let item = req_str(data, "item_id")?;
@@ -272,17 +256,12 @@ impl AwsBus {
                         .state
                         .set(&scope, &format!("{group}\u{1}{item}"), value, None, meta)
                         .await?;
-                    let stream = req_str(data, "stream_name")?;
                     let new_value = out.new_value.unwrap_or(Value::Null);
                     self.push_stored(&[StreamEvent {
-                        stream: &stream,
+                        stream,
                         group: &group,
                         item: &item,
-                        event_type: if out.old_value.is_some() {
-                            "update"
-                        } else {
-                            "create"
-                        },
+                        event_type: stored_event_type(Some(out.old_value.is_some())),
                         data: &new_value,
                     }])
                     .await;
@@ -304,9 +283,8 @@ impl AwsBus {
                         .delete(&scope, &format!("{group}\u{1}{item}"), None, meta)
                         .await?;
                     if let Some(old) = &out.old_value {
-                        let stream = req_str(data, "stream_name")?;
                         self.push_stored(&[StreamEvent {
-                            stream: &stream,
+                            stream,
                             group: &group,
                             item: &item,
                             event_type: "delete",
@@ -339,13 +317,12 @@ impl AwsBus {
                             "stream::send needs the WebSocket API's management endpoint: set WS_MANAGEMENT_ENDPOINT",
                         ));
                     };
-                    let name = req_str(data, "stream_name")?;
                     let event_type = opt_str(data, "type")?.unwrap_or_else(|| "send".into());
                     let item = opt_str(data, "item_id")?.unwrap_or_default();
                     let value = data.get("data").cloned().unwrap_or(Value::Null);
                     ::bus::state::check_value_depth("`data`", &value)?;
                     let reached = connections
-                        .send_stream_event(&name, &group, &item, &event_type, &value)
+                        .send_stream_event(stream, &group, &item, &event_type, &value)
                         .await
                         .map_err(|e| {
                             ErrorBody::new("storage_error", format!("stream subscriptions: {e}"))
