@@ -39,13 +39,36 @@ async fn main() {
     let calls_dir = tempfile::tempdir().unwrap();
     // SAFETY: set before any function starts; nothing else reads the environment yet.
     unsafe { std::env::set_var("HARNESS_API_CALLS_DIR", calls_dir.path()) };
+    // Which layouts, in turn: `default` (every worker its own Lambda, infra/template.yaml)
+    // and `colocated` (infra/harness.colocated.yaml's groups, `engine-gateway colocate`).
+    let shapes = std::env::var("BENCH_SHAPES").unwrap_or_else(|_| "default,colocated".into());
+    for name in shapes.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let (_keep, template) = match name {
+            "default" => (None, shape::template()),
+            "colocated" => {
+                let (d, t) = shape::colocated_template();
+                (Some(d), t)
+            }
+            other => panic!("BENCH_SHAPES: `{other}` is neither default nor colocated"),
+        };
+        println!("## layout: {name}\n");
+        measure(dir.clone(), template, k, calls_dir.path()).await;
+    }
+}
+
+async fn measure(
+    dir: std::path::PathBuf,
+    template: std::path::PathBuf,
+    k: usize,
+    calls_dir: &std::path::Path,
+) {
     let cassette = serde_json::from_value(json!({"turns": [
         {"when": format!("results<{k}"), "tool_calls": [{"id": "c", "name": "agent_trigger", "arguments": {"function": "fs::list", "payload": {"path": "."}}}]},
         {"when": format!("results>={k}"), "text": "done"}
     ]}))
     .unwrap();
     let prefix = format!("bd{}-", engine_gateway::trace::random_hex(4));
-    let mut s = shape::bring_up(dir, &prefix, cassette, &[], &[]).await;
+    let mut s = shape::bring_up_from(template, dir, &prefix, cassette, &[], &[]).await;
     // Every function warm first (cold starts are measured apart).
     s.start("warm", "warm up").await;
     s.wait_state("warm", &["stopped"]).await;
@@ -57,7 +80,7 @@ async fn main() {
             .map(|(id, f)| (id.to_string(), f.invocations()))
             .collect()
     };
-    let (calls0, inv0, polls0) = (counts(calls_dir.path()), invocations(&s), s.polls);
+    let (calls0, inv0, polls0) = (counts(calls_dir), invocations(&s), s.polls);
     let emulated0 = api_calls::snapshot();
     let t0 = Instant::now();
     // The template's run defaults stop a run at 12 model turns: this one needs K + 1.
@@ -77,7 +100,7 @@ async fn main() {
     );
     let polls = u64::from(s.polls - polls0);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (calls1, inv1) = (counts(calls_dir.path()), invocations(&s));
+    let (calls1, inv1) = (counts(calls_dir), invocations(&s));
     let emulated = api_calls::since(&emulated0);
     // What one `turn::get_state` poll of this bench costs, to take the polls out.
     let probes = 20u64;
@@ -85,7 +108,7 @@ async fn main() {
         s.wait_state("measured", &["stopped"]).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (calls2, inv2) = (counts(calls_dir.path()), invocations(&s));
+    let (calls2, inv2) = (counts(calls_dir), invocations(&s));
     let per_poll_calls = minus(&calls2, &calls1);
     let per_poll_inv = minus(&inv2, &inv1);
     let kf = k as f64;

@@ -12,6 +12,9 @@
 #   `up` prints which it used (values of Slack and MCP settings are not echoed).
 #   LAMBDA_PROFILE  the bootstraps' cargo profile (default lambda, as deployed; ci-lambda
 #                   builds several times faster)     HARNESS_AWS_PREFIX  (default harness-)
+#   HARNESS_CONFIG  a harness.yaml whose `lambda.colocate` groups workers into shared Lambdas
+#                   (`engine-gateway colocate` writes that template under target/deployed);
+#                   default: ./harness.yaml when there is one, else infra/template.yaml as is
 #   ANTHROPIC_BASE_URL, OPENAI_BASE_URL and the providers' API keys are passed to the
 #   functions from this environment.
 set -euo pipefail
@@ -68,10 +71,18 @@ case "${1:-up}" in
     fi
     LAMBDA_PROFILE=${LAMBDA_PROFILE:-lambda} bash scripts/lambda-builds.sh
     cargo build --locked -q -p engine-gateway --bin engine-gateway
+    template=infra/template.yaml
+    config=${HARNESS_CONFIG:-}
+    if [ -z "$config" ] && [ -f harness.yaml ]; then config=harness.yaml; fi
+    if [ -n "$config" ]; then
+      template="$run/template.yaml"
+      "$CARGO_TARGET_DIR/debug/engine-gateway" colocate --config "$config" --out "$template"
+      echo "template: $template (infra/template.yaml with $config's lambda.colocate)"
+    fi
     bash localstack/emu.sh start
     source localstack/env.sh
     bash localstack/provision.sh "$HARNESS_AWS_PREFIX" >/dev/null
-    nohup "$CARGO_TARGET_DIR/debug/engine-gateway" deployed --lambda-dir "$CARGO_TARGET_DIR/lambda" \
+    nohup "$CARGO_TARGET_DIR/debug/engine-gateway" deployed --template "$template" --lambda-dir "$CARGO_TARGET_DIR/lambda" \
       --aws-prefix "$HARNESS_AWS_PREFIX" "${params[@]}" > "$log" 2>&1 &
     echo $! > "$pidfile"
     for _ in $(seq 1 240); do

@@ -12,10 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 out="$target/lambda"
-# Every binary the template deploys, and the engine CLI that provisions and registers.
+# Every binary the template deploys, the co-located one (`engine-gateway colocate`'s
+# templates), and the engine CLI that provisions and registers.
 bins=(engine-gateway engine-lambda doors-lambda turn-orchestrator harness-worker approval-gate session llm-budget
   hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
-  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock)
+  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock colocated-lambda)
 
 if [ "${1:-}" = --check-start ]; then
   # engine-gateway is the CLI, not a Lambda; every other bootstrap is started.
@@ -29,7 +30,8 @@ profile=${LAMBDA_PROFILE:-ci-lambda}
 # The packages that hold those binaries.
 packages=(engine-gateway engine-aws turn-orchestrator harness-worker approval-gate session-worker llm-budget
   hook-fanout auth-credentials models-catalog directory context-compaction tools-worker
-  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock)
+  provider-anthropic provider-openai provider-kimi provider-lmstudio slack-approval mcp-client provider-bedrock
+  colocated-lambda)
 args=()
 for p in "${packages[@]}"; do args+=(-p "$p"); done
 if [ "$profile" = release ]; then args+=(--release); else args+=(--profile "$profile"); fi

@@ -688,6 +688,10 @@ pub struct Config {
     /// The standard doors on the engine's port (OpenAI-compatible chat, …).
     #[serde(default)]
     pub doors: Doors,
+    /// The deployed shape's layout: groups of workers that share one Lambda
+    /// (`engine-gateway colocate` writes the template of it; not used by this process).
+    #[serde(default)]
+    pub lambda: engine_gateway::colocate::LambdaLayout,
 }
 
 fn default_remote_wait() -> u64 {
@@ -925,6 +929,8 @@ impl Config {
         if self.remote_wait_secs > 600 {
             return Err(format!("{}: at most 600 seconds", at("remote_wait_secs")));
         }
+        // The deployed layout is checked here too, so a mistake shows before a deploy.
+        self.lambda.check().map_err(|e| e.to_string())?;
         Ok(())
     }
 }

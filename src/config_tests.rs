@@ -198,3 +198,30 @@ fn doors_approval_wait_is_seconds_and_nothing_else() {
     let e = Config::parse(&typo, "h.yaml").unwrap_err().to_string();
     assert!(e.contains("approval_wait"), "{e}");
 }
+
+#[test]
+fn the_deployed_layout_is_read_and_checked_with_the_rest() {
+    let shipped = Config::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/infra/harness.colocated.yaml"
+    ))
+    .unwrap();
+    assert_eq!(
+        shipped.lambda.colocate["core"][0], "turn-orchestrator",
+        "{:?}",
+        shipped.lambda
+    );
+    assert!(
+        Config::parse(THICK, "h.yaml")
+            .unwrap()
+            .lambda
+            .colocate
+            .is_empty()
+    );
+    let grouped = format!("{THICK}\nlambda:\n  colocate:\n    core: [turn-orchestrator, tools]\n");
+    let e = Config::parse(&grouped, "h.yaml").unwrap_err().to_string();
+    assert!(
+        e.starts_with("h.yaml: lambda.colocate.core: `tools` cannot share a Lambda"),
+        "{e}"
+    );
+}

@@ -25,7 +25,36 @@ use tokio_tungstenite::tungstenite::Message;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_turn_through_the_deployed_shape() {
     let Some(dir) = lambda_dir() else { return };
-    let prefix = format!("dt{}-", engine_gateway::trace::random_hex(4));
+    whole_turn(dir, shape::template(), "dt").await;
+}
+
+/// The same turn with `infra/harness.colocated.yaml`'s layout: the orchestrator, policy,
+/// session, budgets, hooks, catalogue and credentials in one Lambda (`engine-gateway
+/// colocate`'s template), calling each other in process; approvals, tools, the provider and
+/// Slack in their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_turn_through_the_colocated_shape() {
+    let Some(dir) = lambda_dir() else { return };
+    let (_dir, template) = shape::colocated_template();
+    let s = whole_turn(dir, template, "dc").await;
+    let ids: Vec<&str> = s.deployed.functions().map(|(id, _)| id).collect();
+    for gone in [
+        "TurnOrchestratorFunction",
+        "SessionFunction",
+        "HarnessFunction",
+    ] {
+        assert!(!ids.contains(&gone), "{gone}: {ids:?}");
+    }
+    let core = s.deployed.function("ColocatedCoreFunction").unwrap();
+    assert!(core.invocations() > 0);
+}
+
+async fn whole_turn(
+    dir: std::path::PathBuf,
+    template: std::path::PathBuf,
+    tag: &str,
+) -> shape::Shape {
+    let prefix = format!("{tag}{}-", engine_gateway::trace::random_hex(4));
     let (workdir, written) = (workdir(), format!("approved-{prefix}txt"));
     let cassette = Cassette {
         turns: vec![
@@ -39,7 +68,8 @@ async fn a_whole_turn_through_the_deployed_shape() {
         ],
         ..Default::default()
     };
-    let mut s = bring_up(
+    let mut s = shape::bring_up_from(
+        template,
         dir,
         &prefix,
         cassette,
@@ -145,6 +175,7 @@ async fn a_whole_turn_through_the_deployed_shape() {
         assert!(kinds.iter().any(|k| k == kind), "{kind}: {kinds:?}");
     }
     s.deployed.shutdown();
+    s
 }
 
 /// `kill -9` of the turn orchestrator's bootstrap while a step runs five shell commands: the

@@ -13,7 +13,7 @@
 
 pub mod server;
 
-pub use aws_local::{apigw_ws, deployed, filter, function_url, lambda_host, mappings};
+pub use aws_local::{apigw_ws, colocate, deployed, filter, function_url, lambda_host, mappings};
 pub use bus::{Attachment, Backends, Engine, EngineConfig, Handler, HandlerResult, Invocation};
 pub use bus::{
     access, builtins, channels, engine, events, fields, lambda, paging, prewarm, protocol, queue,

@@ -64,6 +64,21 @@ enum Command {
         #[arg(long = "parameter", value_parser = parse_parameter)]
         parameters: Vec<(String, String)>,
     },
+    /// Write the template of `harness.yaml`'s `lambda.colocate` layout: each group of workers
+    /// one Lambda running the `colocated-lambda` bootstrap (its members' variables, policies
+    /// and event sources), the rest as the template has them. Deploy it with `sam deploy
+    /// --template-file`, or run it here with `deployed --template` (`HARNESS_CONFIG=…
+    /// localstack/deployed.sh up` does both steps).
+    Colocate {
+        /// The `harness.yaml` whose `lambda` section to follow (the rest is not read).
+        #[arg(long)]
+        config: std::path::PathBuf,
+        #[arg(long, default_value = "infra/template.yaml")]
+        template: std::path::PathBuf,
+        /// Where to write it (default: standard output).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Start every `bootstrap` under `DIR` (`DIR/<function>/bootstrap`, as `cargo lambda build`
     /// lays them out) under a local Runtime API, invoke each once with `{"describe": true}`,
     /// and print its cold start. Fails when any bootstrap does not start and answer.
@@ -112,6 +127,18 @@ async fn main() -> anyhow::Result<()> {
                 let out =
                     engine_gateway::aws::router::register_lambda(&clients, &names, &name).await?;
                 println!("{out}");
+            }
+        }
+        Command::Colocate {
+            config,
+            template,
+            out,
+        } => {
+            let yaml = engine_gateway::colocate::colocate_files(&template, &config)?;
+            match out {
+                Some(path) => std::fs::write(&path, yaml)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+                None => print!("{yaml}"),
             }
         }
         Command::CheckLambdas {
@@ -214,6 +241,13 @@ async fn check_lambdas(
     for name in &names {
         let mut spec = LambdaSpec::new(name, dir.join(name).join("bootstrap"));
         spec.timeout = std::time::Duration::from_secs(timeout_secs);
+        if name == engine_gateway::colocate::BINARY {
+            // It serves what its template names; here, every worker it can.
+            spec.env.push((
+                "HARNESS_COLOCATED_WORKERS".into(),
+                engine_gateway::colocate::shareable_binaries().join(","),
+            ));
+        }
         match check_start(spec, Vec::new(), &describe_event()).await {
             Ok(c) => {
                 // A worker lists its functions; the engine router answers that it routes

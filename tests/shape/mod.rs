@@ -19,6 +19,21 @@ pub fn template() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/template.yaml")
 }
 
+/// The template of `infra/harness.colocated.yaml`'s layout (the turn's own workers in one
+/// Lambda), written by `engine-gateway colocate`'s code to a file of its own.
+pub fn colocated_template() -> (tempfile::TempDir, PathBuf) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let yaml = engine_gateway::colocate::colocate_files(
+        &template(),
+        &root.join("infra/harness.colocated.yaml"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("template.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    (dir, path)
+}
+
 /// The tools Lambda works in the template's `HARNESS_WORKDIR`.
 pub fn workdir() -> PathBuf {
     let t: Value = serde_norway::from_str(&std::fs::read_to_string(template()).unwrap()).unwrap();
@@ -74,6 +89,18 @@ pub async fn bring_up(
     secrets: &[(&str, &str)],
     parameters: &[(&str, &str)],
 ) -> Shape {
+    bring_up_from(template(), dir, prefix, cassette, secrets, parameters).await
+}
+
+/// [`bring_up`] from another template (a co-located layout's).
+pub async fn bring_up_from(
+    template: PathBuf,
+    dir: PathBuf,
+    prefix: &str,
+    cassette: Cassette,
+    secrets: &[(&str, &str)],
+    parameters: &[(&str, &str)],
+) -> Shape {
     use engine_gateway::secrets::SecretStore;
     engine_gateway::ensure_crypto_provider();
     let model = ScriptedModel::default();
@@ -95,7 +122,7 @@ pub async fn bring_up(
     for (name, value) in secrets {
         store.put(name, value).await.unwrap();
     }
-    let mut opts = DeployedOptions::new(template(), dir, prefix);
+    let mut opts = DeployedOptions::new(template, dir, prefix);
     opts.max_processes = 2;
     opts.parameters = parameters
         .iter()

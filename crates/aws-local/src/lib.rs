@@ -7,8 +7,11 @@
 //! - [`mappings`]: event-source mappings (SQS, DynamoDB Streams) with their filters
 //!   ([`filter`]: Lambda's `FilterCriteria` rules).
 //! - [`deployed`]: the whole deployed topology of `infra/template.yaml`, locally.
+//! - [`colocate`]: that template with groups of workers sharing one Lambda (`harness.yaml`'s
+//!   `lambda.colocate`).
 
 pub mod apigw_ws;
+pub mod colocate;
 pub mod deployed;
 pub mod filter;
 pub mod function_url;

@@ -723,3 +723,54 @@ pub fn add_ui(w: &mut Worker, hub: Arc<UiHub>) {
         json!({"stream_name": "agent::events"}),
     );
 }
+
+fn var(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+/// The worker as its binary serves it, from the environment (`main.rs` says which variables
+/// decide the rules and the run defaults), with the task that reloads a permissions file
+/// when there is one (dropping it stops nothing; abort it to stop watching).
+pub async fn from_env() -> Result<(Worker, Option<tokio::task::JoinHandle<()>>), String> {
+    let mut watch = None;
+    let holder = if let Some(secret) = var("HARNESS_PERMISSIONS_SECRET") {
+        let refresh = match var("HARNESS_PERMISSIONS_REFRESH_SECS") {
+            None => DEFAULT_SECRET_REFRESH,
+            Some(v) => Duration::from_secs(v.parse().map_err(|_| {
+                format!("HARNESS_PERMISSIONS_REFRESH_SECS=`{v}` is not a number of seconds")
+            })?),
+        };
+        let prefix = var("HARNESS_AWS_PREFIX").unwrap_or_else(|| "harness-".into());
+        let store = bus_aws::secrets::AwsSecrets::new(
+            bus_aws::AwsClients::from_env().await,
+            bus_aws::AwsNames::new(&prefix),
+        );
+        PolicyHolder::from_secret(Arc::new(store), &secret, refresh)
+    } else {
+        let path = var("HARNESS_PERMISSIONS").or_else(|| {
+            std::path::Path::new("iii-permissions.yaml")
+                .exists()
+                .then(|| "iii-permissions.yaml".into())
+        });
+        match path {
+            Some(path) => {
+                let h = PolicyHolder::new(path.into());
+                watch = Some(h.watch(Duration::from_millis(500)));
+                h
+            }
+            None => PolicyHolder::shipped(),
+        }
+    };
+    let mut worker = policy_worker(holder);
+    let defaults = match var("HARNESS_RUN_DEFAULTS") {
+        None => Value::Null,
+        Some(text) => match serde_json::from_str::<Value>(&text) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) => return Err("HARNESS_RUN_DEFAULTS must be a JSON object such as {\"provider\":\"anthropic\",\"model\":\"claude-sonnet-5-5\"}".into()),
+            Err(e) => return Err(format!("HARNESS_RUN_DEFAULTS is not valid JSON: {e}")),
+        },
+    };
+    add_trigger_with(&mut worker, defaults);
+    add_ui(&mut worker, Arc::new(UiHub::default()));
+    Ok((worker, watch))
+}

@@ -418,12 +418,16 @@ impl Bus for AwsBus {
             .map_err(|e| BusError::EnqueueError(e.to_string()))
     }
 
-    async fn open_writer(&self, _: &ChannelRef) -> Result<ChannelWriter, BusError> {
-        // A writer ref reaches this Lambda only as its own response stream, which `Ctx`
-        // opens before asking the bus.
-        Err(needs_bus(
-            "a channel writer that is not this invocation's response stream",
-        ))
+    async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
+        // A writer ref reaches this Lambda as its own response stream, which `Ctx` opens
+        // before asking the bus, or (a co-located Lambda calling itself) as a channel this
+        // Lambda created.
+        self.channels
+            .attach_writer(&channel.channel_id, &channel.access_key)
+            .map(ChannelWriter::Local)
+            .map_err(|_| {
+                needs_bus("a channel writer that is not this invocation's response stream")
+            })
     }
 
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {

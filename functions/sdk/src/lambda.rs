@@ -352,6 +352,19 @@ pub async fn run_lambda_with(
         None => prewarm::ready(Arc::new(NoBus) as Arc<dyn Bus>),
     };
     let worker = Arc::new(worker);
+    // Several workers in one Lambda: calls between them stay in this process.
+    let bus: prewarm::Started<Arc<dyn Bus>> = if worker.members().is_empty() {
+        bus
+    } else {
+        use futures_util::FutureExt;
+        let worker = worker.clone();
+        async move {
+            let outside = bus.await?;
+            Ok(crate::colocated::ColocatedBus::new(worker, outside) as Arc<dyn Bus>)
+        }
+        .boxed()
+        .shared()
+    };
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let (worker, bus, http) = (worker.clone(), bus.clone(), http.clone());
         async move {

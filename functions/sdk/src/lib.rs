@@ -6,6 +6,7 @@
 pub mod aws_bus;
 pub mod bus;
 pub mod channel;
+pub mod colocated;
 pub mod contracts;
 pub mod ctx;
 pub mod embedded;

@@ -26,6 +26,9 @@ pub struct FunctionSpec {
     /// The handler reads [`Ctx::attachment`]: an in-process caller's attachment reaches it
     /// as it is instead of written into the payload.
     pub attachments: bool,
+    /// The worker it came from when several are served as one ([`Worker::colocate`]): its
+    /// spans keep that worker's name.
+    pub service: Option<String>,
 }
 
 #[derive(Clone)]
@@ -34,6 +37,8 @@ pub struct Worker {
     functions: Vec<FunctionSpec>,
     index: HashMap<String, usize>,
     triggers: Vec<RegisterTrigger>,
+    /// The workers served as this one ([`Worker::colocate`]); empty for a worker of its own.
+    members: Vec<String>,
 }
 
 impl Worker {
@@ -43,7 +48,38 @@ impl Worker {
             functions: Vec::new(),
             index: HashMap::new(),
             triggers: Vec::new(),
+            members: Vec::new(),
         }
+    }
+
+    /// Several workers served as one (a co-located Lambda: `harness.yaml`'s
+    /// `lambda.colocate`): every function and trigger of each, each function's spans still
+    /// under the name of the worker it came from. A function ID two of them serve is refused,
+    /// naming both.
+    pub fn colocate(name: &str, members: Vec<Worker>) -> Result<Worker, String> {
+        let mut out = Worker::new(name);
+        for member in members {
+            for mut spec in member.functions {
+                if let Some(&i) = out.index.get(&spec.def.id) {
+                    let other = out.functions[i].service.as_deref().unwrap_or_default();
+                    return Err(format!(
+                        "`{}` is served by both `{other}` and `{}`",
+                        spec.def.id, member.name
+                    ));
+                }
+                spec.service.get_or_insert_with(|| member.name.clone());
+                out.index.insert(spec.def.id.clone(), out.functions.len());
+                out.functions.push(spec);
+            }
+            out.triggers.extend(member.triggers);
+            out.members.push(member.name);
+        }
+        Ok(out)
+    }
+
+    /// The workers served as this one, when it is several ([`Worker::colocate`]).
+    pub fn members(&self) -> &[String] {
+        &self.members
     }
 
     /// Register a handler taking and returning raw JSON.
@@ -57,6 +93,7 @@ impl Worker {
             def,
             handler,
             attachments: false,
+            service: None,
         };
         match self.index.get(&spec.def.id) {
             Some(&i) => self.functions[i] = spec,
@@ -194,19 +231,21 @@ impl Worker {
         attachment: Option<bus::Attachment>,
         parent: &TraceContext,
     ) -> FnResult {
-        let Some(handler) = self.handler(function_id).cloned() else {
+        let Some(spec) = self.index.get(function_id).map(|&i| &self.functions[i]) else {
             return Err(ErrorBody::new(
                 codes::FUNCTION_NOT_FOUND,
                 format!("worker `{}` does not serve `{function_id}`", self.name),
             ));
         };
-        let mut span = Span::start(function_id, &self.name, parent);
+        let handler = spec.handler.clone();
+        let service = spec.service.as_deref().unwrap_or(&self.name);
+        let mut span = Span::start(function_id, service, parent);
         span.attributes
             .insert(ATTR_FUNCTION_ID.into(), function_id.into());
         let position = span.context(&parent.baggage);
         // The handler's own `tracing` spans (its AWS calls, on a bus that makes them) become
         // children of this span.
-        let target = bus.span_target().map(|t| t.for_service(&self.name));
+        let target = bus.span_target().map(|t| t.for_service(service));
         let bridged = bus_telemetry::tracing_bridge::context_for(target.as_ref(), &position);
         let work = bus_telemetry::tracing_bridge::run_in(
             bridged,

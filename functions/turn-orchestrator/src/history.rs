@@ -133,6 +133,35 @@ impl InstanceCache {
             inner.insert(sid.to_string(), (leaf.to_string(), messages));
         }
     }
+    /// The cached path brought up to `leaf` by the record's recent appends, when they
+    /// continue it without a gap (another instance appended them).
+    pub(crate) fn catch_up(
+        &self,
+        sid: &str,
+        leaf: &str,
+        recent: &[crate::types::RecentAppend],
+    ) -> Option<History> {
+        let mut inner = self.inner.lock().ok()?;
+        let (cached_leaf, messages) = inner.get(sid)?;
+        let start = recent
+            .iter()
+            .position(|b| b.from.as_deref() == Some(cached_leaf.as_str()))?;
+        let mut at = cached_leaf.as_str();
+        let mut grown: Vec<AgentMessage> = messages.as_ref().clone();
+        for b in &recent[start..] {
+            if b.from.as_deref() != Some(at) {
+                return None;
+            }
+            grown.extend(b.messages.iter().cloned());
+            at = b.to.as_str();
+            if at == leaf {
+                let grown: History = Arc::new(grown);
+                inner.insert(sid.to_string(), (leaf.to_string(), grown.clone()));
+                return Some(grown);
+            }
+        }
+        None
+    }
     /// The path grew from `old_leaf` to `new_leaf` by `appended`.
     pub(crate) fn extend(
         &self,
@@ -166,12 +195,24 @@ tokio::task_local! {
 /// the tree's current leaf), or the record's own list without a session store.
 pub(crate) async fn history(ctx: &Ctx, rec: &mut Record) -> StepResult<History> {
     if rec.tree
-        && let Some(leaf) = &rec.tree_leaf
-        && let Ok(Some(hit)) = CACHE.try_with(|c| c.get(&rec.session_id, leaf))
+        && let Some(hit) = cached(rec)
     {
         return Ok(hit);
     }
     history_fresh(ctx, rec).await
+}
+
+/// The instance's cached path at the record's leaf, or brought up to it by the record's
+/// recent appends.
+fn cached(rec: &Record) -> Option<History> {
+    let leaf = rec.tree_leaf.as_deref()?;
+    CACHE
+        .try_with(|c| {
+            c.get(&rec.session_id, leaf)
+                .or_else(|| c.catch_up(&rec.session_id, leaf, &rec.recent_appends))
+        })
+        .ok()
+        .flatten()
 }
 
 /// The history read from the session tree, whatever the cache holds.
@@ -206,9 +247,7 @@ pub(crate) async fn history_for_event<C: Calls + ?Sized>(
     if !rec.tree {
         return rec.messages.clone();
     }
-    if let Some(leaf) = &rec.tree_leaf
-        && let Ok(Some(hit)) = CACHE.try_with(|c| c.get(&rec.session_id, leaf))
-    {
+    if let Some(hit) = cached(rec) {
         return hit.as_ref().clone();
     }
     match calls
@@ -320,6 +359,14 @@ async fn append(
     if let Some(new_leaf) = &rec.tree_leaf {
         let _ =
             CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+        RecentAppend::keep(
+            &mut rec.recent_appends,
+            RecentAppend {
+                from: old_leaf,
+                to: new_leaf.clone(),
+                messages: stored.clone(),
+            },
+        );
     }
     let mut stored = stored.into_iter();
     if held_back {
@@ -507,5 +554,69 @@ mod tests {
                 other => panic!("{out}: {other:?}"),
             }
         }
+    }
+
+    fn batch(from: Option<&str>, to: &str, text: &str) -> RecentAppend {
+        RecentAppend {
+            from: from.map(str::to_owned),
+            to: to.into(),
+            messages: vec![user_text(text)],
+        }
+    }
+
+    #[test]
+    fn another_instances_appends_bring_a_stale_cache_up_to_the_leaf() {
+        let cache = InstanceCache::default();
+        cache.put("s", "l1", Arc::new(vec![user_text("m1")]));
+        let recent = vec![
+            batch(None, "l0", "m0"),
+            batch(Some("l0"), "l1", "m1"),
+            batch(Some("l1"), "l2", "m2"),
+            batch(Some("l2"), "l3", "m3"),
+        ];
+        let grown = cache.catch_up("s", "l3", &recent).unwrap();
+        assert_eq!(
+            *grown,
+            vec![user_text("m1"), user_text("m2"), user_text("m3")]
+        );
+        assert_eq!(cache.get("s", "l3").unwrap(), grown, "kept at the new leaf");
+        // A gap, a leaf the appends do not reach, or a cache older than every append kept:
+        // nothing is made up (the history is read instead).
+        cache.put("s", "l1", Arc::new(vec![user_text("m1")]));
+        let gap = vec![batch(Some("l1"), "l2", "m2"), batch(Some("lx"), "l3", "m3")];
+        assert!(cache.catch_up("s", "l3", &gap).is_none());
+        assert!(cache.catch_up("s", "l9", &recent).is_none());
+        cache.put("s", "old", Arc::new(vec![]));
+        assert!(cache.catch_up("s", "l3", &recent).is_none());
+        assert!(cache.catch_up("other", "l3", &recent).is_none());
+    }
+
+    #[test]
+    fn the_record_keeps_a_bounded_tail_of_appends() {
+        let mut recent = Vec::new();
+        for i in 0..6 {
+            RecentAppend::keep(
+                &mut recent,
+                batch(Some(&format!("l{i}")), &format!("l{}", i + 1), "m"),
+            );
+        }
+        assert_eq!(recent.len(), RecentAppend::MAX_BATCHES);
+        assert_eq!(recent[0].from.as_deref(), Some("l2"), "the oldest dropped");
+        let big = "x".repeat(RecentAppend::MAX_BYTES / 3);
+        RecentAppend::keep(&mut recent, batch(Some("l6"), "l7", &big));
+        RecentAppend::keep(&mut recent, batch(Some("l7"), "l8", &big));
+        RecentAppend::keep(&mut recent, batch(Some("l8"), "l9", &big));
+        let bytes: usize = recent
+            .iter()
+            .map(|b| serde_json::to_vec(b).unwrap().len())
+            .sum();
+        assert!(bytes <= RecentAppend::MAX_BYTES, "{bytes}");
+        assert_eq!(recent.last().unwrap().to, "l9");
+        // One append larger than the bound: none kept (a later one cannot chain past it).
+        RecentAppend::keep(
+            &mut recent,
+            batch(Some("l9"), "l10", &"y".repeat(RecentAppend::MAX_BYTES)),
+        );
+        assert!(recent.is_empty());
     }
 }

@@ -163,6 +163,39 @@ pub struct TurnError {
     pub message: String,
 }
 
+/// One append of the run to the session tree: the path grew from `from` to `to` by
+/// `messages`, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecentAppend {
+    pub from: Option<String>,
+    pub to: String,
+    pub messages: Vec<AgentMessage>,
+}
+
+impl RecentAppend {
+    /// Appends kept: two instances taking turns need the last two.
+    pub const MAX_BATCHES: usize = 4;
+    /// Their JSON in all: the record is written on every save (a DynamoDB item is billed by
+    /// the kilobyte and holds at most 400 KB); a larger append is not kept, and an instance
+    /// that missed it reads the history as before.
+    pub const MAX_BYTES: usize = 16 * 1024;
+
+    /// Keep `batch` after `recent`, dropping the oldest to stay within the bounds.
+    pub fn keep(recent: &mut Vec<RecentAppend>, batch: RecentAppend) {
+        let size = |b: &RecentAppend| serde_json::to_vec(b).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size(&batch) > Self::MAX_BYTES {
+            recent.clear();
+            return;
+        }
+        recent.push(batch);
+        while recent.len() > Self::MAX_BATCHES
+            || recent.iter().map(size).sum::<usize>() > Self::MAX_BYTES
+        {
+            recent.remove(0);
+        }
+    }
+}
+
 /// The first inbox that holds items, with its items; `None`: all are empty.
 pub type PeekedInbox = Option<(String, Vec<Value>)>;
 
@@ -210,6 +243,13 @@ pub struct Record {
     /// write.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub assistant_pending: bool,
+    /// The run's last appends to the session tree, newest last, within
+    /// [`RecentAppend::MAX_BATCHES`] and [`RecentAppend::MAX_BYTES`]: a step that lands on
+    /// another orchestrator instance (a Lambda's second warm instance) brings that
+    /// instance's cached history up to the record's leaf from these instead of reading the
+    /// whole history again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_appends: Vec<RecentAppend>,
     /// The inboxes as the step's last append found them (`peek_inboxes`), for the
     /// steering check that follows it in the same step; never stored: a step that runs
     /// again peeks again.
