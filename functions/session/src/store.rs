@@ -181,12 +181,16 @@ async fn fast_append(
     inputs: &[EntryInput],
 ) -> Result<Option<Vec<(Entry, bool)>>, ErrorBody> {
     use bus::state::{TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound};
-    let Some(m) = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) else {
-        return Ok(None);
-    };
     if inputs.len() >= TRANSACT_MAX_WRITES {
         return Ok(None);
     }
+    let m = match memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) {
+        Some(m) => m,
+        None => match memo_read(ctx, sid, parent).await? {
+            Some(m) => m,
+            None => return Ok(None),
+        },
+    };
     let mut index = m.index;
     let first = index["seq"].as_u64().unwrap_or(0) + 1;
     let n = inputs.len() as u64;
@@ -246,6 +250,27 @@ async fn fast_append(
         }
         Err(e) => Err(storage(e)),
     }
+}
+
+/// What the memo would hold, read: the index with its version and the parent, at once (one
+/// round trip). Another instance of this worker wrote the session last (a Lambda's second
+/// warm instance), so this one remembers nothing; the parent read proves it exists, and the
+/// index written at the version read proves nobody allocated since. `None` (the checked
+/// path decides, and names what is missing) when either is absent.
+async fn memo_read(ctx: &Ctx, sid: &str, parent: &str) -> Result<Option<memo::Memo>, ErrorBody> {
+    let (index, parent_entry) = tokio::join!(
+        ctx.state_get_versioned(INDEX, sid),
+        load_entry(ctx, sid, parent)
+    );
+    let index = index.map_err(storage)?;
+    let (Some(version), false) = (index["version"].as_u64(), parent_entry?.is_none()) else {
+        return Ok(None);
+    };
+    Ok(Some(memo::Memo {
+        index: index["value"].clone(),
+        version,
+        last_entry: Some(parent.to_string()),
+    }))
 }
 
 /// Where an append attaches.

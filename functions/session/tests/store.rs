@@ -339,6 +339,25 @@ async fn appends_keep_their_order_whoever_else_writes_the_session() {
         .await
         .unwrap();
     assert_eq!(texts(&m), ["one", "two", "three", "four"]);
+    // After an entry this process did not append last (as a second instance of the worker
+    // finds every parent): the index and the parent are read, then one conditional write.
+    let e5 = append(&ctx, "m", "e5", Some("e2"), "five").await;
+    assert_eq!(seq(&e5), seq(&e4) + 1, "{e5}");
+    assert_eq!(e5["created"], true, "{e5}");
+    let e6 = append(&ctx, "m", "e6", Some("e3"), "six").await;
+    assert_eq!(seq(&e6), seq(&e5) + 1, "{e6}");
+    let branch = ctx
+        .trigger(
+            "session-tree::messages",
+            json!({"session_id": "m", "leaf_id": "e5"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(texts(&branch), ["one", "two", "five"]);
+    // Sent again, it creates nothing and answers what is stored.
+    let again = append(&ctx, "m", "e5", Some("e2"), "five").await;
+    assert_eq!(again["created"], false, "{again}");
+    assert_eq!(seq(&again), seq(&e5));
 
     // A second store in this process with a session of the same id: the memo of the first
     // proves nothing there.
