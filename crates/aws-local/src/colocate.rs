@@ -202,7 +202,7 @@ pub fn colocate(template: &Value, layout: &LambdaLayout) -> Result<Value, Coloca
         .as_object_mut()
         .ok_or_else(|| ColocateError::Template("no Resources".into()))?;
     let mut renamed: BTreeMap<String, String> = BTreeMap::new();
-    for (group, _) in &layout.colocate {
+    for group in layout.colocate.keys() {
         let err = |message: String| ColocateError::Group {
             group: group.clone(),
             message,
