@@ -3,7 +3,7 @@ the role `infra/template.yaml` gives that function, and every action a role gran
 the calls made.
 
     python infra/iam_check.py CALLS_DIR [--template infra/template.yaml] [--prefix P]
-        [--stage local] [--grants infra/iam-grants.yaml]
+        [--stage local] [--grants infra/iam-grants.yaml] [--also GENERATED.yaml ...]
 
 CALLS_DIR holds what each function process recorded (`HARNESS_API_CALLS_DIR`: bus-aws's
 `api_calls`, one `<pid>.iam` per process: the function's name and each call's IAM
@@ -19,6 +19,11 @@ Fails (exit 1), naming the function, action and resource, when:
   it is granted anyway (`<Function resource>: {<action>: <reason>}`, or under `"*"` for a
   reason every function shares), or that file explains a function's own grant that is used
   after all (keep it true).
+
+`--also` adds a template `engine-gateway colocate` wrote (a co-located layout): the calls of
+its own functions (the groups') are checked against their roles the same way. Their grants
+are their members' statements, whose use the main template's check already holds to the
+tests, so they are not checked for use a second time.
 """
 
 import argparse
@@ -168,6 +173,7 @@ def main():
     ap.add_argument("--prefix", default=None, help="only functions of this prefix")
     ap.add_argument("--stage", default="local")
     ap.add_argument("--grants", default="infra/iam-grants.yaml")
+    ap.add_argument("--also", action="append", default=[], help="a generated template too")
     args = ap.parse_args()
 
     from moto.iam.access_control import IAMPolicy, PermissionResult
@@ -195,6 +201,14 @@ def main():
         for logical, r in template["Resources"].items()
         if r["Type"] == "AWS::Serverless::Function"
     }
+    # The generated templates' own functions, with the template each comes from.
+    home = {logical: template for logical in functions}
+    for path in args.also:
+        extra = load_template(path)
+        for logical, r in extra["Resources"].items():
+            if r["Type"] == "AWS::Serverless::Function" and logical not in functions:
+                functions[logical] = r
+                home[logical] = extra
     problems, used, checked = [], {}, 0
     for name, calls in sorted(calls_by_name.items()):
         # Which template function this is: its FunctionName is `${Prefix}<suffix>`.
@@ -212,8 +226,8 @@ def main():
         prefix = name[: len(name) - len(match[1]) + 1]
         if args.prefix and prefix != args.prefix:
             continue
-        resolver = Resolver(template, prefix, args.stage)
-        docs = role_documents(template, logical, resolver, processor)
+        resolver = Resolver(home[logical], prefix, args.stage)
+        docs = role_documents(home[logical], logical, resolver, processor)
         policies = [IAMPolicy(json.dumps(d)) for d in docs]
         for action, resource in sorted(calls):
             checked += 1
@@ -228,6 +242,8 @@ def main():
     # the prefix).
     any_prefix = Resolver(template, "x-", args.stage)
     for logical in sorted(functions):
+        if home[logical] is not template:
+            continue
         docs = role_documents(template, logical, any_prefix, processor)
         for action in sorted(set(granted_actions(docs))):
             covered = any(fnmatch.fnmatchcase(u, action) for u in used.get(logical, ()))

@@ -202,7 +202,11 @@ if [ "${SKIP_AWS:-0}" != 1 ]; then
 
   if [ "$EMU" = localstack ]; then
     stage "IAM: every AWS call of the deployed functions allowed by its role, every grant used or explained (infra/iam_check.py: SAM's translator, moto's policy evaluator)"
-    "$EMU_HOME/localstack/venv/bin/python" infra/iam_check.py "$iam_calls"
+    # The co-located layout's turn ran too: its group's role is checked from its template.
+    "$CARGO_TARGET_DIR/debug/engine-gateway" colocate --config infra/harness.colocated.yaml \
+      --out "$iam_calls/colocated.template.yaml"
+    "$EMU_HOME/localstack/venv/bin/python" infra/iam_check.py "$iam_calls" \
+      --also "$iam_calls/colocated.template.yaml"
     stage_done
   fi
 
