@@ -7,6 +7,7 @@
 pub mod beneath;
 pub mod landlock;
 pub mod namespaces;
+mod private_tmp;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spaces;

@@ -233,13 +233,7 @@ enum Isolated {
 }
 
 /// A temporary directory of the sandbox's own (Landlock has no private `/tmp` to mount).
-struct PrivateTmp(PathBuf);
-
-impl Drop for PrivateTmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::private_tmp::PrivateTmp;
 
 pub struct Sandbox {
     cfg: SandboxConfig,
@@ -375,18 +369,8 @@ impl Sandbox {
     }
 
     fn try_landlock(&mut self) -> Result<(), String> {
-        let tmp = std::env::temp_dir().join(format!(
-            "harness-sandbox-{}-{}",
-            std::process::id(),
-            NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        let tmp = PrivateTmp(tmp);
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| e.to_string())?;
-        }
+        let tmp =
+            PrivateTmp::create().map_err(|e| format!("{}: {e}", std::env::temp_dir().display()))?;
         self.own(&tmp.0).map_err(|e| e.to_string())?;
         let mut paths: Vec<(&Path, Access)> = SYSTEM_DIRS
             .iter()
@@ -727,8 +711,6 @@ impl Sandbox {
         Ok(())
     }
 }
-
-static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(test)]
 mod tests {
