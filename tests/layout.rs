@@ -187,10 +187,13 @@ fn every_bus_crate_has_a_readme_naming_what_it_owns_and_must_not_depend_on() {
 }
 
 /// `cargo metadata`'s resolved graph: package name → the names it depends on for building its
-/// library and binaries (no dev or build dependencies).
+/// library and binaries (no dev or build dependencies), for the platform the bootstraps are
+/// built for. Filtered by platform, it reads only packages a build here downloaded: a fresh
+/// machine has no other platform's crates (`--offline` would fail on them).
 fn normal_dependencies() -> BTreeMap<String, BTreeSet<String>> {
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["--filter-platform", "x86_64-unknown-linux-gnu"])
         .output()
         .expect("cargo metadata");
     assert!(
