@@ -556,18 +556,29 @@ mod tests {
         }
     }
 
+    /// A user message stamped with a fixed time: messages made apart compare equal.
+    fn said(text: &str) -> AgentMessage {
+        match user_text(text) {
+            AgentMessage::User { content, .. } => AgentMessage::User {
+                content,
+                timestamp: 1,
+            },
+            other => other,
+        }
+    }
+
     fn batch(from: Option<&str>, to: &str, text: &str) -> RecentAppend {
         RecentAppend {
             from: from.map(str::to_owned),
             to: to.into(),
-            messages: vec![user_text(text)],
+            messages: vec![said(text)],
         }
     }
 
     #[test]
     fn another_instances_appends_bring_a_stale_cache_up_to_the_leaf() {
         let cache = InstanceCache::default();
-        cache.put("s", "l1", Arc::new(vec![user_text("m1")]));
+        cache.put("s", "l1", Arc::new(vec![said("m1")]));
         let recent = vec![
             batch(None, "l0", "m0"),
             batch(Some("l0"), "l1", "m1"),
@@ -575,14 +586,11 @@ mod tests {
             batch(Some("l2"), "l3", "m3"),
         ];
         let grown = cache.catch_up("s", "l3", &recent).unwrap();
-        assert_eq!(
-            *grown,
-            vec![user_text("m1"), user_text("m2"), user_text("m3")]
-        );
+        assert_eq!(*grown, vec![said("m1"), said("m2"), said("m3")]);
         assert_eq!(cache.get("s", "l3").unwrap(), grown, "kept at the new leaf");
         // A gap, a leaf the appends do not reach, or a cache older than every append kept:
         // nothing is made up (the history is read instead).
-        cache.put("s", "l1", Arc::new(vec![user_text("m1")]));
+        cache.put("s", "l1", Arc::new(vec![said("m1")]));
         let gap = vec![batch(Some("l1"), "l2", "m2"), batch(Some("lx"), "l3", "m3")];
         assert!(cache.catch_up("s", "l3", &gap).is_none());
         assert!(cache.catch_up("s", "l9", &recent).is_none());
