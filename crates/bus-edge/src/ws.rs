@@ -473,51 +473,65 @@ async fn run_worker_connection(
         }
         .to_json(),
     ));
-    let lifetime = tokio::time::sleep(cfg.max_lifetime);
-    tokio::pin!(lifetime);
-    let mut closing = engine.closing();
-    let mut idle_deadline = tokio::time::Instant::now() + cfg.idle_timeout;
+    // The loop's waits are made once: made afresh for every frame, their timer entries and
+    // wake-up registrations were a cost on every message.
     let mut overflowed = false;
-    loop {
-        let idle = tokio::time::sleep_until(idle_deadline);
-        tokio::select! {
-            frame = stream.next() => {
-                idle_deadline = tokio::time::Instant::now() + cfg.idle_timeout;
-                match frame {
-                    Some(Ok(WsMessage::Text(text))) => handle_frame(&engine, &worker_id, &tx, text.as_str()),
-                    Some(Ok(WsMessage::Binary(bytes))) => match std::str::from_utf8(&bytes) {
-                        Ok(text) => handle_frame(&engine, &worker_id, &tx, text),
-                        Err(_) => send_error(&tx, ErrorBody::invalid("binary frame is not UTF-8 JSON"), None),
-                    },
-                    Some(Ok(WsMessage::Close(_))) | None => {
-                        // Answer the close at once (the reply tungstenite queued goes out
-                        // with this flush), so the peer's close handshake does not wait.
-                        let _ = tx.send(Outbound::Close(1000, String::new()));
-                        break;
+    {
+        let lifetime = tokio::time::sleep(cfg.max_lifetime);
+        let mut closing = engine.closing();
+        let shutdown = async move {
+            let _ = closing.wait_for(|c| *c).await;
+        };
+        let overflow = tx.overflowed();
+        // Idle: the timer fires at the first deadline and is moved on by the frames seen since.
+        let mut last_frame = tokio::time::Instant::now();
+        let idle = tokio::time::sleep_until(last_frame + cfg.idle_timeout);
+        tokio::pin!(lifetime, shutdown, overflow, idle);
+        loop {
+            tokio::select! {
+                frame = stream.next() => {
+                    last_frame = tokio::time::Instant::now();
+                    match frame {
+                        Some(Ok(WsMessage::Text(text))) => handle_frame(&engine, &worker_id, &tx, text.as_str()),
+                        Some(Ok(WsMessage::Binary(bytes))) => match std::str::from_utf8(&bytes) {
+                            Ok(text) => handle_frame(&engine, &worker_id, &tx, text),
+                            Err(_) => send_error(&tx, ErrorBody::invalid("binary frame is not UTF-8 JSON"), None),
+                        },
+                        Some(Ok(WsMessage::Close(_))) | None => {
+                            // Answer the close at once (the reply tungstenite queued goes out
+                            // with this flush), so the peer's close handshake does not wait.
+                            let _ = tx.send(Outbound::Close(1000, String::new()));
+                            break;
+                        }
+                        Some(Ok(_)) => {} // ping/pong frames: answered by the WebSocket layer
+                        Some(Err(e)) if is_too_big(&e) => {
+                            let _ = tx.send(Outbound::Close(CLOSE_TOO_BIG, format!("message too big: {e}")));
+                            break;
+                        }
+                        Some(Err(_)) => break,
                     }
-                    Some(Ok(_)) => {} // ping/pong frames: answered by the WebSocket layer
-                    Some(Err(e)) if is_too_big(&e) => {
-                        let _ = tx.send(Outbound::Close(CLOSE_TOO_BIG, format!("message too big: {e}")));
-                        break;
-                    }
-                    Some(Err(_)) => break,
                 }
-            }
-            _ = idle => {
-                let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "idle timeout".into()));
-                break;
-            }
-            _ = closing.wait_for(|c| *c) => {
-                let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "engine shutting down".into()));
-                break;
-            }
-            _ = &mut lifetime => {
-                let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "maximum connection lifetime reached".into()));
-                break;
-            }
-            _ = tx.overflowed() => {
-                overflowed = true;
-                break;
+                _ = &mut idle => {
+                    let deadline = last_frame + cfg.idle_timeout;
+                    if deadline > tokio::time::Instant::now() {
+                        idle.as_mut().reset(deadline);
+                        continue;
+                    }
+                    let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "idle timeout".into()));
+                    break;
+                }
+                _ = &mut shutdown => {
+                    let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "engine shutting down".into()));
+                    break;
+                }
+                _ = &mut lifetime => {
+                    let _ = tx.send(Outbound::Close(CLOSE_GOING_AWAY, "maximum connection lifetime reached".into()));
+                    break;
+                }
+                _ = &mut overflow => {
+                    overflowed = true;
+                    break;
+                }
             }
         }
     }

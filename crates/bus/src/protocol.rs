@@ -295,6 +295,9 @@ const KNOWN_TYPES: &[&str] = &[
 /// Parse one text frame. Errors name the problem: invalid JSON, a missing or unknown `type`,
 /// or the missing/mistyped field.
 pub fn parse(text: &str) -> Result<Message, Box<ParseFailure>> {
+    if let Some(msg) = parse_call_frame(text) {
+        return Ok(msg);
+    }
     let value: Value = serde_json::from_str(text).map_err(|e| {
         Box::new(ParseFailure {
             error: ErrorBody::invalid(format!("malformed JSON: {e}")),
@@ -304,6 +307,62 @@ pub fn parse(text: &str) -> Result<Message, Box<ParseFailure>> {
         })
     })?;
     parse_value(value)
+}
+
+/// The two messages of every call (`invokefunction`, `invocationresult`) read straight into
+/// their types in one pass. The general path reads a tree first and then the tagged enum
+/// (which buffers the tree once more): three copies of every payload, a tenth of the engine's
+/// CPU under load. `None` sends the frame down the general path, which accepts the same
+/// frames (a field of the other message is ignored there as here) and names what is wrong
+/// with the rest, duplicate keys included.
+fn parse_call_frame(text: &str) -> Option<Message> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum CallType {
+        InvokeFunction,
+        InvocationResult,
+    }
+    #[derive(Deserialize)]
+    struct CallFrame {
+        #[serde(rename = "type")]
+        ty: CallType,
+        invocation_id: Option<String>,
+        function_id: String,
+        #[serde(default)]
+        data: Value,
+        #[serde(default)]
+        result: Option<Value>,
+        #[serde(default)]
+        error: Option<ErrorBody>,
+        #[serde(default)]
+        traceparent: Option<String>,
+        #[serde(default)]
+        baggage: Option<String>,
+        #[serde(default)]
+        action: Option<Action>,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    }
+    let f: CallFrame = serde_json::from_str(text).ok()?;
+    Some(match f.ty {
+        CallType::InvokeFunction => Message::InvokeFunction(InvokeFunction {
+            invocation_id: f.invocation_id,
+            function_id: f.function_id,
+            data: f.data,
+            traceparent: f.traceparent,
+            baggage: f.baggage,
+            action: f.action,
+            timeout_ms: f.timeout_ms,
+        }),
+        CallType::InvocationResult => Message::InvocationResult(InvocationResult {
+            invocation_id: f.invocation_id?,
+            function_id: f.function_id,
+            result: f.result,
+            error: f.error,
+            traceparent: f.traceparent,
+            baggage: f.baggage,
+        }),
+    })
 }
 
 pub fn parse_value(value: Value) -> Result<Message, Box<ParseFailure>> {
@@ -402,6 +461,37 @@ mod tests {
             let msg = parse(&ex.to_string()).expect("parses");
             let back: Value = serde_json::from_str(&msg.to_json()).expect("json");
             assert_eq!(back, ex);
+        }
+    }
+
+    #[test]
+    fn call_frames_read_as_the_general_path_reads_them() {
+        let general = |t: &str| {
+            serde_json::from_str::<Value>(t)
+                .map_err(|e| e.to_string())
+                .and_then(|v| parse_value(v).map_err(|e| e.error.message))
+        };
+        let frames = [
+            r#"{"type":"invokefunction","invocation_id":"i1","function_id":"a::b","data":{"x":[1,2.5,"s"]}}"#,
+            r#"{"type":"invokefunction","function_id":"a::b"}"#,
+            r#"{"type":"invokefunction","function_id":"a::b","data":null,"action":{"type":"void"},"timeout_ms":5}"#,
+            r#"{"type":"invokefunction","function_id":"a::b","traceparent":"00-x","baggage":"k=v","result":7}"#,
+            r#"{"type":"invocationresult","invocation_id":"i1","function_id":"a::b","result":null}"#,
+            r#"{"type":"invocationresult","invocation_id":"i1","function_id":"a::b","error":{"code":"c","message":"m"},"data":[1]}"#,
+            // Fields of the other message, even ill-typed ones, are ignored as before.
+            r#"{"type":"invocationresult","invocation_id":"i1","function_id":"a::b","action":{"type":"nope"}}"#,
+            // Duplicate keys: the general path keeps the last.
+            r#"{"type":"invokefunction","function_id":"a::b","function_id":"c::d"}"#,
+            r#"{"type":"invocationresult","type":"invokefunction","function_id":"a::b"}"#,
+            // Broken ones: the same named errors.
+            r#"{"type":"invocationresult","function_id":"a::b"}"#,
+            r#"{"type":"invokefunction","invocation_id":"i1","function_id":7}"#,
+            r#"{"type":"invokefunction","function_id":"a::b","timeout_ms":-1}"#,
+            r#"{"type":"invokefunction","function_id":"a::b","action":{"type":"enqueue"}}"#,
+        ];
+        for f in frames {
+            let fast = parse(f).map_err(|e| e.error.message);
+            assert_eq!(fast, general(f), "{f}");
         }
     }
 

@@ -133,11 +133,13 @@ impl Engine {
                 }
             }
             Route::Remote(outbox, callee) => {
-                let invocation_id = format!(
-                    "{}-{}",
-                    self.boot_id,
-                    self.call_seq.fetch_add(1, Ordering::Relaxed)
-                );
+                let invocation_id = {
+                    use std::fmt::Write;
+                    let mut id = String::with_capacity(self.boot_id.len() + 21);
+                    id.push_str(&self.boot_id);
+                    let _ = write!(id, "-{}", self.call_seq.fetch_add(1, Ordering::Relaxed));
+                    id
+                };
                 let (tx, rx) = oneshot::channel();
                 lock(&self.pending)
                     .insert(invocation_id.clone(), PendingCall { callee, reply: tx });
@@ -199,13 +201,26 @@ impl Engine {
         let outbox = outbox.clone();
         let parent = TraceContext::from_headers(inv.traceparent.as_deref(), inv.baggage.as_deref());
         // Who the call is made for travels on with it: a client's own identity, whatever it
-        // sent; a worker's or the admin's on-behalf-of, or itself.
-        let parent = match self.principal(&caller) {
-            Some(p) => p.stamp(parent),
-            None => parent,
+        // sent; a worker's or the admin's on-behalf-of, or itself. One read of the caller for
+        // both, and a copy of its principal only for a client (checked against the functions).
+        let (parent, client) = {
+            let workers = read(&self.workers);
+            match workers.get(&caller) {
+                Some(w) => {
+                    let client = (w.principal.role == crate::access::Role::Client)
+                        .then(|| w.principal.clone());
+                    (w.principal.stamp(parent), Some(client))
+                }
+                None => (parent, None),
+            }
         };
         let timeout = inv.timeout_ms.map(Duration::from_millis);
-        if let Err(e) = self.check_call(&caller, &inv.function_id) {
+        let checked = match client {
+            None => Err(ErrorBody::new(codes::FORBIDDEN, "unknown connection")),
+            Some(None) => Ok(()),
+            Some(Some(p)) => p.may_call(&inv.function_id, self.is_public(&inv.function_id)),
+        };
+        if let Err(e) = checked {
             tracing::warn!(function_id = %inv.function_id, caller = %caller, error = %e.message, "call refused");
             if let Some(invocation_id) = inv.invocation_id {
                 reply(&outbox, invocation_id, inv.function_id, Err(e));

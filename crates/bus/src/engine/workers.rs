@@ -145,23 +145,6 @@ impl Engine {
             .is_some_and(|f| crate::access::is_public(f.def.metadata.as_ref()))
     }
 
-    /// May connection `caller` call `function_id`? On every call: only a client's credential
-    /// is copied and the function's registration looked up.
-    pub(super) fn check_call(&self, caller: &str, function_id: &str) -> Result<(), ErrorBody> {
-        let client = {
-            let workers = read(&self.workers);
-            let principal = &workers
-                .get(caller)
-                .ok_or_else(|| ErrorBody::new(codes::FORBIDDEN, "unknown connection"))?
-                .principal;
-            if principal.role != crate::access::Role::Client {
-                return Ok(());
-            }
-            principal.clone()
-        };
-        client.may_call(function_id, self.is_public(function_id))
-    }
-
     /// The connection's principal, or `forbidden` for an unknown one.
     pub(super) fn principal_of(&self, worker_id: &str) -> Result<Principal, ErrorBody> {
         self.principal(worker_id)
