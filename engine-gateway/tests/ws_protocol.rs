@@ -128,6 +128,39 @@ async fn timeouts_default_and_per_call() {
     silent.barrier().await;
 }
 
+/// Relayed calls share one deadline list: a short deadline set behind a long one still
+/// fires on time, and an answered call leaves nothing waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_deadline_behind_a_long_one_fires_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let mut silent = Raw::connect(&srv.url()).await;
+    silent.register("t::silent").await;
+    let url = srv.url();
+    let long = tokio::spawn(async move {
+        Raw::connect(&url)
+            .await
+            .call_with("t::silent", json!({}), json!({"timeout_ms": 1500}))
+            .await
+    });
+    silent.recv_until(|v| v["type"] == "invokefunction").await;
+    let mut caller = Raw::connect(&srv.url()).await;
+    let t0 = std::time::Instant::now();
+    let r = caller
+        .call_with("t::silent", json!({}), json!({"timeout_ms": 100}))
+        .await;
+    assert_eq!(r["error"]["code"], "timeout", "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("100 ms"),
+        "{r}"
+    );
+    let short = t0.elapsed();
+    assert!(short < Duration::from_millis(1000), "{short:?}");
+    let r = long.await.unwrap();
+    assert_eq!(r["error"]["code"], "timeout", "{r}");
+    assert!(t0.elapsed() >= Duration::from_millis(1300));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_fails_in_flight_calls_with_invocation_stopped() {
     let dir = tempfile::tempdir().unwrap();

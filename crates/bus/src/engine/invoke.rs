@@ -92,15 +92,7 @@ impl Engine {
                 format!("function `{function_id}` is not registered"),
             ));
         };
-        let timed_out = || {
-            ErrorBody::new(
-                codes::TIMEOUT,
-                format!(
-                    "`{function_id}` did not answer within {} ms",
-                    timeout.as_millis()
-                ),
-            )
-        };
+        let timed_out = || relay::timed_out(function_id, timeout);
         // Only a handler that asked for attachments gets one as it is.
         let attachment = match (&route, attachment) {
             (Route::Local(_, true), a) => a,
@@ -133,16 +125,15 @@ impl Engine {
                 }
             }
             Route::Remote(outbox, callee) => {
-                let invocation_id = {
-                    use std::fmt::Write;
-                    let mut id = String::with_capacity(self.boot_id.len() + 21);
-                    id.push_str(&self.boot_id);
-                    let _ = write!(id, "-{}", self.call_seq.fetch_add(1, Ordering::Relaxed));
-                    id
-                };
+                let invocation_id = self.next_invocation_id();
                 let (tx, rx) = oneshot::channel();
-                lock(&self.pending)
-                    .insert(invocation_id.clone(), PendingCall { callee, reply: tx });
+                lock(&self.pending).insert(
+                    invocation_id.clone(),
+                    PendingCall {
+                        callee,
+                        reply: Reply::Waiter(tx),
+                    },
+                );
                 let msg = Message::InvokeFunction(InvokeFunction {
                     invocation_id: Some(invocation_id.clone()),
                     function_id: function_id.to_string(),
@@ -191,7 +182,7 @@ impl Engine {
             Some(e) => Err(e),
             None => Ok(result.result.unwrap_or(Value::Null)),
         };
-        let _ = call.reply.send(answer);
+        call.settle(self, answer);
     }
 
     /// Handle an `invokefunction` from a connection: sync, void or enqueue.
@@ -227,7 +218,8 @@ impl Engine {
             }
             return;
         }
-        match inv.action {
+        let mut inv = inv;
+        match inv.action.take() {
             Some(Action::Enqueue {
                 queue,
                 message_group_id,
@@ -254,7 +246,17 @@ impl Engine {
                 // No invocation id, or an explicit void: nobody waits for an answer.
                 let answer_to = match action {
                     Some(Action::Void) => None,
-                    _ => inv.invocation_id,
+                    _ => inv.invocation_id.take(),
+                };
+                // A call for another connection is relayed; the rest runs in a task.
+                let (inv, answer_to) = match answer_to {
+                    Some(invocation_id) => {
+                        match self.relay(&outbox, inv, invocation_id, &parent, timeout) {
+                            Ok(()) => return,
+                            Err((inv, invocation_id)) => (inv, Some(invocation_id)),
+                        }
+                    }
+                    None => (inv, None),
                 };
                 tokio::spawn(async move {
                     let r = engine

@@ -7,12 +7,14 @@ mod invoke;
 mod lambda;
 mod matching;
 mod queues;
+mod relay;
 mod streams;
 mod triggers;
 mod workers;
 
 pub use matching::{glob_match, state_change_passes, state_trigger_takes};
 use queues::IDLE_CONSUMER;
+use relay::{RelayTimers, Reply, run_relay_sweeper};
 use triggers::{retry_with_backoff, run_state_dispatcher};
 
 use futures_util::FutureExt;
@@ -293,7 +295,7 @@ enum RegistryOp {
 
 struct PendingCall {
     callee: String,
-    reply: oneshot::Sender<HandlerResult>,
+    reply: Reply,
 }
 
 #[derive(Debug, Clone)]
@@ -376,6 +378,8 @@ pub struct Engine {
     workers: RwLock<HashMap<String, WorkerInfo>>,
     triggers: RwLock<HashMap<String, TriggerEntry>>,
     pending: Mutex<HashMap<String, PendingCall>>,
+    /// Deadlines of relayed calls (see `relay`).
+    relay_timers: Arc<RelayTimers>,
     /// (stream_name, group_id or "*") → subscribed worker ids.
     stream_subs: RwLock<HashMap<(String, String), HashSet<String>>>,
     /// Sessions' owners as read or written (an owner never changes once recorded), bounded:
@@ -448,6 +452,7 @@ impl Engine {
             workers: RwLock::new(HashMap::new()),
             triggers: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
+            relay_timers: Arc::default(),
             stream_subs: RwLock::new(HashMap::new()),
             owners: RwLock::new(HashMap::new()),
             consumers: Mutex::new(HashMap::new()),
@@ -479,6 +484,10 @@ impl Engine {
         tasks.push(tokio::spawn(run_readiness_gate(weak.clone())));
         tasks.push(tokio::spawn(run_state_dispatcher(weak.clone())));
         tasks.push(tokio::spawn(run_retention(weak.clone())));
+        tasks.push(tokio::spawn(run_relay_sweeper(
+            engine.relay_timers.clone(),
+            weak.clone(),
+        )));
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
@@ -587,10 +596,13 @@ impl Engine {
         }
         let pending: Vec<PendingCall> = lock(&self.pending).drain().map(|(_, p)| p).collect();
         for p in pending {
-            let _ = p.reply.send(Err(ErrorBody::new(
-                codes::INVOCATION_STOPPED,
-                "the engine is shutting down",
-            )));
+            p.settle(
+                self,
+                Err(ErrorBody::new(
+                    codes::INVOCATION_STOPPED,
+                    "the engine is shutting down",
+                )),
+            );
         }
     }
 

@@ -101,10 +101,13 @@ impl Engine {
             ids.into_iter().filter_map(|k| pending.remove(&k)).collect()
         };
         for p in stopped {
-            let _ = p.reply.send(Err(ErrorBody::new(
-                codes::INVOCATION_STOPPED,
-                "the worker serving this call disconnected",
-            )));
+            p.settle(
+                self,
+                Err(ErrorBody::new(
+                    codes::INVOCATION_STOPPED,
+                    "the worker serving this call disconnected",
+                )),
+            );
         }
     }
 

@@ -1,0 +1,244 @@
+//! Relayed calls: a connection's synchronous call to a function another connection serves.
+//! The engine forwards it and answers the caller from the callee's result, with no task
+//! waiting in between: a task per call (spawned, woken by a oneshot, with its own timer) was
+//! the largest share of the engine's own CPU per call. The call's span, deadline and caller
+//! travel in its pending entry; one sweeper task answers the calls whose deadline passed.
+
+use super::invoke::reply;
+use super::*;
+use std::collections::BTreeMap;
+use tokio::time::Instant;
+
+/// How a pending call is answered.
+pub(super) enum Reply {
+    /// A task waits for it (in-process callers, void calls, everything but a relay).
+    Waiter(oneshot::Sender<HandlerResult>),
+    /// Answered straight to the connection that made it.
+    Relay(Box<Relay>),
+}
+
+pub(super) struct Relay {
+    outbox: Outbox,
+    /// The caller's id for its call (the engine's own id keys the pending entry).
+    invocation_id: String,
+    function_id: String,
+    span: Span,
+    deadline: (Instant, u64),
+    timeout: Duration,
+}
+
+/// The deadlines of relayed calls, earliest first, and the sweeper's wake-up.
+#[derive(Default)]
+pub(super) struct RelayTimers {
+    deadlines: Mutex<BTreeMap<(Instant, u64), String>>,
+    earlier: tokio::sync::Notify,
+}
+
+impl RelayTimers {
+    fn add(&self, key: (Instant, u64), pending_id: String) {
+        let mut d = lock(&self.deadlines);
+        let first = d.first_key_value().is_none_or(|(k, _)| key < *k);
+        d.insert(key, pending_id);
+        drop(d);
+        if first {
+            self.earlier.notify_one();
+        }
+    }
+
+    fn remove(&self, key: &(Instant, u64)) {
+        lock(&self.deadlines).remove(key);
+    }
+
+    /// The ids of calls due by `now`, taken off the list.
+    fn due(&self, now: Instant) -> Vec<String> {
+        let mut d = lock(&self.deadlines);
+        let later = d.split_off(&(now, u64::MAX));
+        std::mem::replace(&mut *d, later).into_values().collect()
+    }
+
+    fn next(&self) -> Option<Instant> {
+        lock(&self.deadlines).first_key_value().map(|(k, _)| k.0)
+    }
+}
+
+/// Answers relayed calls that passed their deadline; ends with the engine.
+pub(super) async fn run_relay_sweeper(timers: Arc<RelayTimers>, engine: Weak<Engine>) {
+    loop {
+        match timers.next() {
+            None => timers.earlier.notified().await,
+            Some(at) if at > Instant::now() => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = timers.earlier.notified() => {}
+                }
+            }
+            Some(_) => {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                for id in timers.due(Instant::now()) {
+                    let call = lock(&engine.pending).remove(&id);
+                    if let Some(PendingCall {
+                        reply: Reply::Relay(r),
+                        ..
+                    }) = call
+                    {
+                        let error = timed_out(&r.function_id, r.timeout);
+                        r.answer(&engine, Err(error), false);
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn timed_out(function_id: &str, timeout: Duration) -> ErrorBody {
+    ErrorBody::new(
+        codes::TIMEOUT,
+        format!(
+            "`{function_id}` did not answer within {} ms",
+            timeout.as_millis()
+        ),
+    )
+}
+
+impl Relay {
+    /// Finish the call's span and answer the caller. `settled_early`: the deadline is still
+    /// listed and goes.
+    fn answer(mut self, engine: &Engine, r: HandlerResult, settled_early: bool) {
+        if settled_early {
+            engine.relay_timers.remove(&self.deadline);
+        }
+        self.span.finish(r.is_err());
+        if let Err(e) = &r {
+            self.span
+                .attributes
+                .insert("error.code".into(), e.code.clone());
+        }
+        engine.spans.record(self.span);
+        reply(&self.outbox, self.invocation_id, self.function_id, r);
+    }
+}
+
+impl PendingCall {
+    /// Answer the call, whoever waits for it.
+    pub(super) fn settle(self, engine: &Engine, r: HandlerResult) {
+        match self.reply {
+            Reply::Waiter(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Relay(relay) => relay.answer(engine, r, true),
+        }
+    }
+}
+
+impl Engine {
+    /// Forward a connection's synchronous call to the connection serving `function_id`, if
+    /// one does: the answer goes back from [`Engine::complete`] (or the sweeper, at the
+    /// deadline). `Err` hands the call and its id back: it is not a remote function.
+    pub(super) fn relay(
+        &self,
+        caller_outbox: &Outbox,
+        inv: InvokeFunction,
+        invocation_id: String,
+        parent: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<(), (InvokeFunction, String)> {
+        let target = match read(&self.functions).get(&inv.function_id) {
+            Some(FunctionEntry {
+                target: Target::Remote(o),
+                owner,
+                ..
+            }) => (o.clone(), owner.clone()),
+            _ => return Err((inv, invocation_id)),
+        };
+        let (callee_outbox, callee) = target;
+        let timeout = timeout.unwrap_or(self.config.default_timeout);
+        let mut span = Span::start(&inv.function_id, "engine", parent);
+        span.attributes
+            .insert(ATTR_FUNCTION_ID.to_string(), inv.function_id.clone());
+        let ctx = span.context(&parent.baggage);
+        let pending_id = self.next_invocation_id();
+        let now = Instant::now();
+        // A deadline past what the clock holds is no deadline (as `tokio::time::timeout`).
+        let at = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
+        let deadline = (at, self.call_seq.fetch_add(1, Ordering::Relaxed));
+        let forward = Message::InvokeFunction(InvokeFunction {
+            invocation_id: Some(pending_id.clone()),
+            function_id: inv.function_id.clone(),
+            data: inv.data,
+            traceparent: ctx.traceparent(),
+            baggage: ctx.baggage_header(),
+            action: None,
+            timeout_ms: None,
+        });
+        let relay = Relay {
+            outbox: caller_outbox.clone(),
+            invocation_id,
+            function_id: inv.function_id,
+            span,
+            deadline,
+            timeout,
+        };
+        lock(&self.pending).insert(
+            pending_id.clone(),
+            PendingCall {
+                callee,
+                reply: Reply::Relay(Box::new(relay)),
+            },
+        );
+        self.relay_timers.add(deadline, pending_id.clone());
+        if callee_outbox
+            .send(Outbound::Text(forward.to_json()))
+            .is_err()
+        {
+            let call = lock(&self.pending).remove(&pending_id);
+            if let Some(call) = call {
+                call.settle(
+                    self,
+                    Err(ErrorBody::new(
+                        codes::INVOCATION_STOPPED,
+                        "the worker serving this call disconnected",
+                    )),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh id for a call the engine sends a connection.
+    pub(super) fn next_invocation_id(&self) -> String {
+        use std::fmt::Write;
+        let mut id = String::with_capacity(self.boot_id.len() + 21);
+        id.push_str(&self.boot_id);
+        let _ = write!(id, "-{}", self.call_seq.fetch_add(1, Ordering::Relaxed));
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn due_calls_come_off_the_list_in_deadline_order_and_the_rest_stay() {
+        let timers = RelayTimers::default();
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        timers.add((now + ms(30), 1), "c".into());
+        timers.add((now + ms(10), 2), "a".into());
+        timers.add((now + ms(10), 3), "b".into());
+        timers.add((now + ms(90), 4), "d".into());
+        assert_eq!(timers.next(), Some(now + ms(10)));
+        assert_eq!(timers.due(now + ms(30)), ["a", "b", "c"]);
+        assert!(timers.due(now + ms(30)).is_empty());
+        timers.remove(&(now + ms(90), 4));
+        assert_eq!(
+            timers.next(),
+            None,
+            "an answered call leaves nothing behind"
+        );
+    }
+}
