@@ -210,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
     client.send_raw(&Message::StreamSubscribe {
         stream_name: "agent::events".into(),
         group_id: Some(sid.clone()),
+        batch: false,
     })?;
     // The session's own root span: every call below nests under it, so the trace has no
     // parent a collector never receives.

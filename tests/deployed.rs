@@ -174,6 +174,13 @@ async fn whole_turn(
     ] {
         assert!(kinds.iter().any(|k| k == kind), "{kind}: {kinds:?}");
     }
+    // This client subscribed with `batch`: a step's stored events came in `streamevents`
+    // messages (read one by one by `shape::Unbatching`), one post for several events.
+    assert!(
+        s.pushed.iter().any(|p| p["batched"] == true),
+        "no event came batched: {:?}",
+        s.pushed
+    );
     s.deployed.shutdown();
     s
 }

@@ -107,6 +107,7 @@ async fn a_client_sees_and_acts_only_on_its_own_sessions() {
         bob.send_raw(&Message::StreamSubscribe {
             stream_name: "agent::events".into(),
             group_id,
+            batch: false,
         })
         .unwrap();
     }
@@ -115,6 +116,7 @@ async fn a_client_sees_and_acts_only_on_its_own_sessions() {
         .send_raw(&Message::StreamSubscribe {
             stream_name: "agent::events".into(),
             group_id: None,
+            batch: false,
         })
         .unwrap();
     // And to every session's UI pushes (the harness's UI plane).

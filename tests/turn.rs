@@ -965,6 +965,7 @@ async fn a_missing_provider_is_retried_not_the_end_of_the_run() {
         .send_raw(&engine_gateway::protocol::Message::StreamSubscribe {
             stream_name: "agent::events".into(),
             group_id: Some("late1".into()),
+            batch: false,
         })
         .unwrap();
     let r = ctx

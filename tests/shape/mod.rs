@@ -69,11 +69,100 @@ pub fn lambda_dir() -> Option<PathBuf> {
     Some(dir)
 }
 
+/// The client's socket, read as a client that subscribes with `batch` reads it: a
+/// `streamevents` message comes out as the `streamevent`s it carries (each marked
+/// `"batched": true`), in order; everything else as it came.
+pub struct Unbatching {
+    inner: Ws,
+    unread: std::collections::VecDeque<Message>,
+}
+
+impl Unbatching {
+    fn new(inner: Ws) -> Self {
+        Self {
+            inner,
+            unread: Default::default(),
+        }
+    }
+
+    /// The events of a `streamevents` text, or `None` for any other message.
+    fn unbatch(text: &str) -> Option<Vec<Message>> {
+        let v: Value = serde_json::from_str(text).ok()?;
+        if v["type"] != "streamevents" {
+            return None;
+        }
+        let events = v["events"].as_array()?;
+        Some(
+            events
+                .iter()
+                .map(|e| {
+                    Message::text(
+                        json!({"type": "streamevent", "stream_name": v["stream_name"], "group_id": v["group_id"], "item_id": e["item_id"], "event": e["event"], "batched": true})
+                            .to_string(),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+impl futures_util::Stream for Unbatching {
+    type Item = Result<Message, tokio_tungstenite::tungstenite::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        loop {
+            if let Some(m) = self.unread.pop_front() {
+                return Poll::Ready(Some(Ok(m)));
+            }
+            match self.inner.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(Message::Text(t)))) => match Self::unbatch(t.as_str()) {
+                    Some(events) => self.unread.extend(events),
+                    None => return Poll::Ready(Some(Ok(Message::Text(t)))),
+                },
+                other => return other,
+            }
+        }
+    }
+}
+
+impl futures_util::Sink<Message> for Unbatching {
+    type Error = tokio_tungstenite::tungstenite::Error;
+
+    fn poll_ready(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready_unpin(cx)
+    }
+
+    fn start_send(mut self: std::pin::Pin<&mut Self>, item: Message) -> Result<(), Self::Error> {
+        self.inner.start_send_unpin(item)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_flush_unpin(cx)
+    }
+
+    fn poll_close(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_close_unpin(cx)
+    }
+}
+
 /// A running deployed shape and a client connected to it with the generated token.
 pub struct Shape {
     pub deployed: Deployed,
     pub clients: AwsClients,
-    pub ws: Ws,
+    pub ws: Unbatching,
     /// Everything pushed to the client that was not an answer.
     pub pushed: Vec<Value>,
     pub polls: u32,
@@ -136,7 +225,7 @@ pub async fn bring_up_from(
     Shape {
         deployed,
         clients,
-        ws,
+        ws: Unbatching::new(ws),
         pushed: Vec::new(),
         polls: 0,
         _model: model,
@@ -193,7 +282,7 @@ impl Shape {
     pub async fn start_with_payload(&mut self, sid: &str, task: &str, extra: Value) {
         self.ws
             .send(Message::text(
-                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
+                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid, "batch": true})
                     .to_string(),
             ))
             .await
@@ -216,7 +305,7 @@ impl Shape {
     pub async fn start_in(&mut self, sid: &str, task: &str, traceparent: Option<&str>) {
         self.ws
             .send(Message::text(
-                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid})
+                json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid, "batch": true})
                     .to_string(),
             ))
             .await

@@ -29,8 +29,16 @@ pub fn subscription_id(connection: &str, stream: &str, group: Option<&str>) -> S
     format!("{connection}\u{1}{stream}\u{1}{}", group.unwrap_or("*"))
 }
 
-/// A subscriber: its connection id, and (a client that sees only its own sessions) who it is.
-type Subscriber = (String, Option<String>);
+/// A subscriber: its connection id, (a client that sees only its own sessions) who it is,
+/// and whether it takes `streamevents` (subscribed with `batch`).
+type Subscriber = (String, Option<String>, bool);
+
+/// A connection allowed an event, and whether it takes `streamevents`.
+type Recipient = (String, bool);
+
+/// Most bytes of events in one `streamevents` post: an API Gateway WebSocket message holds
+/// 128 KiB; the rest is the envelope's room.
+pub const BATCH_MAX_BYTES: usize = 96 * 1024;
 
 type SubscriberCache = HashMap<(String, String), (Instant, Vec<Subscriber>)>;
 
@@ -92,18 +100,18 @@ impl Connections {
 
     /// Of `subs` (subscribed to `group`), the connections that may get its events: a client
     /// only its own session's, whatever it subscribed to.
-    pub async fn allowed(&self, subs: Vec<Subscriber>, group: &str) -> Vec<String> {
-        if subs.iter().all(|(_, viewer)| viewer.is_none()) {
-            return subs.into_iter().map(|(id, _)| id).collect();
+    pub async fn allowed(&self, subs: Vec<Subscriber>, group: &str) -> Vec<Recipient> {
+        if subs.iter().all(|(_, viewer, _)| viewer.is_none()) {
+            return subs.into_iter().map(|(id, _, b)| (id, b)).collect();
         }
         let owner = self.owner(group).await;
         subs.into_iter()
-            .filter(|(_, viewer)| {
+            .filter(|(_, viewer, _)| {
                 viewer.as_deref().is_none_or(|v| {
                     bus::access::Acting::parse(v).is_some_and(|a| a.may_see(&owner))
                 })
             })
-            .map(|(id, _)| id)
+            .map(|(id, _, b)| (id, b))
             .collect()
     }
 
@@ -149,7 +157,7 @@ impl Connections {
 
     /// The connections subscribed to `stream`'s `group` (or to all its groups), read at most
     /// once per [`SUBSCRIBERS_TTL`].
-    pub async fn subscribers(&self, stream: &str, group: &str) -> Result<Vec<String>, String> {
+    pub async fn subscribers(&self, stream: &str, group: &str) -> Result<Vec<Recipient>, String> {
         let key = (stream.to_string(), group.to_string());
         let cached = self
             .lock_cache()
@@ -197,26 +205,39 @@ impl Connections {
     /// in the order written (as the embedded engine pushes them): so a client gets a step's
     /// stored events after the token deltas the same Lambda posted before them. The
     /// subscriptions are read fresh, once per call: a client that subscribed a moment ago
-    /// gets every stored event (the read also refreshes what `stream::send` reuses). →
-    /// how many posts reached a connection. Best effort: a failed post is logged.
+    /// gets every stored event (the read also refreshes what `stream::send` reuses). A
+    /// client that subscribed with `batch` gets a write's events of one group in one
+    /// `streamevents` post (several when they pass [`BATCH_MAX_BYTES`]). → how many posts
+    /// reached a connection. Best effort: a failed post is logged.
     pub async fn push_stored(&self, events: &[StreamEvent<'_>]) -> Result<usize, String> {
         if events.is_empty() {
             return Ok(0);
         }
         let subs = self.subscriptions().await?;
-        let mut groups: HashMap<(&str, &str), Vec<String>> = HashMap::new();
-        let mut reached = 0;
+        let mut groups: HashMap<(&str, &str), Vec<Recipient>> = HashMap::new();
         for event in events {
             let key = (event.stream, event.group);
-            let ids = match groups.entry(key) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let found = subscribed_with_viewers(&subs, event.stream, event.group);
-                    self.remember_subscribers(event.stream, event.group, found.clone());
-                    e.insert(self.allowed(found, event.group).await)
+            if let std::collections::hash_map::Entry::Vacant(slot) = groups.entry(key) {
+                let found = subscribed_with_viewers(&subs, event.stream, event.group);
+                self.remember_subscribers(event.stream, event.group, found.clone());
+                slot.insert(self.allowed(found, event.group).await);
+            }
+        }
+        let addressed: Vec<_> = events
+            .iter()
+            .map(|e| (*e, groups[&(e.stream, e.group)].as_slice()))
+            .collect();
+        let mut reached = 0;
+        for (connection, messages) in posts_per_connection(&addressed) {
+            for message in messages {
+                match self.post(connection, &message).await {
+                    Ok(true) => reached += 1,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, connection = %connection, "stream events not pushed")
+                    }
                 }
-            };
-            reached += self.post_event(ids, event).await;
+            }
         }
         Ok(reached)
     }
@@ -233,13 +254,13 @@ impl Connections {
     }
 
     /// One `streamevent` to each of `ids` → how many it reached.
-    async fn post_event(&self, ids: &[String], event: &StreamEvent<'_>) -> usize {
+    async fn post_event(&self, ids: &[Recipient], event: &StreamEvent<'_>) -> usize {
         if ids.is_empty() {
             return 0;
         }
         let message = event.message();
         let mut reached = 0;
-        for id in ids {
+        for (id, _) in ids {
             match self.post(id, &message).await {
                 Ok(true) => reached += 1,
                 Ok(false) => {}
@@ -279,6 +300,65 @@ impl<'a> StreamEvent<'a> {
     pub fn message(&self) -> Value {
         json!({"type": "streamevent", "stream_name": self.stream, "group_id": self.group, "item_id": self.item, "event": {"type": self.event_type, "data": self.data}})
     }
+
+    /// A `streamevents` message of `run` (events of one stream group, in order).
+    pub fn batch_message(run: &[StreamEvent<'_>]) -> Value {
+        let events: Vec<Value> = run
+            .iter()
+            .map(|e| json!({"item_id": e.item, "event": {"type": e.event_type, "data": e.data}}))
+            .collect();
+        let first = run.first();
+        json!({"type": "streamevents", "stream_name": first.map(|e| e.stream), "group_id": first.map(|e| e.group), "events": events})
+    }
+
+    /// About what the event takes in a message (its data's JSON and its names).
+    fn size(&self) -> usize {
+        self.data.to_string().len() + self.item.len() + self.event_type.len() + 48
+    }
+}
+
+/// What each connection is posted for a write's events (each with the connections allowed
+/// it), connections in the order first addressed, messages in the order written: one
+/// `streamevent` per event, or for a `batch` subscriber the events of one group in a row
+/// as one `streamevents` (a run of one stays a `streamevent`; a run is cut at
+/// [`BATCH_MAX_BYTES`] of events).
+pub fn posts_per_connection<'a>(
+    addressed: &[(StreamEvent<'_>, &'a [Recipient])],
+) -> Vec<(&'a str, Vec<Value>)> {
+    let mut order: Vec<&'a str> = Vec::new();
+    let mut runs: HashMap<&'a str, (bool, Vec<Vec<StreamEvent<'_>>>)> = HashMap::new();
+    for (event, recipients) in addressed {
+        for (id, batch) in recipients.iter() {
+            let (takes_batches, list) = runs.entry(id.as_str()).or_insert_with(|| {
+                order.push(id.as_str());
+                (*batch, Vec::new())
+            });
+            let joins = *takes_batches
+                && list.last().is_some_and(|run: &Vec<StreamEvent<'_>>| {
+                    let same = run[0].stream == event.stream && run[0].group == event.group;
+                    let bytes: usize = run.iter().chain([event]).map(StreamEvent::size).sum();
+                    same && bytes <= BATCH_MAX_BYTES
+                });
+            match list.last_mut() {
+                Some(run) if joins => run.push(*event),
+                _ => list.push(vec![*event]),
+            }
+        }
+    }
+    order
+        .into_iter()
+        .map(|id| {
+            let (_, list) = runs.remove(id).unwrap_or_default();
+            let messages = list
+                .into_iter()
+                .map(|run| match run.as_slice() {
+                    [one] => one.message(),
+                    _ => StreamEvent::batch_message(&run),
+                })
+                .collect();
+            (id, messages)
+        })
+        .collect()
 }
 
 /// The subscribers among `subs` of `stream`'s `group`, each with the client it is when it
@@ -296,7 +376,8 @@ pub fn subscribed_with_viewers(
         })
         .filter_map(|(_, _, sub)| {
             let id = sub["connection_id"].as_str()?.to_owned();
-            Some((id, sub["viewer"].as_str().map(str::to_owned)))
+            let batch = sub["batch"] == true;
+            Some((id, sub["viewer"].as_str().map(str::to_owned), batch))
         })
         .collect();
     out.sort_unstable();
@@ -307,6 +388,100 @@ pub fn subscribed_with_viewers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_subscriber_gets_a_writes_events_of_a_group_in_one_message_in_order() {
+        let data = json!({"type": "turn_end"});
+        let big = json!("x".repeat(BATCH_MAX_BYTES / 2));
+        let ev = |group: &'static str, item: &'static str, data: &'static Value| StreamEvent {
+            stream: "agent::events",
+            group,
+            item,
+            event_type: "create",
+            data,
+        };
+        let data: &'static Value = Box::leak(Box::new(data));
+        let big: &'static Value = Box::leak(Box::new(big));
+        let both: Vec<Recipient> = vec![("plain".into(), false), ("batched".into(), true)];
+        let only_plain: Vec<Recipient> = vec![("plain".into(), false)];
+        let addressed = vec![
+            (ev("s1", "s1-1", data), both.as_slice()),
+            (ev("s1", "s1-2", data), both.as_slice()),
+            (ev("s1", "s1-3", data), both.as_slice()),
+            // Another group cuts the run; an event the batch subscriber may not see is
+            // not in it.
+            (ev("s2", "s2-1", data), both.as_slice()),
+            (ev("s2", "s2-2", data), only_plain.as_slice()),
+            // Runs are cut at the byte budget.
+            (ev("s1", "s1-4", big), both.as_slice()),
+            (ev("s1", "s1-5", big), both.as_slice()),
+            (ev("s1", "s1-6", data), both.as_slice()),
+        ];
+        let posts = posts_per_connection(&addressed);
+        let (id, plain) = &posts[0];
+        assert_eq!(*id, "plain");
+        assert_eq!(plain.len(), 8, "one message per event");
+        assert!(plain.iter().all(|m| m["type"] == "streamevent"));
+        let items: Vec<&str> = plain
+            .iter()
+            .map(|m| m["item_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            items,
+            [
+                "s1-1", "s1-2", "s1-3", "s2-1", "s2-2", "s1-4", "s1-5", "s1-6"
+            ]
+        );
+
+        let (id, batched) = &posts[1];
+        assert_eq!(*id, "batched");
+        let shape: Vec<(String, Vec<String>)> = batched
+            .iter()
+            .map(|m| match m["type"].as_str().unwrap() {
+                "streamevents" => (
+                    m["group_id"].as_str().unwrap().to_string(),
+                    m["events"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| e["item_id"].as_str().unwrap().to_string())
+                        .collect(),
+                ),
+                _ => (
+                    format!("alone:{}", m["group_id"].as_str().unwrap()),
+                    vec![m["item_id"].as_str().unwrap().to_string()],
+                ),
+            })
+            .collect();
+        let expect = |g: &str, items: &[&str]| {
+            (
+                g.to_string(),
+                items.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            shape,
+            [
+                expect("s1", &["s1-1", "s1-2", "s1-3"]),
+                expect("alone:s2", &["s2-1"]),
+                expect("alone:s1", &["s1-4"]),
+                expect("s1", &["s1-5", "s1-6"]),
+            ]
+        );
+        for m in batched {
+            assert!(
+                m.to_string().len() < 128 * 1024,
+                "fits one WebSocket message"
+            );
+            let parsed = bus::protocol::parse(&m.to_string()).expect("a protocol message");
+            if m["type"] == "streamevents" {
+                assert!(matches!(
+                    parsed,
+                    bus::protocol::Message::StreamEvents { .. }
+                ));
+            }
+        }
+    }
 
     #[test]
     fn a_group_or_all_groups_subscribe() {
@@ -326,7 +501,7 @@ mod tests {
         let subscribed = |stream: &str, group: &str| -> Vec<String> {
             subscribed_with_viewers(&subs, stream, group)
                 .into_iter()
-                .map(|(id, _)| id)
+                .map(|(id, _, _)| id)
                 .collect()
         };
         assert_eq!(subscribed("agent::events", "s1"), ["a", "b"]);

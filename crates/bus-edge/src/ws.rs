@@ -622,6 +622,7 @@ pub fn handle_frame(engine: &Arc<Engine>, worker_id: &str, tx: &Outbox, text: &s
         Message::StreamSubscribe {
             stream_name,
             group_id,
+            ..
         } => {
             if let Err(e) = engine.stream_subscribe(worker_id, &stream_name, group_id.as_deref()) {
                 send_error(tx, e, Some("streamsubscribe".into()));
@@ -635,6 +636,7 @@ pub fn handle_frame(engine: &Arc<Engine>, worker_id: &str, tx: &Outbox, text: &s
         | Message::TriggerRegistrationResult { .. }
         | Message::Error { .. }
         | Message::StreamEvent { .. }
+        | Message::StreamEvents { .. }
         | Message::Push { .. }) => {
             let ty = serde_json::to_value(&other)
                 .ok()

@@ -226,6 +226,10 @@ pub enum Message {
         stream_name: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         group_id: Option<String>,
+        /// The client also takes `streamevents`: several events of one write in one message.
+        /// The engine may still send any event alone (the embedded engine always does).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        batch: bool,
     },
     StreamUnsubscribe {
         stream_name: String,
@@ -239,10 +243,24 @@ pub enum Message {
         item_id: String,
         event: StreamEventBody,
     },
+    /// Engine → a client subscribed with `batch`: events of one stream group from one write,
+    /// in the order written (the deployed shape: one post instead of one per event).
+    StreamEvents {
+        stream_name: String,
+        group_id: String,
+        events: Vec<BatchedStreamEvent>,
+    },
     /// Engine → client: a server push (`engine::connections::post`, the `@connections` model).
     Push {
         data: Value,
     },
+}
+
+/// One event of a `streamevents` message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchedStreamEvent {
+    pub item_id: String,
+    pub event: StreamEventBody,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +307,7 @@ const KNOWN_TYPES: &[&str] = &[
     "streamsubscribe",
     "streamunsubscribe",
     "streamevent",
+    "streamevents",
     "push",
 ];
 

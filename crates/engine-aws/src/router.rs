@@ -436,7 +436,7 @@ impl AwsRouter {
                     SUBSCRIPTION,
                     &id,
                     connection,
-                    json!({"connection_id": connection, "stream_name": stream, "group_id": group, "viewer": viewer}),
+                    json!({"connection_id": connection, "stream_name": stream, "group_id": group, "viewer": viewer, "batch": msg["batch"] == true}),
                 )
                 .await
         } else {

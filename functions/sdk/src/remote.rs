@@ -533,7 +533,9 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
             Message::Error { error, in_reply_to } => {
                 tracing::warn!(error = %error, in_reply_to = ?in_reply_to, "engine reported an error");
             }
-            m @ (Message::StreamEvent { .. } | Message::Push { .. }) => {
+            m @ (Message::StreamEvent { .. }
+            | Message::StreamEvents { .. }
+            | Message::Push { .. }) => {
                 if let Some(p) = lock(&bus.pushes).as_ref() {
                     let _ = p.send(m);
                 }

@@ -250,12 +250,13 @@ impl Engine {
                 };
                 // A call for another connection is relayed; the rest runs in a task.
                 let (inv, answer_to) = match answer_to {
-                    Some(invocation_id) => {
-                        match self.relay(&outbox, inv, invocation_id, &parent, timeout) {
-                            Ok(()) => return,
-                            Err((inv, invocation_id)) => (inv, Some(invocation_id)),
+                    Some(invocation_id) => match self.remote_target(&inv.function_id) {
+                        Some(target) => {
+                            self.relay(&outbox, target, inv, invocation_id, &parent, timeout);
+                            return;
                         }
-                    }
+                        None => (inv, Some(invocation_id)),
+                    },
                     None => (inv, None),
                 };
                 tokio::spawn(async move {

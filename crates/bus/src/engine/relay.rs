@@ -133,26 +133,30 @@ impl PendingCall {
 }
 
 impl Engine {
-    /// Forward a connection's synchronous call to the connection serving `function_id`, if
-    /// one does: the answer goes back from [`Engine::complete`] (or the sweeper, at the
-    /// deadline). `Err` hands the call and its id back: it is not a remote function.
-    pub(super) fn relay(
-        &self,
-        caller_outbox: &Outbox,
-        inv: InvokeFunction,
-        invocation_id: String,
-        parent: &TraceContext,
-        timeout: Option<Duration>,
-    ) -> Result<(), (InvokeFunction, String)> {
-        let target = match read(&self.functions).get(&inv.function_id) {
+    /// The connection serving `function_id` (its outbox and worker id), if one does.
+    pub(super) fn remote_target(&self, function_id: &str) -> Option<(Outbox, String)> {
+        match read(&self.functions).get(function_id) {
             Some(FunctionEntry {
                 target: Target::Remote(o),
                 owner,
                 ..
-            }) => (o.clone(), owner.clone()),
-            _ => return Err((inv, invocation_id)),
-        };
-        let (callee_outbox, callee) = target;
+            }) => Some((o.clone(), owner.clone())),
+            _ => None,
+        }
+    }
+
+    /// Forward a connection's synchronous call to `target`, the connection serving it (see
+    /// [`Engine::remote_target`]): the answer goes back from [`Engine::complete`] (or the
+    /// sweeper, at the deadline).
+    pub(super) fn relay(
+        &self,
+        caller_outbox: &Outbox,
+        (callee_outbox, callee): (Outbox, String),
+        inv: InvokeFunction,
+        invocation_id: String,
+        parent: &TraceContext,
+        timeout: Option<Duration>,
+    ) {
         let timeout = timeout.unwrap_or(self.config.default_timeout);
         let mut span = Span::start(&inv.function_id, "engine", parent);
         span.attributes
@@ -205,7 +209,6 @@ impl Engine {
                 );
             }
         }
-        Ok(())
     }
 
     /// A fresh id for a call the engine sends a connection.
