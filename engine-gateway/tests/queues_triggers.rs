@@ -720,6 +720,12 @@ async fn streams_push_to_subscribers_and_triggers() {
         .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1"}))
         .await;
     browser.barrier().await;
+    // A client that takes batches: the embedded engine sends each event alone all the same.
+    let mut batching = Raw::connect(&srv.url()).await;
+    batching
+        .send(json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": "s1", "batch": true}))
+        .await;
+    batching.barrier().await;
     let (w, hits) = recording(Worker::new("st"), "t::on_event");
     let w = w.trigger(
         "stream",
@@ -755,6 +761,8 @@ async fn streams_push_to_subscribers_and_triggers() {
         second["event"]["type"], "ping",
         "s2 must not reach an s1 subscriber: {second}"
     );
+    let alone = batching.recv_until(|v| v["type"] == "streamevent").await;
+    assert_eq!(alone, first);
     wait_for("trigger saw 3 events", || async {
         hits.lock().unwrap().len() == 3
     })
