@@ -146,8 +146,11 @@ wait_for "deploy tooling install" "$venv_pid" "$logs/venv.log"
 export PATH="$venv/bin:$PATH"
 stage_done
 
-stage "infrastructure template (cfn-lint; tests/infra.rs ran with the workspace tests)"
+stage "infrastructure templates (cfn-lint: the default layout and the co-located one engine-gateway colocate writes; tests/infra.rs ran with the workspace tests)"
 cfn-lint infra/template.yaml
+"$CARGO_TARGET_DIR/debug/engine-gateway" colocate --config infra/harness.colocated.yaml \
+  --out "$CARGO_TARGET_DIR/colocated.template.yaml"
+cfn-lint "$CARGO_TARGET_DIR/colocated.template.yaml"
 stage_done
 
 if [ "${SKIP_AWS:-0}" != 1 ]; then
