@@ -20,6 +20,11 @@ try {
   const page = await browser.newPage();
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
+  // The console subscribes with `batch`: a step's stored events come in `streamevents`.
+  let batches = 0;
+  page.on("websocket", (ws) => ws.on("framereceived", (f) => {
+    if (typeof f.payload === "string" && f.payload.includes('"type":"streamevents"')) batches += 1;
+  }));
   await page.goto(PAGE_URL);
   await page.locator("#engine-url").fill(ENGINE_URL);
   await page.locator("#token").fill(ENGINE_TOKEN);
@@ -39,7 +44,8 @@ try {
   await page.getByRole("link", { name: "Sessions" }).click();
   await page.locator("tr[data-sid^='web-'] .badge.stopped").waitFor(wait);
   assert.deepEqual(errors, [], "no script errors");
-  console.log("console against the deployed shape: ok");
+  assert.ok(batches > 0, "some events came batched in one message");
+  console.log(`console against the deployed shape: ok (${batches} batched messages)`);
 } finally {
   await browser.close();
 }

@@ -109,7 +109,7 @@ class Bus {
       this.backoff = 500;
       for (const key of this.subs.keys()) {
         const [stream, group] = key.split("|");
-        this.send({ type: "streamsubscribe", stream_name: stream, group_id: group || null });
+        this.send({ type: "streamsubscribe", stream_name: stream, group_id: group || null, batch: true });
       }
       router();
     } catch {
@@ -134,17 +134,26 @@ class Bus {
         if (msg.error) p.reject(msg.error); else p.resolve(msg.result ?? null);
         break;
       }
-      case "streamevent": {
-        for (const key of [`${msg.stream_name}|${msg.group_id}`, `${msg.stream_name}|`]) {
-          for (const fn of this.subs.get(key) || []) {
-            try { fn(msg); } catch (e) { console.error(e); }
-          }
+      case "streamevent": this.dispatch(msg); break;
+      case "streamevents": {
+        const events = Array.isArray(msg.events) ? msg.events : [];
+        for (const e of events) {
+          this.dispatch({ type: "streamevent", stream_name: msg.stream_name, group_id: msg.group_id, item_id: e && e.item_id, event: e && e.event });
         }
         break;
       }
       case "ping": this.send({ type: "pong" }); break;
       case "error": showError("bus", msg.error || msg); break;
       default: break;
+    }
+  }
+
+  // One stream event to the subscribers of its group and of every group.
+  dispatch(msg) {
+    for (const key of [`${msg.stream_name}|${msg.group_id}`, `${msg.stream_name}|`]) {
+      for (const fn of this.subs.get(key) || []) {
+        try { fn(msg); } catch (e) { console.error(e); }
+      }
     }
   }
 
@@ -172,7 +181,8 @@ class Bus {
     const key = `${stream}|${group || ""}`;
     if (!this.subs.has(key)) {
       this.subs.set(key, new Set());
-      this.ready.then(() => this.send({ type: "streamsubscribe", stream_name: stream, group_id: group || null }));
+      // `batch`: the deployed shape may post a write's events in one `streamevents` message.
+      this.ready.then(() => this.send({ type: "streamsubscribe", stream_name: stream, group_id: group || null, batch: true }));
     }
     this.subs.get(key).add(fn);
     return () => {
