@@ -198,7 +198,7 @@ impl Connections {
             event_type,
             data,
         };
-        Ok(self.post_event(&ids, &event).await)
+        Ok(self.post_all(posts_per_connection(&[(event, &ids)])).await)
     }
 
     /// Stored stream items, pushed by the Lambda that stored them once the write committed,
@@ -227,19 +227,25 @@ impl Connections {
             .iter()
             .map(|e| (*e, groups[&(e.stream, e.group)].as_slice()))
             .collect();
+        Ok(self.post_all(posts_per_connection(&addressed)).await)
+    }
+
+    /// Each connection's messages, in order (a gone connection gets no more) → how many posts
+    /// reached one. Best effort: a failed post is logged.
+    async fn post_all(&self, posts: Vec<(&str, Vec<Value>)>) -> usize {
         let mut reached = 0;
-        for (connection, messages) in posts_per_connection(&addressed) {
+        for (connection, messages) in posts {
             for message in messages {
                 match self.post(connection, &message).await {
                     Ok(true) => reached += 1,
                     Ok(false) => break,
                     Err(e) => {
-                        tracing::warn!(error = %e, connection = %connection, "stream events not pushed")
+                        tracing::warn!(error = %e, connection = %connection, "stream event not pushed")
                     }
                 }
             }
         }
-        Ok(reached)
+        reached
     }
 
     fn remember_subscribers(&self, stream: &str, group: &str, subs: Vec<Subscriber>) {
@@ -251,25 +257,6 @@ impl Connections {
             (stream.to_string(), group.to_string()),
             (Instant::now(), subs),
         );
-    }
-
-    /// One `streamevent` to each of `ids` → how many it reached.
-    async fn post_event(&self, ids: &[Recipient], event: &StreamEvent<'_>) -> usize {
-        if ids.is_empty() {
-            return 0;
-        }
-        let message = event.message();
-        let mut reached = 0;
-        for (id, _) in ids {
-            match self.post(id, &message).await {
-                Ok(true) => reached += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, connection = %id, stream = event.stream, "stream event not pushed")
-                }
-            }
-        }
-        reached
     }
 }
 
@@ -325,23 +312,40 @@ impl<'a> StreamEvent<'a> {
 pub fn posts_per_connection<'a>(
     addressed: &[(StreamEvent<'_>, &'a [Recipient])],
 ) -> Vec<(&'a str, Vec<Value>)> {
+    /// A run of events for one connection, and the bytes they take.
+    struct Run<'e> {
+        events: Vec<StreamEvent<'e>>,
+        bytes: usize,
+    }
     let mut order: Vec<&'a str> = Vec::new();
-    let mut runs: HashMap<&'a str, (bool, Vec<Vec<StreamEvent<'_>>>)> = HashMap::new();
+    let mut runs: HashMap<&'a str, (bool, Vec<Run<'_>>)> = HashMap::new();
     for (event, recipients) in addressed {
+        // Measured once, whoever it goes to (only a batch subscriber's runs need it).
+        let mut size = None;
         for (id, batch) in recipients.iter() {
             let (takes_batches, list) = runs.entry(id.as_str()).or_insert_with(|| {
                 order.push(id.as_str());
                 (*batch, Vec::new())
             });
-            let joins = *takes_batches
-                && list.last().is_some_and(|run: &Vec<StreamEvent<'_>>| {
-                    let same = run[0].stream == event.stream && run[0].group == event.group;
-                    let bytes: usize = run.iter().chain([event]).map(StreamEvent::size).sum();
-                    same && bytes <= BATCH_MAX_BYTES
-                });
+            let bytes = if *takes_batches {
+                *size.get_or_insert_with(|| event.size())
+            } else {
+                0
+            };
             match list.last_mut() {
-                Some(run) if joins => run.push(*event),
-                _ => list.push(vec![*event]),
+                Some(run)
+                    if *takes_batches
+                        && run.events[0].stream == event.stream
+                        && run.events[0].group == event.group
+                        && run.bytes + bytes <= BATCH_MAX_BYTES =>
+                {
+                    run.events.push(*event);
+                    run.bytes += bytes;
+                }
+                _ => list.push(Run {
+                    events: vec![*event],
+                    bytes,
+                }),
             }
         }
     }
@@ -351,9 +355,9 @@ pub fn posts_per_connection<'a>(
             let (_, list) = runs.remove(id).unwrap_or_default();
             let messages = list
                 .into_iter()
-                .map(|run| match run.as_slice() {
+                .map(|run| match run.events.as_slice() {
                     [one] => one.message(),
-                    _ => StreamEvent::batch_message(&run),
+                    events => StreamEvent::batch_message(events),
                 })
                 .collect();
             (id, messages)

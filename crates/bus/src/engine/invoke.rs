@@ -127,28 +127,15 @@ impl Engine {
             Route::Remote(outbox, callee) => {
                 let invocation_id = self.next_invocation_id();
                 let (tx, rx) = oneshot::channel();
-                lock(&self.pending).insert(
-                    invocation_id.clone(),
-                    PendingCall {
-                        callee,
-                        reply: Reply::Waiter(tx),
-                    },
-                );
-                let msg = Message::InvokeFunction(InvokeFunction {
-                    invocation_id: Some(invocation_id.clone()),
-                    function_id: function_id.to_string(),
-                    data,
-                    traceparent: ctx.traceparent(),
-                    baggage: ctx.baggage_header(),
-                    action: None,
-                    timeout_ms: None,
-                });
-                if outbox.send(Outbound::Text(msg.to_json())).is_err() {
-                    lock(&self.pending).remove(&invocation_id);
-                    return Err(ErrorBody::new(
-                        codes::INVOCATION_STOPPED,
-                        "the worker serving this call disconnected",
-                    ));
+                let waiter = PendingCall {
+                    callee,
+                    reply: Reply::Waiter(tx),
+                };
+                if self
+                    .forward(&outbox, &invocation_id, function_id, data, &ctx, waiter)
+                    .is_err()
+                {
+                    return Err(relay::callee_gone());
                 }
                 match tokio::time::timeout(timeout, rx).await {
                     Ok(Ok(r)) => r,

@@ -92,6 +92,14 @@ pub(super) async fn run_relay_sweeper(timers: Arc<RelayTimers>, engine: Weak<Eng
     }
 }
 
+/// The error of a call whose callee's connection went away.
+pub(super) fn callee_gone() -> ErrorBody {
+    ErrorBody::new(
+        codes::INVOCATION_STOPPED,
+        "the worker serving this call disconnected",
+    )
+}
+
 pub(super) fn timed_out(function_id: &str, timeout: Duration) -> ErrorBody {
     ErrorBody::new(
         codes::TIMEOUT,
@@ -169,45 +177,58 @@ impl Engine {
             .checked_add(timeout)
             .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
         let deadline = (at, self.call_seq.fetch_add(1, Ordering::Relaxed));
-        let forward = Message::InvokeFunction(InvokeFunction {
-            invocation_id: Some(pending_id.clone()),
-            function_id: inv.function_id.clone(),
-            data: inv.data,
+        let relay = PendingCall {
+            callee,
+            reply: Reply::Relay(Box::new(Relay {
+                outbox: caller_outbox.clone(),
+                invocation_id,
+                function_id: inv.function_id.clone(),
+                span,
+                deadline,
+                timeout,
+            })),
+        };
+        match self.forward(
+            &callee_outbox,
+            &pending_id,
+            &inv.function_id,
+            inv.data,
+            &ctx,
+            relay,
+        ) {
+            // Listed after the send: an answer that came first leaves a deadline whose call
+            // is gone, which the sweeper passes over.
+            Ok(()) => self.relay_timers.add(deadline, pending_id),
+            Err(Some(call)) => call.settle(self, Err(callee_gone())),
+            Err(None) => {}
+        }
+    }
+
+    /// Put `call` under `pending_id` and send `function_id`'s invocation to the connection
+    /// behind `outbox`. When that connection is gone, the entry is taken back (`Err`; `None`
+    /// when something else settled it meanwhile).
+    pub(super) fn forward(
+        &self,
+        outbox: &Outbox,
+        pending_id: &str,
+        function_id: &str,
+        data: Value,
+        ctx: &TraceContext,
+        call: PendingCall,
+    ) -> Result<(), Option<PendingCall>> {
+        lock(&self.pending).insert(pending_id.to_string(), call);
+        let msg = Message::InvokeFunction(InvokeFunction {
+            invocation_id: Some(pending_id.to_string()),
+            function_id: function_id.to_string(),
+            data,
             traceparent: ctx.traceparent(),
             baggage: ctx.baggage_header(),
             action: None,
             timeout_ms: None,
         });
-        let relay = Relay {
-            outbox: caller_outbox.clone(),
-            invocation_id,
-            function_id: inv.function_id,
-            span,
-            deadline,
-            timeout,
-        };
-        lock(&self.pending).insert(
-            pending_id.clone(),
-            PendingCall {
-                callee,
-                reply: Reply::Relay(Box::new(relay)),
-            },
-        );
-        self.relay_timers.add(deadline, pending_id.clone());
-        if callee_outbox
-            .send(Outbound::Text(forward.to_json()))
-            .is_err()
-        {
-            let call = lock(&self.pending).remove(&pending_id);
-            if let Some(call) = call {
-                call.settle(
-                    self,
-                    Err(ErrorBody::new(
-                        codes::INVOCATION_STOPPED,
-                        "the worker serving this call disconnected",
-                    )),
-                );
-            }
+        match outbox.send(Outbound::Text(msg.to_json())) {
+            Ok(_) => Ok(()),
+            Err(_) => Err(lock(&self.pending).remove(pending_id)),
         }
     }
 

@@ -101,13 +101,7 @@ impl Engine {
             ids.into_iter().filter_map(|k| pending.remove(&k)).collect()
         };
         for p in stopped {
-            p.settle(
-                self,
-                Err(ErrorBody::new(
-                    codes::INVOCATION_STOPPED,
-                    "the worker serving this call disconnected",
-                )),
-            );
+            p.settle(self, Err(super::relay::callee_gone()));
         }
     }
 
