@@ -349,6 +349,14 @@ async fn bad_input_gets_a_named_error_and_the_connection_stays_open() {
             r#"{"type":"workerregistered","worker_id":"me"}"#,
             "sent by the engine",
         ),
+        (
+            r#"{"type":"streamevents","stream_name":"s","group_id":"g","events":[]}"#,
+            "sent by the engine",
+        ),
+        (
+            r#"{"type":"streamsubscribe","stream_name":"s","batch":"yes"}"#,
+            "expected a boolean",
+        ),
     ];
     for (frame, expected) in cases {
         raw.send_text(frame).await;

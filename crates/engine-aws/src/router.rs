@@ -75,6 +75,18 @@ pub async fn load_access(token: &ConnectToken) -> Result<Access, String> {
     Ok(access)
 }
 
+/// A subscription's `batch` (absent: `false`), or the error naming what else it is.
+pub(crate) fn batch_of(msg: &Value) -> Result<bool, ErrorBody> {
+    match msg.get("batch") {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ErrorBody::invalid(format!(
+            "invalid `streamsubscribe` message: field `batch` expected a boolean, got {}",
+            bus::protocol::kind_of(other)
+        ))),
+    }
+}
+
 /// A (un)subscription that carries an `invocation_id` is answered like a call: each message
 /// runs in its own invocation here, in no set order, so a client that must be subscribed
 /// before it starts a turn (the doors Lambda) waits for this answer. Without the id, only a
@@ -407,6 +419,7 @@ impl AwsRouter {
     }
 
     /// `streamsubscribe` / `streamunsubscribe` from a connection → an error to send back, if any.
+    /// (A subscription's `batch`, when given, must be a boolean, as the embedded engine reads it.)
     async fn subscription(&self, connection: &str, msg: &Value, subscribe: bool) -> Option<Value> {
         let Some(stream) = msg["stream_name"].as_str().filter(|s| !s.is_empty()) else {
             return Some(
@@ -414,6 +427,13 @@ impl AwsRouter {
             );
         };
         let group = msg["group_id"].as_str();
+        let batch = match batch_of(msg) {
+            Ok(b) => b,
+            Err(e) if subscribe => {
+                return Some(json!({"type": "error", "error": e, "in_reply_to": msg["type"]}));
+            }
+            Err(_) => false,
+        };
         if subscribe && let Err(e) = self.principal(connection).await.may_subscribe(stream) {
             return Some(json!({"type": "error", "error": e, "in_reply_to": msg["type"]}));
         }
@@ -436,7 +456,7 @@ impl AwsRouter {
                     SUBSCRIPTION,
                     &id,
                     connection,
-                    json!({"connection_id": connection, "stream_name": stream, "group_id": group, "viewer": viewer, "batch": msg["batch"] == true}),
+                    json!({"connection_id": connection, "stream_name": stream, "group_id": group, "viewer": viewer, "batch": batch}),
                 )
                 .await
         } else {

@@ -244,3 +244,27 @@ fn a_subscription_with_an_id_is_acknowledged() {
     assert_eq!(acknowledged(&plain, None), None);
     assert_eq!(acknowledged(&plain, Some(refusal.clone())), Some(refusal));
 }
+
+/// A subscription's `batch` is a boolean or absent; anything else is refused by name, as the
+/// embedded engine refuses it.
+#[test]
+fn a_subscriptions_batch_must_be_a_boolean() {
+    let sub = |batch: Option<Value>| {
+        let mut m = json!({"type": "streamsubscribe", "stream_name": "agent::events"});
+        if let Some(b) = batch {
+            m["batch"] = b;
+        }
+        batch_of(&m)
+    };
+    assert_eq!(sub(None), Ok(false));
+    assert_eq!(sub(Some(json!(true))), Ok(true));
+    assert_eq!(sub(Some(json!(false))), Ok(false));
+    for bad in [json!("yes"), json!(1), json!(null), json!({"deep": [[[]]]})] {
+        let e = sub(Some(bad.clone())).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_MESSAGE, "{bad}");
+        assert!(
+            e.message.contains("`batch` expected a boolean"),
+            "{bad}: {e}"
+        );
+    }
+}
