@@ -9,6 +9,9 @@
 #[path = "../tests/shape/mod.rs"]
 mod shape;
 
+#[path = "../tests/common/otlp.rs"]
+mod otlp;
+
 use engine_gateway::aws::api_calls;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -68,7 +71,18 @@ async fn measure(
     ]}))
     .unwrap();
     let prefix = format!("bd{}-", engine_gateway::trace::random_hex(4));
-    let mut s = shape::bring_up_from(template, dir, &prefix, cassette, &[], &[]).await;
+    // `BENCH_TRACE=1`: every Lambda exports its spans to a collector here, and the bench
+    // prints where one tool call's time goes. A diagnosis, not the figures: each invocation
+    // then also flushes its spans before it returns.
+    let traced = match std::env::var("BENCH_TRACE").as_deref() {
+        Ok("1") => Some(otlp::collector().await),
+        _ => None,
+    };
+    let parameters: Vec<(&str, &str)> = traced
+        .iter()
+        .map(|(url, _)| ("OtlpEndpoint", url.as_str()))
+        .collect();
+    let mut s = shape::bring_up_from(template, dir, &prefix, cassette, &[], &parameters).await;
     // Every function warm first (cold starts are measured apart).
     s.start("warm", "warm up").await;
     s.wait_state("warm", &["stopped"]).await;
@@ -82,10 +96,17 @@ async fn measure(
     };
     let (calls0, inv0, polls0) = (counts(calls_dir), invocations(&s), s.polls);
     let emulated0 = api_calls::snapshot();
+    let root = engine_gateway::trace::TraceContext::new_root();
+    let traceparent = traced.as_ref().and_then(|_| root.traceparent());
     let t0 = Instant::now();
     // The template's run defaults stop a run at 12 model turns: this one needs K + 1.
-    s.start_with_payload("measured", "go", json!({"max_turns": k + 2}))
-        .await;
+    s.start_with_payload_in(
+        "measured",
+        "go",
+        json!({"max_turns": k + 2}),
+        traceparent.as_deref(),
+    )
+    .await;
     // Followed as a UI follows it, by its events: polling `turn::get_state` meanwhile would
     // keep a second orchestrator instance busy, and each step landing on the other one
     // misses that instance's history cache.
@@ -161,5 +182,111 @@ async fn measure(
             println!("{id} | {}", f.process_count());
         }
     }
+    if let Some((_, spans)) = &traced {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let spans: Vec<otlp::Exported> = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|sp| sp.trace_id == root.trace_id)
+            .cloned()
+            .collect();
+        where_the_time_goes(&spans, k);
+    }
     s.deployed.shutdown();
+}
+
+/// From one run's trace: time per tool call by span (summed over the run, nested spans
+/// counted in their parents too), and the timeline of one tool call in the middle of the
+/// run (from one model call's start to the next's), with the time no span covers.
+fn where_the_time_goes(spans: &[otlp::Exported], k: usize) {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let label = |sp: &otlp::Exported| match sp.attributes.get("rpc.method") {
+        Some(m) => format!("{} {m}", sp.name),
+        None => sp.name.clone(),
+    };
+    let mut by_name: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for sp in spans {
+        let e = by_name.entry((sp.service.clone(), label(sp))).or_default();
+        e.0 += 1;
+        e.1 += sp.end_ns.saturating_sub(sp.start_ns);
+    }
+    let mut rows: Vec<_> = by_name.into_iter().collect();
+    rows.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
+    let kf = k as f64;
+    println!(
+        "\n# where the time goes ({} spans in the run's trace)\n",
+        spans.len()
+    );
+    println!("service | span | per tool call | ms per tool call");
+    println!("--- | --- | --- | ---");
+    for ((service, name), (n, ns)) in rows.iter().take(40) {
+        println!(
+            "{service} | {name} | {:.2} | {:.1}",
+            *n as f64 / kf,
+            ms(*ns) / kf
+        );
+    }
+    let mut chats: Vec<&otlp::Exported> = spans
+        .iter()
+        .filter(|sp| {
+            sp.attributes
+                .get("gen_ai.operation.name")
+                .map(String::as_str)
+                == Some("chat")
+        })
+        .collect();
+    chats.sort_by_key(|sp| sp.start_ns);
+    if chats.len() < 3 {
+        println!("\n(fewer than 3 model calls traced: no timeline)");
+        return;
+    }
+    let i = chats.len() / 2;
+    let (from, to) = (chats[i].start_ns, chats[i + 1].start_ns);
+    let by_id: BTreeMap<&str, &otlp::Exported> =
+        spans.iter().map(|sp| (sp.span_id.as_str(), sp)).collect();
+    let depth = |sp: &otlp::Exported| {
+        let mut d = 0;
+        let mut at = sp;
+        while let Some(p) = by_id.get(at.parent_span_id.as_str())
+            && d < 64
+        {
+            d += 1;
+            at = p;
+        }
+        d
+    };
+    let mut window: Vec<&otlp::Exported> = spans
+        .iter()
+        .filter(|sp| sp.start_ns >= from && sp.start_ns < to)
+        .collect();
+    window.sort_by_key(|sp| sp.start_ns);
+    // The time inside the window that no span covers: waits between hops (a queue, a poll).
+    let mut covered = 0u64;
+    let mut reach = from;
+    for sp in &window {
+        let (a, b) = (sp.start_ns.max(reach), sp.end_ns.min(to));
+        if b > a {
+            covered += b - a;
+            reach = b;
+        }
+    }
+    println!(
+        "\n# one tool call's timeline (model call {i} to {}): {:.1} ms, {:.1} ms of it in no span\n",
+        i + 1,
+        ms(to - from),
+        ms((to - from).saturating_sub(covered))
+    );
+    println!("```");
+    for sp in window {
+        println!(
+            "{:>7.1} {:>6.1}  {}{} [{}]",
+            ms(sp.start_ns - from),
+            ms(sp.end_ns.saturating_sub(sp.start_ns)),
+            "  ".repeat(depth(sp).min(12)),
+            label(sp),
+            sp.service
+        );
+    }
+    println!("```");
 }

@@ -20,6 +20,9 @@ pub struct Exported {
     /// The OTLP attribute value types by key (`string`, `int`, `array`…).
     pub types: BTreeMap<String, &'static str>,
     pub kind: i32,
+    /// Start and end, nanoseconds since the Unix epoch.
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 fn text(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> (String, &'static str) {
@@ -164,6 +167,8 @@ pub async fn collector_with_metrics() -> (
                             attributes,
                             types,
                             kind: sp.kind,
+                            start_ns: sp.start_time_unix_nano,
+                            end_ns: sp.end_time_unix_nano,
                         });
                     }
                 }

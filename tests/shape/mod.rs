@@ -280,6 +280,17 @@ impl Shape {
 
     /// [`Shape::start`] with more of the run's payload (`max_turns`, …) than the defaults.
     pub async fn start_with_payload(&mut self, sid: &str, task: &str, extra: Value) {
+        self.start_with_payload_in(sid, task, extra, None).await;
+    }
+
+    /// [`Shape::start_with_payload`] from a position in a trace.
+    pub async fn start_with_payload_in(
+        &mut self,
+        sid: &str,
+        task: &str,
+        extra: Value,
+        traceparent: Option<&str>,
+    ) {
         self.ws
             .send(Message::text(
                 json!({"type": "streamsubscribe", "stream_name": "agent::events", "group_id": sid, "batch": true})
@@ -292,10 +303,11 @@ impl Shape {
             payload[k] = v.clone();
         }
         let started = self
-            .invoke(
+            .invoke_in(
                 "start",
                 "harness::trigger",
                 json!({"session_id": sid, "payload": payload}),
+                traceparent,
             )
             .await;
         assert!(started["error"].is_null(), "{started}");

@@ -647,6 +647,11 @@ pub fn serve_invoke_api_on(
         )
         .with_state(Arc::new(functions));
     let url = format!("http://{}", listener.local_addr()?);
+    // A response stream is many small writes: without TCP_NODELAY each one after the first
+    // waits for the caller's delayed ACK (40 ms on Linux), which Lambda's service does not add.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
+        let _ = s.set_nodelay(true);
+    });
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

@@ -304,6 +304,41 @@ impl<'a> StreamEvent<'a> {
     }
 }
 
+/// A [`StreamEvent`] that owns its parts, to be pushed after the call that made it has
+/// moved on (a Lambda's push queue).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedStreamEvent {
+    pub stream: String,
+    pub group: String,
+    pub item: String,
+    pub event_type: String,
+    pub data: Value,
+}
+
+impl OwnedStreamEvent {
+    /// A stored item's event (`existed`: whether the write replaced one, if known), taking
+    /// the item's parts.
+    pub fn stored(item: bus::stream_item::StreamItem, existed: Option<bool>) -> Self {
+        Self {
+            event_type: bus::stream_item::stored_event_type(existed).to_string(),
+            stream: item.stream_name,
+            group: item.group_id,
+            item: item.item_id,
+            data: item.data,
+        }
+    }
+
+    pub fn as_event(&self) -> StreamEvent<'_> {
+        StreamEvent {
+            stream: &self.stream,
+            group: &self.group,
+            item: &self.item,
+            event_type: &self.event_type,
+            data: &self.data,
+        }
+    }
+}
+
 /// What each connection is posted for a write's events (each with the connections allowed
 /// it), connections in the order first addressed, messages in the order written: one
 /// `streamevent` per event, or for a `batch` subscriber the events of one group in a row

@@ -113,6 +113,24 @@ pub fn context_for(target: Option<&SpanTarget>, position: &TraceContext) -> Opti
     )
 }
 
+/// The position of the call running now, kept to run work for it later (a background task
+/// finishing what the call started): the `tracing` spans of that work get the call's span
+/// as their parent and go to its target, as if the call had run it.
+#[derive(Clone, Debug)]
+pub struct CallPosition(Context);
+
+impl CallPosition {
+    /// Where the current task is now (outside any call: nowhere, and nothing is recorded).
+    pub fn current() -> Self {
+        Self(Context::current())
+    }
+
+    /// `work`, run at this position.
+    pub fn run<F: Future>(&self, work: F) -> opentelemetry::trace::WithContext<F> {
+        work.with_context(self.0.clone())
+    }
+}
+
 /// Run `work` in `cx` (from [`context_for`]), or as it is.
 pub fn run_in<F: Future>(
     cx: Option<Context>,

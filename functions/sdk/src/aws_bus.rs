@@ -9,7 +9,7 @@ use ::bus::protocol::ErrorBody;
 use ::bus::queue::{QueueBackend, QueueConfig, QueueMessage};
 use ::bus::state::WriteMeta;
 use async_trait::async_trait;
-use bus_aws::connections::StreamEvent;
+use bus_aws::connections::OwnedStreamEvent;
 use bus_aws::{AwsClients, AwsNames};
 use bus_telemetry::trace::{Span, TraceContext, now_ms};
 use serde_json::{Value, json};
@@ -32,9 +32,10 @@ pub struct AwsBus {
     /// writer ref is handed to (`InvokeWithResponseStream`; see
     /// `bus_aws::response_stream`).
     channels: ChannelHub,
-    /// `stream::send` pushes through the WebSocket API's management endpoint
-    /// (`WS_MANAGEMENT_ENDPOINT`); without one it answers with an error saying so.
-    connections: Option<bus_aws::connections::Connections>,
+    /// `stream::send` and stored stream items are pushed through the WebSocket API's
+    /// management endpoint (`WS_MANAGEMENT_ENDPOINT`), from a queue ([`crate::pushes`]);
+    /// without one `stream::send` answers with an error saying so.
+    pushes: Option<crate::pushes::Pushes>,
     /// OTLP export of this Lambda's spans (when configured), flushed before each invocation
     /// returns: a frozen Lambda process exports nothing.
     export: Option<bus_telemetry::telemetry::Export>,
@@ -62,7 +63,7 @@ impl AwsBus {
             queues: bus_aws::queues::SqsQueues::new(clients.clone(), names.clone()),
             names,
             channels: ChannelHub::default(),
-            connections: None,
+            pushes: None,
             clients,
             export,
             span_target,
@@ -72,10 +73,8 @@ impl AwsBus {
     /// Push `stream::send` events through the WebSocket API's management endpoint
     /// (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`).
     pub fn with_management_endpoint(mut self, endpoint: &str) -> Self {
-        self.connections = Some(bus_aws::connections::Connections::new(
-            &self.clients,
-            &self.names,
-            endpoint,
+        self.pushes = Some(crate::pushes::Pushes::new(
+            bus_aws::connections::Connections::new(&self.clients, &self.names, endpoint),
         ));
         self
     }
@@ -112,16 +111,18 @@ impl AwsBus {
             baggage: trace.baggage_header(),
             unwatched: false,
         };
-        if function_id == "state::transact" && self.connections.is_some() {
+        if function_id == "state::transact" && self.pushes.is_some() {
             // Its stream items are pushed from here once committed (see `push_stored`).
             let mut data = data;
             let (answer, items) = ::bus::state_api::transact(&self.state, &mut data, &meta)
                 .await
                 .map_err(BusError::from)?;
             // As the engine's built-in: whether an item was new is not known.
-            let events: Vec<StreamEvent<'_>> =
-                items.iter().map(|i| StreamEvent::stored(i, None)).collect();
-            self.push_stored(&events).await;
+            let events = items
+                .into_iter()
+                .map(|i| OwnedStreamEvent::stored(i, None))
+                .collect();
+            self.push_stored(events).await;
             return Ok(answer);
         }
         if ::bus::state_api::FUNCTIONS.contains(&function_id) {
@@ -168,15 +169,13 @@ impl AwsBus {
 
 impl AwsBus {
     /// Stored stream items → their group's subscribers, from the Lambda that stored them,
-    /// after the commit and in order (the stream router pushes nothing stored). Without the
-    /// management endpoint there is nobody to push to; a failed push is logged, the write
-    /// stands (a client reads what it missed with `stream::list`).
-    async fn push_stored(&self, events: &[StreamEvent<'_>]) {
-        let Some(connections) = &self.connections else {
-            return;
-        };
-        if let Err(e) = connections.push_stored(events).await {
-            tracing::warn!(error = %e, "stream subscriptions unreadable; stored items not pushed");
+    /// after the commit and in order (the stream router pushes nothing stored), queued to go
+    /// out while the call goes on ([`crate::pushes`]). Without the management endpoint there
+    /// is nobody to push to; a failed push is logged, the write stands (a client reads what
+    /// it missed with `stream::list`).
+    async fn push_stored(&self, events: Vec<OwnedStreamEvent>) {
+        if let Some(pushes) = &self.pushes {
+            pushes.stored(events).await;
         }
     }
 
@@ -236,12 +235,12 @@ impl AwsBus {
                     .map(|i| (i.scope.clone(), i.key.clone(), i.data.clone()))
                     .collect();
                 let existed = self.state.set_many(writes, meta).await?;
-                let events: Vec<StreamEvent<'_>> = items
-                    .iter()
+                let events = items
+                    .into_iter()
                     .zip(existed)
-                    .map(|(i, existed)| StreamEvent::stored(i, existed))
+                    .map(|(i, existed)| OwnedStreamEvent::stored(i, existed))
                     .collect();
-                self.push_stored(&events).await;
+                self.push_stored(events).await;
                 return Ok(serde_json::json!({ "count": count }));
             }
             let (scope, group) = stream_addr(data)?;
@@ -257,12 +256,12 @@ impl AwsBus {
                         .set(&scope, &format!("{group}\u{1}{item}"), value, None, meta)
                         .await?;
                     let new_value = out.new_value.unwrap_or(Value::Null);
-                    self.push_stored(&[StreamEvent {
-                        stream,
-                        group: &group,
-                        item: &item,
-                        event_type: stored_event_type(Some(out.old_value.is_some())),
-                        data: &new_value,
+                    self.push_stored(vec![OwnedStreamEvent {
+                        stream: stream.to_string(),
+                        group: group.clone(),
+                        item: item.clone(),
+                        event_type: stored_event_type(Some(out.old_value.is_some())).into(),
+                        data: new_value.clone(),
                     }])
                     .await;
                     Ok(serde_json::json!({"old_value": out.old_value, "new_value": new_value}))
@@ -283,12 +282,12 @@ impl AwsBus {
                         .delete(&scope, &format!("{group}\u{1}{item}"), None, meta)
                         .await?;
                     if let Some(old) = &out.old_value {
-                        self.push_stored(&[StreamEvent {
-                            stream,
-                            group: &group,
-                            item: &item,
-                            event_type: "delete",
-                            data: old,
+                        self.push_stored(vec![OwnedStreamEvent {
+                            stream: stream.to_string(),
+                            group: group.clone(),
+                            item: item.clone(),
+                            event_type: "delete".into(),
+                            data: old.clone(),
                         }])
                         .await;
                     }
@@ -311,7 +310,7 @@ impl AwsBus {
                     Ok(crate::fields([("items", Value::Array(items))]))
                 }
                 "stream::send" => {
-                    let Some(connections) = &self.connections else {
+                    let Some(pushes) = &self.pushes else {
                         return Err(ErrorBody::new(
                             "function_not_found",
                             "stream::send needs the WebSocket API's management endpoint: set WS_MANAGEMENT_ENDPOINT",
@@ -321,8 +320,14 @@ impl AwsBus {
                     let item = opt_str(data, "item_id")?.unwrap_or_default();
                     let value = data.get("data").cloned().unwrap_or(Value::Null);
                     ::bus::state::check_value_depth("`data`", &value)?;
-                    let reached = connections
-                        .send_stream_event(stream, &group, &item, &event_type, &value)
+                    let reached = pushes
+                        .send(OwnedStreamEvent {
+                            stream: stream.to_string(),
+                            group,
+                            item,
+                            event_type,
+                            data: value,
+                        })
                         .await
                         .map_err(|e| {
                             ErrorBody::new("storage_error", format!("stream subscriptions: {e}"))
@@ -446,6 +451,12 @@ impl Bus for AwsBus {
 
     fn span_target(&self) -> Option<&bus_telemetry::tracing_bridge::SpanTarget> {
         self.span_target.as_ref()
+    }
+
+    async fn flush_pushes(&self) {
+        if let Some(pushes) = &self.pushes {
+            pushes.drained().await;
+        }
     }
 
     async fn flush_telemetry(&self) {

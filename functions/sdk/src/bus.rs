@@ -59,6 +59,10 @@ pub trait Bus: Send + Sync {
     async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError>;
     /// Hand a finished span to the engine's trace store (and to this process's OTLP export).
     fn report_span(&self, span: Span);
+    /// Wait until what this process queued for clients went out (a bus that pushes stored
+    /// stream events itself, after the call that wrote them): a Lambda does before its
+    /// invocation returns, before [`Bus::flush_telemetry`] (the pushes have spans too).
+    async fn flush_pushes(&self) {}
     /// Export this process's spans now: a Lambda does before its invocation returns (its
     /// process may be frozen right after), a worker before it exits.
     async fn flush_telemetry(&self) {}

@@ -151,6 +151,10 @@ impl Bus for ColocatedBus {
         self.outside.report_span(span)
     }
 
+    async fn flush_pushes(&self) {
+        self.outside.flush_pushes().await
+    }
+
     async fn flush_telemetry(&self) {
         self.outside.flush_telemetry().await
     }

@@ -380,6 +380,7 @@ pub async fn run_lambda_with(
                 && event.payload.pointer("/requestContext/http").is_some()
             {
                 let answer = h(crate::Ctx::root(bus.clone()), event.payload).await;
+                bus.flush_pushes().await;
                 bus.flush_telemetry().await;
                 return Ok::<Answer, lambda_runtime::Error>(FunctionResponse::BufferedResponse(
                     answer,
@@ -393,6 +394,7 @@ pub async fn run_lambda_with(
             }
             let answer = handle_event(&worker, bus.clone(), event.payload, xray.as_deref()).await;
             // Before the answer: once it is sent, the service may freeze this process.
+            bus.flush_pushes().await;
             bus.flush_telemetry().await;
             Ok(FunctionResponse::BufferedResponse(answer))
         }
@@ -424,6 +426,7 @@ pub fn stream_envelope(
     let (mut out, body) = Body::channel();
     tokio::spawn(async move {
         let answer = stream_into(&mut out, &worker, bus.clone(), payload, xray_trace_id).await;
+        bus.flush_pushes().await;
         bus.flush_telemetry().await;
         let _ = out.send_data(answer_line(&answer).into()).await;
     });

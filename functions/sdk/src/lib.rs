@@ -15,6 +15,7 @@ pub mod examples;
 pub mod lambda;
 pub mod messages;
 pub mod owners;
+mod pushes;
 pub mod remote;
 pub mod span;
 pub mod worker;
@@ -119,6 +120,7 @@ pub async fn serve_main(worker: Worker) -> Result<(), Box<dyn std::error::Error 
     tracing::info!(worker = %name, url = %opts.url, "worker connected");
     tokio::signal::ctrl_c().await?;
     // Nothing recorded is lost at exit: the periodic export may not have come.
+    handle.bus().flush_pushes().await;
     handle.bus().flush_telemetry().await;
     Ok(())
 }

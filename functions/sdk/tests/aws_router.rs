@@ -572,6 +572,9 @@ async fn the_aws_engine_routes_calls_and_state_triggers_to_lambdas() {
         )
         .await
         .unwrap();
+    // The pushes went to this process's queue, in order; a Lambda waits for it before it
+    // answers, as here.
+    writer.bus().flush_pushes().await;
     let pushed: Vec<(String, Value)> = posts.lock().unwrap()[before..].to_vec();
     let to = |c: &str| -> Vec<Value> {
         pushed

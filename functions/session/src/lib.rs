@@ -128,7 +128,18 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         None | Some(Value::Null) => None,
         Some(names) => Some(peek_names(names)?),
     };
-    let stored = append_chain(&ctx, &sid, Parent::from_request(&data)?, inputs).await?;
+    let parent = Parent::from_request(&data)?;
+    // The peek reads beside the append, not after it: it reads the inboxes, which the
+    // append does not write, and a message that lands a moment after the read is seen at
+    // the next check, as it would be a moment after a later read.
+    let peeked = async {
+        match &peek {
+            Some(names) => Some(peek_first(&ctx, &sid, names).await),
+            None => None,
+        }
+    };
+    let (stored, peeked) = tokio::join!(append_chain(&ctx, &sid, parent, inputs), peeked);
+    let stored = stored?;
     let mut answer = fields([
         (
             "entry_ids",
@@ -137,15 +148,14 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         ("leaf_id", json!(stored.last().map(|s| s.0.id.clone()))),
         ("entries", stored.iter().map(stored_json).collect()),
     ]);
-    if let Some(names) = peek {
-        // The entries are stored: an inbox that cannot be read now leaves `inbox` out, and
-        // the caller peeks on its own.
-        match peek_first(&ctx, &sid, &names).await {
-            Ok(inbox) => answer["inbox"] = inbox,
-            Err(e) => {
-                tracing::warn!(session = %sid, error = %e.message, "inboxes not peeked after an append")
-            }
+    // An inbox that could not be read leaves `inbox` out (the entries are stored), and the
+    // caller peeks on its own.
+    match peeked {
+        Some(Ok(inbox)) => answer["inbox"] = inbox,
+        Some(Err(e)) => {
+            tracing::warn!(session = %sid, error = %e.message, "inboxes not peeked beside an append")
         }
+        None => {}
     }
     Ok(answer)
 }
