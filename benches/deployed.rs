@@ -194,6 +194,48 @@ async fn measure(
         where_the_time_goes(&spans, k);
     }
     s.deployed.shutdown();
+    remove_run(&s.clients, &prefix).await;
+}
+
+/// Delete the run's tables and queues: LocalStack slows as they pile up (each run's
+/// transactions took 3-5 times longer after about ten runs), and the next layout or run
+/// should meet the emulator as this one did.
+async fn remove_run(clients: &engine_gateway::aws::AwsClients, prefix: &str) {
+    let mut start: Option<String> = None;
+    loop {
+        let Ok(page) = clients
+            .dynamodb
+            .list_tables()
+            .set_exclusive_start_table_name(start.take())
+            .send()
+            .await
+        else {
+            break;
+        };
+        for table in page.table_names().iter().filter(|t| t.starts_with(prefix)) {
+            let _ = clients
+                .dynamodb
+                .delete_table()
+                .table_name(table)
+                .send()
+                .await;
+        }
+        match page.last_evaluated_table_name() {
+            Some(last) => start = Some(last.to_string()),
+            None => break,
+        }
+    }
+    if let Ok(queues) = clients
+        .sqs
+        .list_queues()
+        .queue_name_prefix(prefix)
+        .send()
+        .await
+    {
+        for url in queues.queue_urls() {
+            let _ = clients.sqs.delete_queue().queue_url(url).send().await;
+        }
+    }
 }
 
 /// From one run's trace: time per tool call by span (summed over the run, nested spans
@@ -226,6 +268,21 @@ fn where_the_time_goes(spans: &[otlp::Exported], k: usize) {
             *n as f64 / kf,
             ms(*ns) / kf
         );
+    }
+    // `BENCH_TRACE_START=1`: the run's first spans too (what its start costs).
+    if std::env::var("BENCH_TRACE_START").is_ok() {
+        let mut all: Vec<&otlp::Exported> = spans.iter().collect();
+        all.sort_by_key(|sp| sp.start_ns);
+        let t0 = all.first().map(|sp| sp.start_ns).unwrap_or(0);
+        for sp in all.iter().take(80) {
+            println!(
+                "{:>7.1} {:>6.1} {} [{}]",
+                ms(sp.start_ns - t0),
+                ms(sp.end_ns.saturating_sub(sp.start_ns)),
+                label(sp),
+                sp.service
+            );
+        }
     }
     let mut chats: Vec<&otlp::Exported> = spans
         .iter()

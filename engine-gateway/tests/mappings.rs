@@ -10,7 +10,8 @@ use crate::common;
 use engine_gateway::apigw_ws::RouteTarget;
 use engine_gateway::filter::FilterCriteria;
 use engine_gateway::mappings::{
-    QueueMapping, StreamMapping, deliver_queue_batch, deliver_stream_batch,
+    QueueMapping, StreamMapping, Unacked, deliver_queue_batch, deliver_stream_batch,
+    deliver_stream_batch_deferring,
 };
 use engine_gateway::queue::{QueueConfig, QueueMessage};
 use engine_gateway::state::WriteMeta;
@@ -477,6 +478,105 @@ async fn a_stream_mapping_invokes_only_for_what_its_filters_pass() {
         assert!(Instant::now() < deadline, "b3 never came");
     }
     assert_eq!(f.seen.lock().unwrap().len(), invocations);
+}
+
+/// A feed whose checkpoints are counted: how many records each `ack` covered.
+struct CountingAcks {
+    inner: std::sync::Arc<dyn engine_gateway::state::ChangeFeed>,
+    acks: Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl engine_gateway::state::ChangeFeed for CountingAcks {
+    async fn next_batch(
+        &self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<engine_gateway::state::ChangeRecord>, engine_gateway::state::StateError> {
+        self.inner.next_batch(max, wait).await
+    }
+    async fn ack(
+        &self,
+        records: &[engine_gateway::state::ChangeRecord],
+    ) -> Result<(), engine_gateway::state::StateError> {
+        self.acks.lock().unwrap().push(records.len());
+        self.inner.ack(records).await
+    }
+}
+
+/// A deferring delivery, repeated until a batch came → its records.
+async fn deliver_some(
+    feed: &CountingAcks,
+    f: &dyn RouteTarget,
+    m: &StreamMapping,
+    unacked: &mut Unacked,
+    every: Duration,
+) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = deliver_stream_batch_deferring(feed, f, m, unacked, every)
+            .await
+            .unwrap();
+        if n > 0 {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "nothing came");
+    }
+}
+
+/// A batch the filters drop entirely is not checkpointed on its own (the emulator's write,
+/// not AWS's): it goes with the next batch that reaches the function, or once the deferral
+/// is over; a batch that reaches the function is checkpointed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_batch_is_checkpointed_with_the_next_delivered_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = engine_gateway::server::backends(&common::options(dir.path()))
+        .await
+        .unwrap();
+    let feed = CountingAcks {
+        inner: b.changes.clone(),
+        acks: Mutex::default(),
+    };
+    let meta = WriteMeta::default();
+    let f = handles_all();
+    let m = stream_mapping(
+        Duration::from_millis(500),
+        Duration::ZERO,
+        FilterCriteria::parse(&[r#"{"dynamodb": {"Keys": {"scope": {"S": ["deferred-in"]}}}}"#])
+            .unwrap(),
+    );
+    let mut unacked = Unacked::default();
+    let hour = Duration::from_secs(3600);
+    let set = |scope: &'static str, key: &'static str| {
+        let (state, meta) = (b.state.clone(), meta.clone());
+        async move { state.set(scope, key, json!({}), None, &meta).await.unwrap() }
+    };
+    set("deferred-out", "x1").await;
+    set("deferred-out", "x2").await;
+    let mut dropped = 0;
+    while dropped < 2 {
+        dropped += deliver_some(&feed, &f, &m, &mut unacked, hour).await;
+    }
+    assert!(
+        feed.acks.lock().unwrap().is_empty(),
+        "a dropped batch waits"
+    );
+    assert!(f.seen.lock().unwrap().is_empty());
+    set("deferred-in", "y1").await;
+    assert_eq!(deliver_some(&feed, &f, &m, &mut unacked, hour).await, 1);
+    assert_eq!(*f.seen.lock().unwrap(), vec![vec!["y1"]]);
+    assert_eq!(
+        *feed.acks.lock().unwrap(),
+        vec![3],
+        "one checkpoint past the dropped records and the delivered one"
+    );
+    // Past the deferral, a dropped batch is checkpointed by itself.
+    set("deferred-out", "x3").await;
+    assert_eq!(
+        deliver_some(&feed, &f, &m, &mut unacked, Duration::ZERO).await,
+        1
+    );
+    assert_eq!(*feed.acks.lock().unwrap(), vec![3, 1]);
 }
 
 /// `MaximumBatchingWindowInSeconds`: records written while the window is open ride in the

@@ -17,7 +17,10 @@
 //!   (logged) so the stream moves on. Each record is acknowledged once handled.
 //! - **Filters** (`FilterCriteria`, [`crate::filter`]): a record no filter passes never reaches
 //!   the function; a filtered stream record is checkpointed past, a filtered queue message
-//!   deleted, as AWS does. A queue record's `body` is matched as JSON when it is a JSON object.
+//!   deleted, as AWS does. A batch the filters drop entirely is checkpointed with the next
+//!   batch that reaches the function, or after [`CHECKPOINT_EVERY`] (the checkpoint is this
+//!   emulator's own write, which AWS's mapping does not make in the account): a restart in
+//!   between reads those records again and drops them again. A queue record's `body` is matched as JSON when it is a JSON object.
 
 use crate::apigw_ws::RouteTarget;
 use crate::filter::FilterCriteria;
@@ -175,11 +178,39 @@ pub struct StreamMapping {
     pub filter: FilterCriteria,
 }
 
-/// Deliver what the feed has (one batch, fully handled) → how many records.
+/// How long a stream mapping leaves the records its filters dropped without a checkpoint.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+
+/// Most dropped records whose checkpoint waits (past it, the checkpoint is written).
+const DEFERRED_MAX: usize = 1024;
+
+/// What a running stream mapping has handed out but not checkpointed: records its filters
+/// dropped (positions only), since `since`.
+#[derive(Debug, Default)]
+pub struct Unacked {
+    records: Vec<ChangeRecord>,
+    since: Option<tokio::time::Instant>,
+}
+
+/// Deliver what the feed has (one batch, fully handled, checkpointed) → how many records.
 pub async fn deliver_stream_batch(
     feed: &dyn ChangeFeed,
     target: &dyn RouteTarget,
     m: &StreamMapping,
+) -> Result<usize, String> {
+    let mut unacked = Unacked::default();
+    let n = deliver_stream_batch_deferring(feed, target, m, &mut unacked, Duration::ZERO).await?;
+    Ok(n)
+}
+
+/// [`deliver_stream_batch`], leaving a batch the filters dropped entirely in `unacked` until
+/// a batch reaches the function or `every` has passed.
+pub async fn deliver_stream_batch_deferring(
+    feed: &dyn ChangeFeed,
+    target: &dyn RouteTarget,
+    m: &StreamMapping,
+    unacked: &mut Unacked,
+    every: Duration,
 ) -> Result<usize, String> {
     let max = m.batch_size.max(1);
     let mut records = feed
@@ -187,6 +218,9 @@ pub async fn deliver_stream_batch(
         .await
         .map_err(|e| format!("stream of {}: {e}", m.table))?;
     if records.is_empty() {
+        if unacked.since.is_some_and(|t| t.elapsed() >= every) {
+            ack(feed, m, unacked, &[]).await?;
+        }
         return Ok(0);
     }
     let window_ends = tokio::time::Instant::now() + m.batching_window;
@@ -207,6 +241,19 @@ pub async fn deliver_stream_batch(
         || dynamodb_event(&records, &m.table),
         |r| Cow::Borrowed(r),
     );
+    if keep.iter().all(|k| !*k) {
+        // Nothing for the function: its checkpoint can wait (positions only are kept).
+        unacked.records.extend(records.iter().map(|r| ChangeRecord {
+            old_value: None,
+            new_value: None,
+            ..r.clone()
+        }));
+        let since = *unacked.since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() >= every || unacked.records.len() >= DEFERRED_MAX {
+            ack(feed, m, unacked, &[]).await?;
+        }
+        return Ok(records.len());
+    }
     if keep.iter().all(|k| *k) {
         deliver_records(target, m, &records).await;
     } else {
@@ -219,10 +266,26 @@ pub async fn deliver_stream_batch(
         deliver_records(target, m, &passed).await;
     }
     // Filtered records are checkpointed past with the delivered ones.
-    feed.ack(&records)
-        .await
-        .map_err(|e| format!("checkpoint of {}: {e}", m.table))?;
+    ack(feed, m, unacked, &records).await?;
     Ok(records.len())
+}
+
+/// Checkpoint past what waited in `unacked` and `records` (in that order), in one ack.
+async fn ack(
+    feed: &dyn ChangeFeed,
+    m: &StreamMapping,
+    unacked: &mut Unacked,
+    records: &[ChangeRecord],
+) -> Result<(), String> {
+    let done = if unacked.records.is_empty() {
+        feed.ack(records).await
+    } else {
+        let mut all = std::mem::take(&mut unacked.records);
+        all.extend_from_slice(records);
+        feed.ack(&all).await
+    };
+    unacked.since = None;
+    done.map_err(|e| format!("checkpoint of {}: {e}", m.table))
 }
 
 /// Deliver `records` in order until each succeeded or was skipped after its retries.
@@ -283,8 +346,17 @@ pub async fn run_stream_mapping(
     target: Arc<dyn RouteTarget>,
     m: StreamMapping,
 ) {
+    let mut unacked = Unacked::default();
     loop {
-        if let Err(e) = deliver_stream_batch(feed.as_ref(), target.as_ref(), &m).await {
+        let delivered = deliver_stream_batch_deferring(
+            feed.as_ref(),
+            target.as_ref(),
+            &m,
+            &mut unacked,
+            CHECKPOINT_EVERY,
+        )
+        .await;
+        if let Err(e) = delivered {
             tracing::warn!(table = %m.table, error = %e, "stream mapping");
             tokio::time::sleep(Duration::from_secs(1)).await;
         }

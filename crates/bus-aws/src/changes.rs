@@ -13,7 +13,12 @@ use super::{AwsClients, AwsNames, err_code, err_text};
 use bus::state::{ChangeFeed, ChangeKind, ChangeRecord, StateError, is_reserved_scope};
 
 const REFRESH_EVERY: Duration = Duration::from_secs(2);
+/// How often the engine's own feed (state triggers) polls an idle shard.
 const POLL_EVERY: Duration = Duration::from_millis(100);
+/// How often an event-source mapping polls an idle shard: "Lambda polls shards in your
+/// DynamoDB stream for records at a base rate of 4 times per second" (the Lambda developer
+/// guide, "Using AWS Lambda with Amazon DynamoDB", Polling and batching streams).
+pub const MAPPING_POLL_EVERY: Duration = Duration::from_millis(250);
 const SEP: char = '\u{1}';
 
 #[derive(Default)]
@@ -43,6 +48,8 @@ pub struct StreamsFeed {
     every_record: bool,
     /// Whose checkpoints these are, when not the engine's.
     consumer: Option<String>,
+    /// How long an idle read waits before it polls the shards again.
+    poll_every: Duration,
 }
 
 fn storage(e: impl std::fmt::Display) -> StateError {
@@ -70,15 +77,18 @@ impl StreamsFeed {
             inner: tokio::sync::Mutex::new(Inner::default()),
             every_record: false,
             consumer: None,
+            poll_every: POLL_EVERY,
         }
     }
 
     /// The feed an event-source mapping to the stream router reads: every record of the
-    /// table's stream (the mapping's `FilterCriteria` picks), checkpointed under `consumer`.
+    /// table's stream (the mapping's `FilterCriteria` picks), checkpointed under `consumer`,
+    /// an idle shard polled at Lambda's rate ([`MAPPING_POLL_EVERY`]).
     pub fn for_stream_router(clients: AwsClients, names: &AwsNames, consumer: &str) -> Self {
         Self {
             every_record: true,
             consumer: Some(consumer.to_string()),
+            poll_every: MAPPING_POLL_EVERY,
             ..Self::new(clients, names)
         }
     }
@@ -321,8 +331,11 @@ impl ChangeFeed for StreamsFeed {
             if Instant::now() >= deadline {
                 return Ok(Vec::new());
             }
-            tokio::time::sleep(POLL_EVERY.min(deadline.saturating_duration_since(Instant::now())))
-                .await;
+            tokio::time::sleep(
+                self.poll_every
+                    .min(deadline.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 
