@@ -552,6 +552,9 @@ async function viewSession(view, sid) {
     }
   }
 
+  // One message as stored and as an event carries it: its role, time and text are the same.
+  const sameMessage = (a, b) => a.role === b.role && a.timestamp === b.timestamp &&
+    JSON.stringify(a.content) === JSON.stringify(b.content);
   let refetch = null;
   const soon = () => { if (!refetch) refetch = setTimeout(async () => { refetch = null; await loadHistory(); render(); }, 80); };
   onCleanup(() => clearTimeout(refetch));
@@ -562,8 +565,11 @@ async function viewSession(view, sid) {
     switch (data.type) {
       case "message_update": streaming = data.message; render(); break;
       // The final message stays on screen until the stored history (fetched next) has it.
+      // A fetch can come back with it before its event arrives (the message is stored in the
+      // session before the step's events go out): then it is not added twice.
       case "message_complete":
-        if (data.message && data.message.role === "assistant") history = history.concat([data.message]);
+        if (data.message && data.message.role === "assistant" && !history.some((m) => sameMessage(m, data.message)))
+          history = history.concat([data.message]);
         streaming = null; render(); soon(); break;
       case "function_execution_start": case "function_execution_end": case "approval_applied": apply(data); render(); break;
       case "turn_state_changed": turn = data.new_value; render(); break;

@@ -599,17 +599,27 @@ pub mod session_tree {
         /// whether a steering message came takes no call of its own.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub peek_inboxes: Option<Vec<String>>,
+        /// Answer the model context at the new leaf as `messages`, as `session-tree::messages`
+        /// does: a run's first append continues a history it has not read yet, in one call.
+        /// Without `parent_id` the context at the current leaf is read first, and the entries
+        /// go there.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub with_messages: bool,
     }
     #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
     pub struct AppendBatchAnswer {
         pub entry_ids: Vec<String>,
         pub leaf_id: Option<String>,
         pub entries: Vec<StoredEntry>,
-        /// With `peek_inboxes`: the peek's answer, read after the entries were stored. Absent
-        /// from a worker that does not know the field, or that could not read the inboxes
-        /// (the caller then peeks itself).
+        /// With `peek_inboxes`: the peek's answer, read beside the append. Absent from a
+        /// worker that does not know the field, or that could not read the inboxes (the
+        /// caller then peeks itself).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub inbox: Option<super::inbox::ItemsAnswer>,
+        /// With `with_messages`: the model context at the new leaf. Absent from a worker
+        /// that does not know the field (the caller then reads it itself).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub messages: Option<MessagesAnswer>,
     }
 
     /// The model context of a branch: leaf → root, compaction applied.

@@ -128,7 +128,23 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         None | Some(Value::Null) => None,
         Some(names) => Some(peek_names(names)?),
     };
-    let parent = Parent::from_request(&data)?;
+    let with_messages = match data.get("with_messages") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ErrorBody::invalid("`with_messages` must be a boolean")),
+    };
+    let mut parent = Parent::from_request(&data)?;
+    // Entries that attach at the current leaf: the context there is read first, and its leaf
+    // is where they go (one read, which also finds the leaf).
+    let mut before = None;
+    if with_messages {
+        visible(&ctx, &sid).await?;
+        if matches!(parent, Parent::Leaf) {
+            let (leaf, path, context) = context_of(&ctx, &sid, None).await?;
+            parent = leaf.clone().map_or(Parent::Root, Parent::Id);
+            before = Some((leaf, path.len(), context));
+        }
+    }
     // The peek reads beside the append, not after it: it reads the inboxes, which the
     // append does not write, and a message that lands a moment after the read is seen at
     // the next check, as it would be a moment after a later read.
@@ -148,6 +164,9 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         ("leaf_id", json!(stored.last().map(|s| s.0.id.clone()))),
         ("entries", stored.iter().map(stored_json).collect()),
     ]);
+    if with_messages {
+        answer["messages"] = context_after(&ctx, &sid, before, &stored).await?;
+    }
     // An inbox that could not be read leaves `inbox` out (the entries are stored), and the
     // caller peeks on its own.
     match peeked {
@@ -158,6 +177,50 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         None => {}
     }
     Ok(answer)
+}
+
+/// `append_batch`'s `messages`: the model context at the new leaf, as `session-tree::messages`
+/// answers it. The context read before the append, with the stored entries' messages after
+/// it; read again when there was none, when an entry changes more than its own message (a
+/// compaction), or when an entry was there already (a retried append: the context read
+/// before may hold it).
+async fn context_after(
+    ctx: &Ctx,
+    sid: &str,
+    before: Option<(
+        Option<String>,
+        usize,
+        Vec<(String, harness_sdk::messages::AgentMessage)>,
+    )>,
+    stored: &[(Entry, bool)],
+) -> Result<Value, ErrorBody> {
+    let extends = stored
+        .iter()
+        .all(|(e, created)| *created && !matches!(e.body, EntryBody::Compaction { .. }));
+    let (leaf, path_length, context) = match before {
+        Some((leaf, path_length, mut context)) if extends => {
+            context.extend(
+                stored
+                    .iter()
+                    .filter_map(|(e, _)| tree::entry_message(e).map(|m| (e.id.clone(), m))),
+            );
+            let leaf = stored.last().map(|(e, _)| e.id.clone()).or(leaf);
+            (leaf, path_length + stored.len(), context)
+        }
+        _ => {
+            let leaf = stored.last().map(|(e, _)| e.id.as_str());
+            let (leaf, path, context) = context_of(ctx, sid, leaf).await?;
+            (leaf, path.len(), context)
+        }
+    };
+    let (entry_ids, messages) = context.into_iter().unzip();
+    Ok(json!(session_tree::MessagesAnswer {
+        session_id: sid.to_string(),
+        leaf_id: leaf,
+        path_length: path_length as u64,
+        entry_ids,
+        messages,
+    }))
 }
 
 /// The path to `leaf_id` (default: the current leaf) and its model context.

@@ -558,7 +558,7 @@ async fn one_peek_finds_the_first_inbox_with_items_among_several() {
 /// without the field the answer has no `inbox`; a bad list is refused before anything is
 /// stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_append_can_peek_the_inboxes_after_storing() {
+async fn an_append_can_peek_the_inboxes_beside_storing() {
     let client_store = store().await;
     let ctx = client_store.client.ctx();
     let append = |id: &str, peek: Option<Value>| {
@@ -603,6 +603,89 @@ async fn an_append_can_peek_the_inboxes_after_storing() {
         .await
         .unwrap();
     assert_eq!(m["entry_ids"], json!(["e1", "e2", "e3"]));
+}
+
+/// `with_messages`: the append answers the model context at its new leaf, as
+/// `session-tree::messages` would, the first time and when it runs again (a retried step,
+/// whose entries exist: no message twice); without `parent_id` the entries go to the current
+/// leaf; a compaction in the context is applied; a non-boolean is refused, nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_can_answer_the_history_it_continues() {
+    let client_store = store().await;
+    let ctx = client_store.client.ctx();
+    let batch = |ids: &[&str], extra: Value| {
+        let ctx = ctx.clone();
+        let entries: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "message": user(id)}))
+            .collect();
+        let mut req = json!({"session_id": "wm", "entries": entries});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            req[k] = v.clone();
+        }
+        async move { ctx.trigger("session-tree::append_batch", req).await }
+    };
+    let messages = |leaf: Option<&str>| {
+        let ctx = ctx.clone();
+        let req = json!({"session_id": "wm", "leaf_id": leaf});
+        async move { ctx.trigger("session-tree::messages", req).await.unwrap() }
+    };
+    ctx.trigger("session-tree::create", json!({"session_id": "wm"}))
+        .await
+        .unwrap();
+    // An empty session: the entries start a root, and the context is theirs.
+    let r = batch(&["u1", "u2"], json!({"with_messages": true}))
+        .await
+        .unwrap();
+    assert_eq!(r["messages"], messages(None).await, "{r}");
+    assert_eq!(texts(&r["messages"]), ["u1", "u2"]);
+    assert_eq!(r["messages"]["leaf_id"], "u2");
+    // At the current leaf, without naming it.
+    let r = batch(&["u3"], json!({"with_messages": true}))
+        .await
+        .unwrap();
+    assert_eq!(r["messages"], messages(None).await);
+    assert_eq!(texts(&r["messages"]), ["u1", "u2", "u3"]);
+    assert_eq!(r["messages"]["path_length"], 3);
+    // The same append again (a retried step): the stored entry, not a second copy.
+    let again = batch(&["u3"], json!({"with_messages": true}))
+        .await
+        .unwrap();
+    assert_eq!(again["entries"][0]["created"], false, "{again}");
+    assert_eq!(texts(&again["messages"]), ["u1", "u2", "u3"]);
+    // A named parent (a branch): the context of the branch.
+    let r = batch(&["b1"], json!({"with_messages": true, "parent_id": "u1"}))
+        .await
+        .unwrap();
+    assert_eq!(r["messages"], messages(Some("b1")).await);
+    assert_eq!(texts(&r["messages"]), ["u1", "b1"]);
+    // After a compaction, the summary stands for what it replaced.
+    ctx.trigger(
+        "session-tree::append",
+        json!({"session_id": "wm", "parent_id": "u3", "entry": {"type": "compaction", "id": "c1", "summary": "earlier", "tail_start_id": "u3", "tokens_before": 10}}),
+    )
+    .await
+    .unwrap();
+    let r = batch(&["u4"], json!({"with_messages": true, "parent_id": "c1"}))
+        .await
+        .unwrap();
+    assert_eq!(r["messages"], messages(Some("u4")).await);
+    assert_eq!(r["messages"]["entry_ids"], json!(["c1", "u3", "u4"]));
+    // Without the flag, no history; a bad flag is refused by name and stores nothing.
+    let r = batch(&["u5"], json!({"parent_id": "u4"})).await.unwrap();
+    assert!(r.get("messages").is_none(), "{r}");
+    for bad in [json!("yes"), json!(1), json!({})] {
+        let e = batch(
+            &["u6"],
+            json!({"with_messages": bad.clone(), "parent_id": "u5"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), "invalid_message", "{bad}: {e}");
+        assert!(e.message().contains("with_messages"), "{bad}: {e}");
+    }
+    let last = messages(None).await;
+    assert_eq!(last["leaf_id"], "u5", "{last}");
 }
 
 /// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once

@@ -282,7 +282,37 @@ pub(crate) async fn append_history(
     messages: Vec<AgentMessage>,
     tag: &str,
 ) -> StepResult<Vec<AgentMessage>> {
-    append(ctx, rec, messages, tag, false).await
+    append(ctx, rec, messages, tag, Then::Nothing).await
+}
+
+/// A run's first append: its messages at the session's current leaf, with the history they
+/// continue answered by the same call (`with_messages`). A read before it would be a second
+/// session call right behind this one, which finds the session's Lambda not yet free again
+/// (it is busy until it asks for its next event) and starts another instance, whose
+/// remembered appends the run's later appends then miss every other time. A session worker
+/// that does not know the field answers without the history, which is then read.
+pub(crate) async fn append_history_continuing(
+    ctx: &Ctx,
+    rec: &mut Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+) -> StepResult<()> {
+    if !rec.tree {
+        rec.messages.extend(messages);
+        return Ok(());
+    }
+    append(ctx, rec, messages, tag, Then::ReadHistory).await?;
+    Ok(())
+}
+
+/// What an append does besides storing.
+#[derive(Clone, Copy, PartialEq)]
+enum Then {
+    Nothing,
+    /// Peek the inboxes (`rec.peeked_inbox`).
+    Peek,
+    /// Attach at the session's current leaf and bring back the history there.
+    ReadHistory,
 }
 
 /// [`append_history`] for the append that ends a step before its steering check: the same
@@ -294,7 +324,7 @@ pub(crate) async fn append_history_then_peek(
     messages: Vec<AgentMessage>,
     tag: &str,
 ) -> StepResult<Vec<AgentMessage>> {
-    append(ctx, rec, messages, tag, true).await
+    append(ctx, rec, messages, tag, Then::Peek).await
 }
 
 async fn append(
@@ -302,8 +332,9 @@ async fn append(
     rec: &mut Record,
     messages: Vec<AgentMessage>,
     tag: &str,
-    peek: bool,
+    then: Then,
 ) -> StepResult<Vec<AgentMessage>> {
+    let (peek, continuing) = (then == Then::Peek, then == Then::ReadHistory);
     if !rec.tree {
         rec.messages.extend(messages.iter().cloned());
         return Ok(messages);
@@ -339,9 +370,10 @@ async fn append(
                 },
             })
             .collect(),
-        // The run's leaf; none yet: a new root.
-        parent_id: Some(json!(rec.tree_leaf)),
+        // The run's leaf; none yet: a new root (continuing: the session's current leaf).
+        parent_id: (!continuing).then(|| json!(rec.tree_leaf)),
         peek_inboxes: peek.then(|| INBOXES.iter().map(|n| n.to_string()).collect()),
+        with_messages: continuing,
     };
     let mut out = ctx
         .trigger(session_tree::APPEND_BATCH, json!(request))
@@ -353,20 +385,51 @@ async fn append(
             .and_then(|v| contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, v).ok())
             .and_then(first_of);
     }
+    let context = match out.get_mut("messages").map(Value::take) {
+        Some(v) if continuing && !v.is_null() => Some(
+            contracts::parse::<session_tree::MessagesAnswer>(session_tree::APPEND_BATCH, v)
+                .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?,
+        ),
+        _ => None,
+    };
     let (leaf_id, stored) = read_appended(out, sent)?;
-    let old_leaf = rec.tree_leaf.take();
-    rec.tree_leaf = leaf_id;
-    if let Some(new_leaf) = &rec.tree_leaf {
-        let _ =
-            CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
-        RecentAppend::keep(
-            &mut rec.recent_appends,
-            RecentAppend {
-                from: old_leaf,
-                to: new_leaf.clone(),
-                messages: stored.clone(),
-            },
-        );
+    if continuing {
+        // Where the entries attached is not known here: the history at the new leaf is
+        // cached whole, and the record's note of this append names no start.
+        rec.tree_leaf = leaf_id;
+        match (context, rec.tree_leaf.clone()) {
+            (Some(context), Some(leaf)) => {
+                let history: History = Arc::new(context.messages);
+                let _ = CACHE.try_with(|c| c.put(&rec.session_id, &leaf, history));
+                RecentAppend::keep(
+                    &mut rec.recent_appends,
+                    RecentAppend {
+                        from: None,
+                        to: leaf,
+                        messages: stored.clone(),
+                    },
+                );
+            }
+            (Some(_), None) => {}
+            (None, _) => {
+                history_fresh(ctx, rec).await?;
+            }
+        }
+    } else {
+        let old_leaf = rec.tree_leaf.take();
+        rec.tree_leaf = leaf_id;
+        if let Some(new_leaf) = &rec.tree_leaf {
+            let _ = CACHE
+                .try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+            RecentAppend::keep(
+                &mut rec.recent_appends,
+                RecentAppend {
+                    from: old_leaf,
+                    to: new_leaf.clone(),
+                    messages: stored.clone(),
+                },
+            );
+        }
     }
     let mut stored = stored.into_iter();
     if held_back {

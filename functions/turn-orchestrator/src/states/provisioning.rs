@@ -91,10 +91,9 @@ pub(crate) async fn provisioning(
         }
     }
     rec.budget_ids = budgets;
-    // Resume from the session's current leaf, then add this run's messages.
+    // This run's messages at the session's current leaf, the history read in the same call.
     if rec.tree {
-        history_fresh(ctx, rec).await?;
-        append_history(ctx, rec, req.messages.clone(), "u").await?;
+        append_history_continuing(ctx, rec, req.messages.clone(), "u").await?;
     }
     Ok(Outcome::Provisioned)
 }
