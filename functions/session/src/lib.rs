@@ -179,6 +179,13 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
     Ok(answer)
 }
 
+/// A model context read at a leaf: the leaf, the path's length, each message with its entry.
+type ContextAt = (
+    Option<String>,
+    usize,
+    Vec<(String, harness_sdk::messages::AgentMessage)>,
+);
+
 /// `append_batch`'s `messages`: the model context at the new leaf, as `session-tree::messages`
 /// answers it. The context read before the append, with the stored entries' messages after
 /// it; read again when there was none, when an entry changes more than its own message (a
@@ -187,11 +194,7 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
 async fn context_after(
     ctx: &Ctx,
     sid: &str,
-    before: Option<(
-        Option<String>,
-        usize,
-        Vec<(String, harness_sdk::messages::AgentMessage)>,
-    )>,
+    before: Option<ContextAt>,
     stored: &[(Entry, bool)],
 ) -> Result<Value, ErrorBody> {
     let extends = stored
