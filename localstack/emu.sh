@@ -95,6 +95,7 @@ start() {
     SKIP_SSL_CERT_DOWNLOAD=1 DISABLE_EVENTS=1 \
     SERVICES=dynamodb,dynamodbstreams,sqs,secretsmanager,iam,sts \
     PROVIDER_OVERRIDE_DYNAMODB=v2 PROVIDER_OVERRIDE_DYNAMODBSTREAMS=v2 \
+    DYNAMODB_IN_MEMORY=1 DYNAMODB_HEAP_SIZE=1g \
       nohup "$VENV/bin/python" -m localstack.runtime.main > "$LOG" 2>&1 &
   fi
   echo $! > "$PIDFILE"
