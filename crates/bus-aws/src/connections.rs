@@ -204,8 +204,10 @@ impl Connections {
     /// Stored stream items, pushed by the Lambda that stored them once the write committed,
     /// in the order written (as the embedded engine pushes them): so a client gets a step's
     /// stored events after the token deltas the same Lambda posted before them. The
-    /// subscriptions are read fresh, once per call: a client that subscribed a moment ago
-    /// gets every stored event (the read also refreshes what `stream::send` reuses). A
+    /// subscriptions are read fresh, once per call (a Lambda's push queue makes one call for
+    /// writes queued behind each other, after all of them committed): a client that
+    /// subscribed a moment ago gets every stored event (the read also refreshes what
+    /// `stream::send` reuses). A
     /// client that subscribed with `batch` gets a write's events of one group in one
     /// `streamevents` post (several when they pass [`BATCH_MAX_BYTES`]). → how many posts
     /// reached a connection. Best effort: a failed post is logged.
