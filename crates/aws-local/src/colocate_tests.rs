@@ -192,3 +192,29 @@ fn references_to_a_member_name_its_group() {
         json!({"Ref": "G", "x": [{"Fn::GetAtt": ["G", "Arn"]}, {"Fn::Sub": "${G.Arn} ${G} ${AB}"}]})
     );
 }
+
+#[test]
+fn a_layouts_bootstrap_features_are_its_members_binaries() {
+    assert_eq!(
+        bootstrap_features(&layout(CORE).unwrap()),
+        [
+            "turn-orchestrator",
+            "harness-worker",
+            "session",
+            "llm-budget",
+            "hook-fanout",
+            "auth-credentials",
+            "models-catalog"
+        ]
+    );
+    // Two groups share the bootstrap: the union; `policy` and `harness` are one binary.
+    let two = layout(
+        "lambda:\n  colocate:\n    a: [policy, harness]\n    b: [directory, context-compaction]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        bootstrap_features(&two),
+        ["harness-worker", "directory", "context-compaction"]
+    );
+    assert!(bootstrap_features(&LambdaLayout::default()).is_empty());
+}

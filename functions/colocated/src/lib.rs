@@ -9,7 +9,8 @@
 
 use harness_sdk::Worker;
 
-/// The workers this bootstrap can serve, by their binaries' names.
+/// The workers this bootstrap can serve, by their binaries' names (each a cargo feature of
+/// the same name, all on by default; [`built`] says which this build has).
 pub const WORKERS: &[&str] = &[
     "turn-orchestrator",
     "harness-worker",
@@ -22,6 +23,25 @@ pub const WORKERS: &[&str] = &[
     "directory",
     "context-compaction",
 ];
+
+/// The workers this build serves: its features' ([`WORKERS`] in a default build).
+pub fn built() -> Vec<&'static str> {
+    [
+        ("turn-orchestrator", cfg!(feature = "turn-orchestrator")),
+        ("harness-worker", cfg!(feature = "harness-worker")),
+        ("approval-gate", cfg!(feature = "approval-gate")),
+        ("session", cfg!(feature = "session")),
+        ("llm-budget", cfg!(feature = "llm-budget")),
+        ("hook-fanout", cfg!(feature = "hook-fanout")),
+        ("auth-credentials", cfg!(feature = "auth-credentials")),
+        ("models-catalog", cfg!(feature = "models-catalog")),
+        ("directory", cfg!(feature = "directory")),
+        ("context-compaction", cfg!(feature = "context-compaction")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
+}
 
 /// What keeps running beside the workers (a permissions file's watch), held as long as they
 /// are served.
@@ -51,27 +71,42 @@ pub fn names_from(value: &str) -> Result<Vec<String>, String> {
         if names[..i].contains(n) {
             return Err(format!("HARNESS_COLOCATED_WORKERS names `{n}` twice"));
         }
+        if !built().contains(&n.as_str()) {
+            return Err(format!(
+                "HARNESS_COLOCATED_WORKERS: `{n}` is not in this build (built with: {}); build it with `--features {n}`",
+                built().join(", ")
+            ));
+        }
     }
     Ok(names)
 }
 
 /// One worker as its own binary builds it, from the environment.
 async fn member(name: &str, guards: &mut Guards) -> Result<Worker, String> {
+    let _ = &guards;
     Ok(match name {
+        #[cfg(feature = "turn-orchestrator")]
         "turn-orchestrator" => turn_orchestrator::worker(),
+        #[cfg(feature = "harness-worker")]
         "harness-worker" => {
             let (worker, watch) = harness_worker::from_env().await?;
             guards.extend(watch);
             worker
         }
+        #[cfg(feature = "approval-gate")]
         "approval-gate" => approval_gate::worker(),
+        #[cfg(feature = "session")]
         "session" => session_worker::worker(),
+        #[cfg(feature = "llm-budget")]
         "llm-budget" => llm_budget::worker(),
+        #[cfg(feature = "hook-fanout")]
         "hook-fanout" => hook_fanout::worker(),
+        #[cfg(feature = "auth-credentials")]
         "auth-credentials" => auth_credentials::worker(auth_credentials::Auth::new(
             harness_sdk::secrets_from_env().await,
             auth_credentials::Auth::process_env(),
         )),
+        #[cfg(feature = "models-catalog")]
         "models-catalog" => {
             let catalog = match std::env::var("MODELS_CATALOG") {
                 Ok(path) => {
@@ -84,7 +119,9 @@ async fn member(name: &str, guards: &mut Guards) -> Result<Worker, String> {
             };
             models_catalog::worker(std::sync::Arc::new(catalog))
         }
+        #[cfg(feature = "directory")]
         "directory" => directory::worker(),
+        #[cfg(feature = "context-compaction")]
         "context-compaction" => context_compaction::worker(),
         other => return Err(format!("`{other}` is not a worker this bootstrap serves")),
     })
@@ -129,6 +166,8 @@ mod tests {
             WORKERS,
             aws_local::colocate::shareable_binaries().as_slice()
         );
+        // A default build has every worker's feature, named as the worker is.
+        assert_eq!(built(), WORKERS);
     }
 
     #[tokio::test]
