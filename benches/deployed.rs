@@ -197,9 +197,9 @@ async fn measure(
     remove_run(&s.clients, &prefix).await;
 }
 
-/// Delete the run's tables and queues: LocalStack slows as they pile up (each run's
-/// transactions took 3-5 times longer after about ten runs), and the next layout or run
-/// should meet the emulator as this one did.
+/// Delete the run's tables and queues: the emulator keeps them (and their streams) until it
+/// stops, and the next layout or run should meet it as this one did. (The larger slowdown
+/// was DynamoDB Local's database file, now in memory: `localstack/emu.sh`.)
 async fn remove_run(clients: &engine_gateway::aws::AwsClients, prefix: &str) {
     let mut start: Option<String> = None;
     loop {
