@@ -209,12 +209,17 @@ fn a_layouts_bootstrap_features_are_its_members_binaries() {
     );
     // Two groups share the bootstrap: the union; `policy` and `harness` are one binary.
     let two = layout(
-        "lambda:\n  colocate:\n    a: [policy, harness]\n    b: [directory, context-compaction]\n",
+        "lambda:\n  colocate:\n    a: [policy, harness, approval-gate]\n    b: [directory, context-compaction]\n",
     )
     .unwrap();
     assert_eq!(
         bootstrap_features(&two),
-        ["harness-worker", "directory", "context-compaction"]
+        [
+            "harness-worker",
+            "approval-gate",
+            "directory",
+            "context-compaction"
+        ]
     );
     assert!(bootstrap_features(&LambdaLayout::default()).is_empty());
 }
