@@ -47,6 +47,9 @@ async fn a_whole_turn_through_the_colocated_shape() {
     }
     let core = s.deployed.function("ColocatedCoreFunction").unwrap();
     assert!(core.invocations() > 0);
+    // The provider's key came from the other group, never from the orchestrator's.
+    let catalogue = s.deployed.function("ColocatedCatalogueFunction").unwrap();
+    assert!(catalogue.invocations() > 0);
 }
 
 async fn whole_turn(
@@ -193,7 +196,26 @@ async fn whole_turn(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once() {
     let Some(dir) = lambda_dir() else { return };
-    let prefix = format!("dk{}-", engine_gateway::trace::random_hex(4));
+    killed_mid_step(dir, shape::template(), "TurnOrchestratorFunction", "dk").await;
+}
+
+/// The same with the co-located layout: the Lambda killed is the group's (orchestrator,
+/// policy, session… in one process), and what they had done of the step is redone by its
+/// redelivery as the orchestrator's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_colocated_lambda_redelivers_its_step_and_each_effect_happens_once() {
+    let Some(dir) = lambda_dir() else { return };
+    let (_keep, template) = shape::colocated_template();
+    killed_mid_step(dir, template, "ColocatedCoreFunction", "dkc").await;
+}
+
+async fn killed_mid_step(
+    dir: std::path::PathBuf,
+    template: std::path::PathBuf,
+    function: &str,
+    tag: &str,
+) {
+    let prefix = format!("{tag}{}-", engine_gateway::trace::random_hex(4));
     let workdir = workdir();
     let (ran, effects) = (format!("ran-{prefix}log"), format!("effects-{prefix}log"));
     let ids = ["k1", "k2", "k3", "k4", "k5"];
@@ -210,7 +232,8 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
         {"when": "results>=1", "text": "All five steps ran."}
     ]}))
     .unwrap();
-    let mut s = bring_up(
+    let mut s = shape::bring_up_from(
+        template,
         dir,
         &prefix,
         cassette,
@@ -254,7 +277,8 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
             .and_then(|a| a.get(&VisibilityTimeout).cloned())
     };
     assert_eq!(visibility().await.as_deref(), Some("5"));
-    let sid = "dep-kill";
+    let sid = format!("dep-kill-{tag}");
+    let sid = sid.as_str();
     s.start(sid, "run the steps").await;
     let lines = |f: &str| -> Vec<String> {
         std::fs::read_to_string(workdir.join(f))
@@ -271,11 +295,7 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let orchestrator = s
-        .deployed
-        .function("TurnOrchestratorFunction")
-        .unwrap()
-        .clone();
+    let orchestrator = s.deployed.function(function).unwrap().clone();
     let pids = orchestrator.pids();
     assert!(!pids.is_empty());
     for pid in pids {
@@ -307,7 +327,20 @@ async fn a_killed_orchestrator_redelivers_its_step_and_each_effect_happens_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
     let Some(dir) = lambda_dir() else { return };
-    let prefix = format!("d2{}-", engine_gateway::trace::random_hex(4));
+    two_sessions(dir, shape::template(), "d2").await;
+}
+
+/// The same with the co-located layout (one Lambda runs both sessions' orchestrators,
+/// sessions and budgets, one instance per step in flight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_run_at_once_through_the_colocated_shape() {
+    let Some(dir) = lambda_dir() else { return };
+    let (_keep, template) = shape::colocated_template();
+    two_sessions(dir, template, "d2c").await;
+}
+
+async fn two_sessions(dir: std::path::PathBuf, template: std::path::PathBuf, tag: &str) {
+    let prefix = format!("{tag}{}-", engine_gateway::trace::random_hex(4));
     let workdir = workdir();
     let log = format!("steps-{prefix}log");
     let started = |session: &str| format!("{session}-{prefix}started");
@@ -332,7 +365,8 @@ async fn two_sessions_run_at_once_and_each_sessions_steps_never_interleave() {
         turns.push(json!({"when": format!("user~={session} && results>=3"), "text": format!("{session} done.")}));
     }
     let cassette = serde_json::from_value(json!({ "turns": turns })).unwrap();
-    let mut s = bring_up(
+    let mut s = shape::bring_up_from(
+        template,
         dir,
         &prefix,
         cassette,

@@ -8,7 +8,8 @@
 //! ```yaml
 //! lambda:
 //!   colocate:
-//!     core: [turn-orchestrator, policy, session, llm-budget, hook-fanout, models-catalog, auth-credentials]
+//!     core: [turn-orchestrator, policy, session, hook-fanout]
+//!     catalogue: [auth-credentials, llm-budget, models-catalog]
 //! ```
 
 use serde::Deserialize;
@@ -104,6 +105,18 @@ const APART: &[(&str, &str)] = &[
     ),
 ];
 
+/// Lambdas that stay apart and call back into shareable workers while a call to them is in
+/// flight (a provider asks for its key, records the cost, reads the model's entry; the MCP
+/// client asks for a server's token), with the shareable workers that call them.
+const CALLED_AND_CALLING_BACK: &[(&str, &[&str], &[&str])] = &[
+    (
+        "providers",
+        &["turn-orchestrator", "context-compaction"],
+        &["auth-credentials", "llm-budget", "models-catalog"],
+    ),
+    ("mcp", &["turn-orchestrator"], &["auth-credentials"]),
+];
+
 /// The properties a member function may have; anything else is refused rather than dropped.
 const MERGED_PROPERTIES: &[&str] = &[
     "FunctionName",
@@ -176,6 +189,19 @@ impl LambdaLayout {
                 return Err(err(
                     "a group shares one Lambda among at least two workers' Lambdas".into(),
                 ));
+            }
+            // A member waiting on a Lambda that calls back into the same group holds one of
+            // its instances while the call back needs another: with the group's concurrency
+            // taken by such calls (a reserved concurrency, or the account's limit), every
+            // call back waits until it times out.
+            for (apart, callers, called_back) in CALLED_AND_CALLING_BACK {
+                let caller = workers.iter().find(|w| callers.contains(&w.as_str()));
+                let back = workers.iter().find(|w| called_back.contains(&w.as_str()));
+                if let (Some(caller), Some(back)) = (caller, back) {
+                    return Err(err(format!(
+                        "`{caller}` calls the {apart}' Lambdas, which call `{back}` back while it waits: in one Lambda those calls need a second instance each and wait for one when its concurrency is taken; put `{back}` in another group"
+                    )));
+                }
             }
         }
         Ok(())

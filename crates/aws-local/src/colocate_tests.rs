@@ -9,7 +9,7 @@ fn layout(yaml: &str) -> Result<LambdaLayout, ColocateError> {
     LambdaLayout::from_config(yaml, "harness.yaml")
 }
 
-const CORE: &str = "workers: {turn-orchestrator: lambda}\nlambda:\n  colocate:\n    core: [turn-orchestrator, policy, session, llm-budget, hook-fanout, models-catalog, auth-credentials]\n";
+const CORE: &str = "workers: {turn-orchestrator: lambda}\nlambda:\n  colocate:\n    core: [turn-orchestrator, policy, session, hook-fanout]\n    catalogue: [auth-credentials, llm-budget, models-catalog]\n";
 
 #[test]
 fn a_group_becomes_one_function_with_its_members_settings() {
@@ -54,7 +54,7 @@ fn a_group_becomes_one_function_with_its_members_settings() {
     let env = &p["Environment"]["Variables"];
     assert_eq!(
         env["HARNESS_COLOCATED_WORKERS"],
-        "turn-orchestrator,harness-worker,session,llm-budget,hook-fanout,models-catalog,auth-credentials"
+        "turn-orchestrator,harness-worker,session,hook-fanout"
     );
     assert_eq!(env["HARNESS_PERMISSIONS_SECRET"], "harness/permissions");
     assert!(env["WS_MANAGEMENT_ENDPOINT"].is_object());
@@ -64,14 +64,20 @@ fn a_group_becomes_one_function_with_its_members_settings() {
             .iter()
             .any(|p| p.get("SQSSendMessagePolicy").is_some())
     );
-    let secret_grants = policies
-        .iter()
-        .filter(|p| p.to_string().contains("secretsmanager:GetSecretValue"))
-        .count();
-    assert!(
-        secret_grants >= 2,
-        "the harness's and the credentials' secrets: {policies:?}"
+    let reads_secrets = |policies: &[Value]| {
+        policies
+            .iter()
+            .filter(|p| p.to_string().contains("secretsmanager:GetSecretValue"))
+            .count()
+    };
+    assert!(reads_secrets(policies) >= 1, "the harness's: {policies:?}");
+    // The providers' callbacks go to the other group, with the credentials' secrets.
+    let catalogue = &r["ColocatedCatalogueFunction"]["Properties"];
+    assert_eq!(
+        catalogue["Environment"]["Variables"]["HARNESS_COLOCATED_WORKERS"],
+        "auth-credentials,llm-budget,models-catalog"
     );
+    assert!(reads_secrets(catalogue["Policies"].as_array().unwrap()) >= 1);
     // Identical statements are kept once.
     let unique: std::collections::HashSet<String> = policies.iter().map(Value::to_string).collect();
     assert_eq!(unique.len(), policies.len());
@@ -90,7 +96,7 @@ fn a_group_becomes_one_function_with_its_members_settings() {
         template_functions(&shipped(), "dx-", "local", &[], &[])
             .unwrap()
             .len()
-            - 6
+            - 5
     );
 }
 
@@ -106,6 +112,17 @@ fn no_layout_leaves_the_template_as_it_is() {
 #[test]
 fn layouts_that_cannot_deploy_are_refused_naming_why() {
     let refused = |yaml: &str| layout(yaml).unwrap_err().to_string();
+    // A group that calls a Lambda which calls back into it.
+    let e = refused("lambda: {colocate: {core: [turn-orchestrator, session, auth-credentials]}}");
+    assert!(
+        e.starts_with("lambda.colocate.core: `turn-orchestrator` calls the providers' Lambdas, which call `auth-credentials` back while it waits"),
+        "{e}"
+    );
+    let e = refused("lambda: {colocate: {summaries: [context-compaction, llm-budget]}}");
+    assert!(
+        e.contains("`context-compaction` calls the providers'"),
+        "{e}"
+    );
     let e = refused("lambda: {colocate: {core: [turn-orchestrator, tools]}}");
     assert!(e.starts_with("lambda.colocate.core: `tools` cannot share a Lambda: the tools run in their own sandboxed Lambda"), "{e}");
     let e = refused("lambda: {colocate: {core: [turn-orchestrator, sesion]}}");
@@ -133,7 +150,7 @@ fn layouts_that_cannot_deploy_are_refused_naming_why() {
     // A name another function of the template has.
     let e = colocate(
         &shipped(),
-        &layout("lambda: {colocate: {session: [turn-orchestrator, llm-budget]}}").unwrap(),
+        &layout("lambda: {colocate: {session: [turn-orchestrator, hook-fanout]}}").unwrap(),
     )
     .unwrap_err()
     .to_string();
