@@ -538,6 +538,78 @@ async fn a_step_that_fails_after_its_last_call_does_not_run_it_again() {
     assert_eq!(roles, ["user", "assistant", "function_result", "assistant"]);
 }
 
+/// A session worker from before `with_messages` and `peek_inboxes` (it ignores both, as an
+/// older or swapped-in one would): the orchestrator reads the history and peeks the inboxes
+/// itself, and a session's second run still continues its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_worker_that_ignores_the_newer_append_fields_still_runs_turns() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = stack(PERMISSIONS).await;
+    s.model.load(Cassette {
+        turns: vec![
+            call("o1", "fs::list", json!({})),
+            text("listed the files"),
+            text("second run"),
+        ],
+        ..Default::default()
+    });
+    const APPEND: &str = "session-tree::append_batch";
+    unregister(&s, APPEND).await;
+    let real = session_worker::worker().handler(APPEND).cloned().unwrap();
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let older = harness_sdk::Worker::new("older-session").function(
+        APPEND,
+        "appends, knowing neither `with_messages` nor `peek_inboxes`",
+        move |ctx, mut data: Value| {
+            let (real, a) = (real.clone(), a.clone());
+            async move {
+                if let Some(o) = data.as_object_mut() {
+                    let newer =
+                        o.remove("with_messages").is_some() | o.remove("peek_inboxes").is_some();
+                    if newer {
+                        a.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                real(ctx, data).await
+            }
+        },
+    );
+    let _older = harness_sdk::run_embedded(older, &s.srv.engine).unwrap();
+    let ctx = s.client.ctx();
+    for _ in 0..2 {
+        start(&ctx, "older", None).await;
+        let state = wait_state(&ctx, "older", "stopped").await;
+        assert_eq!(state["error"], Value::Null, "{state}");
+    }
+    assert!(
+        asked.load(Ordering::SeqCst) >= 2,
+        "the orchestrator asked for the newer fields"
+    );
+    // The second run's model call carried the first run's conversation.
+    let requests = s.model.requests();
+    let last = requests.last().unwrap().to_string();
+    assert!(last.contains("listed the files"), "{last}");
+    let rec = record(&s, "older").await;
+    let roles: Vec<&str> = rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "function_result",
+            "assistant",
+            "user",
+            "assistant"
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ui_subscribers_get_the_session_events_pushed() {
     let s = stack(PERMISSIONS).await;
