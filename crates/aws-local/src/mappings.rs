@@ -20,7 +20,8 @@
 //!   deleted, as AWS does. A batch the filters drop entirely is checkpointed with the next
 //!   batch that reaches the function, or after [`CHECKPOINT_EVERY`] (the checkpoint is this
 //!   emulator's own write, which AWS's mapping does not make in the account): a restart in
-//!   between reads those records again and drops them again. A queue record's `body` is matched as JSON when it is a JSON object.
+//!   between reads those records again and drops them again. A queue record's `body` is
+//!   matched as JSON when it is a JSON object.
 
 use crate::apigw_ws::RouteTarget;
 use crate::filter::FilterCriteria;
@@ -198,9 +199,7 @@ pub async fn deliver_stream_batch(
     target: &dyn RouteTarget,
     m: &StreamMapping,
 ) -> Result<usize, String> {
-    let mut unacked = Unacked::default();
-    let n = deliver_stream_batch_deferring(feed, target, m, &mut unacked, Duration::ZERO).await?;
-    Ok(n)
+    deliver_stream_batch_deferring(feed, target, m, &mut Unacked::default(), Duration::ZERO).await
 }
 
 /// [`deliver_stream_batch`], leaving a batch the filters dropped entirely in `unacked` until

@@ -17,7 +17,7 @@ use bus_telemetry::trace::Span;
 pub use crate::engine::ENGINE_OWNER;
 // Workers read their requests' fields with these; they live in `fields` (a leaf module, so
 // `state_api` needs nothing from here).
-pub use crate::fields::{opt_str, opt_u64, req_str};
+pub use crate::fields::{opt_bool, opt_str, opt_u64, req_str};
 pub use crate::stream_item::{StreamItem, stored_event_type, stream_addr, stream_items};
 
 fn req_value(data: &Value, field: &str) -> Result<Value, ErrorBody> {

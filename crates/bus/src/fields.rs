@@ -41,6 +41,17 @@ pub fn opt_u64(data: &Value, field: &str) -> Result<Option<u64>, ErrorBody> {
     }
 }
 
+pub fn opt_bool(data: &Value, field: &str) -> Result<Option<bool>, ErrorBody> {
+    match data.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(ErrorBody::invalid(format!(
+            "field `{field}` must be a boolean, got {}",
+            kind_of(other)
+        ))),
+    }
+}
+
 /// An object of these fields, built by moving the values in: `json!` would copy a caller's
 /// value (it serializes by reference), which for a turn record or an event is a deep copy per
 /// call.

@@ -3,7 +3,7 @@
 //! Functions come sorted by id; a page holds at most `limit` of them and about
 //! [`PAGE_BYTES`] of JSON, and names the id to continue `after` when more remain.
 
-use crate::fields::{opt_str, opt_u64};
+use crate::fields::{opt_bool, opt_str, opt_u64};
 use crate::protocol::ErrorBody;
 use serde_json::{Value, json};
 
@@ -32,11 +32,7 @@ impl PageRequest {
                 )));
             }
         };
-        let formats = match data.get("formats") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(ErrorBody::invalid("`formats` must be a boolean")),
-        };
+        let formats = opt_bool(data, "formats")?.unwrap_or(true);
         Ok(Self {
             prefix: opt_str(data, "prefix")?,
             after: opt_str(data, "after")?,

@@ -128,11 +128,7 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         None | Some(Value::Null) => None,
         Some(names) => Some(peek_names(names)?),
     };
-    let with_messages = match data.get("with_messages") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ErrorBody::invalid("`with_messages` must be a boolean")),
-    };
+    let with_messages = bus::builtins::opt_bool(&data, "with_messages")?.unwrap_or(false);
     let mut parent = Parent::from_request(&data)?;
     // Entries that attach at the current leaf: the context there is read first, and its leaf
     // is where they go (one read, which also finds the leaf).
