@@ -90,12 +90,7 @@ async fn allowed_denied_and_approved_calls_in_one_run() {
 
     // The conversation: each call's result, in order, once.
     let rec = record(&s, "s1").await;
-    let roles: Vec<&str> = rec["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["role"].as_str().unwrap())
-        .collect();
+    let roles = roles(&rec);
     assert_eq!(
         roles,
         [
@@ -529,12 +524,7 @@ async fn a_step_that_fails_after_its_last_call_does_not_run_it_again() {
     assert_eq!(ran, "e1\n", "the call ran once");
     let rec = record(&s, "after-call").await;
     assert_eq!(rec["error"], Value::Null, "{rec}");
-    let roles: Vec<&str> = rec["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["role"].as_str().unwrap())
-        .collect();
+    let roles = roles(&rec);
     assert_eq!(roles, ["user", "assistant", "function_result", "assistant"]);
 }
 
@@ -591,12 +581,7 @@ async fn a_session_worker_that_ignores_the_newer_append_fields_still_runs_turns(
     let last = requests.last().unwrap().to_string();
     assert!(last.contains("listed the files"), "{last}");
     let rec = record(&s, "older").await;
-    let roles: Vec<&str> = rec["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["role"].as_str().unwrap())
-        .collect();
+    let roles = roles(&rec);
     assert_eq!(
         roles,
         [

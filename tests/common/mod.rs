@@ -209,6 +209,16 @@ pub async fn events(ctx: &Ctx, sid: &str) -> Vec<Value> {
 }
 
 /// The turn record, with `messages` filled in from the session tree (where the history lives).
+/// The roles of a turn record's messages, in order.
+pub fn roles(rec: &Value) -> Vec<&str> {
+    rec["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect()
+}
+
 pub async fn record(s: &Stack, sid: &str) -> Value {
     let ctx = s.client.ctx();
     let mut rec = ctx
