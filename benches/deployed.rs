@@ -298,7 +298,18 @@ fn where_the_time_goes(spans: &[otlp::Exported], k: usize) {
         println!("\n(fewer than 3 model calls traced: no timeline)");
         return;
     }
-    let i = chats.len() / 2;
+    // The time between model calls, each: the chained tool calls and the queued ones.
+    let gaps: Vec<String> = chats
+        .windows(2)
+        .map(|w| format!("{:.0}", ms(w[1].start_ns - w[0].start_ns)))
+        .collect();
+    println!("\nms from one model call to the next: {}", gaps.join(" "));
+    // `BENCH_TRACE_AT=n`: the timeline from model call n (default: the middle one).
+    let i = std::env::var("BENCH_TRACE_AT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|i| i + 1 < chats.len())
+        .unwrap_or(chats.len() / 2);
     let (from, to) = (chats[i].start_ns, chats[i + 1].start_ns);
     let by_id: BTreeMap<&str, &otlp::Exported> =
         spans.iter().map(|sp| (sp.span_id.as_str(), sp)).collect();

@@ -323,11 +323,8 @@ async fn a_transaction_commits_every_write_or_none() {
     let b = server::backends(&opts).await.unwrap();
     let meta = WriteMeta::default();
     let scope = format!("tx-{}", engine_gateway::trace::random_hex(4));
-    let w = |key: &str, value: serde_json::Value, expected: Option<u64>| TxWrite {
-        scope: scope.clone(),
-        key: key.into(),
-        value,
-        expected_version: expected,
+    let w = |key: &str, value: serde_json::Value, expected: Option<u64>| {
+        TxWrite::new(&scope, key, value, expected)
     };
     // Created together, each only if absent.
     let versions = b
@@ -381,12 +378,7 @@ async fn a_transaction_commits_every_write_or_none() {
             vec![
                 w("a", json!(11), Some(a.version)),
                 w("c", json!(3), None),
-                TxWrite {
-                    scope: "$stream:tx".into(),
-                    key: "g\u{1}i".into(),
-                    value: json!({"n": 1}),
-                    expected_version: None,
-                },
+                TxWrite::new("$stream:tx", "g\u{1}i", json!({"n": 1}), None),
             ],
             &meta,
         )
@@ -399,6 +391,80 @@ async fn a_transaction_commits_every_write_or_none() {
         b.state.get(&scope, "c").await.unwrap().unwrap().value,
         json!(3)
     );
+
+    // A compare-and-set on the content (`expected_value`): at the version and holding
+    // exactly that value, it writes; at the version but holding anything else (a caller's
+    // altered copy), nothing is written and the conflict says the value, not the version.
+    let held = json!({"seq": 4, "title": "t", "last_entry": "e4", "f": 1.5});
+    let v = b
+        .state
+        .transact(vec![w("cas", held.clone(), Some(0))], &meta)
+        .await
+        .unwrap()[0]
+        .expect("a conditional write's version");
+    let cas = |expected_value: serde_json::Value, version: u64| TxWrite {
+        expected_value: Some(expected_value),
+        ..w("cas", json!({"seq": 5}), Some(version))
+    };
+    let mut altered = held.clone();
+    altered["title"] = json!("not what is stored");
+    for (wrong, says) in [
+        (cas(altered, v), "does not hold the value expected"),
+        (
+            cas(json!({"seq": 4}), v),
+            "does not hold the value expected",
+        ),
+        (cas(held.clone(), v + 1), "expected version"),
+    ] {
+        let err = b
+            .state
+            .transact(vec![wrong, w("cas-other", json!(1), None)], &meta)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                StateError::ValueConflict { .. } | StateError::VersionConflict { .. }
+            ) && err.to_string().contains(says)
+                && err.to_string().contains("cas"),
+            "should say {says}: {err}"
+        );
+        assert_eq!(
+            engine_gateway::protocol::ErrorBody::from(err).code,
+            "version_conflict",
+            "callers handle it as the conflict it is"
+        );
+    }
+    assert_eq!(
+        b.state.get(&scope, "cas").await.unwrap().unwrap().value,
+        held
+    );
+    assert!(b.state.get(&scope, "cas-other").await.unwrap().is_none());
+    let v2 = b
+        .state
+        .transact(vec![cas(held.clone(), v)], &meta)
+        .await
+        .unwrap()[0];
+    let now = b.state.get(&scope, "cas").await.unwrap().unwrap();
+    assert_eq!((now.value, Some(now.version)), (json!({"seq": 5}), v2));
+    // Only on a record that exists, at a version named.
+    for version in [None, Some(0)] {
+        let err = b
+            .state
+            .transact(
+                vec![TxWrite {
+                    expected_value: Some(json!(1)),
+                    ..w("cas-new", json!(1), version)
+                }],
+                &meta,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StateError::Invalid(m) if m.contains("expected_value")),
+            "{err:?}"
+        );
+    }
 
     // Refused before anything is written, naming what is wrong.
     let many: Vec<TxWrite> = (0..101)

@@ -141,11 +141,8 @@ impl Store {
                 } else {
                     let writes = writes
                         .into_iter()
-                        .map(|(scope, key, value, expected_version)| TxWrite {
-                            scope,
-                            key,
-                            value,
-                            expected_version,
+                        .map(|(scope, key, value, expected_version)| {
+                            TxWrite::new(&scope, &key, value, expected_version)
                         })
                         .collect();
                     b.transact(writes, &meta).await.expect("transact");

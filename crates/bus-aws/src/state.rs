@@ -420,12 +420,20 @@ impl StateStore for DynamoState {
                     let current = (expected != 0).then_some(expected);
                     let version = next_version(current);
                     versions.push(Some(version));
-                    let put =
+                    let mut put =
                         ConditionalPut::new(&w.scope, &w.key, &w.value, version, current, meta);
+                    let mut condition = put.condition.to_string();
+                    // The value as stored is its JSON text, and serde_json writes one value
+                    // one way (object keys sorted): text equality is value equality.
+                    if let (Some(expected), Some(values)) = (&w.expected_value, &mut put.values) {
+                        condition.push_str(" AND #val = :old");
+                        put.names.insert("#val".into(), "value".into());
+                        values.insert(":old".into(), s(&expected.to_string()));
+                    }
                     let put = Put::builder()
                         .table_name(&self.table)
                         .set_item(Some(put.item))
-                        .condition_expression(put.condition)
+                        .condition_expression(condition)
                         .set_expression_attribute_names(Some(put.names))
                         .set_expression_attribute_values(put.values)
                         .build()
@@ -455,6 +463,13 @@ impl StateStore for DynamoState {
             Err(TxFailed::Condition(i)) => {
                 let w = &writes[i];
                 let found = self.read(&w.scope, &w.key).await?.map(|v| v.version);
+                if w.expected_value.is_some() && found.is_some() && found == w.expected_version {
+                    return Err(StateError::ValueConflict {
+                        scope: w.scope.clone(),
+                        key: w.key.clone(),
+                        version: found.unwrap_or(0),
+                    });
+                }
                 Err(Self::conflict(
                     &w.scope,
                     &w.key,

@@ -19,6 +19,16 @@ pub enum StateError {
         expected: u64,
         found: Option<u64>,
     },
+    /// The record is at the version expected but does not hold the value expected
+    /// ([`TxWrite::expected_value`]): the caller's view of it was not what was stored.
+    #[error(
+        "version_conflict on {scope}/{key}: it is at version {version} but does not hold the value expected"
+    )]
+    ValueConflict {
+        scope: String,
+        key: String,
+        version: u64,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("storage error: {0}")]
@@ -28,7 +38,9 @@ pub enum StateError {
 impl From<StateError> for ErrorBody {
     fn from(e: StateError) -> Self {
         let code = match &e {
-            StateError::VersionConflict { .. } => codes::VERSION_CONFLICT,
+            StateError::VersionConflict { .. } | StateError::ValueConflict { .. } => {
+                codes::VERSION_CONFLICT
+            }
             StateError::Invalid(_) => codes::INVALID_MESSAGE,
             StateError::Storage(_) => codes::STORAGE_ERROR,
         };
@@ -352,13 +364,44 @@ pub trait StateStore: Send + Sync {
 pub const SET_MANY_MAX: usize = 100;
 
 /// One write of a [`StateStore::transact`]: `value` at (`scope`, `key`) if the record is at
-/// `expected_version` (`Some(0)`: absent; `None`: whatever it holds).
-#[derive(Debug, Clone, PartialEq)]
+/// `expected_version` (`Some(0)`: absent; `None`: whatever it holds) and, where
+/// `expected_value` is given, holds exactly that value: a compare-and-set on the content, for
+/// a writer that was told the record's value by someone it does not trust (a caller's copy of
+/// what an earlier answer said) and must not write on it unless it is what is stored.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TxWrite {
     pub scope: String,
     pub key: String,
     pub value: Value,
     pub expected_version: Option<u64>,
+    /// Only with an `expected_version` of an existing record (not `None` or `Some(0)`).
+    pub expected_value: Option<Value>,
+}
+
+impl TxWrite {
+    /// `value` at (`scope`, `key`) if the record is at `expected_version`.
+    pub fn new(scope: &str, key: &str, value: Value, expected_version: Option<u64>) -> Self {
+        Self {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            value,
+            expected_version,
+            expected_value: None,
+        }
+    }
+}
+
+/// Whether a stored record holding `stored` at the expected version may be written by `w`
+/// (its `expected_value`, where given, is what is stored) → the conflict that names it.
+pub fn check_expected_value(w: &TxWrite, stored: &Value, version: u64) -> Result<(), StateError> {
+    match &w.expected_value {
+        Some(expected) if expected != stored => Err(StateError::ValueConflict {
+            scope: w.scope.clone(),
+            key: w.key.clone(),
+            version,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The most writes one transaction holds (DynamoDB's `TransactWriteItems` limit).
@@ -394,6 +437,15 @@ pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
         }
         check_value_depth_of(&w.value, || format!("write {i}'s `value`"))?;
         bound += w.scope.len() + w.key.len() + json_len_bound(&w.value);
+        if let Some(expected) = &w.expected_value {
+            if matches!(w.expected_version, None | Some(0)) {
+                return Err(StateError::Invalid(format!(
+                    "write {i}: `expected_value` needs the `expected_version` of an existing record"
+                )));
+            }
+            check_value_depth_of(expected, || format!("write {i}'s `expected_value`"))?;
+            bound += json_len_bound(expected);
+        }
     }
     if bound <= TRANSACT_MAX_BYTES {
         return Ok(());
@@ -402,6 +454,7 @@ pub fn check_transaction(writes: &[TxWrite]) -> Result<(), StateError> {
     let mut bytes = 0usize;
     for (i, w) in writes.iter().enumerate() {
         bytes += w.scope.len() + w.key.len() + json_len(&w.value);
+        bytes += w.expected_value.as_ref().map_or(0, json_len);
         if bytes > TRANSACT_MAX_BYTES {
             return Err(StateError::Invalid(format!(
                 "a transaction holds more than {TRANSACT_MAX_BYTES} bytes of JSON (at write {i})"

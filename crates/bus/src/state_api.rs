@@ -182,9 +182,9 @@ async fn list(store: &dyn StateStore, data: &Value) -> Result<Value, ErrorBody> 
     ]))
 }
 
-/// `state::transact {writes: [{scope, key, value, expected_version?}], stream_items?: [...]}`:
-/// every write and every stream item commit together or none does (a version conflict on
-/// one names it) → `{versions: [version or null, per write], stream_items: n}`, and the
+/// `state::transact {writes: [{scope, key, value, expected_version?, expected_value?}],
+/// stream_items?: [...]}`: every write and every stream item commit together or none does (a
+/// version conflict on one names it; `expected_value`: the record holds exactly that value) → `{versions: [version or null, per write], stream_items: n}`, and the
 /// stream items written (for the engine to push).
 pub async fn transact(
     store: &dyn StateStore,
@@ -202,7 +202,7 @@ pub async fn transact(
         scope: i.scope.clone(),
         key: i.key.clone(),
         value: i.data.take(),
-        expected_version: None,
+        ..TxWrite::default()
     }));
     let mut kept = store.transact_keeping(writes, meta).await?;
     // One per write from every store; a short answer must not panic here either.
@@ -250,6 +250,10 @@ fn tx_writes(data: &mut Value) -> Result<Vec<TxWrite>, ErrorBody> {
                 scope: req_str(&w, "scope").map_err(at)?,
                 key: req_str(&w, "key").map_err(at)?,
                 expected_version: opt_u64(&w, "expected_version").map_err(at)?,
+                expected_value: match w.get_mut("expected_value").map(Value::take) {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(v),
+                },
                 value: take_value(&mut w, "value").map_err(at)?,
             })
         })

@@ -247,9 +247,17 @@ impl EmbeddedBackend {
         meta: &WriteMeta,
     ) -> Result<Vec<(Option<u64>, Value)>, StateError> {
         bus::state::check_transaction(&writes)?;
-        let batch = writes
-            .into_iter()
-            .map(|w| (w.scope, w.key, w.expected_version, w.value));
+        let batch = writes.into_iter().map(|mut w| {
+            // What the record must hold, named as the write (its value left out).
+            let check = w.expected_value.take().map(|expected| bus::state::TxWrite {
+                scope: w.scope.clone(),
+                key: w.key.clone(),
+                value: Value::Null,
+                expected_version: w.expected_version,
+                expected_value: Some(expected),
+            });
+            (w.scope, w.key, w.expected_version, w.value, check)
+        });
         let written = self.write_batch(batch, meta).await?;
         Ok(written
             .into_iter()
@@ -285,17 +293,25 @@ impl EmbeddedBackend {
         }
         let batch = items
             .into_iter()
-            .map(|(scope, key, value)| (scope, key, None, value));
+            .map(|(scope, key, value)| (scope, key, None, value, None));
         let written = self.write_batch(batch, meta).await?;
         Ok(written.iter().map(|w| Some(w.existed)).collect())
     }
 
-    /// Writes of (scope, key, expected version, value), each with its change record, as one
-    /// log record: all are written or none is. Keys are distinct (each write reads the store
-    /// as it was before the batch).
+    /// Writes of (scope, key, expected version, value, the write whose `expected_value` the
+    /// record must hold), each with its change record, as one log record: all are written or
+    /// none is. Keys are distinct (each write reads the store as it was before the batch).
     async fn write_batch(
         &self,
-        batch: impl Iterator<Item = (String, String, Option<u64>, Value)>,
+        batch: impl Iterator<
+            Item = (
+                String,
+                String,
+                Option<u64>,
+                Value,
+                Option<bus::state::TxWrite>,
+            ),
+        >,
         meta: &WriteMeta,
     ) -> Result<Vec<Written>, StateError> {
         let seqs = &self.change_seq;
@@ -304,7 +320,7 @@ impl EmbeddedBackend {
                 // Opened once for the batch (it is closed again before the log is applied).
                 let state = txn.open_table(STATE).map_err(storage)?;
                 batch
-                    .map(|(scope, key, expected_version, value)| {
+                    .map(|(scope, key, expected_version, value, check)| {
                         write_in(
                             &state,
                             log,
@@ -314,7 +330,16 @@ impl EmbeddedBackend {
                             expected_version,
                             meta,
                             false,
-                            move |_| Ok(Some(value)),
+                            move |current| {
+                                if let (Some(check), Some(current)) = (check, current) {
+                                    bus::state::check_expected_value(
+                                        &check,
+                                        &current.value()?,
+                                        current.version,
+                                    )?;
+                                }
+                                Ok(Some(value))
+                            },
                         )
                     })
                     .collect::<Result<Vec<_>, StateError>>()

@@ -605,6 +605,20 @@ pub mod session_tree {
         /// go there.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub with_messages: bool,
+        /// The session's index as the caller's last append was answered it (`index`): where
+        /// its `last_entry` is the parent, the worker appends on it without reading the index
+        /// or the parent, in a transaction that also requires the stored index to be exactly
+        /// this (at this version). A stale or altered one costs that transaction, then the
+        /// append reads as without it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub index_seen: Option<IndexSeen>,
+    }
+    /// A session's index and its version, as an append answers it (`index`) and a later
+    /// append hands it back (`index_seen`).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct IndexSeen {
+        pub value: Value,
+        pub version: u64,
     }
     #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
     pub struct AppendBatchAnswer {
@@ -620,6 +634,11 @@ pub mod session_tree {
         /// that does not know the field (the caller then reads it itself).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub messages: Option<MessagesAnswer>,
+        /// The session's index as this append wrote it, where the entries and the index
+        /// were written in one transaction (and the index is at most 4 KB of JSON): the
+        /// caller's next append may hand it back as `index_seen`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub index: Option<IndexSeen>,
     }
 
     /// The model context of a branch: leaf → root, compaction applied.

@@ -263,6 +263,9 @@ impl Ctx {
                 if let Some(v) = w.expected_version {
                     o["expected_version"] = v.into();
                 }
+                if let Some(v) = w.expected_value {
+                    o["expected_value"] = v;
+                }
                 o
             })
             .collect();

@@ -404,12 +404,7 @@ async fn every_write_names_the_values_filled_fields_for_stream_filters() {
     assert_eq!(filled("b").await, ["n", "state"]);
     // A transaction's conditional and unconditional writes.
     let tx = |key: &str, value: serde_json::Value, expected_version: Option<u64>| {
-        engine_gateway::state::TxWrite {
-            scope: "agent".into(),
-            key: key.into(),
-            value,
-            expected_version,
-        }
+        engine_gateway::state::TxWrite::new("agent", key, value, expected_version)
     };
     state
         .transact(

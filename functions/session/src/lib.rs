@@ -15,6 +15,13 @@ pub mod types;
 use store::*;
 pub use store::{Parent, append_chain, load_entries, load_meta};
 
+/// Forget what this process remembers of `session_id`'s index, as a freshly started instance
+/// of the worker would (tests of the paths such an instance takes).
+#[doc(hidden)]
+pub fn forget_remembered(session_id: &str) {
+    store::memo::forget(session_id);
+}
+
 use bus::builtins::req_str;
 use harness_sdk::contracts::{inbox, session_tree};
 use harness_sdk::{BusError, Ctx, DefExt, ErrorBody, Worker, Write, def, fields};
@@ -129,6 +136,7 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
         Some(names) => Some(peek_names(names)?),
     };
     let with_messages = bus::builtins::opt_bool(&data, "with_messages")?.unwrap_or(false);
+    let seen = store::IndexSeen::from_request(&data)?;
     let mut parent = Parent::from_request(&data)?;
     // Entries that attach at the current leaf: the context there is read first, and its leaf
     // is where they go (one read, which also finds the leaf).
@@ -150,8 +158,11 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
             None => None,
         }
     };
-    let (stored, peeked) = tokio::join!(append_chain(&ctx, &sid, parent, inputs), peeked);
-    let stored = stored?;
+    let (stored, peeked) = tokio::join!(
+        store::append_chain_seen(&ctx, &sid, parent, inputs, seen.as_ref()),
+        peeked
+    );
+    let (stored, index) = stored?;
     let mut answer = fields([
         (
             "entry_ids",
@@ -162,6 +173,12 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
     ]);
     if with_messages {
         answer["messages"] = context_after(&ctx, &sid, before, &stored).await?;
+    }
+    if let Some(index) = index.filter(|i| {
+        bus::state::json_len_bound(&i.value) <= store::INDEX_ANSWER_MAX_BYTES
+            || bus::state::json_len(&i.value) <= store::INDEX_ANSWER_MAX_BYTES
+    }) {
+        answer["index"] = index.to_json();
     }
     // An inbox that could not be read leaves `inbox` out (the entries are stored), and the
     // caller peeks on its own.
@@ -283,6 +300,7 @@ async fn write_copy(
             title: None,
             copied_from: Some(copied_from),
             metadata: Value::Null,
+            last_entry: None,
         },
     )
     .await?;

@@ -63,6 +63,7 @@ pub(crate) fn new_meta(sid: &str, data: &Value) -> SessionMeta {
         title: data["title"].as_str().map(str::to_owned),
         copied_from: None,
         metadata: data.get("metadata").cloned().unwrap_or(Value::Null),
+        last_entry: None,
     }
 }
 
@@ -168,39 +169,135 @@ pub(crate) mod memo {
     }
 }
 
-/// The fast path of an append after `parent`, when this process's memo of the session says
-/// `parent` is the entry it appended last and the index is unchanged since: the index (seq
-/// numbers reserved) and the new entries in one transaction, conditional on the remembered
-/// index version and on each entry being absent. `None` when the memo does not apply, the
-/// chain is too large for one transaction, or a condition failed (another writer, or a
-/// retried append whose entries exist): the checked path then decides.
+/// A session's index as an append's answer gave it (`index`), which the caller hands back
+/// with its next append (`index_seen`): the index's value and version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexSeen {
+    pub value: Value,
+    pub version: u64,
+}
+
+/// The most JSON of an index an append answers (`index`): a session whose metadata is larger
+/// answers none, and its appends read the index where this process does not remember it.
+pub const INDEX_ANSWER_MAX_BYTES: usize = 4096;
+
+impl IndexSeen {
+    /// The request's `index_seen` (`{value, version}`), absent or null: none. Anything else is
+    /// refused by name: it is a caller's claim, checked by the append's transaction.
+    pub fn from_request(data: &Value) -> Result<Option<IndexSeen>, ErrorBody> {
+        let seen = match data.get("index_seen") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(v) => v,
+        };
+        match (
+            seen.get("value"),
+            seen.get("version").and_then(Value::as_u64),
+        ) {
+            (Some(value @ Value::Object(_)), Some(version)) if version > 0 => Ok(Some(IndexSeen {
+                value: value.clone(),
+                version,
+            })),
+            _ => Err(ErrorBody::invalid(
+                "`index_seen` must be `{value: <the index as answered>, version: <a positive integer>}`",
+            )),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"value": self.value, "version": self.version})
+    }
+}
+
+/// Where an append's index comes from: this process's memo (it wrote that index), or a
+/// caller's word, which the transaction then also requires the stored index to hold.
+struct Base {
+    index: Value,
+    version: u64,
+    trusted: bool,
+}
+
+/// The fast path of an append after `parent`: the index (seq numbers reserved, `last_entry`
+/// set) and the new entries in one transaction, conditional on the index's version and on
+/// each entry being absent. The index is what this process's memo says it wrote, when the
+/// memo's last entry is `parent`; else the caller's `index_seen`, when its `last_entry` is
+/// `parent` (the transaction then also requires the stored index to hold exactly that value:
+/// a caller's copy cannot write what the store does not hold); else it is read. The version
+/// holding proves nobody wrote the index since; `last_entry` is written only in the
+/// transaction that creates that entry, so the parent exists (entries are never deleted).
+/// `None` when no base applies, the chain is too large for one transaction, or a condition
+/// failed (another writer, a stale or altered `index_seen`, or a retried append whose entries
+/// exist): the checked path then decides.
 async fn fast_append(
     ctx: &Ctx,
     sid: &str,
     parent: &str,
     inputs: &[EntryInput],
-) -> Result<Option<Vec<(Entry, bool)>>, ErrorBody> {
-    use bus::state::{TRANSACT_MAX_BYTES, TRANSACT_MAX_WRITES, TxWrite, json_len, json_len_bound};
-    if inputs.len() >= TRANSACT_MAX_WRITES {
+    seen: Option<&IndexSeen>,
+) -> Result<Option<(Vec<(Entry, bool)>, IndexSeen)>, ErrorBody> {
+    if inputs.len() >= bus::state::TRANSACT_MAX_WRITES {
         return Ok(None);
     }
-    let m = match memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent)) {
-        Some(m) => m,
-        None => match memo_read(ctx, sid, parent).await? {
-            Some(m) => m,
+    let read = || async {
+        Ok::<_, ErrorBody>(memo_read(ctx, sid, parent).await?.map(|m| Base {
+            index: m.index,
+            version: m.version,
+            trusted: true,
+        }))
+    };
+    let remembered = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent));
+    let told = seen.filter(|s| s.value["last_entry"].as_str() == Some(parent));
+    let base = match (remembered, told) {
+        (Some(m), _) => Base {
+            index: m.index,
+            version: m.version,
+            trusted: true,
+        },
+        (None, Some(s)) => Base {
+            index: s.value.clone(),
+            version: s.version,
+            trusted: false,
+        },
+        (None, None) => match read().await? {
+            Some(base) => base,
             None => return Ok(None),
         },
     };
-    let mut index = m.index;
-    let first = index["seq"].as_u64().unwrap_or(0) + 1;
+    let told = !base.trusted;
+    match append_on(ctx, sid, parent, inputs, base).await? {
+        Some(done) => Ok(Some(done)),
+        // The caller's index was not the stored one (another writer since, or altered): as
+        // if it had not been given.
+        None if told => match read().await? {
+            Some(base) => append_on(ctx, sid, parent, inputs, base).await,
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
+/// One transaction of [`fast_append`] on `base` → `None` when a condition failed.
+async fn append_on(
+    ctx: &Ctx,
+    sid: &str,
+    parent: &str,
+    inputs: &[EntryInput],
+    base: Base,
+) -> Result<Option<(Vec<(Entry, bool)>, IndexSeen)>, ErrorBody> {
+    use bus::state::{TRANSACT_MAX_BYTES, TxWrite, json_len, json_len_bound};
+    let mut index = base.index.clone();
+    let Some(obj) = index.as_object_mut() else {
+        return Ok(None);
+    };
+    let first = obj.get("seq").and_then(Value::as_u64).unwrap_or(0) + 1;
     let n = inputs.len() as u64;
-    index["seq"] = json!(first + n - 1);
-    index["updated_at_ms"] = json!(now());
+    obj.insert("seq".into(), json!(first + n - 1));
+    obj.insert("updated_at_ms".into(), json!(now()));
     let mut writes = vec![TxWrite {
         scope: INDEX.into(),
         key: sid.into(),
-        value: index.clone(),
-        expected_version: Some(m.version),
+        value: Value::Null,
+        expected_version: Some(base.version),
+        expected_value: (!base.trusted).then_some(base.index),
     }];
     let mut entries = Vec::with_capacity(inputs.len());
     // At least the entries' JSON length (`json_len_bound`).
@@ -217,14 +314,18 @@ async fn fast_append(
         parent_id = Some(entry.id.clone());
         let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
         bound += json_len_bound(&value);
-        writes.push(TxWrite {
-            scope: ENTRIES.into(),
-            key: entry_key(sid, &entry.id),
+        writes.push(TxWrite::new(
+            ENTRIES,
+            &entry_key(sid, &entry.id),
             value,
-            expected_version: Some(0),
-        });
+            Some(0),
+        ));
         entries.push((entry, true));
     }
+    if let Some(last) = entries.last() {
+        index["last_entry"] = json!(last.0.id);
+    }
+    writes[0].value = index.clone();
     // Exactly only when the bound says it may be over.
     if bound >= TRANSACT_MAX_BYTES / 2
         && writes[1..]
@@ -237,12 +338,18 @@ async fn fast_append(
     }
     match ctx.state_commit(writes, Vec::new()).await {
         Ok(out) => {
-            let version = out["versions"][0].as_u64().unwrap_or(m.version + 1);
-            memo::wrote_index(sid, index, version);
+            let version = out["versions"][0].as_u64().unwrap_or(base.version + 1);
+            memo::wrote_index(sid, index.clone(), version);
             if let Some((last, _)) = entries.last() {
                 memo::appended(sid, version, &last.id);
             }
-            Ok(Some(entries))
+            Ok(Some((
+                entries,
+                IndexSeen {
+                    value: index,
+                    version,
+                },
+            )))
         }
         Err(BusError::VersionConflict(_)) => {
             memo::forget(sid);
@@ -301,6 +408,19 @@ pub async fn append_chain(
     parent: Parent,
     inputs: Vec<EntryInput>,
 ) -> Result<Vec<(Entry, bool)>, ErrorBody> {
+    Ok(append_chain_seen(ctx, sid, parent, inputs, None).await?.0)
+}
+
+/// [`append_chain`] with the index the caller was last answered (`index_seen`) → also the
+/// index this append wrote, where it wrote it in one transaction with the entries (the
+/// caller hands it back with its next append).
+pub async fn append_chain_seen(
+    ctx: &Ctx,
+    sid: &str,
+    parent: Parent,
+    inputs: Vec<EntryInput>,
+    seen: Option<&IndexSeen>,
+) -> Result<(Vec<(Entry, bool)>, Option<IndexSeen>), ErrorBody> {
     for input in &inputs {
         if let Some(id) = &input.id {
             valid_id("id", id)?;
@@ -308,14 +428,14 @@ pub async fn append_chain(
     }
     if let Parent::Id(p) = &parent
         && !inputs.is_empty()
-        && let Some(stored) = fast_append(ctx, sid, p, &inputs).await?
+        && let Some((stored, index)) = fast_append(ctx, sid, p, &inputs, seen).await?
     {
-        return Ok(stored);
+        return Ok((stored, Some(index)));
     }
     let (first_seq, mut parent, index_version) =
         match checked_alloc(ctx, sid, parent, inputs.len()).await? {
             Some(reserved) => reserved,
-            None => return Ok(Vec::new()),
+            None => return Ok((Vec::new(), None)),
         };
     let mut out = Vec::with_capacity(inputs.len());
     for (i, input) in inputs.into_iter().enumerate() {
@@ -347,7 +467,7 @@ pub async fn append_chain(
     if let (Some(version), Some(last)) = (index_version, out.last()) {
         memo::appended(sid, version, &last.0.id);
     }
-    Ok(out)
+    Ok((out, None))
 }
 
 /// The checked path of an append: the session and the parent exist → (the first of `n` seq

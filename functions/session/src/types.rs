@@ -34,6 +34,11 @@ pub struct SessionMeta {
     pub copied_from: Option<Value>,
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub metadata: Value,
+    /// The entry the last one-transaction append created, written only in the transaction
+    /// that creates it (so it names an entry that exists). An append after it that comes with
+    /// the index it was answered (`index_seen`) reads neither the index nor its parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_entry: Option<String>,
 }
 
 // ------------------------------------------------------------------ requests and answers

@@ -688,6 +688,117 @@ async fn an_append_can_answer_the_history_it_continues() {
     assert_eq!(last["leaf_id"], "u5", "{last}");
 }
 
+/// An append that hands back the index its caller was last answered (`index_seen`) is written
+/// on it by an instance that does not remember the session, without reading the index or the
+/// parent; a stale, altered or forged one is checked by the transaction and the append reads
+/// as without it; a malformed one is refused by name and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_on_the_index_its_caller_was_answered_reads_nothing_and_trusts_nothing() {
+    let client_store = store().await;
+    let ctx = client_store.client.ctx();
+    let batch = |id: &str, parent: &str, seen: Option<Value>| {
+        let ctx = ctx.clone();
+        let mut req = json!({"session_id": "ix", "parent_id": parent, "entries": [{"id": id, "message": user(id)}]});
+        if let Some(seen) = seen {
+            req["index_seen"] = seen;
+        }
+        async move { ctx.trigger("session-tree::append_batch", req).await }
+    };
+    let seq = |r: &Value| r["entries"][0]["entry"]["seq"].as_u64().unwrap();
+    ctx.trigger(
+        "session-tree::create",
+        json!({"session_id": "ix", "title": "mine"}),
+    )
+    .await
+    .unwrap();
+    ctx.trigger(
+        "session-tree::append",
+        json!({"session_id": "ix", "parent_id": null, "entry": {"type": "message", "id": "a", "message": user("a")}}),
+    )
+    .await
+    .unwrap();
+    // Written in one transaction with its entry: the answer carries the index, which names it.
+    let b = batch("b", "a", None).await.unwrap();
+    let index_b = b["index"].clone();
+    assert_eq!(index_b["value"]["last_entry"], "b", "{b}");
+    assert_eq!(index_b["value"]["title"], "mine");
+    assert!(index_b["version"].as_u64().is_some(), "{b}");
+
+    // Another instance (nothing remembered) with the index handed back: the parent is not
+    // read. The test takes the parent away behind the store's back to show it: the read
+    // would have refused the append.
+    session_worker::forget_remembered("ix");
+    let b_entry = ctx
+        .trigger(
+            "state::get",
+            json!({"scope": "session-entries", "key": "ix/b"}),
+        )
+        .await
+        .unwrap();
+    ctx.trigger(
+        "state::delete",
+        json!({"scope": "session-entries", "key": "ix/b"}),
+    )
+    .await
+    .unwrap();
+    let c = batch("c", "b", Some(index_b.clone())).await.unwrap();
+    assert_eq!(c["entries"][0]["created"], true, "{c}");
+    assert_eq!(seq(&c), seq(&b) + 1);
+    let index_c = c["index"].clone();
+    assert_eq!(index_c["value"]["last_entry"], "c");
+    assert_eq!(index_c["value"]["seq"], seq(&c));
+    ctx.trigger(
+        "state::set",
+        json!({"scope": "session-entries", "key": "ix/b", "value": b_entry}),
+    )
+    .await
+    .unwrap();
+
+    // A stale index (written since): its transaction fails, and the append reads and goes on.
+    session_worker::forget_remembered("ix");
+    let branch = batch("d", "b", Some(index_b.clone())).await.unwrap();
+    assert_eq!(branch["entries"][0]["created"], true, "{branch}");
+    assert_eq!(seq(&branch), seq(&c) + 1, "{branch}");
+
+    // An altered one (its title changed, at the version that is stored): the transaction
+    // requires the stored value, so nothing of the caller's copy is written.
+    session_worker::forget_remembered("ix");
+    let mut altered = branch["index"].clone();
+    altered["value"]["title"] = json!("not mine");
+    let e = batch("e", "d", Some(altered)).await.unwrap();
+    assert_eq!(seq(&e), seq(&branch) + 1, "{e}");
+    assert_eq!(e["index"]["value"]["title"], "mine", "{e}");
+    let meta = ctx
+        .trigger("session-tree::ensure", json!({"session_id": "ix"}))
+        .await
+        .unwrap();
+    assert_eq!(meta["session"]["title"], "mine", "{meta}");
+
+    // A forged one naming a parent that does not exist: refused as without it.
+    session_worker::forget_remembered("ix");
+    let mut forged = e["index"].clone();
+    forged["value"]["last_entry"] = json!("ghost");
+    let err = batch("f", "ghost", Some(forged)).await.unwrap_err();
+    assert_eq!(err.code(), "entry_not_found", "{err}");
+
+    // Malformed: refused by name, nothing stored.
+    for bad in [
+        json!("yes"),
+        json!({"value": {}}),
+        json!({"value": [], "version": 3}),
+        json!({"value": {}, "version": 0}),
+    ] {
+        let err = batch("g", "e", Some(bad.clone())).await.unwrap_err();
+        assert_eq!(err.code(), "invalid_message", "{bad}: {err}");
+        assert!(err.message().contains("index_seen"), "{bad}: {err}");
+    }
+    let m = ctx
+        .trigger("session-tree::messages", json!({"session_id": "ix"}))
+        .await
+        .unwrap();
+    assert_eq!(texts(&m), ["a", "b", "d", "e"], "{m}");
+}
+
 /// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once
 /// across the pages; a bad `limit` or `offset` is refused naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,6 +137,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         budget_ids: Vec::new(),
         assistant_pending: false,
         recent_appends: Vec::new(),
+        tree_index: None,
         peeked_inbox: None,
         // The first event's seq, reserved: it is written once the record is (a busy session
         // keeps its own events).

@@ -374,6 +374,11 @@ async fn append(
         parent_id: (!continuing).then(|| json!(rec.tree_leaf)),
         peek_inboxes: peek.then(|| INBOXES.iter().map(|n| n.to_string()).collect()),
         with_messages: continuing,
+        index_seen: if continuing {
+            None
+        } else {
+            rec.tree_index.take()
+        },
     };
     let mut out = ctx
         .trigger(session_tree::APPEND_BATCH, json!(request))
@@ -385,6 +390,11 @@ async fn append(
             .and_then(|v| contracts::parse::<inbox::ItemsAnswer>(inbox::PEEK, v).ok())
             .and_then(first_of);
     }
+    // The index this append wrote, for the next one (none: the next one's session reads it).
+    rec.tree_index = out
+        .get_mut("index")
+        .map(Value::take)
+        .and_then(|v| serde_json::from_value(v).ok());
     let context = match out.get_mut("messages").map(Value::take) {
         Some(v) if continuing && !v.is_null() => Some(
             contracts::parse::<session_tree::MessagesAnswer>(session_tree::APPEND_BATCH, v)

@@ -108,12 +108,7 @@ impl RecordStore for Ctx {
         let key = record_key(&rec.session_id);
         let saved = if one_write(&value, &events) {
             // One write: the record and its events (one TransactWriteItems on DynamoDB).
-            let write = TxWrite {
-                scope: SCOPE.into(),
-                key,
-                value,
-                expected_version: Some(version),
-            };
+            let write = TxWrite::new(SCOPE, &key, value, Some(version));
             ctx.state_commit(vec![write], events)
                 .await
                 .map(|out| out["versions"][0].as_u64().unwrap_or(version + 1))

@@ -250,6 +250,11 @@ pub struct Record {
     /// whole history again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_appends: Vec<RecentAppend>,
+    /// The session's index as the run's last append was answered it: handed back with the
+    /// next append (`index_seen`), so a session instance that did not write it last appends
+    /// without reading it (the session's transaction checks it is what is stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_index: Option<harness_sdk::contracts::session_tree::IndexSeen>,
     /// The inboxes as the step's last append found them (`peek_inboxes`), for the
     /// steering check that follows it in the same step; never stored: a step that runs
     /// again peeks again.
