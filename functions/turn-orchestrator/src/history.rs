@@ -63,6 +63,8 @@ pub struct InstanceCache {
     pub(crate) not_for_the_agent: std::sync::Mutex<Option<NotForTheAgent>>,
     /// The instance's compaction reserve (its [`Settings`]).
     pub(crate) reserved_tokens: u64,
+    /// How long a read runs before its start is saved (its [`Settings`]).
+    pub(crate) read_start_shown_after: Duration,
 }
 
 /// A conversation shared between the cache and the step using it (not copied per turn).
@@ -82,6 +84,7 @@ impl InstanceCache {
     pub fn new(reserved_tokens: u64) -> Self {
         Self {
             reserved_tokens,
+            read_start_shown_after: crate::READ_START_SHOWN_AFTER,
             ..Self::default()
         }
     }

@@ -72,6 +72,10 @@ pub const BEST_EFFORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub const COMPACTION_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How long a read (the policy's `read_only`) runs before its start is saved, and so shown: a
+/// read that ends sooner is saved once, with its end (`states::calls::dispatch_with`).
+pub const READ_START_SHOWN_AFTER: Duration = Duration::from_millis(100);
+
 /// Tokens kept free when the model's window is large (SPEC: reserved 20 000); at most half of
 /// a small window.
 pub const RESERVED_TOKENS: u64 = 20_000;
@@ -119,6 +123,9 @@ pub struct Settings {
     pub reserved_tokens: u64,
     pub before_call_timeout_ms: u64,
     pub after_call_timeout_ms: u64,
+    /// How long a read runs before its start is saved and shown
+    /// ([`READ_START_SHOWN_AFTER`] by default).
+    pub read_start_shown_after: Duration,
 }
 
 impl Default for Settings {
@@ -127,6 +134,7 @@ impl Default for Settings {
             reserved_tokens: RESERVED_TOKENS,
             before_call_timeout_ms: hooks::BEFORE_TIMEOUT_MS,
             after_call_timeout_ms: hooks::AFTER_TIMEOUT_MS,
+            read_start_shown_after: READ_START_SHOWN_AFTER,
         }
     }
 }
@@ -140,7 +148,9 @@ pub fn worker_with(settings: Settings) -> Worker {
         settings.before_call_timeout_ms,
         settings.after_call_timeout_ms,
     ));
-    let cache = Arc::new(InstanceCache::new(settings.reserved_tokens));
+    let mut cache = InstanceCache::new(settings.reserved_tokens);
+    cache.read_start_shown_after = settings.read_start_shown_after;
+    let cache = Arc::new(cache);
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(
         def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}.")

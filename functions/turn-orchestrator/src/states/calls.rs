@@ -14,14 +14,35 @@ pub(crate) async fn dispatch(
     announce: bool,
 ) -> StepResult<Executed> {
     let decision = announce.then(|| json!({"decision": "allow"}));
-    dispatch_with(ctx, hooks, rec, version, call, decision, false).await
+    dispatch_with(ctx, hooks, rec, version, call, decision, Grant::default()).await
 }
 
-/// `network`: the policy's allow rule opened the network to this call's sandbox. The model
-/// cannot ask for it: a `sandbox` field in its arguments is dropped. `announce`: emit
+/// What the policy's allow says of a call besides allowing it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Grant {
+    /// The allow rule opens the network to the call's sandbox.
+    pub network: bool,
+    /// What it allows only reads (`read_only`: a rule's word, or a built-in read).
+    pub read_only: bool,
+}
+
+/// This instance's [`crate::READ_START_SHOWN_AFTER`] (its settings).
+fn read_start_shown_after() -> Duration {
+    crate::history::CACHE
+        .try_with(|c| c.read_start_shown_after)
+        .unwrap_or(crate::READ_START_SHOWN_AFTER)
+}
+
+/// `grant.network`: the policy's allow rule opened the network to this call's sandbox. The
+/// model cannot ask for it: a `sandbox` field in its arguments is dropped. `announce`: emit
 /// `function_execution_start` with this policy decision (`{decision, rule_id?}`), for the UI.
 /// The record is saved (at `version`) just before the call runs: a delivery that another
-/// has overtaken stops here (stale) instead of running the call.
+/// has overtaken stops here (stale) instead of running the call, and a step that runs again
+/// after a crash finds the call announced. A read (`grant.read_only`, without hooks or the
+/// network) is not: running it twice changes nothing, so it runs at once, and its start is
+/// saved with its end, or after [`crate::READ_START_SHOWN_AFTER`] while it still runs (a
+/// slow read is shown running as any call is). A delivery that another overtook then finds
+/// out at that save, as it would at the save after the call.
 pub(crate) async fn dispatch_with(
     ctx: &Ctx,
     hooks: &Hooks,
@@ -29,8 +50,9 @@ pub(crate) async fn dispatch_with(
     version: &mut u64,
     call: &Call,
     announce: Option<Value>,
-    network: bool,
+    grant: Grant,
 ) -> StepResult<Executed> {
+    let network = grant.network;
     if let Some(decision) = announce {
         emit(
             rec,
@@ -40,7 +62,8 @@ pub(crate) async fn dispatch_with(
     }
     // Neither the call nor its hooks run before the result of the call before it is durable
     // (the sync that a chained turn left running beside its model call).
-    if hooks.present(ctx, BEFORE_CALL_TOPIC).await {
+    let hooked = hooks.present(ctx, BEFORE_CALL_TOPIC).await;
+    if hooked {
         settle(&rec.pending_sync).await?;
         if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
             return Ok(refused(rec, call, envelope));
@@ -60,15 +83,31 @@ pub(crate) async fn dispatch_with(
     // the record's save (the batch, the first time), one write. That save is no call: it
     // goes into the log behind the writes being synced, while they are (with no hook, the
     // wait for the sync starts after it, off the path of one session's turn).
-    save(ctx, rec, version, false).await?;
+    let read = grant.read_only && !grant.network && !hooked;
+    if !read {
+        save(ctx, rec, version, false).await?;
+    }
     settle(&rec.pending_sync).await?;
     let started = Instant::now();
     let mut span = tool_span(ctx, call);
-    let (result, is_error) = match span
-        .ctx()
-        .trigger_timeout(&call.function_id, payload, CALL_TIMEOUT)
-        .await
-    {
+    let answered = {
+        let running = span
+            .ctx()
+            .trigger_timeout(&call.function_id, payload, CALL_TIMEOUT);
+        tokio::pin!(running);
+        if read {
+            tokio::select! {
+                answered = &mut running => answered,
+                () = tokio::time::sleep(read_start_shown_after()) => {
+                    save(ctx, rec, version, false).await?;
+                    running.await
+                }
+            }
+        } else {
+            running.await
+        }
+    };
+    let (result, is_error) = match answered {
         Ok(v) => (v, false),
         Err(e) => (
             json!({"error": {"code": e.code(), "message": e.message()}}),

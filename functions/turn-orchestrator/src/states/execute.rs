@@ -80,7 +80,10 @@ pub(crate) async fn function_execute(
                         version,
                         &call,
                         Some(decision),
-                        answer.network,
+                        Grant {
+                            network: answer.network,
+                            read_only: answer.read_only,
+                        },
                     )
                     .await?
                 }
