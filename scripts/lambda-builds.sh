@@ -39,6 +39,20 @@ if [ "$profile" = release ]; then args+=(--release); else args+=(--profile "$pro
 for b in "${bins[@]}"; do rm -f "$out/$b/bootstrap"; done
 cargo lambda build --locked "${args[@]}"
 
+# What deploys (the lambda profile, panic = "abort") keeps no unwind tables: nothing unwinds
+# in it (a panic ends the process, and the service answers Runtime.ExitError), so .eh_frame
+# would only serve a backtrace nobody asks for (RUST_BACKTRACE is not set in Lambda; one asked
+# for comes out empty). A tenth of every bootstrap: the co-located one is under 10 MB with all
+# its workers only without them (bench/results/aws.md); `--check-start` starts each. (Not the
+# engine CLI, which runs on a workstation, where a backtrace helps.)
+if [ "$profile" = lambda ]; then
+  for b in "${bins[@]:1}"; do
+    if [ -f "$out/$b/bootstrap" ]; then
+      objcopy --remove-section=.eh_frame --remove-section=.eh_frame_hdr "$out/$b/bootstrap"
+    fi
+  done
+fi
+
 max_glibc=2.34
 status=0
 printf '%-22s %10s  %s\n' binary size glibc
