@@ -288,9 +288,17 @@ async fn append_on(
     let Some(obj) = index.as_object_mut() else {
         return Ok(None);
     };
-    let first = obj.get("seq").and_then(Value::as_u64).unwrap_or(0) + 1;
     let n = inputs.len() as u64;
-    obj.insert("seq".into(), json!(first + n - 1));
+    // A caller's index is not trusted to hold a sane `seq` (its transaction would fail, but
+    // not before the sum): one that would overflow is not written on.
+    let Some((first, last)) = obj
+        .get("seq")
+        .map_or(Some(0), Value::as_u64)
+        .and_then(|seq| Some((seq.checked_add(1)?, seq.checked_add(n)?)))
+    else {
+        return Ok(None);
+    };
+    obj.insert("seq".into(), json!(last));
     obj.insert("updated_at_ms".into(), json!(now()));
     let mut writes = vec![TxWrite {
         scope: INDEX.into(),

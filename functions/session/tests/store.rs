@@ -774,9 +774,18 @@ async fn an_append_on_the_index_its_caller_was_answered_reads_nothing_and_trusts
         .unwrap();
     assert_eq!(meta["session"]["title"], "mine", "{meta}");
 
+    // One whose `seq` would overflow when the new entries are counted on it: not written on,
+    // no panic; the append reads and goes on.
+    session_worker::forget_remembered("ix");
+    let mut huge = e["index"].clone();
+    huge["value"]["seq"] = json!(u64::MAX);
+    let e2 = batch("e2", "e", Some(huge)).await.unwrap();
+    assert_eq!(seq(&e2), seq(&e) + 1, "{e2}");
+    let mut after_e2 = e2["index"].clone();
+
     // A forged one naming a parent that does not exist: refused as without it.
     session_worker::forget_remembered("ix");
-    let mut forged = e["index"].clone();
+    let mut forged = after_e2.take();
     forged["value"]["last_entry"] = json!("ghost");
     let err = batch("f", "ghost", Some(forged)).await.unwrap_err();
     assert_eq!(err.code(), "entry_not_found", "{err}");
@@ -788,7 +797,7 @@ async fn an_append_on_the_index_its_caller_was_answered_reads_nothing_and_trusts
         json!({"value": [], "version": 3}),
         json!({"value": {}, "version": 0}),
     ] {
-        let err = batch("g", "e", Some(bad.clone())).await.unwrap_err();
+        let err = batch("g", "e2", Some(bad.clone())).await.unwrap_err();
         assert_eq!(err.code(), "invalid_message", "{bad}: {err}");
         assert!(err.message().contains("index_seen"), "{bad}: {err}");
     }
@@ -796,7 +805,7 @@ async fn an_append_on_the_index_its_caller_was_answered_reads_nothing_and_trusts
         .trigger("session-tree::messages", json!({"session_id": "ix"}))
         .await
         .unwrap();
-    assert_eq!(texts(&m), ["a", "b", "d", "e"], "{m}");
+    assert_eq!(texts(&m), ["a", "b", "d", "e", "e2"], "{m}");
 }
 
 /// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once
