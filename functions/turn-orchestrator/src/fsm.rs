@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! provisioning ──Provisioned──▶ assistant_streaming
-//! assistant_streaming ──Answered(calls)──▶ function_execute (in the same step; saved before a call runs)
+//! assistant_streaming ──Answered(calls)──▶ function_execute (in the same step; saved before a call runs, a read excepted)
 //!                     ──Answered(none)───▶ steering_check (in the same step)
 //!                     ──BudgetRefused / ModelFailed──▶ stopped
 //! function_execute ──Parked──▶ function_awaiting_approval
