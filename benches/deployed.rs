@@ -304,6 +304,29 @@ fn where_the_time_goes(spans: &[otlp::Exported], k: usize) {
         .map(|w| format!("{:.0}", ms(w[1].start_ns - w[0].start_ns)))
         .collect();
     println!("\nms from one model call to the next: {}", gaps.join(" "));
+    // How long each model call waits before the provider's handler starts, and after it ends.
+    let providers: Vec<&otlp::Exported> = spans
+        .iter()
+        .filter(|sp| sp.name.starts_with("provider::") && sp.name.ends_with("::stream"))
+        .collect();
+    let waits: Vec<String> = chats
+        .iter()
+        .filter_map(|c| {
+            let p = providers
+                .iter()
+                .filter(|p| p.start_ns >= c.start_ns && p.start_ns < c.end_ns)
+                .min_by_key(|p| p.start_ns)?;
+            Some(format!(
+                "{:.0}+{:.0}",
+                ms(p.start_ns - c.start_ns),
+                ms(c.end_ns.saturating_sub(p.end_ns))
+            ))
+        })
+        .collect();
+    println!(
+        "ms of each model call before the provider's handler starts + after it ends: {}",
+        waits.join(" ")
+    );
     // `BENCH_TRACE_AT=n`: the timeline from model call n (default: the middle one).
     let i = std::env::var("BENCH_TRACE_AT")
         .ok()
