@@ -488,31 +488,26 @@ async fn a_step_that_fails_after_its_last_call_does_not_run_it_again() {
         ..Default::default()
     });
     // The session tree's append, failing once for the batch's results, else the real one.
-    const APPEND: &str = "session-tree::append_batch";
-    unregister(&s, APPEND).await;
-    let real = session_worker::worker().handler(APPEND).cloned().unwrap();
     let failures = std::sync::Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
-    let flaky = harness_sdk::Worker::new("flaky-session").function(
-        APPEND,
+    let _flaky = in_front_of_the_append(
+        &s,
+        "flaky-session",
         "fails the first append of function results, then appends",
-        move |ctx, data: Value| {
-            let (real, f) = (real.clone(), f.clone());
-            async move {
-                let results = data["entries"]
-                    .as_array()
-                    .is_some_and(|e| e.iter().any(|e| e["message"]["role"] == "function_result"));
-                if results && f.fetch_add(1, Ordering::SeqCst) == 0 {
-                    return Err(engine_gateway::protocol::ErrorBody::new(
-                        "storage_error",
-                        "the session store is away for a moment",
-                    ));
-                }
-                real(ctx, data).await
+        move |data| {
+            let results = data["entries"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["message"]["role"] == "function_result"));
+            if results && f.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(engine_gateway::protocol::ErrorBody::new(
+                    "storage_error",
+                    "the session store is away for a moment",
+                ));
             }
+            Ok(())
         },
-    );
-    let _flaky = harness_sdk::run_embedded(flaky, &s.srv.engine).unwrap();
+    )
+    .await;
     let ctx = s.client.ctx();
     start(&ctx, "after-call", None).await;
     wait_state(&ctx, "after-call", "stopped").await;
@@ -526,6 +521,36 @@ async fn a_step_that_fails_after_its_last_call_does_not_run_it_again() {
     assert_eq!(rec["error"], Value::Null, "{rec}");
     let roles = roles(&rec);
     assert_eq!(roles, ["user", "assistant", "function_result", "assistant"]);
+}
+
+/// `session-tree::append_batch` replaced by a worker `name` that hands each payload to
+/// `before` (which may change it, or answer an error in the append's place) and then to the
+/// real session worker's append.
+async fn in_front_of_the_append(
+    s: &Stack,
+    name: &str,
+    description: &str,
+    before: impl Fn(&mut Value) -> Result<(), engine_gateway::protocol::ErrorBody>
+    + Send
+    + Sync
+    + 'static,
+) -> harness_sdk::WorkerHandle {
+    const APPEND: &str = "session-tree::append_batch";
+    unregister(s, APPEND).await;
+    let real = session_worker::worker().handler(APPEND).cloned().unwrap();
+    let before = std::sync::Arc::new(before);
+    let wrapper = harness_sdk::Worker::new(name).function(
+        APPEND,
+        description,
+        move |ctx, mut data: Value| {
+            let (real, before) = (real.clone(), before.clone());
+            async move {
+                before(&mut data)?;
+                real(ctx, data).await
+            }
+        },
+    );
+    harness_sdk::run_embedded(wrapper, &s.srv.engine).unwrap()
 }
 
 /// A session worker from before `with_messages` and `peek_inboxes` (it ignores both, as an
@@ -543,29 +568,24 @@ async fn a_session_worker_that_ignores_the_newer_append_fields_still_runs_turns(
         ],
         ..Default::default()
     });
-    const APPEND: &str = "session-tree::append_batch";
-    unregister(&s, APPEND).await;
-    let real = session_worker::worker().handler(APPEND).cloned().unwrap();
     let asked = std::sync::Arc::new(AtomicUsize::new(0));
     let a = asked.clone();
-    let older = harness_sdk::Worker::new("older-session").function(
-        APPEND,
+    let _older = in_front_of_the_append(
+        &s,
+        "older-session",
         "appends, knowing neither `with_messages` nor `peek_inboxes`",
-        move |ctx, mut data: Value| {
-            let (real, a) = (real.clone(), a.clone());
-            async move {
-                if let Some(o) = data.as_object_mut() {
-                    let newer =
-                        o.remove("with_messages").is_some() | o.remove("peek_inboxes").is_some();
-                    if newer {
-                        a.fetch_add(1, Ordering::SeqCst);
-                    }
+        move |data| {
+            if let Some(o) = data.as_object_mut() {
+                let newer =
+                    o.remove("with_messages").is_some() | o.remove("peek_inboxes").is_some();
+                if newer {
+                    a.fetch_add(1, Ordering::SeqCst);
                 }
-                real(ctx, data).await
             }
+            Ok(())
         },
-    );
-    let _older = harness_sdk::run_embedded(older, &s.srv.engine).unwrap();
+    )
+    .await;
     let ctx = s.client.ctx();
     for _ in 0..2 {
         start(&ctx, "older", None).await;
