@@ -391,17 +391,23 @@ impl TxWrite {
     }
 }
 
-/// Whether a stored record holding `stored` at the expected version may be written by `w`
-/// (its `expected_value`, where given, is what is stored) → the conflict that names it.
-pub fn check_expected_value(w: &TxWrite, stored: &Value, version: u64) -> Result<(), StateError> {
-    match &w.expected_value {
-        Some(expected) if expected != stored => Err(StateError::ValueConflict {
-            scope: w.scope.clone(),
-            key: w.key.clone(),
-            version,
-        }),
-        _ => Ok(()),
+/// Whether a record at (`scope`, `key`) holding `stored` at the expected version holds the
+/// `expected_value` a write asks for → the conflict that names it.
+pub fn check_expected_value(
+    scope: &str,
+    key: &str,
+    expected: &Value,
+    stored: &Value,
+    version: u64,
+) -> Result<(), StateError> {
+    if expected == stored {
+        return Ok(());
     }
+    Err(StateError::ValueConflict {
+        scope: scope.to_string(),
+        key: key.to_string(),
+        version,
+    })
 }
 
 /// The most writes one transaction holds (DynamoDB's `TransactWriteItems` limit).

@@ -247,16 +247,14 @@ impl EmbeddedBackend {
         meta: &WriteMeta,
     ) -> Result<Vec<(Option<u64>, Value)>, StateError> {
         bus::state::check_transaction(&writes)?;
-        let batch = writes.into_iter().map(|mut w| {
-            // What the record must hold, named as the write (its value left out).
-            let check = w.expected_value.take().map(|expected| bus::state::TxWrite {
-                scope: w.scope.clone(),
-                key: w.key.clone(),
-                value: Value::Null,
-                expected_version: w.expected_version,
-                expected_value: Some(expected),
-            });
-            (w.scope, w.key, w.expected_version, w.value, check)
+        let batch = writes.into_iter().map(|w| {
+            (
+                w.scope,
+                w.key,
+                w.expected_version,
+                w.value,
+                w.expected_value,
+            )
         });
         let written = self.write_batch(batch, meta).await?;
         Ok(written
@@ -298,20 +296,12 @@ impl EmbeddedBackend {
         Ok(written.iter().map(|w| Some(w.existed)).collect())
     }
 
-    /// Writes of (scope, key, expected version, value, the write whose `expected_value` the
-    /// record must hold), each with its change record, as one log record: all are written or
-    /// none is. Keys are distinct (each write reads the store as it was before the batch).
+    /// Writes of (scope, key, expected version, value, expected value), each with its change
+    /// record, as one log record: all are written or none is. Keys are distinct (each write
+    /// reads the store as it was before the batch).
     async fn write_batch(
         &self,
-        batch: impl Iterator<
-            Item = (
-                String,
-                String,
-                Option<u64>,
-                Value,
-                Option<bus::state::TxWrite>,
-            ),
-        >,
+        batch: impl Iterator<Item = (String, String, Option<u64>, Value, Option<Value>)>,
         meta: &WriteMeta,
     ) -> Result<Vec<Written>, StateError> {
         let seqs = &self.change_seq;
@@ -320,7 +310,8 @@ impl EmbeddedBackend {
                 // Opened once for the batch (it is closed again before the log is applied).
                 let state = txn.open_table(STATE).map_err(storage)?;
                 batch
-                    .map(|(scope, key, expected_version, value, check)| {
+                    .map(|(scope, key, expected_version, value, expected_value)| {
+                        let (s, k) = (&scope, &key);
                         write_in(
                             &state,
                             log,
@@ -331,9 +322,12 @@ impl EmbeddedBackend {
                             meta,
                             false,
                             move |current| {
-                                if let (Some(check), Some(current)) = (check, current) {
+                                if let (Some(expected), Some(current)) = (&expected_value, current)
+                                {
                                     bus::state::check_expected_value(
-                                        &check,
+                                        s,
+                                        k,
+                                        expected,
                                         &current.value()?,
                                         current.version,
                                     )?;

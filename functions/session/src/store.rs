@@ -262,12 +262,12 @@ async fn fast_append(
             None => return Ok(None),
         },
     };
-    let told = !base.trusted;
+    let from_caller = !base.trusted;
     match append_on(ctx, sid, parent, inputs, base).await? {
         Some(done) => Ok(Some(done)),
         // The caller's index was not the stored one (another writer since, or altered): as
         // if it had not been given.
-        None if told => match read().await? {
+        None if from_caller => match read().await? {
             Some(base) => append_on(ctx, sid, parent, inputs, base).await,
             None => Ok(None),
         },
