@@ -189,18 +189,32 @@ impl IndexSeen {
             None | Some(Value::Null) => return Ok(None),
             Some(v) => v,
         };
-        match (
+        let (value, version) = match (
             seen.get("value"),
             seen.get("version").and_then(Value::as_u64),
         ) {
-            (Some(value @ Value::Object(_)), Some(version)) if version > 0 => Ok(Some(IndexSeen {
-                value: value.clone(),
-                version,
-            })),
-            _ => Err(ErrorBody::invalid(
-                "`index_seen` must be `{value: <the index as answered>, version: <a positive integer>}`",
-            )),
+            (Some(value @ Value::Object(_)), Some(version)) if version > 0 => (value, version),
+            _ => {
+                return Err(ErrorBody::invalid(
+                    "`index_seen` must be `{value: <the index as answered>, version: <a positive integer>}`",
+                ));
+            }
+        };
+        // No index this worker answers is larger or nests deeper: such a claim is refused
+        // here rather than failing the append's transaction.
+        bus::state::check_value_depth("`index_seen.value`", value)
+            .map_err(|e| ErrorBody::invalid(e.to_string()))?;
+        if bus::state::json_len_bound(value) > INDEX_ANSWER_MAX_BYTES
+            && bus::state::json_len(value) > INDEX_ANSWER_MAX_BYTES
+        {
+            return Err(ErrorBody::invalid(format!(
+                "`index_seen.value` holds more than {INDEX_ANSWER_MAX_BYTES} bytes of JSON: no index is answered that large"
+            )));
         }
+        Ok(Some(IndexSeen {
+            value: value.clone(),
+            version,
+        }))
     }
 
     pub fn to_json(&self) -> Value {

@@ -796,6 +796,9 @@ async fn an_append_on_the_index_its_caller_was_answered_reads_nothing_and_trusts
         json!({"value": {}}),
         json!({"value": [], "version": 3}),
         json!({"value": {}, "version": 0}),
+        // Deeper, or larger, than any index an append answers.
+        json!({"value": {"n": (0..70).fold(json!(1), |v, _| json!([v]))}, "version": 3}),
+        json!({"value": {"title": "x".repeat(5000)}, "version": 3}),
     ] {
         let err = batch("g", "e2", Some(bad.clone())).await.unwrap_err();
         assert_eq!(err.code(), "invalid_message", "{bad}: {err}");
