@@ -447,6 +447,17 @@ async fn a_transaction_commits_every_write_or_none() {
         .unwrap()[0];
     let now = b.state.get(&scope, "cas").await.unwrap().unwrap();
     assert_eq!((now.value, Some(now.version)), (json!({"seq": 5}), v2));
+    // A value expected that nests too deep is refused before anything is written.
+    let nested = (0..70).fold(json!(1), |v, _| json!([v]));
+    let err = b
+        .state
+        .transact(vec![cas(nested, v2.unwrap_or(v))], &meta)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StateError::Invalid(m) if m.contains("expected_value") && m.contains("nests deeper")),
+        "{err:?}"
+    );
     // Only on a record that exists, at a version named.
     for version in [None, Some(0)] {
         let err = b
