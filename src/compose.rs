@@ -276,7 +276,7 @@ pub async fn start(
                 reserved_tokens: cfg.compaction.reserved_tokens,
                 before_call_timeout_ms: cfg.hooks.before_call_timeout_ms.get(),
                 after_call_timeout_ms: cfg.hooks.after_call_timeout_ms.get(),
-                ..Default::default()
+                ..turn_orchestrator::Settings::from_env()
             }),
             engine,
         )?);

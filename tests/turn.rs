@@ -1306,6 +1306,46 @@ async fn an_approval_wake_up_that_fails_twice_still_resumes_the_session_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_turns_run_in_fewer_steps_than_turns() {
     let s = stack("version: 1\nrules:\n  - \"fs::list\"\n").await;
+    if let Some(steps) = thirteen_fast_turns(&s, "chained").await {
+        assert!(
+            (1..13).contains(&steps),
+            "thirteen model turns in {steps} assistant_streaming steps"
+        );
+    }
+}
+
+/// How long a step chains turns is the orchestrator's `chain_budget` (what
+/// `HARNESS_CHAIN_BUDGET_MS` sets, the deployed template's 1 s): at zero every turn is a step
+/// of its own, within a long budget a fast run is one step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_budget_decides_how_many_turns_one_step_runs() {
+    for (budget, sid, expected) in [
+        (Duration::ZERO, "unchained", 13..14),
+        (Duration::from_secs(10), "one-step", 1..2),
+    ] {
+        let s = stack("version: 1\nrules:\n  - \"fs::list\"\n").await;
+        // This orchestrator (the last registration wins) chains for `budget`.
+        let _orchestrator = harness_sdk::run_embedded(
+            turn_orchestrator::worker_with(turn_orchestrator::Settings {
+                chain_budget: budget,
+                ..Default::default()
+            }),
+            &s.srv.engine,
+        )
+        .unwrap();
+        if let Some(steps) = thirteen_fast_turns(&s, sid).await {
+            assert!(
+                expected.contains(&steps),
+                "a chain budget of {budget:?}: thirteen model turns in {steps} assistant_streaming steps"
+            );
+        }
+    }
+}
+
+/// A run of thirteen model turns (twelve `fs::list` calls, then text) in session `sid`,
+/// checked to its end; the number of `assistant_streaming` steps it took (embedded only: the
+/// engine's spans count them).
+async fn thirteen_fast_turns(s: &Stack, sid: &str) -> Option<usize> {
     std::fs::create_dir_all(&s.work).unwrap();
     let mut turns: Vec<Turn> = (0..12)
         .map(|i| Turn {
@@ -1327,12 +1367,12 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
         ..Default::default()
     });
     let ctx = s.client.ctx();
-    start(&ctx, "chained", Some(50)).await;
-    let view = wait_state(&ctx, "chained", "stopped").await;
+    start(&ctx, sid, Some(50)).await;
+    let view = wait_state(&ctx, sid, "stopped").await;
     assert_eq!(view["error"], Value::Null, "{view}");
     assert_eq!(view["turn_count"], 13, "{view}");
     let history = ctx
-        .trigger("session-tree::messages", json!({"session_id": "chained"}))
+        .trigger("session-tree::messages", json!({"session_id": sid}))
         .await
         .unwrap();
     let results = history["messages"]
@@ -1343,15 +1383,11 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
         .count();
     assert_eq!(results, 12, "{history}");
     if engine_gateway::server::aws_test_backend() {
-        return;
+        return None;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let group = session_group(&ctx, "chained").await;
-    let steps = engine_span_count(&ctx, &group, "turn::assistant_streaming").await;
-    assert!(
-        (1..13).contains(&steps),
-        "thirteen model turns in {steps} assistant_streaming steps"
-    );
+    let group = session_group(&ctx, sid).await;
+    Some(engine_span_count(&ctx, &group, "turn::assistant_streaming").await)
 }
 
 /// Wait until the engine has recorded a finished `step` (a turn step's span) of session

@@ -59,7 +59,11 @@ pub(crate) async fn step(
     // turn's, before its next call: `save_syncing_later`).
     let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
-    let mut out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, Chain::STEP).await;
+    let budget = crate::history::CACHE
+        .try_with(|c| c.chain_budget)
+        .unwrap_or(crate::CHAIN_BUDGET);
+    let chain = Chain::step(budget);
+    let mut out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, chain).await;
     if let Err(e) = &out
         && last_delivery(data)
     {
@@ -155,10 +159,16 @@ impl Chain {
     };
     /// What a queued step does: a turn is a queue hop, a record load and an acknowledgement
     /// (a fifth of a fast tool call's cost) only when the step has run a while.
-    pub const STEP: Chain = Chain {
-        budget: Duration::from_millis(100),
-        max_turns: 64,
-    };
+    #[cfg(test)]
+    pub const STEP: Chain = Chain::step(crate::CHAIN_BUDGET);
+
+    /// A queued step's chain with this instance's budget ([`crate::Settings::chain_budget`]).
+    pub const fn step(budget: Duration) -> Chain {
+        Chain {
+            budget,
+            max_turns: 64,
+        }
+    }
 }
 
 /// One step of session `sid` in state `expected`: a record in another state means the

@@ -65,6 +65,8 @@ pub struct InstanceCache {
     pub(crate) reserved_tokens: u64,
     /// How long a read runs before its start is saved (its [`Settings`]).
     pub(crate) read_start_shown_after: Duration,
+    /// How long a step chains the run's next turns (its [`Settings`]).
+    pub(crate) chain_budget: Duration,
 }
 
 /// A conversation shared between the cache and the step using it (not copied per turn).
@@ -85,6 +87,7 @@ impl InstanceCache {
         Self {
             reserved_tokens,
             read_start_shown_after: crate::READ_START_SHOWN_AFTER,
+            chain_budget: crate::CHAIN_BUDGET,
             ..Self::default()
         }
     }

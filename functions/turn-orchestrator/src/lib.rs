@@ -76,6 +76,35 @@ pub const COMPACTION_TIMEOUT: Duration = Duration::from_secs(300);
 /// read that ends sooner is saved once, with its end (`states::calls::dispatch_with`).
 pub const READ_START_SHOWN_AFTER: Duration = Duration::from_millis(100);
 
+/// How long one queued `assistant_streaming` step goes on into the run's next turns before it
+/// queues the next one (`driver::Chain`): the default of one process, where a queue hop is
+/// cheap. `HARNESS_CHAIN_BUDGET_MS` sets another (the deployed template: 1 s, where a hop is an
+/// SQS send, receive and delete, an invocation and the record's read).
+pub const CHAIN_BUDGET: Duration = Duration::from_millis(100);
+
+/// The longest chain budget `HARNESS_CHAIN_BUDGET_MS` may ask for: a busy step queue still
+/// goes round its sessions at least this often (plus one turn).
+pub const MAX_CHAIN_BUDGET: Duration = Duration::from_secs(10);
+
+/// The chain budget `HARNESS_CHAIN_BUDGET_MS` asks for (`None`: not set): whole milliseconds,
+/// at most [`MAX_CHAIN_BUDGET`]; anything else is refused with what is wrong.
+pub fn chain_budget_from(value: Option<&str>) -> Result<Duration, String> {
+    let Some(v) = value else {
+        return Ok(CHAIN_BUDGET);
+    };
+    let ms: u64 = v.trim().parse().map_err(|_| {
+        format!("HARNESS_CHAIN_BUDGET_MS must be a whole number of milliseconds, not {v:?}")
+    })?;
+    let budget = Duration::from_millis(ms);
+    if budget > MAX_CHAIN_BUDGET {
+        return Err(format!(
+            "HARNESS_CHAIN_BUDGET_MS is {ms}, over the most a step may chain turns for ({} ms)",
+            MAX_CHAIN_BUDGET.as_millis()
+        ));
+    }
+    Ok(budget)
+}
+
 /// Tokens kept free when the model's window is large (SPEC: reserved 20 000); at most half of
 /// a small window.
 pub const RESERVED_TOKENS: u64 = 20_000;
@@ -126,6 +155,24 @@ pub struct Settings {
     /// How long a read runs before its start is saved and shown
     /// ([`READ_START_SHOWN_AFTER`] by default).
     pub read_start_shown_after: Duration,
+    /// How long a step chains the run's next turns ([`CHAIN_BUDGET`] by default).
+    pub chain_budget: Duration,
+}
+
+impl Settings {
+    /// The defaults, with what the process's environment sets (`HARNESS_CHAIN_BUDGET_MS`; a
+    /// value it refuses is logged and the default kept, so a typo does not stop the worker).
+    pub fn from_env() -> Self {
+        let var = std::env::var("HARNESS_CHAIN_BUDGET_MS").ok();
+        let chain_budget = chain_budget_from(var.as_deref()).unwrap_or_else(|why| {
+            tracing::warn!(%why, default_ms = CHAIN_BUDGET.as_millis() as u64, "chain budget refused; using the default");
+            CHAIN_BUDGET
+        });
+        Self {
+            chain_budget,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for Settings {
@@ -135,12 +182,13 @@ impl Default for Settings {
             before_call_timeout_ms: hooks::BEFORE_TIMEOUT_MS,
             after_call_timeout_ms: hooks::AFTER_TIMEOUT_MS,
             read_start_shown_after: READ_START_SHOWN_AFTER,
+            chain_budget: CHAIN_BUDGET,
         }
     }
 }
 
 pub fn worker() -> Worker {
-    worker_with(Settings::default())
+    worker_with(Settings::from_env())
 }
 
 pub fn worker_with(settings: Settings) -> Worker {
@@ -150,6 +198,7 @@ pub fn worker_with(settings: Settings) -> Worker {
     ));
     let mut cache = InstanceCache::new(settings.reserved_tokens);
     cache.read_start_shown_after = settings.read_start_shown_after;
+    cache.chain_budget = settings.chain_budget;
     let cache = Arc::new(cache);
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(
@@ -232,5 +281,32 @@ mod retry_window_tests {
         assert_eq!(step_retries(Duration::from_secs(0)), 1);
         assert_eq!(step_retries(Duration::from_secs(3)), 2);
         assert_eq!(step_retries(Duration::from_secs(u64::MAX / 2000)), 16);
+    }
+}
+
+#[cfg(test)]
+mod chain_budget_tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_budget_is_whole_milliseconds_within_the_bound() {
+        assert_eq!(chain_budget_from(None), Ok(CHAIN_BUDGET));
+        assert_eq!(chain_budget_from(Some("1000")), Ok(Duration::from_secs(1)));
+        assert_eq!(chain_budget_from(Some(" 0 ")), Ok(Duration::ZERO));
+        assert_eq!(chain_budget_from(Some("10000")), Ok(MAX_CHAIN_BUDGET));
+        for (bad, says) in [
+            ("10001", "over the most"),
+            ("1.5", "whole number"),
+            ("-1", "whole number"),
+            ("", "whole number"),
+            ("1s", "whole number"),
+            ("99999999999999999999999", "whole number"),
+        ] {
+            let why = chain_budget_from(Some(bad)).unwrap_err();
+            assert!(
+                why.contains(says) && why.contains("HARNESS_CHAIN_BUDGET_MS"),
+                "{bad:?}: {why}"
+            );
+        }
     }
 }
