@@ -8,38 +8,38 @@ pub(crate) async fn provisioning(
     rec: &mut Record,
     req: &RunRequest,
 ) -> StepResult<Outcome> {
-    // Default skills, best effort (the directory worker may not run).
-    let skills: Vec<String> = match &req.system_default_skills {
-        Some(ids) => ids.clone(),
-        None => DEFAULT_SKILLS.iter().map(|s| s.to_string()).collect(),
+    // None of these needs another, and each is a call (a run's start waited for them one by
+    // one): the skills' index and the working directory for the prompt, the model's metadata,
+    // the tool listing the catalogue and the budgets, beside the append of this run's
+    // messages at the session's current leaf (with the history read in the same call). The
+    // append is idempotent (its entry ids are the run's), so a step that fails on something
+    // else after it and runs again does not store the messages twice.
+    let sid = rec.session_id.clone();
+    let gathered = async {
+        tokio::join!(
+            skills_index(ctx, req),
+            workdir(ctx, &sid),
+            best_effort(
+                ctx,
+                "models::get",
+                json!({"provider": req.provider, "model_id": req.model}),
+            ),
+            catalogue_tool(ctx),
+            budgets(ctx, req),
+        )
     };
-    for id in &skills {
-        let _ = best_effort(ctx, "directory::skills::download", json!({ "id": id })).await;
-    }
-    // The index covers the skills the run asked for (SPEC: the default skills' index), not
-    // every namespace on the bus; none asked, no index.
-    let index = match skills.is_empty() {
-        true => None,
-        false => best_effort(ctx, "directory::skills::index", json!({"ids": skills})).await,
+    let messages = req.messages.clone();
+    let appended = async {
+        match rec.tree {
+            true => append_history_continuing(ctx, rec, messages, "u").await,
+            false => Ok(()),
+        }
     };
-    let index_text = index
-        .as_ref()
-        .and_then(|v| v["body"].as_str().or(v["index"].as_str()))
-        .map(str::to_owned);
-    // The session's working directory and sandbox, made now (best effort: the tools worker
-    // may not run, and makes it on the first call anyway); the prompt names where it is.
-    let provisioned = best_effort(
-        ctx,
-        "shell::provision",
-        json!({"session_id": rec.session_id}),
-    )
-    .await;
-    let workdir = match provisioned.and_then(|v| v["workdir"].as_str().map(str::to_owned)) {
-        Some(w) => Some(w),
-        None => best_effort(ctx, "shell::sandbox", json!({}))
-            .await
-            .and_then(|v| v["workdir"].as_str().map(str::to_owned)),
-    };
+    let ((index_text, workdir, model_meta, tool, budgets), appended) =
+        tokio::join!(gathered, appended);
+    appended?;
+    rec.model_meta = model_meta.filter(|v| !v.is_null());
+    rec.budget_ids = budgets;
     let system_prompt = Some(match &req.system_prompt {
         Some(verbatim) => verbatim.clone(),
         None => prompt::system_prompt(
@@ -48,17 +48,10 @@ pub(crate) async fn provisioning(
             workdir.as_deref(),
         ),
     });
-    rec.model_meta = best_effort(
-        ctx,
-        "models::get",
-        json!({"provider": req.provider, "model_id": req.model}),
-    )
-    .await
-    .filter(|v| !v.is_null());
     let run_prompt = Prompt {
         run_key: rec.run_key.clone(),
         system_prompt,
-        tools: vec![catalogue_tool(ctx).await?],
+        tools: vec![tool?],
     };
     ctx.state_set(
         SCOPE,
@@ -72,7 +65,48 @@ pub(crate) async fn provisioning(
             r.prompt = Some(run_prompt.clone())
         })
     });
-    // Budgets: the one named, and those governing this workspace/agent.
+    Ok(Outcome::Provisioned)
+}
+
+/// The index of the run's default skills, downloaded first (best effort: the directory
+/// worker may not run). The index covers the skills the run asked for (SPEC: the default
+/// skills' index), not every namespace on the bus; none asked, no index.
+async fn skills_index(ctx: &Ctx, req: &RunRequest) -> Option<String> {
+    let skills: Vec<String> = match &req.system_default_skills {
+        Some(ids) => ids.clone(),
+        None => DEFAULT_SKILLS.iter().map(|s| s.to_string()).collect(),
+    };
+    if skills.is_empty() {
+        return None;
+    }
+    // Each skill's download is its own; the index waits for them all.
+    futures_util::future::join_all(
+        skills
+            .iter()
+            .map(|id| best_effort(ctx, "directory::skills::download", json!({ "id": id }))),
+    )
+    .await;
+    let index = best_effort(ctx, "directory::skills::index", json!({"ids": skills})).await?;
+    index["body"]
+        .as_str()
+        .or(index["index"].as_str())
+        .map(str::to_owned)
+}
+
+/// The session's working directory and sandbox, made now (best effort: the tools worker may
+/// not run, and makes it on the first call anyway); the prompt names where it is.
+async fn workdir(ctx: &Ctx, session_id: &str) -> Option<String> {
+    let provisioned = best_effort(ctx, "shell::provision", json!({"session_id": session_id})).await;
+    match provisioned.and_then(|v| v["workdir"].as_str().map(str::to_owned)) {
+        Some(w) => Some(w),
+        None => best_effort(ctx, "shell::sandbox", json!({}))
+            .await
+            .and_then(|v| v["workdir"].as_str().map(str::to_owned)),
+    }
+}
+
+/// The budgets of the run: the one it names, and those governing its workspace or agent.
+async fn budgets(ctx: &Ctx, req: &RunRequest) -> Vec<String> {
     let mut budgets: Vec<String> = req.budget_id.iter().cloned().collect();
     if (req.workspace_id.is_some() || req.agent_id.is_some())
         && let Some(v) = best_effort(
@@ -90,12 +124,7 @@ pub(crate) async fn provisioning(
             }
         }
     }
-    rec.budget_ids = budgets;
-    // This run's messages at the session's current leaf, the history read in the same call.
-    if rec.tree {
-        append_history_continuing(ctx, rec, req.messages.clone(), "u").await?;
-    }
-    Ok(Outcome::Provisioned)
+    budgets
 }
 
 /// The `agent_trigger` tool listing the catalogue: built again only when the engine's
