@@ -37,10 +37,8 @@ pub async fn answer(
 }
 
 async fn functions(registry: &DynamoRegistry, data: &Value) -> Result<Value, ErrorBody> {
-    let mut out: Vec<Value> = registry
-        .list("function")
-        .await
-        .map_err(storage)?
+    let (listed, version) = registry.list_versioned("function").await.map_err(storage)?;
+    let mut out: Vec<Value> = listed
         .into_iter()
         .map(|(id, owner, body)| {
             json!({
@@ -54,7 +52,10 @@ async fn functions(registry: &DynamoRegistry, data: &Value) -> Result<Value, Err
         })
         .collect();
     out.sort_by(|a, b| a["function_id"].as_str().cmp(&b["function_id"].as_str()));
-    bus::paging::functions_page(out, data)
+    let mut page = bus::paging::functions_page(out, data)?;
+    // The local engine's field, here a digest of the registry's function entries.
+    page["catalogue_version"] = json!(version);
+    Ok(page)
 }
 
 async fn triggers(registry: &DynamoRegistry) -> Result<Value, ErrorBody> {

@@ -28,7 +28,7 @@ type Listed = Vec<(String, String, serde_json::Value)>;
 #[derive(Default)]
 struct ReadCache {
     gets: HashMap<(String, String), (Instant, Entry)>,
-    lists: HashMap<String, (Instant, Listed)>,
+    lists: HashMap<String, (Instant, Listed, String)>,
 }
 
 #[derive(Clone)]
@@ -69,24 +69,39 @@ impl DynamoRegistry {
         &self,
         kind: &str,
     ) -> Result<Vec<(String, String, serde_json::Value)>, String> {
-        let cached = CACHED_LISTS.contains(&kind);
-        if cached
-            && let Some((at, listed)) = self.cache().lists.get(kind)
-            && at.elapsed() < DEPLOYED_TTL
-        {
-            return Ok(listed.clone());
-        }
-        let out = self.list_uncached(kind).await?;
-        if cached {
-            self.cache()
-                .lists
-                .insert(kind.to_string(), (Instant::now(), out.clone()));
-        }
-        Ok(out)
+        Ok(self.list_versioned(kind).await?.0)
     }
 
-    async fn list_uncached(&self, kind: &str) -> Result<Listed, String> {
+    /// [`Self::list`] with a version of what it lists: a digest of every entry as stored
+    /// (id, owner, body), so it moves whenever an entry is added, removed or rewritten with
+    /// other content, and stays while nothing changed (`catalogue_version`, which the local
+    /// engine counts, and which lets the skills and the agent's tool be derived once per
+    /// catalogue rather than once per run).
+    pub async fn list_versioned(&self, kind: &str) -> Result<(Listed, String), String> {
+        let cached = CACHED_LISTS.contains(&kind);
+        if cached
+            && let Some((at, listed, version)) = self.cache().lists.get(kind)
+            && at.elapsed() < DEPLOYED_TTL
+        {
+            return Ok((listed.clone(), version.clone()));
+        }
+        // Boxed: one async level fewer in every caller's future (engine-lambda's main hit
+        // the compiler's query depth computing its layout).
+        let (out, version) = Box::pin(self.list_uncached(kind)).await?;
+        if cached {
+            self.cache().lists.insert(
+                kind.to_string(),
+                (Instant::now(), out.clone(), version.clone()),
+            );
+        }
+        Ok((out, version))
+    }
+
+    async fn list_uncached(&self, kind: &str) -> Result<(Listed, String), String> {
+        use sha2::Digest;
         let mut out = Vec::new();
+        // Each field length-prefixed, so no two listings digest the same bytes.
+        let mut digest = sha2::Sha256::new();
         let mut start: Option<std::collections::HashMap<String, AttributeValue>> = None;
         loop {
             let resp = self
@@ -109,12 +124,21 @@ impl DynamoRegistry {
                         .cloned()
                         .unwrap_or_default()
                 };
-                let body = serde_json::from_str(&text("body")).unwrap_or(serde_json::Value::Null);
-                out.push((text("id"), text("owner"), body));
+                let (id, owner, body) = (text("id"), text("owner"), text("body"));
+                for field in [&id, &owner, &body] {
+                    digest.update((field.len() as u64).to_le_bytes());
+                    digest.update(field.as_bytes());
+                }
+                let body = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+                out.push((id, owner, body));
             }
             match resp.last_evaluated_key() {
                 Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => return Ok(out),
+                _ => {
+                    let sum = digest.finalize();
+                    let version: String = sum[..16].iter().map(|b| format!("{b:02x}")).collect();
+                    return Ok((out, format!("r-{version}")));
+                }
             }
         }
     }

@@ -725,3 +725,87 @@ async fn a_lambdas_stream_send_reaches_the_subscribed_connections() {
         .unwrap_err();
     assert!(e.to_string().contains("WS_MANAGEMENT_ENDPOINT"), "{e}");
 }
+
+/// As deployed, `engine::functions::list` answers a `catalogue_version` (the local engine's
+/// field), derived from the registry's function entries: the same while nothing changed,
+/// whichever process reads it, and another once an entry is rewritten or removed. What is
+/// derived from the catalogue (the skills, the agent's tool) is then derived once per
+/// catalogue, not once per run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployed_catalogue_has_a_version_that_moves_with_its_entries() {
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    use engine_gateway::aws::catalogue;
+    use engine_gateway::aws::registry::DynamoRegistry;
+    let prefix = format!("cv{}-", engine_gateway::trace::random_hex(4));
+    let names = AwsNames::new(&prefix);
+    let clients = AwsClients::from_env().await;
+    resources::ensure_all(&clients, &names).await.unwrap();
+    let registry = DynamoRegistry::new(clients.clone(), &names);
+    let version = |registry: DynamoRegistry| async move {
+        let page = catalogue::answer(
+            &registry,
+            "engine::functions::list",
+            &json!({"formats": false, "limit": 1}),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        page["catalogue_version"].as_str().unwrap().to_string()
+    };
+    let body = |description: &str| json!({"description": description, "metadata": {}});
+    registry
+        .put("function", "cv::one", "lambda:a", body("one"))
+        .await
+        .unwrap();
+    registry
+        .put("function", "cv::two", "lambda:a", body("two"))
+        .await
+        .unwrap();
+    let first = version(registry.clone()).await;
+    assert!(first.starts_with("r-") && first.len() == 34, "{first}");
+    assert_eq!(version(registry.clone()).await, first, "nothing changed");
+    // Another process (no cache) reads the same version.
+    assert_eq!(
+        version(DynamoRegistry::new(clients.clone(), &names)).await,
+        first
+    );
+    // Rewritten with other content: another version (this process sees its own write at
+    // once; another within the registry's cache time).
+    registry
+        .put("function", "cv::two", "lambda:a", body("two, changed"))
+        .await
+        .unwrap();
+    let changed = version(registry.clone()).await;
+    assert_ne!(changed, first);
+    assert_eq!(
+        version(DynamoRegistry::new(clients.clone(), &names)).await,
+        changed
+    );
+    // Moved to another Lambda: another again.
+    registry
+        .put("function", "cv::two", "lambda:b", body("two, changed"))
+        .await
+        .unwrap();
+    let moved = version(registry.clone()).await;
+    assert!(moved != changed && moved != first);
+    // Removed: another; put back as it first was: the first version again.
+    assert!(
+        registry
+            .remove("function", "cv::two", "lambda:b")
+            .await
+            .unwrap()
+    );
+    let removed = version(registry.clone()).await;
+    assert!(![first.clone(), changed, moved].contains(&removed));
+    registry
+        .put("function", "cv::two", "lambda:a", body("two"))
+        .await
+        .unwrap();
+    assert_eq!(version(registry.clone()).await, first);
+    // A process that starts now reads the same.
+    let fresh = DynamoRegistry::new(clients.clone(), &names);
+    assert_eq!(version(fresh).await, first);
+}
