@@ -1308,19 +1308,19 @@ async fn fast_turns_run_in_fewer_steps_than_turns() {
     let s = stack("version: 1\nrules:\n  - \"fs::list\"\n").await;
     if let Some(steps) = thirteen_fast_turns(&s, "chained").await {
         assert!(
-            (1..13).contains(&steps),
-            "thirteen model turns in {steps} assistant_streaming steps"
+            (1..14).contains(&steps),
+            "provisioning and thirteen model turns in {steps} steps"
         );
     }
 }
 
 /// How long a step chains turns is the orchestrator's `chain_budget` (what
 /// `HARNESS_CHAIN_BUDGET_MS` sets, the deployed template's 1 s): at zero every turn is a step
-/// of its own, within a long budget a fast run is one step.
+/// of its own, within a long budget a fast run is one step (its provisioning's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_budget_decides_how_many_turns_one_step_runs() {
     for (budget, sid, expected) in [
-        (Duration::ZERO, "unchained", 13..14),
+        (Duration::ZERO, "unchained", 14..15),
         (Duration::from_secs(10), "one-step", 1..2),
     ] {
         let s = stack("version: 1\nrules:\n  - \"fs::list\"\n").await;
@@ -1336,15 +1336,15 @@ async fn the_chain_budget_decides_how_many_turns_one_step_runs() {
         if let Some(steps) = thirteen_fast_turns(&s, sid).await {
             assert!(
                 expected.contains(&steps),
-                "a chain budget of {budget:?}: thirteen model turns in {steps} assistant_streaming steps"
+                "a chain budget of {budget:?}: provisioning and thirteen model turns in {steps} steps"
             );
         }
     }
 }
 
 /// A run of thirteen model turns (twelve `fs::list` calls, then text) in session `sid`,
-/// checked to its end; the number of `assistant_streaming` steps it took (embedded only: the
-/// engine's spans count them).
+/// checked to its end; the number of steps it took, `provisioning` and `assistant_streaming`
+/// (embedded only: the engine's spans count them).
 async fn thirteen_fast_turns(s: &Stack, sid: &str) -> Option<usize> {
     std::fs::create_dir_all(&s.work).unwrap();
     let mut turns: Vec<Turn> = (0..12)
@@ -1387,7 +1387,10 @@ async fn thirteen_fast_turns(s: &Stack, sid: &str) -> Option<usize> {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let group = session_group(&ctx, sid).await;
-    Some(engine_span_count(&ctx, &group, "turn::assistant_streaming").await)
+    Some(
+        engine_span_count(&ctx, &group, "turn::provisioning").await
+            + engine_span_count(&ctx, &group, "turn::assistant_streaming").await,
+    )
 }
 
 /// Wait until the engine has recorded a finished `step` (a turn step's span) of session

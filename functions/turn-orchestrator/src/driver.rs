@@ -135,13 +135,13 @@ fn invocation_error(e: StepError) -> Result<Value, ErrorBody> {
     }
 }
 
-/// How far one `assistant_streaming` step goes on into the run's next turns instead of
-/// queuing each of them: a turn that starts while the step is younger than `budget` (and
+/// How far one `assistant_streaming` (or `provisioning`) step goes on into the run's next
+/// turns instead of queuing each of them: a turn that starts while the step is younger than `budget` (and
 /// fewer than `max_turns` have started so) runs in the same step. Only fast turns chain (a
 /// model that takes longer than the budget ends the step as before), so a step stays within
 /// its queue's visibility timeout and a busy queue still goes round its sessions every
 /// `budget`. Each chained turn is saved as a queued one is, so a crash mid-chain resumes from
-/// the last saved turn: the redelivered `assistant_streaming` finds `assistant_streaming` or
+/// the last saved turn: the redelivered step finds `assistant_streaming` or
 /// `function_execute` ([`fsm::resumes`]). Its calls' results become durable beside the next
 /// model call, before the next call runs ([`save_syncing_later`]).
 #[derive(Debug, Clone, Copy)]
@@ -240,10 +240,13 @@ where
             return Ok(json!({"ok": true, "from_state": expected, "to_state": state}));
         };
         rec.state = to;
-        // Only a step that was queued as assistant_streaming chains: its redelivery resumes
-        // whatever turn the chain had saved.
-        let next = if expected == TurnState::AssistantStreaming
-            && to == TurnState::AssistantStreaming
+        // Only a step that was queued as assistant_streaming or provisioning chains: its
+        // redelivery resumes whatever turn the chain had saved ([`fsm::resumes`]). (An
+        // approval's step would skip it as stale.)
+        let next = if matches!(
+            expected,
+            TurnState::AssistantStreaming | TurnState::Provisioning
+        ) && to == TurnState::AssistantStreaming
             && chained < chain.max_turns
             && started.elapsed() < chain.budget
         {
@@ -690,11 +693,37 @@ mod tests {
         assert_eq!(out["to_state"], "assistant_streaming", "{out}");
         assert_eq!(*script.1.lock().unwrap(), [AS, FE, SC]);
         assert_eq!(ports.queued.lock().unwrap().len(), 2);
-        // A step queued as another state does not chain: its redelivery would find the
-        // chained turn's state and skip it as stale.
+        // A provisioning step goes on into the run's first turns (its redelivery resumes the
+        // turn it saved, `fsm::resumes`); the turn past the chain is queued.
+        let chain = Chain {
+            budget: Duration::from_secs(60),
+            max_turns: 1,
+        };
+        let ports = ports_with((record(TurnState::Provisioning), 3));
+        let script = Scripted::new(
+            std::iter::once(Ok(Outcome::Provisioned))
+                .chain(a_turn())
+                .collect(),
+        );
+        drive(&ports, &script, TurnState::Provisioning, "s1", chain)
+            .await
+            .unwrap();
+        assert_eq!(
+            *script.1.lock().unwrap(),
+            [TurnState::Provisioning, AS, FE, SC]
+        );
+        assert_eq!(
+            *ports.queued.lock().unwrap(),
+            [("s1".to_string(), AS, "s1-AssistantStreaming-3".to_string())]
+        );
+        // With its budget spent it queues the first turn, as before.
         let ports = ports_with((record(TurnState::Provisioning), 3));
         let script = Scripted::new(vec![Ok(Outcome::Provisioned)]);
-        drive(&ports, &script, TurnState::Provisioning, "s1", Chain::STEP)
+        let spent = Chain {
+            budget: Duration::ZERO,
+            max_turns: 64,
+        };
+        drive(&ports, &script, TurnState::Provisioning, "s1", spent)
             .await
             .unwrap();
         assert_eq!(*script.1.lock().unwrap(), [TurnState::Provisioning]);

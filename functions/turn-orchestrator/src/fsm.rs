@@ -154,11 +154,14 @@ fn batch_inline(state: TurnState, mut effects: Vec<Effect>) -> Transition {
 
 /// A delivery of `expected`'s step that finds the record in `stored` runs `stored`: the state
 /// was entered inline and saved by an earlier delivery of the same step, which died before
-/// queuing anything (no other step is queued for it). `None`: the delivery is stale.
+/// queuing anything (no other step is queued for it). `None`: the delivery is stale. A
+/// `provisioning` step goes on into the run's first turns (`driver::Chain`), so its
+/// redelivery resumes the turn it saved, as an `assistant_streaming` step's does.
 pub fn resumes(expected: TurnState, stored: TurnState) -> Option<TurnState> {
+    use TurnState::{AssistantStreaming, FunctionExecute, Provisioning};
     match (expected, stored) {
         _ if expected == stored && !expected.terminal() => Some(stored),
-        (TurnState::AssistantStreaming, TurnState::FunctionExecute) => Some(stored),
+        (AssistantStreaming | Provisioning, AssistantStreaming | FunctionExecute) => Some(stored),
         _ => None,
     }
 }
@@ -497,12 +500,22 @@ mod tests {
             resumes(S::AssistantStreaming, S::FunctionExecute),
             Some(S::FunctionExecute)
         );
+        // Provisioning goes on into the run's first turns in its step.
+        assert_eq!(
+            resumes(S::Provisioning, S::AssistantStreaming),
+            Some(S::AssistantStreaming)
+        );
+        assert_eq!(
+            resumes(S::Provisioning, S::FunctionExecute),
+            Some(S::FunctionExecute)
+        );
         for (expected, stored) in [
             // Queued steps of their own, or not entered from the delivered step.
             (S::AssistantStreaming, S::FunctionAwaitingApproval),
             (S::AssistantStreaming, S::Stopped),
             (S::FunctionExecute, S::AssistantStreaming),
-            (S::Provisioning, S::AssistantStreaming),
+            (S::Provisioning, S::FunctionAwaitingApproval),
+            (S::FunctionAwaitingApproval, S::AssistantStreaming),
             (S::SteeringCheck, S::FunctionExecute),
             (S::Stopped, S::Stopped),
             (S::Failed, S::Failed),
