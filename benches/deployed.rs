@@ -269,12 +269,25 @@ fn where_the_time_goes(spans: &[otlp::Exported], k: usize) {
             ms(*ns) / kf
         );
     }
-    // `BENCH_TRACE_START=1`: the run's first spans too (what its start costs).
-    if std::env::var("BENCH_TRACE_START").is_ok() {
+    // `BENCH_TRACE_START=1`: the run's first spans too (what its start costs);
+    // `BENCH_TRACE_END=1`: its last ones (what its end costs).
+    let (start, end) = (
+        std::env::var("BENCH_TRACE_START").is_ok(),
+        std::env::var("BENCH_TRACE_END").is_ok(),
+    );
+    if start || end {
         let mut all: Vec<&otlp::Exported> = spans.iter().collect();
         all.sort_by_key(|sp| sp.start_ns);
         let t0 = all.first().map(|sp| sp.start_ns).unwrap_or(0);
-        for sp in all.iter().take(80) {
+        let skip = match end {
+            true => all.len().saturating_sub(60),
+            false => 0,
+        };
+        let take = match start {
+            true => 80,
+            false => 60,
+        };
+        for sp in all.iter().skip(skip).take(take) {
             println!(
                 "{:>7.1} {:>6.1} {} [{}]",
                 ms(sp.start_ns - t0),
