@@ -73,7 +73,17 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         started: false,
         reason: Some("session_busy".into()),
     });
-    let existing = RecordStore::load(&ctx, &sid).await.map_err(|e| match e {
+    // The record and the session's tree at once (making sure of the tree is idempotent, so
+    // it may run for a session that turns out busy).
+    let (existing, ensured) = tokio::join!(
+        RecordStore::load(&ctx, &sid),
+        ctx.trigger_timeout(
+            "session-tree::ensure",
+            json!({"session_id": sid}),
+            BEST_EFFORT_TIMEOUT,
+        )
+    );
+    let existing = existing.map_err(|e| match e {
         StepError::Transient(e) => e,
         StepError::Fatal(m) => ErrorBody::new("invocation_error", m),
         StepError::Stale => ErrorBody::new("invocation_error", "stale"),
@@ -83,14 +93,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
     }
     // The history lives in the session tree when the session worker runs (provisioning
     // resumes from its current leaf); otherwise in the record, carried over from a stopped run.
-    let tree = match ctx
-        .trigger_timeout(
-            "session-tree::ensure",
-            json!({"session_id": sid}),
-            BEST_EFFORT_TIMEOUT,
-        )
-        .await
-    {
+    let tree = match ensured {
         Ok(_) => true,
         Err(BusError::FunctionNotFound(_)) => false,
         Err(e) => return Err(e.into()),

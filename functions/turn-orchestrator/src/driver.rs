@@ -364,17 +364,16 @@ async fn apply<P: Ports + ?Sized>(ports: &P, rec: &mut Record, effect: Effect) {
             emit(rec, "message_complete", json!({"message": failed}));
         }
         Effect::EmitAgentEnd => {
-            let messages = history_for_event(ports, rec).await;
-            emit(rec, "agent_end", json!({"messages": messages}));
             // The run is over, whatever the path: its sandbox goes (best effort: the tools
-            // worker may not run; its directory stays for the retention period).
-            let _ = ports
-                .call(
-                    "shell::release",
-                    json!({"session_id": rec.session_id}),
-                    BEST_EFFORT_TIMEOUT,
-                )
-                .await;
+            // worker may not run; its directory stays for the retention period), beside the
+            // read of the history the event carries.
+            let release = ports.call(
+                "shell::release",
+                json!({"session_id": rec.session_id}),
+                BEST_EFFORT_TIMEOUT,
+            );
+            let (messages, _) = tokio::join!(history_for_event(ports, rec), release);
+            emit(rec, "agent_end", json!({"messages": messages}));
         }
         Effect::EmitStateChanged => {
             // Goes out with the step's other events, in the write just before the save: a
