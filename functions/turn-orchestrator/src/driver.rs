@@ -59,10 +59,7 @@ pub(crate) async fn step(
     // turn's, before its next call: `save_syncing_later`).
     let ctx = &ctx.with_baggage(DURABILITY_BAGGAGE, "deferred");
     let sid = req_str(data, "session_id")?;
-    let budget = crate::history::CACHE
-        .try_with(|c| c.chain_budget)
-        .unwrap_or(crate::CHAIN_BUDGET);
-    let chain = Chain::step(budget);
+    let chain = Chain::step(crate::history::settings().chain_budget);
     let mut out = drive(ctx, &OnTheBus { ctx, hooks }, expected, &sid, chain).await;
     if let Err(e) = &out
         && last_delivery(data)
@@ -136,8 +133,8 @@ fn invocation_error(e: StepError) -> Result<Value, ErrorBody> {
 }
 
 /// How far one `assistant_streaming` (or `provisioning`) step goes on into the run's next
-/// turns instead of queuing each of them: a turn that starts while the step is younger than `budget` (and
-/// fewer than `max_turns` have started so) runs in the same step. Only fast turns chain (a
+/// turns instead of queuing each of them: a turn that starts while the step is younger than
+/// `budget` (and fewer than `max_turns` have started so) runs in the same step. Only fast turns chain (a
 /// model that takes longer than the budget ends the step as before), so a step stays within
 /// its queue's visibility timeout and a busy queue still goes round its sessions every
 /// `budget`. Each chained turn is saved as a queued one is, so a crash mid-chain resumes from
@@ -240,13 +237,11 @@ where
             return Ok(json!({"ok": true, "from_state": expected, "to_state": state}));
         };
         rec.state = to;
-        // Only a step that was queued as assistant_streaming or provisioning chains: its
-        // redelivery resumes whatever turn the chain had saved ([`fsm::resumes`]). (An
-        // approval's step would skip it as stale.)
-        let next = if matches!(
-            expected,
-            TurnState::AssistantStreaming | TurnState::Provisioning
-        ) && to == TurnState::AssistantStreaming
+        // Only a step whose redelivery resumes whatever turn the chain had saved chains
+        // ([`fsm::chains`]: assistant_streaming and provisioning; an approval's step would
+        // skip it as stale).
+        let next = if fsm::chains(expected)
+            && to == TurnState::AssistantStreaming
             && chained < chain.max_turns
             && started.elapsed() < chain.budget
         {

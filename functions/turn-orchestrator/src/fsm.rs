@@ -166,6 +166,15 @@ pub fn resumes(expected: TurnState, stored: TurnState) -> Option<TurnState> {
     }
 }
 
+/// Whether a step queued as `expected` may go on into the run's next turns
+/// (`driver::Chain`): only when its redelivery resumes whatever the chain saved, a turn's
+/// start or its batch ([`resumes`]).
+pub fn chains(expected: TurnState) -> bool {
+    [TurnState::AssistantStreaming, TurnState::FunctionExecute]
+        .into_iter()
+        .all(|saved| resumes(expected, saved).is_some())
+}
+
 /// steering_check is decided in the step that leads to it; the UI still sees the state pass.
 fn inline(state: TurnState, mut effects: Vec<Effect>) -> Transition {
     effects.extend([Effect::EmitStateChanged, Effect::ContinueInline]);
@@ -487,6 +496,21 @@ mod tests {
                     E::Save { durable: false },
                 ]
             );
+        }
+    }
+
+    #[test]
+    fn only_steps_whose_redelivery_resumes_a_chained_turn_chain() {
+        assert!(chains(S::AssistantStreaming));
+        assert!(chains(S::Provisioning));
+        for s in [
+            S::FunctionExecute,
+            S::FunctionAwaitingApproval,
+            S::SteeringCheck,
+            S::Stopped,
+            S::Failed,
+        ] {
+            assert!(!chains(s), "{s:?}");
         }
     }
 

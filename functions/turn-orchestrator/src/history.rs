@@ -61,12 +61,8 @@ pub struct InstanceCache {
     pub(crate) tool: std::sync::Mutex<Option<(String, harness_sdk::messages::ToolSpec)>>,
     /// Which functions are registered `metadata.agent: false`, by catalogue version.
     pub(crate) not_for_the_agent: std::sync::Mutex<Option<NotForTheAgent>>,
-    /// The instance's compaction reserve (its [`Settings`]).
-    pub(crate) reserved_tokens: u64,
-    /// How long a read runs before its start is saved (its [`Settings`]).
-    pub(crate) read_start_shown_after: Duration,
-    /// How long a step chains the run's next turns (its [`Settings`]).
-    pub(crate) chain_budget: Duration,
+    /// The instance's settings (compaction reserve, read start, chain budget).
+    pub(crate) settings: crate::Settings,
 }
 
 /// A conversation shared between the cache and the step using it (not copied per turn).
@@ -83,11 +79,9 @@ pub(crate) struct CachedRun {
 pub(crate) const CACHE_SESSIONS: usize = 256;
 
 impl InstanceCache {
-    pub fn new(reserved_tokens: u64) -> Self {
+    pub fn new(settings: crate::Settings) -> Self {
         Self {
-            reserved_tokens,
-            read_start_shown_after: crate::READ_START_SHOWN_AFTER,
-            chain_budget: crate::CHAIN_BUDGET,
+            settings,
             ..Self::default()
         }
     }
@@ -194,6 +188,11 @@ impl InstanceCache {
 tokio::task_local! {
     /// The running step's instance cache (set by the step driver).
     pub(crate) static CACHE: std::sync::Arc<InstanceCache>;
+}
+
+/// The running step's instance settings (the defaults outside a step).
+pub(crate) fn settings() -> crate::Settings {
+    CACHE.try_with(|c| c.settings).unwrap_or_default()
 }
 
 /// The conversation as the model will see it: the cached path while the run's leaf is the

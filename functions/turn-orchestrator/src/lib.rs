@@ -45,7 +45,6 @@ mod prelude {
     pub(crate) use crate::types::*;
     pub(crate) use crate::{
         BEST_EFFORT_TIMEOUT, CALL_TIMEOUT, COMPACTION_TIMEOUT, POLICY_TIMEOUT, PROVIDER_TIMEOUT,
-        RESERVED_TOKENS,
     };
     pub(crate) use bus::builtins::req_str;
     pub(crate) use bus::state::DURABILITY_BAGGAGE;
@@ -146,7 +145,7 @@ pub fn step_retries(window: Duration) -> u32 {
 }
 
 /// An orchestrator instance's settings (`harness.yaml`'s `hooks` and `compaction`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Settings {
     /// Tokens kept free below the model's window before a pre-flight compaction.
     pub reserved_tokens: u64,
@@ -196,10 +195,7 @@ pub fn worker_with(settings: Settings) -> Worker {
         settings.before_call_timeout_ms,
         settings.after_call_timeout_ms,
     ));
-    let mut cache = InstanceCache::new(settings.reserved_tokens);
-    cache.read_start_shown_after = settings.read_start_shown_after;
-    cache.chain_budget = settings.chain_budget;
-    let cache = Arc::new(cache);
+    let cache = Arc::new(InstanceCache::new(settings));
     let mut w = Worker::new("turn-orchestrator");
     w.register_function(
         def("run::start", "Start (or resume) a run: {session_id, provider, model, messages?, mode?, max_turns?, system_prompt?, system_default_skills?}.")

@@ -26,13 +26,6 @@ pub(crate) struct Grant {
     pub read_only: bool,
 }
 
-/// This instance's [`crate::READ_START_SHOWN_AFTER`] (its settings).
-fn read_start_shown_after() -> Duration {
-    crate::history::CACHE
-        .try_with(|c| c.read_start_shown_after)
-        .unwrap_or(crate::READ_START_SHOWN_AFTER)
-}
-
 /// `grant.network`: the policy's allow rule opened the network to this call's sandbox. The
 /// model cannot ask for it: a `sandbox` field in its arguments is dropped. `announce`: emit
 /// `function_execution_start` with this policy decision (`{decision, rule_id?}`), for the UI.
@@ -98,7 +91,7 @@ pub(crate) async fn dispatch_with(
         if read {
             tokio::select! {
                 answered = &mut running => answered,
-                () = tokio::time::sleep(read_start_shown_after()) => {
+                () = tokio::time::sleep(crate::history::settings().read_start_shown_after) => {
                     save(ctx, rec, version, false).await?;
                     running.await
                 }

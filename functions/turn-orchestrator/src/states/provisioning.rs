@@ -15,19 +15,6 @@ pub(crate) async fn provisioning(
     // append is idempotent (its entry ids are the run's), so a step that fails on something
     // else after it and runs again does not store the messages twice.
     let sid = rec.session_id.clone();
-    let gathered = async {
-        tokio::join!(
-            skills_index(ctx, req),
-            workdir(ctx, &sid),
-            best_effort(
-                ctx,
-                "models::get",
-                json!({"provider": req.provider, "model_id": req.model}),
-            ),
-            catalogue_tool(ctx),
-            budgets(ctx, req),
-        )
-    };
     let messages = req.messages.clone();
     let appended = async {
         match rec.tree {
@@ -35,8 +22,18 @@ pub(crate) async fn provisioning(
             false => Ok(()),
         }
     };
-    let ((index_text, workdir, model_meta, tool, budgets), appended) =
-        tokio::join!(gathered, appended);
+    let (index_text, workdir, model_meta, tool, budgets, appended) = tokio::join!(
+        skills_index(ctx, req),
+        workdir(ctx, &sid),
+        best_effort(
+            ctx,
+            "models::get",
+            json!({"provider": req.provider, "model_id": req.model}),
+        ),
+        catalogue_tool(ctx),
+        budgets(ctx, req),
+        appended,
+    );
     appended?;
     rec.model_meta = model_meta.filter(|v| !v.is_null());
     rec.budget_ids = budgets;

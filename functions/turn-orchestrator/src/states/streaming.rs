@@ -51,9 +51,7 @@ pub(crate) async fn budget_refusal(
 }
 
 pub(crate) fn usable_tokens(window: u64) -> u64 {
-    let reserved = CACHE
-        .try_with(|c| c.reserved_tokens)
-        .unwrap_or(RESERVED_TOKENS);
+    let reserved = crate::history::settings().reserved_tokens;
     window.saturating_sub(reserved.min(window / 2))
 }
 
