@@ -13,6 +13,8 @@ use scripted_model::{Cassette, ToolCall, Turn};
 use serde_json::{Value, json};
 use std::time::Duration;
 
+mod pushes;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_denied_and_approved_calls_in_one_run() {
     let s = stack(PERMISSIONS).await;

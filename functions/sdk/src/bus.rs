@@ -5,6 +5,7 @@ use ::bus::channels::ChannelRef;
 use async_trait::async_trait;
 use bus_telemetry::trace::{Span, TraceContext};
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::channel::{ChannelReader, ChannelWriter};
@@ -122,4 +123,100 @@ impl Bus for NoBus {
         Err(none())
     }
     fn report_span(&self, _: Span) {}
+}
+
+/// What [`Watched`] runs before each call: it sees the function id and the payload, and the
+/// call goes on once the returned future is done (a test counts calls, or holds some back).
+pub type CallWatch =
+    Arc<dyn Fn(&str, &Value) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A bus that shows every call its worker makes to a [`CallWatch`] before passing it on
+/// (with [`crate::run_embedded_through`]: a test that counts what a worker asks of the
+/// engine, or slows some of it down).
+pub struct Watched {
+    inner: Arc<dyn Bus>,
+    watch: CallWatch,
+}
+
+impl Watched {
+    pub fn around(inner: Arc<dyn Bus>, watch: CallWatch) -> Arc<dyn Bus> {
+        Arc::new(Self { inner, watch })
+    }
+}
+
+#[async_trait]
+impl Bus for Watched {
+    async fn call(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
+        (self.watch)(function_id, &data).await;
+        self.inner.call(function_id, data, trace, timeout).await
+    }
+    async fn call_attached(
+        &self,
+        function_id: &str,
+        data: Value,
+        attachment: ::bus::Attachment,
+        trace: &TraceContext,
+        timeout: Option<Duration>,
+    ) -> Result<Value, BusError> {
+        (self.watch)(function_id, &data).await;
+        self.inner
+            .call_attached(function_id, data, attachment, trace, timeout)
+            .await
+    }
+    async fn call_void(
+        &self,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+    ) -> Result<(), BusError> {
+        (self.watch)(function_id, &data).await;
+        self.inner.call_void(function_id, data, trace).await
+    }
+    async fn enqueue(
+        &self,
+        queue: &str,
+        function_id: &str,
+        data: Value,
+        trace: &TraceContext,
+        opts: EnqueueOptions,
+    ) -> Result<String, BusError> {
+        (self.watch)(function_id, &data).await;
+        self.inner
+            .enqueue(queue, function_id, data, trace, opts)
+            .await
+    }
+    async fn open_writer(&self, channel: &ChannelRef) -> Result<ChannelWriter, BusError> {
+        self.inner.open_writer(channel).await
+    }
+    async fn open_reader(&self, channel: &ChannelRef) -> Result<ChannelReader, BusError> {
+        self.inner.open_reader(channel).await
+    }
+    fn report_span(&self, span: Span) {
+        self.inner.report_span(span)
+    }
+    async fn flush_pushes(&self) {
+        self.inner.flush_pushes().await
+    }
+    async fn flush_telemetry(&self) {
+        self.inner.flush_telemetry().await
+    }
+    fn span_target(&self) -> Option<&bus_telemetry::tracing_bridge::SpanTarget> {
+        self.inner.span_target()
+    }
+    async fn retry_later(
+        &self,
+        event_source_arn: &str,
+        receipt_handle: &str,
+        delay: std::time::Duration,
+    ) -> Result<(), BusError> {
+        self.inner
+            .retry_later(event_source_arn, receipt_handle, delay)
+            .await
+    }
 }

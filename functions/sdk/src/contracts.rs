@@ -605,11 +605,12 @@ pub mod session_tree {
         /// go there.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub with_messages: bool,
-        /// The session's index as the caller's last append was answered it (`index`): where
-        /// its `last_entry` is the parent, the worker appends on it without reading the index
-        /// or the parent, in a transaction that also requires the stored index to be exactly
-        /// this (at this version). A stale or altered one costs that transaction, then the
-        /// append reads as without it.
+        /// The session's index as the caller's last append (or `session-tree::ensure`) was
+        /// answered it (`index`): where its `last_entry` is the parent, or the entries start a
+        /// new root, the worker appends on it without reading the index or the parent, in a
+        /// transaction that also requires the stored index to be exactly this (at this
+        /// version). A stale or altered one costs that transaction, then the append reads as
+        /// without it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub index_seen: Option<IndexSeen>,
     }

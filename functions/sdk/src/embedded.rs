@@ -152,8 +152,18 @@ impl Bus for EmbeddedBus {
 
 /// Register every function and trigger of `worker` on `engine`, in process.
 pub fn run_embedded(worker: Worker, engine: &Arc<Engine>) -> Result<WorkerHandle, ErrorBody> {
+    run_embedded_through(worker, engine, |bus| bus)
+}
+
+/// [`run_embedded`], with every call the worker's handlers make going through the bus
+/// `through` makes of the engine's (a test's bus that slows or watches some of them).
+pub fn run_embedded_through(
+    worker: Worker,
+    engine: &Arc<Engine>,
+    through: impl FnOnce(Arc<dyn Bus>) -> Arc<dyn Bus>,
+) -> Result<WorkerHandle, ErrorBody> {
     let worker_id = engine.connect_embedded(&worker.name);
-    let bus: Arc<dyn Bus> = Arc::new(EmbeddedBus::new(engine, &worker_id));
+    let bus = through(Arc::new(EmbeddedBus::new(engine, &worker_id)));
     let worker = Arc::new(worker);
     for spec in worker.functions() {
         let (w, b) = (worker.clone(), bus.clone());

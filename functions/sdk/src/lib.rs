@@ -25,7 +25,7 @@ pub use ::bus::protocol::{ErrorBody, RegisterFunction};
 pub use bus::{Bus, EnqueueOptions};
 pub use channel::{ChannelReader, ChannelWriter};
 pub use ctx::{Ctx, Write, fields};
-pub use embedded::run_embedded;
+pub use embedded::{run_embedded, run_embedded_through};
 pub use error::BusError;
 pub use lambda::{HttpHandler, handle_event, run_lambda, run_lambda_with, under_lambda_runtime};
 pub use remote::{RemoteOptions, connect_client, run_remote};

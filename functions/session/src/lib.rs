@@ -99,13 +99,24 @@ async fn create(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     Ok(json!({"session_id": sid, "created": true, "session": meta}))
 }
 
+/// → `{session_id, created, session}`, and the session's index as `index` (`{value, version}`,
+/// when at most 4 KB of JSON): the caller's first append may hand it back as `index_seen`,
+/// so a run's start appends without reading the index.
 async fn ensure(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
-    if let Some(meta) = load_meta(&ctx, &sid).await? {
-        return Ok(json!({"session_id": sid, "created": false, "session": meta}));
+    let (meta, created, index) = match store::load_meta_versioned(&ctx, &sid).await? {
+        Some((meta, index)) => (meta, false, Some(index)),
+        None => {
+            let (meta, created, index) =
+                store::create_meta_versioned(&ctx, new_meta(&sid, &data)).await?;
+            (meta, created, index)
+        }
+    };
+    let mut answer = json!({"session_id": sid, "created": created, "session": meta});
+    if let Some(index) = index.filter(store::IndexSeen::fits_an_answer) {
+        answer["index"] = index.to_json();
     }
-    let (meta, created) = create_meta(&ctx, new_meta(&sid, &data)).await?;
-    Ok(json!({"session_id": sid, "created": created, "session": meta}))
+    Ok(answer)
 }
 
 async fn append(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
@@ -142,9 +153,17 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
     // is where they go (one read, which also finds the leaf).
     let mut before = None;
     if with_messages {
-        visible(&ctx, &sid).await?;
-        if matches!(parent, Parent::Leaf) {
-            let (leaf, path, context) = context_of(&ctx, &sid, None).await?;
+        // The context is read beside the visibility check (nothing is answered from it, or
+        // written, unless the caller may see the session).
+        let (seen_by_caller, read) = tokio::join!(visible(&ctx, &sid), async {
+            match parent {
+                Parent::Leaf => Some(context_of(&ctx, &sid, None).await),
+                _ => None,
+            }
+        });
+        seen_by_caller?;
+        if let Some(read) = read {
+            let (leaf, path, context) = read?;
             parent = leaf.clone().map_or(Parent::Root, Parent::Id);
             before = Some((leaf, path.len(), context));
         }
@@ -174,10 +193,7 @@ async fn append_batch(ctx: Ctx, mut data: Value) -> Result<Value, ErrorBody> {
     if with_messages {
         answer["messages"] = context_after(&ctx, &sid, before, &stored).await?;
     }
-    if let Some(index) = index.filter(|i| {
-        bus::state::json_len_bound(&i.value) <= store::INDEX_ANSWER_MAX_BYTES
-            || bus::state::json_len(&i.value) <= store::INDEX_ANSWER_MAX_BYTES
-    }) {
+    if let Some(index) = index.filter(store::IndexSeen::fits_an_answer) {
         answer["index"] = index.to_json();
     }
     // An inbox that could not be read leaves `inbox` out (the entries are stored), and the
@@ -252,8 +268,10 @@ pub async fn context_of(
     ),
     ErrorBody,
 > {
-    require_meta(ctx, sid).await?;
-    let entries = load_entries(ctx, sid).await?;
+    // Both at once: the entries read is thrown away when the session is not there.
+    let (meta, entries) = tokio::join!(require_meta(ctx, sid), load_entries(ctx, sid));
+    meta?;
+    let entries = entries?;
     let leaf = match leaf_id {
         Some(id) => Some(id.to_string()),
         None => tree::leaf(&entries).map(|e| e.id.clone()),

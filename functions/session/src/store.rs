@@ -13,6 +13,23 @@ pub async fn load_meta(ctx: &Ctx, sid: &str) -> Result<Option<SessionMeta>, Erro
         .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))
 }
 
+/// [`load_meta`] with the index as stored (value and version), for a caller's `index_seen`.
+pub(crate) async fn load_meta_versioned(
+    ctx: &Ctx,
+    sid: &str,
+) -> Result<Option<(SessionMeta, IndexSeen)>, ErrorBody> {
+    let mut v = ctx.state_get_versioned(INDEX, sid).await.map_err(storage)?;
+    let (Some(version), value) = (v["version"].as_u64(), v["value"].take()) else {
+        return Ok(None);
+    };
+    if value.is_null() {
+        return Ok(None);
+    }
+    let meta = serde_json::from_value(value.clone())
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))?;
+    Ok(Some((meta, IndexSeen { value, version })))
+}
+
 pub(crate) async fn require_meta(ctx: &Ctx, sid: &str) -> Result<SessionMeta, ErrorBody> {
     load_meta(ctx, sid).await?.ok_or_else(|| not_found(sid))
 }
@@ -72,12 +89,32 @@ pub(crate) async fn create_meta(
     ctx: &Ctx,
     meta: SessionMeta,
 ) -> Result<(SessionMeta, bool), ErrorBody> {
+    let (meta, created, _) = create_meta_versioned(ctx, meta).await?;
+    Ok((meta, created))
+}
+
+/// [`create_meta`] → also the index as written, when this call wrote it (remembered too, so
+/// this process's first append on the new session reads nothing).
+pub(crate) async fn create_meta_versioned(
+    ctx: &Ctx,
+    meta: SessionMeta,
+) -> Result<(SessionMeta, bool, Option<IndexSeen>), ErrorBody> {
     let value = serde_json::to_value(&meta).map_err(|e| ErrorBody::invalid(e.to_string()))?;
-    match ctx.state_set_if(INDEX, &meta.session_id, value, 0).await {
-        Ok(_) => Ok((meta, true)),
+    match ctx
+        .state_set_if(INDEX, &meta.session_id, value.clone(), 0)
+        .await
+    {
+        Ok(out) => {
+            let index = out["version"].as_u64().map(|version| {
+                memo::wrote_index(&meta.session_id, value.clone(), version);
+                IndexSeen { value, version }
+            });
+            Ok((meta, true, index))
+        }
         Err(BusError::VersionConflict(_)) => {
-            let existing = require_meta(ctx, &meta.session_id).await?;
-            Ok((existing, false))
+            let existing = load_meta_versioned(ctx, &meta.session_id).await?;
+            let (existing, index) = existing.ok_or_else(|| not_found(&meta.session_id))?;
+            Ok((existing, false, Some(index)))
         }
         Err(e) => Err(storage(e)),
     }
@@ -220,6 +257,12 @@ impl IndexSeen {
     pub fn to_json(&self) -> Value {
         json!({"value": self.value, "version": self.version})
     }
+
+    /// Small enough to answer ([`INDEX_ANSWER_MAX_BYTES`]).
+    pub fn fits_an_answer(&self) -> bool {
+        bus::state::json_len_bound(&self.value) <= INDEX_ANSWER_MAX_BYTES
+            || bus::state::json_len(&self.value) <= INDEX_ANSWER_MAX_BYTES
+    }
 }
 
 /// Where an append's index comes from: this process's memo (it wrote that index), or a
@@ -230,11 +273,11 @@ struct Base {
     trusted: bool,
 }
 
-/// The fast path of an append after `parent`: the index (seq numbers reserved, `last_entry`
-/// set) and the new entries in one transaction, conditional on the index's version and on
-/// each entry being absent. The index is what this process's memo says it wrote, when the
-/// memo's last entry is `parent`; else the caller's `index_seen`, when its `last_entry` is
-/// `parent` (the transaction then also requires the stored index to hold exactly that value:
+/// The fast path of an append after `parent` (`None`: a new root): the index (seq numbers
+/// reserved, `last_entry` set) and the new entries in one transaction, conditional on the
+/// index's version and on each entry being absent. The index is what this process's memo
+/// says it wrote, when the memo's last entry is `parent` (a new root: any); else the
+/// caller's `index_seen`, when its `last_entry` is `parent` (likewise; the transaction then also requires the stored index to hold exactly that value:
 /// a caller's copy cannot write what the store does not hold); else it is read. The version
 /// holding proves nobody wrote the index since; `last_entry` is written only in the
 /// transaction that creates that entry, so the parent exists (entries are never deleted).
@@ -244,7 +287,7 @@ struct Base {
 async fn fast_append(
     ctx: &Ctx,
     sid: &str,
-    parent: &str,
+    parent: Option<&str>,
     inputs: &[EntryInput],
     seen: Option<&IndexSeen>,
 ) -> Result<Option<(Vec<(Entry, bool)>, IndexSeen)>, ErrorBody> {
@@ -258,8 +301,11 @@ async fn fast_append(
             trusted: true,
         }))
     };
-    let remembered = memo::get(sid).filter(|m| m.last_entry.as_deref() == Some(parent));
-    let told = seen.filter(|s| s.value["last_entry"].as_str() == Some(parent));
+    // A new root needs no parent: any index this process wrote, or the caller was
+    // answered, will do (its version still proves nobody allocated since).
+    let attaches = |last_entry: Option<&str>| parent.is_none() || last_entry == parent;
+    let remembered = memo::get(sid).filter(|m| attaches(m.last_entry.as_deref()));
+    let told = seen.filter(|s| attaches(s.value["last_entry"].as_str()));
     let base = match (remembered, told) {
         (Some(m), _) => Base {
             index: m.index,
@@ -293,7 +339,7 @@ async fn fast_append(
 async fn append_on(
     ctx: &Ctx,
     sid: &str,
-    parent: &str,
+    parent: Option<&str>,
     inputs: &[EntryInput],
     base: Base,
 ) -> Result<Option<(Vec<(Entry, bool)>, IndexSeen)>, ErrorBody> {
@@ -324,7 +370,7 @@ async fn append_on(
     let mut entries = Vec::with_capacity(inputs.len());
     // At least the entries' JSON length (`json_len_bound`).
     let mut bound = 0;
-    let mut parent_id = Some(parent.to_string());
+    let mut parent_id = parent.map(str::to_string);
     for (i, input) in inputs.iter().enumerate() {
         let entry = Entry {
             id: input.id.clone().unwrap_or_else(new_id),
@@ -381,24 +427,32 @@ async fn append_on(
     }
 }
 
-/// What the memo would hold, read: the index with its version and the parent, at once (one
-/// round trip). Another instance of this worker wrote the session last (a Lambda's second
-/// warm instance), so this one remembers nothing; the parent read proves it exists, and the
-/// index written at the version read proves nobody allocated since. `None` (the checked
-/// path decides, and names what is missing) when either is absent.
-async fn memo_read(ctx: &Ctx, sid: &str, parent: &str) -> Result<Option<memo::Memo>, ErrorBody> {
-    let (index, parent_entry) = tokio::join!(
-        ctx.state_get_versioned(INDEX, sid),
-        load_entry(ctx, sid, parent)
-    );
+/// What the memo would hold, read: the index with its version and the parent (none for a
+/// new root), at once (one round trip). Another instance of this worker wrote the session
+/// last (a Lambda's second warm instance), so this one remembers nothing; the parent read
+/// proves it exists, and the index written at the version read proves nobody allocated
+/// since. `None` (the checked path decides, and names what is missing) when either is
+/// absent.
+async fn memo_read(
+    ctx: &Ctx,
+    sid: &str,
+    parent: Option<&str>,
+) -> Result<Option<memo::Memo>, ErrorBody> {
+    let parent_read = async {
+        match parent {
+            Some(p) => load_entry(ctx, sid, p).await.map(|e| e.is_some()),
+            None => Ok(true),
+        }
+    };
+    let (index, parent_exists) = tokio::join!(ctx.state_get_versioned(INDEX, sid), parent_read);
     let index = index.map_err(storage)?;
-    let (Some(version), false) = (index["version"].as_u64(), parent_entry?.is_none()) else {
+    let (Some(version), true) = (index["version"].as_u64(), parent_exists?) else {
         return Ok(None);
     };
     Ok(Some(memo::Memo {
         index: index["value"].clone(),
         version,
-        last_entry: Some(parent.to_string()),
+        last_entry: parent.map(str::to_string),
     }))
 }
 
@@ -448,9 +502,14 @@ pub async fn append_chain_seen(
             valid_id("id", id)?;
         }
     }
-    if let Parent::Id(p) = &parent
+    let fast_parent = match &parent {
+        Parent::Id(p) => Some(Some(p.as_str())),
+        Parent::Root => Some(None),
+        Parent::Leaf => None,
+    };
+    if let Some(fast_parent) = fast_parent
         && !inputs.is_empty()
-        && let Some((stored, index)) = fast_append(ctx, sid, p, &inputs, seen).await?
+        && let Some((stored, index)) = fast_append(ctx, sid, fast_parent, &inputs, seen).await?
     {
         return Ok((stored, Some(index)));
     }

@@ -23,7 +23,7 @@ fn texts(v: &Value) -> Vec<String> {
 /// A real engine (the selected backend) with the session worker and a client on it.
 struct Store {
     _dir: tempfile::TempDir,
-    _srv: server::RunningServer,
+    srv: server::RunningServer,
     _worker: harness_sdk::WorkerHandle,
     client: harness_sdk::WorkerHandle,
 }
@@ -37,7 +37,7 @@ async fn store() -> Store {
     let client = connect_client("t", RemoteOptions::new(&srv.url())).await;
     Store {
         _dir: dir,
-        _srv: srv,
+        srv,
         _worker: worker,
         client,
     }
@@ -809,6 +809,83 @@ async fn an_append_on_the_index_its_caller_was_answered_reads_nothing_and_trusts
         .await
         .unwrap();
     assert_eq!(texts(&m), ["a", "b", "d", "e", "e2"], "{m}");
+}
+
+/// A run's first append (`with_messages`, at the current leaf) with the index
+/// `session-tree::ensure` answered at the run's start (`index_seen`), on an instance that
+/// remembers nothing: the session and its entries are read beside each other, then one
+/// transaction; the index is neither read nor allocated on its own. On a new session and on
+/// one with a history alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_first_append_on_the_index_ensure_answered_is_one_transaction() {
+    use futures_util::FutureExt;
+    use std::sync::{Arc, Mutex};
+    let s = store().await;
+    // Another session worker (the last registration wins), whose calls are noted.
+    let calls = Arc::new(Mutex::new(Vec::<String>::new()));
+    let noted = calls.clone();
+    let _watched =
+        harness_sdk::run_embedded_through(session_worker::worker(), &s.srv.engine, |bus| {
+            harness_sdk::bus::Watched::around(
+                bus,
+                Arc::new(move |function_id, _| {
+                    noted.lock().unwrap().push(function_id.to_string());
+                    async {}.boxed()
+                }),
+            )
+        })
+        .unwrap();
+    let ctx = s.client.ctx();
+    let first_append = |id: &'static str, seen: Value| {
+        let ctx = ctx.clone();
+        let calls = calls.clone();
+        async move {
+            session_worker::forget_remembered("run");
+            calls.lock().unwrap().clear();
+            let r = ctx
+                .trigger(
+                    "session-tree::append_batch",
+                    json!({"session_id": "run", "entries": [{"id": id, "message": user(id)}], "with_messages": true, "index_seen": seen}),
+                )
+                .await
+                .unwrap();
+            let mut made = calls.lock().unwrap().clone();
+            made.sort();
+            (r, made)
+        }
+    };
+    let one_transaction = ["state::get", "state::list", "state::transact"];
+    for (run, id, before) in [(1, "u1", vec![]), (2, "u2", vec!["u1"])] {
+        let ensured = ctx
+            .trigger("session-tree::ensure", json!({"session_id": "run"}))
+            .await
+            .unwrap();
+        assert_eq!(ensured["created"], run == 1, "{ensured}");
+        assert!(ensured["index"]["version"].as_u64().is_some(), "{ensured}");
+        assert_eq!(ensured["index"]["value"]["session_id"], "run", "{ensured}");
+        let (r, made) = first_append(id, ensured["index"].clone()).await;
+        assert_eq!(made, one_transaction, "run {run}: {r}");
+        let mut expected = before.clone();
+        expected.push(id);
+        assert_eq!(texts(&r["messages"]), expected, "{r}");
+        assert_eq!(r["index"]["value"]["last_entry"], id, "{r}");
+    }
+    // A stale index (the session was appended to since): the transaction on it fails, and
+    // the append reads and goes on, at the leaf.
+    let stale = ctx
+        .trigger("session-tree::ensure", json!({"session_id": "run"}))
+        .await
+        .unwrap()["index"]
+        .clone();
+    ctx.trigger(
+        "session-tree::append",
+        json!({"session_id": "run", "entry": {"type": "message", "id": "x", "message": user("x")}}),
+    )
+    .await
+    .unwrap();
+    let (r, made) = first_append("u3", stale).await;
+    assert_ne!(made, one_transaction, "{r}");
+    assert_eq!(texts(&r["messages"]), ["u1", "u2", "x", "u3"], "{r}");
 }
 
 /// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once

@@ -93,9 +93,17 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
     }
     // The history lives in the session tree when the session worker runs (provisioning
     // resumes from its current leaf); otherwise in the record, carried over from a stopped run.
-    let tree = match ensured {
-        Ok(_) => true,
-        Err(BusError::FunctionNotFound(_)) => false,
+    let (tree, tree_index) = match ensured {
+        // The session's index as it is now: the run's first append hands it back, so the
+        // session worker appends without reading it (a worker that answers none reads it).
+        Ok(mut answer) => (
+            true,
+            answer
+                .get_mut("index")
+                .map(Value::take)
+                .and_then(|v| serde_json::from_value(v).ok()),
+        ),
+        Err(BusError::FunctionNotFound(_)) => (false, None),
         Err(e) => return Err(e.into()),
     };
     // A new run on a stopped session keeps counting: its events come after the last run's
@@ -140,7 +148,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         budget_ids: Vec::new(),
         assistant_pending: false,
         recent_appends: Vec::new(),
-        tree_index: None,
+        tree_index,
         peeked_inbox: None,
         // The first event's seq, reserved: it is written once the record is (a busy session
         // keeps its own events).
@@ -149,6 +157,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         outbox: Vec::new(),
         unsaved_call: None,
         pending_sync: Default::default(),
+        pending_push: Default::default(),
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version, false).await {

@@ -184,9 +184,12 @@ where
     S: States + ?Sized,
 {
     let pending = PendingSync::default();
-    let out = drive_turns(ports, states, expected, sid, chain, &pending).await;
-    // However the step ends, not before the sync it started is done: its acknowledgement
-    // is deferred, so that sync is what makes the last call's result durable.
+    let pushes = PendingPush::default();
+    let out = drive_turns(ports, states, expected, sid, chain, (&pending, &pushes)).await;
+    // However the step ends, not before the pushes it started went out (a Lambda may be
+    // frozen once it answers) and the sync it started is done: its acknowledgement is
+    // deferred, so that sync is what makes the last call's result durable.
+    pushes.settle().await;
     match (settle(&pending).await, out) {
         (Err(e), Ok(_)) => invocation_error(e),
         (_, out) => out,
@@ -199,7 +202,7 @@ async fn drive_turns<P, S>(
     expected: TurnState,
     sid: &str,
     chain: Chain,
-    pending: &PendingSync,
+    (pending, pushes): (&PendingSync, &PendingPush),
 ) -> Result<Value, ErrorBody>
 where
     P: Ports + ?Sized,
@@ -211,6 +214,7 @@ where
         Err(e) => return invocation_error(e),
     };
     rec.pending_sync = pending.clone();
+    rec.pending_push = pushes.clone();
     let Some(mut state) = fsm::resumes(expected, rec.state) else {
         return Ok(stale());
     };

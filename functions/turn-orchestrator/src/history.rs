@@ -379,11 +379,8 @@ async fn append(
         parent_id: (!continuing).then(|| json!(rec.tree_leaf)),
         peek_inboxes: peek.then(|| INBOXES.iter().map(|n| n.to_string()).collect()),
         with_messages: continuing,
-        index_seen: if continuing {
-            None
-        } else {
-            rec.tree_index.take()
-        },
+        // Continuing, it is the index `session-tree::ensure` answered at the run's start.
+        index_seen: rec.tree_index.take(),
     };
     let mut out = ctx
         .trigger(session_tree::APPEND_BATCH, json!(request))

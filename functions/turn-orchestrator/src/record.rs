@@ -54,6 +54,8 @@ async fn save_holding<P: RecordStore + ?Sized>(
     durable: bool,
     held: HeldCall,
 ) -> StepResult<()> {
+    // The events go after the token deltas' last pushes.
+    rec.pending_push.settle().await;
     let events = std::mem::take(&mut rec.outbox);
     rec.updated_at_ms = now();
     let holds_call = rec.unsaved_call.is_some();
@@ -123,6 +125,7 @@ pub(crate) async fn flush_events<E: EventStream + ?Sized>(events: &E, rec: &mut 
     if rec.outbox.is_empty() {
         return;
     }
+    rec.pending_push.settle().await;
     let items = std::mem::take(&mut rec.outbox);
     let count = items.len();
     if let Err(e) = events.store(items).await {
@@ -137,6 +140,7 @@ pub(crate) async fn emit_transient<E: EventStream + ?Sized>(
     event_type: &str,
     data: Value,
 ) {
+    rec.pending_push.settle().await;
     push_transient(events, &rec.session_id, event_type, data).await;
 }
 

@@ -281,31 +281,49 @@ pub struct Record {
     /// before it is done. Never stored.
     #[serde(skip)]
     pub pending_sync: PendingSync,
+    /// The last token deltas' pushes of the step's model call, if still going out. Never
+    /// stored.
+    #[serde(skip)]
+    pub pending_push: PendingPush,
 }
 
-/// The sync a step started and has not waited for yet (shared by the record's clones).
-#[derive(Clone, Default)]
-pub struct PendingSync(std::sync::Arc<std::sync::Mutex<Option<SyncHandle>>>);
+/// A task a step started and has not waited for yet (shared by the record's clones).
+pub struct Pending<T>(std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<T>>>>);
+
+/// The sync a step started ([`crate::record::save_syncing_later`]).
+pub type PendingSync = Pending<Result<(), String>>;
+
+/// The last token deltas' pushes of a model call, still going out after its stream ended:
+/// the step goes on (policy, the calls, the append) while they do, and anything that writes
+/// or pushes the session's events waits for them first, so a client still gets them in
+/// order ([`crate::record::flush_events`], the record's save, [`crate::record::emit_transient`]).
+pub type PendingPush = Pending<()>;
 
 /// A started `state::sync`: `Err` names why the store could not make the writes durable.
 pub type SyncHandle = tokio::task::JoinHandle<Result<(), String>>;
 
-impl PendingSync {
-    pub fn start(&self, sync: SyncHandle) {
+impl<T> Pending<T> {
+    /// One at a time: a second start comes after the first was waited for, or (a sync)
+    /// after a later save, whose sync covers the earlier one's writes too (the store's log
+    /// is in commit order).
+    pub fn start(&self, task: tokio::task::JoinHandle<T>) {
         let previous = self
             .0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .replace(sync);
-        // One at a time: a second start comes after a later save, whose sync covers the
-        // earlier one's writes too (the store's log is in commit order).
+            .replace(task);
         drop(previous);
     }
 
+    fn take(&self) -> Option<tokio::task::JoinHandle<T>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl PendingSync {
     /// Wait for the started sync, if any.
     pub async fn settle(&self) -> Result<(), String> {
-        let started = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match started {
+        match self.take() {
             None => Ok(()),
             Some(handle) => match handle.await {
                 Ok(synced) => synced,
@@ -315,14 +333,38 @@ impl PendingSync {
     }
 }
 
-impl std::fmt::Debug for PendingSync {
+impl PendingPush {
+    /// Wait for the started pushes, if any (best effort, as a push is: a failed one was
+    /// logged where it failed).
+    pub async fn settle(&self) {
+        if let Some(handle) = self.take()
+            && let Err(e) = handle.await
+        {
+            tracing::warn!(error = %e, "the token deltas' last pushes failed");
+        }
+    }
+}
+
+impl<T> Clone for Pending<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Default for Pending<T> {
+    fn default() -> Self {
+        Self(Default::default())
+    }
+}
+
+impl<T> std::fmt::Debug for Pending<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PendingSync")
+        f.write_str("Pending")
     }
 }
 
 /// Not part of a record's value.
-impl PartialEq for PendingSync {
+impl<T> PartialEq for Pending<T> {
     fn eq(&self, _: &Self) -> bool {
         true
     }

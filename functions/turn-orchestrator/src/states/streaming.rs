@@ -372,6 +372,8 @@ async fn call_model(
     prompt: &Prompt,
     meta: Option<&Value>,
 ) -> StepResult<AgentMessage> {
+    // A fallback's call: the first call's last pushes go out before this one's.
+    rec.pending_push.settle().await;
     let caps = Capabilities::of(meta);
     let messages = match caps.vision {
         Some(false) => without_images(messages),
@@ -425,10 +427,15 @@ async fn call_model(
     // One `message_update` in flight at a time: the partials that come while it is pushed
     // merge into the next (the latest supersedes the others), so a fast stream costs a push
     // or two instead of one per batch, and the stream is read on while one goes out.
-    let mut pushing: Option<futures_util::future::BoxFuture<'_, ()>> = None;
+    let mut pushing: Option<futures_util::future::BoxFuture<'static, ()>> = None;
     let mut next_update: Option<Value> = None;
-    let sid = rec.session_id.as_str();
-    let push_update = |update: Value| push_transient(ctx, sid, "message_update", update).boxed();
+    let push_update = {
+        let (ctx, sid) = (ctx.clone(), rec.session_id.clone());
+        move |update: Value| {
+            let (ctx, sid) = (ctx.clone(), sid.clone());
+            async move { push_transient(&ctx, &sid, "message_update", update).await }.boxed()
+        }
+    };
     let deadline = tokio::time::Instant::now() + PROVIDER_TIMEOUT + Duration::from_secs(5);
     let mut timed_out = false;
     loop {
@@ -482,7 +489,7 @@ async fn call_model(
                 }
             }
             () = async { pushing.as_mut().expect("guarded").await }, if pushing.is_some() => {
-                pushing = next_update.take().map(push_update);
+                pushing = next_update.take().map(&push_update);
             }
             // A provider that fails before attaching the writer (not registered, refused the
             // request) must not leave us waiting for a stream that will never come.
@@ -500,11 +507,18 @@ async fn call_model(
             }
         }
     }
-    // The updates still going out go before anything this step records (in order: the one
-    // in flight, then the latest; both end the borrow of the session id here).
+    // The updates still going out (in order: the one in flight, then the latest) go on
+    // while the step does; whatever writes or pushes the session's events next waits for
+    // them ([`PendingPush`]), so they still go before anything this step records.
     let last = next_update.map(push_update);
-    for p in [pushing, last].into_iter().flatten() {
-        p.await;
+    if pushing.is_some() || last.is_some() {
+        // At this call's position, so a Lambda's posts are traced in the step's trace.
+        let here = bus_telemetry::tracing_bridge::CallPosition::current();
+        rec.pending_push.start(tokio::spawn(here.run(async move {
+            for p in [pushing, last].into_iter().flatten() {
+                p.await;
+            }
+        })));
     }
     if call_result.is_none() && !timed_out {
         call_result = Some(call.await.map_err(|e| StepError::Fatal(e.to_string()))?);
