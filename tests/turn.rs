@@ -13,6 +13,7 @@ use scripted_model::{Cassette, ToolCall, Turn};
 use serde_json::{Value, json};
 use std::time::Duration;
 
+mod hops;
 mod pushes;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,10 @@ impl States for OnTheBus<'_> {
         version: &mut u64,
     ) -> StepResult<Outcome> {
         let (ctx, hooks) = (self.ctx, self.hooks);
-        let req = run_request(ctx, rec).await?;
+        let req = match state {
+            TurnState::AssistantStreaming => warm_turn(ctx, rec).await?,
+            _ => run_request(ctx, rec).await?,
+        };
         match state {
             TurnState::Provisioning => provisioning(ctx, rec, &req).await,
             TurnState::AssistantStreaming => assistant_streaming(ctx, rec, &req).await,

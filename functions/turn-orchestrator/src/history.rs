@@ -225,23 +225,45 @@ pub(crate) async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<His
     if !rec.tree {
         return Ok(Arc::new(rec.messages.clone()));
     }
+    let (leaf, messages) = read_history(ctx, &rec.session_id).await?;
+    rec.tree_leaf = leaf;
+    Ok(messages)
+}
+
+/// The session's history at its current leaf, read and cached at that leaf.
+async fn read_history(ctx: &Ctx, sid: &str) -> StepResult<(Option<String>, History)> {
     let v = ctx
         .trigger(
             session_tree::MESSAGES,
             json!(session_tree::MessagesRequest {
-                session_id: rec.session_id.clone(),
+                session_id: sid.to_string(),
                 leaf_id: None,
             }),
         )
         .await?;
     let answer: session_tree::MessagesAnswer = contracts::parse(session_tree::MESSAGES, v)
         .map_err(|e| StepError::Fatal(format!("unreadable session history: {e}")))?;
-    rec.tree_leaf = answer.leaf_id;
     let messages: History = Arc::new(answer.messages);
-    if let Some(leaf) = &rec.tree_leaf {
-        let _ = CACHE.try_with(|c| c.put(&rec.session_id, leaf, messages.clone()));
+    if let Some(leaf) = &answer.leaf_id {
+        let _ = CACHE.try_with(|c| c.put(sid, leaf, messages.clone()));
     }
-    Ok(messages)
+    Ok((answer.leaf_id, messages))
+}
+
+/// The run's request, with what a turn's step reads before its model call (the prompt, the
+/// history) read beside it where this instance has none of it cached: a step that lands on
+/// another instance than the run's last one (with a real model, every turn is a queue hop)
+/// makes one round trip of these reads instead of three in a row. The history read goes to
+/// the cache, where the step's own read finds it at the record's leaf.
+pub(crate) async fn warm_turn(ctx: &Ctx, rec: &Record) -> StepResult<Arc<RunRequest>> {
+    let history = async {
+        if rec.tree && cached(rec).is_none() {
+            read_history(ctx, &rec.session_id).await?;
+        }
+        Ok(())
+    };
+    let (req, _, ()) = tokio::try_join!(run_request(ctx, rec), run_prompt(ctx, rec), history)?;
+    Ok(req)
 }
 
 /// For events that show the history (agent_end): never fails the step.
