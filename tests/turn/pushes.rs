@@ -1,96 +1,82 @@
-//! A model call's last token deltas go out beside the step, not before it: the step runs its
-//! calls while they are posted, and still records nothing before they went out.
+//! What a step leaves running beside the next thing it does: a model call's last token deltas
+//! (beside the calls), and a chained turn's save (beside its next model call). Nothing the
+//! session's client sees comes out of order for it.
 
 use super::*;
 use futures_util::FutureExt;
-use harness_sdk::bus::Watched;
-use std::sync::Arc;
+use harness_sdk::bus::{CallWatch, Watched};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// The first call runs while its turn's last `message_update` is still going out (the step
-/// did not wait for it), and a UI subscriber still gets every `message_update` of a turn
-/// before that turn's stored `message_complete` (nothing the step records overtakes them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_model_calls_last_token_pushes_go_out_beside_its_calls_and_before_its_events() {
-    let rules =
-        "version: 1\nrules:\n  - {function: \"probe::read\", action: allow, read_only: true}\n";
-    let s = stack(rules).await;
-    // This orchestrator (the last registration wins) posts each update a second late (a post
-    // to a WebSocket client across the network), counting those held back.
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let held = in_flight.clone();
-    let slow_updates: harness_sdk::bus::CallWatch = Arc::new(move |function_id, data| {
-        let held = held.clone();
-        let update = function_id == "stream::send" && data["type"] == "message_update";
-        async move {
-            if update {
-                held.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                held.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        .boxed()
-    });
-    let _orchestrator =
-        harness_sdk::run_embedded_through(turn_orchestrator::worker(), &s.srv.engine, |inner| {
-            Watched::around(inner, slow_updates)
-        })
-        .unwrap();
-    // The probe notes how many updates were still going out when it ran.
-    let seen_in_flight = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let _probe = {
-        let (in_flight, seen) = (in_flight.clone(), seen_in_flight.clone());
-        harness_sdk::run_embedded(
-            harness_sdk::Worker::new("probe").function(
-                "probe::read",
-                "a read",
-                move |_c: harness_sdk::Ctx, _d: Value| {
-                    let (in_flight, seen) = (in_flight.clone(), seen.clone());
-                    async move {
-                        seen.lock().unwrap().push(in_flight.load(Ordering::SeqCst));
-                        Ok(json!({"probed": true}))
-                    }
-                },
-            ),
-            &s.srv.engine,
-        )
-        .unwrap()
+const RULES: &str =
+    "version: 1\nrules:\n  - {function: \"probe::read\", action: allow, read_only: true}\n";
+
+/// A run of two turns (a read, then an answer) on an orchestrator whose calls go through
+/// `watch` (the last registration wins), with a probe tool that runs `probe` → every event a
+/// client subscribed on the engine got, in order (the engine pushes them in the order they
+/// were written and sent; `ui::subscribe` goes through a stream trigger, which does not keep
+/// that order), until a while after the run's end.
+async fn two_turns(watch: CallWatch, probe: impl Fn() + Send + Sync + 'static) -> Vec<Value> {
+    let s = stack(RULES).await;
+    // Both turns in one step, however long the watch holds a call.
+    let chained = turn_orchestrator::Settings {
+        chain_budget: Duration::from_secs(10),
+        ..Default::default()
     };
+    let _orchestrator = harness_sdk::run_embedded_through(
+        turn_orchestrator::worker_with(chained),
+        &s.srv.engine,
+        |inner| Watched::around(inner, watch),
+    )
+    .unwrap();
+    let probe = Arc::new(probe);
+    let _probe = harness_sdk::run_embedded(
+        harness_sdk::Worker::new("probe").function(
+            "probe::read",
+            "a read",
+            move |_c: harness_sdk::Ctx, _d: Value| {
+                let probe = probe.clone();
+                async move {
+                    probe();
+                    Ok(json!({"probed": true}))
+                }
+            },
+        ),
+        &s.srv.engine,
+    )
+    .unwrap();
     s.model.load(Cassette {
         turns: vec![call("p1", "probe::read", json!({})), text("Probed.")],
         ..Default::default()
     });
-    let browser = connect_client("browser", RemoteOptions::new(&s.srv.url())).await;
-    let mut pushes = browser.pushes().unwrap();
     let ctx = s.client.ctx();
-    ctx.trigger(
-        "ui::subscribe",
-        json!({"browser_id": browser.worker_id(), "session_id": "beside"}),
-    )
-    .await
-    .unwrap();
+    let mut pushes = s.client.pushes().expect("pushes");
+    s.client
+        .send_raw(&engine_gateway::protocol::Message::StreamSubscribe {
+            stream_name: "agent::events".into(),
+            group_id: Some("beside".into()),
+            batch: false,
+        })
+        .unwrap();
     start(&ctx, "beside", None).await;
-    // Everything pushed until the run ended, and a while after it (a late update).
     let mut seen = Vec::new();
     let mut wait = Duration::from_secs(20);
     while let Ok(Some(m)) = tokio::time::timeout(wait, pushes.recv()).await {
-        let engine_gateway::protocol::Message::Push { data } = m else {
+        let engine_gateway::protocol::Message::StreamEvent { event, .. } = m else {
             continue;
         };
-        let event = data["event"]["data"].clone();
-        if event["type"] == "agent_end" {
+        if event.data["type"] == "agent_end" {
             wait = Duration::from_secs(3);
         }
-        seen.push(event);
+        seen.push(event.data);
     }
-    assert_eq!(
-        *seen_in_flight.lock().unwrap(),
-        [1],
-        "the call ran while its turn's last update was still going out"
-    );
-    // Every update comes while its turn streams (after the turn entered
-    // `assistant_streaming`, before the model's message of that turn is stored), and is a
-    // part of that message.
+    wait_state(&ctx, "beside", "stopped").await;
+    seen
+}
+
+/// Every update comes while its turn streams (after the turn entered `assistant_streaming`,
+/// before the model's message of that turn is stored), and is a part of that message.
+fn assert_updates_within_their_turns(seen: &[Value]) {
     let text_of = |e: &Value| {
         e["message"]["content"][0]["text"]
             .as_str()
@@ -99,7 +85,10 @@ async fn a_model_calls_last_token_pushes_go_out_beside_its_calls_and_before_its_
     };
     let kinds: Vec<String> = seen
         .iter()
-        .map(|e| format!("{} {}", e["type"].as_str().unwrap_or(""), text_of(e)))
+        .map(|e| {
+            let state = e["new_value"]["state"].as_str().unwrap_or("");
+            format!("{} {state}{}", e["type"].as_str().unwrap_or(""), text_of(e))
+        })
         .collect();
     let mut streaming = false;
     let mut updates = 0;
@@ -112,7 +101,7 @@ async fn a_model_calls_last_token_pushes_go_out_beside_its_calls_and_before_its_
             "message_update" => {
                 assert!(
                     streaming,
-                    "update {i} after its turn's message was stored: {kinds:?}"
+                    "update {i} outside its turn's streaming: {kinds:?}"
                 );
                 let completed = seen[i..]
                     .iter()
@@ -132,5 +121,76 @@ async fn a_model_calls_last_token_pushes_go_out_beside_its_calls_and_before_its_
     }
     assert!(seen.iter().any(|e| e["type"] == "agent_end"), "{kinds:?}");
     assert!(updates >= 2, "an update per turn at least: {kinds:?}");
-    wait_state(&ctx, "beside", "stopped").await;
+}
+
+/// The call runs while its turn's last `message_update` is still going out (the step did not
+/// wait for it), and the client still gets every update of a turn before that turn's stored
+/// `message_complete`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_calls_last_token_pushes_go_out_beside_its_calls_and_before_its_events() {
+    // Each update is posted a second late (a post to a WebSocket client across the network).
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let held = in_flight.clone();
+    let slow_updates: CallWatch = Arc::new(move |function_id, data| {
+        let held = held.clone();
+        let update = function_id == "stream::send" && data["type"] == "message_update";
+        async move {
+            if update {
+                held.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                held.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        .boxed()
+    });
+    let when_probed = Arc::new(Mutex::new(Vec::new()));
+    let noted = when_probed.clone();
+    let seen = two_turns(slow_updates, move || {
+        noted.lock().unwrap().push(in_flight.load(Ordering::SeqCst));
+    })
+    .await;
+    assert_eq!(
+        *when_probed.lock().unwrap(),
+        [1],
+        "the call ran while its turn's last update was still going out"
+    );
+    assert_updates_within_their_turns(&seen);
+}
+
+/// A chained turn's model call starts while the save after the turn before it is still
+/// going (the step did not wait for it), and the client still gets that save's events (the
+/// turn's `assistant_streaming`) before the model call's updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chained_turns_save_goes_beside_its_next_model_call_and_before_its_updates() {
+    // Each save of the turn record takes half a second more (a slow transaction); each model
+    // call notes how many of those saves had finished when it started.
+    let saved = Arc::new(AtomicUsize::new(0));
+    let saved_when_called = Arc::new(Mutex::new(Vec::new()));
+    let watch: CallWatch = {
+        let (saved, noted) = (saved.clone(), saved_when_called.clone());
+        Arc::new(move |function_id, data| {
+            if function_id.starts_with("provider::") {
+                noted.lock().unwrap().push(saved.load(Ordering::SeqCst));
+            }
+            let record_save =
+                function_id == "state::transact" && data.to_string().contains("/turn_state");
+            let saved = saved.clone();
+            async move {
+                if record_save {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    saved.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            .boxed()
+        })
+    };
+    let seen = two_turns(watch, || {}).await;
+    // The first after the provisioning's save (none finished), the second after the first
+    // turn's (one finished: the one before it; a save waits for the one left running).
+    assert_eq!(
+        *saved_when_called.lock().unwrap(),
+        [0, 1],
+        "how many saves had finished when each model call started"
+    );
+    assert_updates_within_their_turns(&seen);
 }

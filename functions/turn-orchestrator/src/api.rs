@@ -158,6 +158,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         unsaved_call: None,
         pending_sync: Default::default(),
         pending_push: Default::default(),
+        pending_save: Default::default(),
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version, false).await {

@@ -188,14 +188,25 @@ where
 {
     let pending = PendingSync::default();
     let pushes = PendingPush::default();
-    let out = drive_turns(ports, states, expected, sid, chain, (&pending, &pushes)).await;
-    // However the step ends, not before the pushes it started went out (a Lambda may be
-    // frozen once it answers) and the sync it started is done: its acknowledgement is
-    // deferred, so that sync is what makes the last call's result durable.
+    let saving = PendingSave::default();
+    let out = drive_turns(
+        ports,
+        states,
+        expected,
+        sid,
+        chain,
+        (&pending, &pushes, &saving),
+    )
+    .await;
+    // However the step ends, not before the save and the pushes it left running are done (a
+    // Lambda may be frozen once it answers) and the sync it started is done: its
+    // acknowledgement is deferred, so that sync is what makes the last call's result
+    // durable.
+    let saved = saving.take().await;
     pushes.settle().await;
-    match (settle(&pending).await, out) {
-        (Err(e), Ok(_)) => invocation_error(e),
-        (_, out) => out,
+    match (saved, settle(&pending).await, out) {
+        (Some(Err(e)), _, Ok(_)) | (_, Err(e), Ok(_)) => invocation_error(e),
+        (_, _, out) => out,
     }
 }
 
@@ -205,7 +216,7 @@ async fn drive_turns<P, S>(
     expected: TurnState,
     sid: &str,
     chain: Chain,
-    (pending, pushes): (&PendingSync, &PendingPush),
+    (pending, pushes, saving): (&PendingSync, &PendingPush, &PendingSave),
 ) -> Result<Value, ErrorBody>
 where
     P: Ports + ?Sized,
@@ -218,6 +229,7 @@ where
     };
     rec.pending_sync = pending.clone();
     rec.pending_push = pushes.clone();
+    rec.pending_save = saving.clone();
     let Some(mut state) = fsm::resumes(expected, rec.state) else {
         return Ok(stale());
     };

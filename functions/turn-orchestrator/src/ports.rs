@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 /// Why a step could not finish: transient errors are re-thrown so the queue retries with
 /// backoff (and dead-letters); anything else fails the run with events the UI can show.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum StepError {
     Transient(ErrorBody),
     Fatal(String),
@@ -50,6 +50,22 @@ pub trait RecordStore: Send + Sync {
     /// step goes on meanwhile. `None`: nothing to wait for.
     fn start_sync(&self) -> Option<crate::types::SyncHandle> {
         None
+    }
+    /// Whether [`Self::save_in_background`] saves in a task of its own.
+    fn saves_in_background(&self) -> bool {
+        false
+    }
+    /// [`Self::save`] (not durable at once) in a task of its own, then (`sync`) every save
+    /// so far made durable, so the step goes on meanwhile → the new version. Only called
+    /// where [`Self::saves_in_background`].
+    fn save_in_background(
+        &self,
+        _rec: Record,
+        _version: u64,
+        _events: Vec<EventItem>,
+        _sync: bool,
+    ) -> crate::types::SaveHandle {
+        tokio::spawn(async { Err(StepError::Fatal("this store saves only in line".into())) })
     }
 }
 
@@ -131,6 +147,34 @@ impl RecordStore for Ctx {
         let ctx = self.clone();
         Some(tokio::spawn(async move {
             ctx.state_sync().await.map(drop).map_err(|e| e.to_string())
+        }))
+    }
+
+    fn saves_in_background(&self) -> bool {
+        true
+    }
+
+    fn save_in_background(
+        &self,
+        rec: Record,
+        version: u64,
+        events: Vec<EventItem>,
+        sync: bool,
+    ) -> crate::types::SaveHandle {
+        let ctx = self.clone();
+        // At this call's position, so the save's spans are in the step's trace.
+        let here = bus_telemetry::tracing_bridge::CallPosition::current();
+        tokio::spawn(here.run(async move {
+            let saved = RecordStore::save(&ctx, &rec, version, false, events).await?;
+            if sync {
+                ctx.state_sync().await.map_err(|e| {
+                    StepError::Transient(ErrorBody::new(
+                        "storage",
+                        format!("the turn record could not be made durable: {e}"),
+                    ))
+                })?;
+            }
+            Ok(saved)
         }))
     }
 }

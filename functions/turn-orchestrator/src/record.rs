@@ -30,12 +30,38 @@ pub(crate) async fn save<P: RecordStore + ?Sized>(
 /// runs meanwhile, beside the next model call. The next call (and the step's end) waits for
 /// it ([`settle`]), so a call still never runs before the result of the one before it is
 /// durable; the model call it overlaps is redone anyway by a redelivery.
+///
+/// A store that saves in a task of its own ([`RecordStore::saves_in_background`]) runs the
+/// save itself beside the model call too ([`PendingSave`]): the next call and the next save
+/// take its outcome first ([`settle_save`]), and the session's next events wait for it.
+/// Until it is seen done, the record after the call is kept ([`Record::unsaved_call`]), so a
+/// step that ends in an error saves that instead, as before.
 pub(crate) async fn save_syncing_later<P: RecordStore + ?Sized>(
     ports: &P,
     rec: &mut Record,
     version: &mut u64,
 ) -> StepResult<()> {
-    save_holding(ports, rec, version, false, HeldCall::SyncLater).await
+    if !ports.saves_in_background() {
+        return save_holding(ports, rec, version, false, HeldCall::SyncLater).await;
+    }
+    settle_save(rec, version).await?;
+    rec.pending_push.settle().await;
+    let events = std::mem::take(&mut rec.outbox);
+    rec.updated_at_ms = now();
+    let sync = rec.unsaved_call.is_some();
+    let saving = ports.save_in_background(rec.clone(), *version, events, sync);
+    rec.pending_save.start(saving);
+    Ok(())
+}
+
+/// The outcome of the save left running beside a model call, if any: the record's new
+/// version, or the error that ends the step (a conflict: another delivery moved on).
+pub(crate) async fn settle_save(rec: &mut Record, version: &mut u64) -> StepResult<()> {
+    if let Some(saved) = rec.pending_save.take().await {
+        *version = saved?;
+        rec.unsaved_call = None;
+    }
+    Ok(())
 }
 
 /// How a save that holds an executed call's record ([`Record::unsaved_call`]) makes it
@@ -54,7 +80,9 @@ async fn save_holding<P: RecordStore + ?Sized>(
     durable: bool,
     held: HeldCall,
 ) -> StepResult<()> {
-    // The events go after the token deltas' last pushes.
+    // After the save left running (this one is at its version), and the events after the
+    // token deltas' last pushes.
+    settle_save(rec, version).await?;
     rec.pending_push.settle().await;
     let events = std::mem::take(&mut rec.outbox);
     rec.updated_at_ms = now();
@@ -91,6 +119,8 @@ pub(crate) async fn save_unsaved_call<P: RecordStore + ?Sized>(
     rec: &mut Record,
     version: &mut u64,
 ) {
+    // A save left running that went through holds the call already.
+    let _ = settle_save(rec, version).await;
     if let Some(mut after_call) = rec.unsaved_call.take()
         && let Err(e) = save(ports, &mut after_call, version, true).await
     {
@@ -125,6 +155,7 @@ pub(crate) async fn flush_events<E: EventStream + ?Sized>(events: &E, rec: &mut 
     if rec.outbox.is_empty() {
         return;
     }
+    rec.pending_save.done().await;
     rec.pending_push.settle().await;
     let items = std::mem::take(&mut rec.outbox);
     let count = items.len();
@@ -140,6 +171,7 @@ pub(crate) async fn emit_transient<E: EventStream + ?Sized>(
     event_type: &str,
     data: Value,
 ) {
+    rec.pending_save.done().await;
     rec.pending_push.settle().await;
     push_transient(events, &rec.session_id, event_type, data).await;
 }

@@ -285,6 +285,10 @@ pub struct Record {
     /// stored.
     #[serde(skip)]
     pub pending_push: PendingPush,
+    /// The save a chained turn left running beside its next model call
+    /// (`record::save_syncing_later`). Never stored.
+    #[serde(skip)]
+    pub pending_save: PendingSave,
 }
 
 /// A task a step started and has not waited for yet (shared by the record's clones).
@@ -298,6 +302,71 @@ pub type PendingSync = Pending<Result<(), String>>;
 /// or pushes the session's events waits for them first, so a client still gets them in
 /// order ([`crate::record::flush_events`], the record's save, [`crate::record::emit_transient`]).
 pub type PendingPush = Pending<()>;
+
+/// A save started in a task of its own (and the sync after it, where it holds a call) → the
+/// record's new version.
+pub type SaveHandle = tokio::task::JoinHandle<crate::ports::StepResult<u64>>;
+
+/// The save a chained turn left running beside its next model call, and the sync after it.
+/// What writes or pushes the session's events next waits for it ([`PendingSave::done`]: they
+/// go after its events); the next save, and every call, takes its outcome first
+/// ([`crate::record::settle_save`]: the new version, or the error that ends the step).
+#[derive(Clone, Default)]
+pub struct PendingSave(std::sync::Arc<std::sync::Mutex<Option<SaveOutcome>>>);
+
+/// A save's outcome, awaited by as many as wait for it.
+type SaveOutcome = futures_util::future::Shared<
+    futures_util::future::BoxFuture<'static, crate::ports::StepResult<u64>>,
+>;
+
+impl PendingSave {
+    pub fn start(&self, save: SaveHandle) {
+        use futures_util::FutureExt;
+        let outcome = async move {
+            save.await.unwrap_or_else(|e| {
+                Err(crate::ports::StepError::Transient(
+                    harness_sdk::ErrorBody::new(
+                        "storage",
+                        format!("the turn record's save failed: {e}"),
+                    ),
+                ))
+            })
+        }
+        .boxed()
+        .shared();
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+    }
+
+    /// Once the save is done, whatever its outcome (for order only).
+    pub async fn done(&self) {
+        let running = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(running) = running {
+            let _ = running.await;
+        }
+    }
+
+    /// Its outcome, once; `None`: no save is pending.
+    pub async fn take(&self) -> Option<crate::ports::StepResult<u64>> {
+        let running = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match running {
+            Some(running) => Some(running.await),
+            None => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingSave {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingSave")
+    }
+}
+
+/// Not part of a record's value.
+impl PartialEq for PendingSave {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
 
 /// A started `state::sync`: `Err` names why the store could not make the writes durable.
 pub type SyncHandle = tokio::task::JoinHandle<Result<(), String>>;

@@ -429,11 +429,20 @@ async fn call_model(
     // or two instead of one per batch, and the stream is read on while one goes out.
     let mut pushing: Option<futures_util::future::BoxFuture<'static, ()>> = None;
     let mut next_update: Option<Value> = None;
+    // The updates go after the events of the save left running beside this call.
     let push_update = {
-        let (ctx, sid) = (ctx.clone(), rec.session_id.clone());
+        let (ctx, sid, saved) = (
+            ctx.clone(),
+            rec.session_id.clone(),
+            rec.pending_save.clone(),
+        );
         move |update: Value| {
-            let (ctx, sid) = (ctx.clone(), sid.clone());
-            async move { push_transient(&ctx, &sid, "message_update", update).await }.boxed()
+            let (ctx, sid, saved) = (ctx.clone(), sid.clone(), saved.clone());
+            async move {
+                saved.done().await;
+                push_transient(&ctx, &sid, "message_update", update).await
+            }
+            .boxed()
         }
     };
     let deadline = tokio::time::Instant::now() + PROVIDER_TIMEOUT + Duration::from_secs(5);
