@@ -128,31 +128,34 @@ fn assert_updates_within_their_turns(seen: &[Value]) {
 /// `message_complete`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_calls_last_token_pushes_go_out_beside_its_calls_and_before_its_events() {
-    // Each update is posted a second late (a post to a WebSocket client across the network).
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let held = in_flight.clone();
+    // Each update is posted a second late (a post to a WebSocket client across the network);
+    // what went out, and when the call ran, in order.
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let posted = log.clone();
     let slow_updates: CallWatch = Arc::new(move |function_id, data| {
-        let held = held.clone();
-        let update = function_id == "stream::send" && data["type"] == "message_update";
+        let posted = posted.clone();
+        let update = (function_id == "stream::send" && data["type"] == "message_update")
+            .then(|| data["data"]["message"]["content"][0]["text"].clone());
         async move {
-            if update {
-                held.fetch_add(1, Ordering::SeqCst);
+            if let Some(text) = update {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                held.fetch_sub(1, Ordering::SeqCst);
+                posted.lock().unwrap().push(format!("update {text}"));
             }
         }
         .boxed()
     });
-    let when_probed = Arc::new(Mutex::new(Vec::new()));
-    let noted = when_probed.clone();
+    let probed = log.clone();
     let seen = two_turns(slow_updates, move || {
-        noted.lock().unwrap().push(in_flight.load(Ordering::SeqCst));
+        probed.lock().unwrap().push("call".into());
     })
     .await;
-    assert_eq!(
-        *when_probed.lock().unwrap(),
-        [1],
-        "the call ran while its turn's last update was still going out"
+    let log = log.lock().unwrap().clone();
+    let call = log.iter().position(|l| l == "call").expect("the call ran");
+    assert!(
+        log[call..]
+            .iter()
+            .any(|l| l.starts_with("update \"Calling probe::read.")),
+        "the call waited for its turn's last update to go out: {log:?}"
     );
     assert_updates_within_their_turns(&seen);
 }
