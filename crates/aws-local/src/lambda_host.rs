@@ -220,10 +220,9 @@ impl LambdaFunction {
             )
             .route("/2018-06-01/runtime/init/error", post(init_error))
             .with_state((me.clone(), process.clone()));
-        // The Runtime API's small responses must not wait for delayed ACKs: TCP_NODELAY.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
-            let _ = s.set_nodelay(true);
-        });
+        // The Runtime API's small responses must not wait for delayed ACKs (TCP_NODELAY),
+        // nor a streamed response's chunks for this end's (`quick_ack`).
+        let listener = crate::quick_ack::QuickAckListener(listener);
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, api).await;
         });

@@ -17,3 +17,4 @@ pub mod filter;
 pub mod function_url;
 pub mod lambda_host;
 pub mod mappings;
+pub mod quick_ack;
