@@ -1,7 +1,7 @@
 //! What the step driver needs from outside, as small traits: the record store, the step
 //! queue, the event stream and calls. [`Ctx`] (the bus) is the adapter the worker uses;
-//! [`Memory`] is the one the driver's tests use, without a bus. Also the error a step can
-//! end in.
+//! [`Memory`] is the one the driver's tests use, without a bus. The error a step can end in
+//! ([`StepError`]) is in `types`, with the record that holds a save's outcome.
 
 use crate::prelude::*;
 use async_trait::async_trait;
@@ -11,22 +11,7 @@ use bus::state::{
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Why a step could not finish: transient errors are re-thrown so the queue retries with
-/// backoff (and dead-letters); anything else fails the run with events the UI can show.
-#[derive(Debug, Clone)]
-pub enum StepError {
-    Transient(ErrorBody),
-    Fatal(String),
-    Stale,
-}
-
-impl From<BusError> for StepError {
-    fn from(e: BusError) -> Self {
-        StepError::Transient(e.into())
-    }
-}
-
-pub type StepResult<T> = Result<T, StepError>;
+pub use crate::types::{StepError, StepResult};
 
 /// One stored UI event: (stream, group, item id, data).
 pub type EventItem = (String, String, String, Value);

@@ -303,9 +303,26 @@ pub type PendingSync = Pending<Result<(), String>>;
 /// order ([`crate::record::flush_events`], the record's save, [`crate::record::emit_transient`]).
 pub type PendingPush = Pending<()>;
 
+/// Why a step could not finish: transient errors are re-thrown so the queue retries with
+/// backoff (and dead-letters); anything else fails the run with events the UI can show.
+#[derive(Debug, Clone)]
+pub enum StepError {
+    Transient(harness_sdk::ErrorBody),
+    Fatal(String),
+    Stale,
+}
+
+impl From<harness_sdk::BusError> for StepError {
+    fn from(e: harness_sdk::BusError) -> Self {
+        StepError::Transient(e.into())
+    }
+}
+
+pub type StepResult<T> = Result<T, StepError>;
+
 /// A save started in a task of its own (and the sync after it, where it holds a call) → the
 /// record's new version.
-pub type SaveHandle = tokio::task::JoinHandle<crate::ports::StepResult<u64>>;
+pub type SaveHandle = tokio::task::JoinHandle<StepResult<u64>>;
 
 /// The save a chained turn left running beside its next model call, and the sync after it.
 /// What writes or pushes the session's events next waits for it ([`PendingSave::done`]: they
@@ -315,21 +332,18 @@ pub type SaveHandle = tokio::task::JoinHandle<crate::ports::StepResult<u64>>;
 pub struct PendingSave(std::sync::Arc<std::sync::Mutex<Option<SaveOutcome>>>);
 
 /// A save's outcome, awaited by as many as wait for it.
-type SaveOutcome = futures_util::future::Shared<
-    futures_util::future::BoxFuture<'static, crate::ports::StepResult<u64>>,
->;
+type SaveOutcome =
+    futures_util::future::Shared<futures_util::future::BoxFuture<'static, StepResult<u64>>>;
 
 impl PendingSave {
     pub fn start(&self, save: SaveHandle) {
         use futures_util::FutureExt;
         let outcome = async move {
             save.await.unwrap_or_else(|e| {
-                Err(crate::ports::StepError::Transient(
-                    harness_sdk::ErrorBody::new(
-                        "storage",
-                        format!("the turn record's save failed: {e}"),
-                    ),
-                ))
+                Err(StepError::Transient(harness_sdk::ErrorBody::new(
+                    "storage",
+                    format!("the turn record's save failed: {e}"),
+                )))
             })
         }
         .boxed()
@@ -346,7 +360,7 @@ impl PendingSave {
     }
 
     /// Its outcome, once; `None`: no save is pending.
-    pub async fn take(&self) -> Option<crate::ports::StepResult<u64>> {
+    pub async fn take(&self) -> Option<StepResult<u64>> {
         let running = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         match running {
             Some(running) => Some(running.await),
