@@ -597,9 +597,10 @@ mod tests {
             &self,
             state: TurnState,
             rec: &mut Record,
-            _: &mut u64,
+            version: &mut u64,
         ) -> StepResult<Outcome> {
             if state == TurnState::FunctionExecute {
+                settle_save(rec, version).await?;
                 settle(&rec.pending_sync).await?;
                 rec.unsaved_call = Some(Box::new(rec.clone()));
             }
@@ -674,6 +675,113 @@ mod tests {
             states.ran.lock().unwrap().last(),
             Some(&(AS, 0)),
             "no call after the failed sync"
+        );
+    }
+
+    /// Two chained turns as [`Calling`] runs them, watched on `ports`.
+    fn watching(ports: &Memory) -> Watching<'_> {
+        Watching {
+            calling: Calling {
+                script: Mutex::new(a_turn().into_iter().chain(a_turn()).collect()),
+                synced: &ports.synced,
+                ran: Mutex::default(),
+            },
+            stored: ports,
+            versions: Mutex::default(),
+        }
+    }
+
+    /// Runs as [`Calling`] does, and notes the stored record's version at each state.
+    struct Watching<'a> {
+        calling: Calling<'a>,
+        stored: &'a Memory,
+        versions: Mutex<Vec<(TurnState, u64)>>,
+    }
+
+    #[async_trait]
+    impl States for Watching<'_> {
+        async fn run(
+            &self,
+            state: TurnState,
+            rec: &mut Record,
+            version: &mut u64,
+        ) -> StepResult<Outcome> {
+            let out = self.calling.run(state, rec, version).await;
+            // After `Calling`'s settle: where a call would run.
+            let stored = saved(self.stored).1;
+            self.versions.lock().unwrap().push((state, stored));
+            out
+        }
+    }
+
+    /// On a store that saves in a task of its own (the bus), a chained turn's save runs
+    /// beside the next model call: the next model call starts before it is written, and the
+    /// call after it only once it is. A conflict ends the step as stale before the next
+    /// call; a failed save ends it with the error, and the record after the last call is then
+    /// saved durably instead, as a failed save in line does.
+    #[tokio::test]
+    async fn a_chained_turns_save_beside_the_next_model_call_is_settled_before_the_next_call() {
+        use TurnState::{AssistantStreaming as AS, FunctionExecute as FE, SteeringCheck as SC};
+        let chained = Chain {
+            budget: Duration::from_secs(60),
+            max_turns: 1,
+        };
+        let in_background = || {
+            let ports = ports_with((record(AS), 7));
+            ports
+                .saves_in_background
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            ports
+        };
+        let ports = in_background();
+        let states = watching(&ports);
+        let out = drive(&ports, &states, AS, "s1", chained).await.unwrap();
+        assert_eq!(out["to_state"], "assistant_streaming", "{out}");
+        assert_eq!(
+            *states.versions.lock().unwrap(),
+            [(AS, 7), (FE, 7), (SC, 7), (AS, 7), (FE, 8), (SC, 8)],
+            "the second model call ran before the first turn's save was written, its call after"
+        );
+        // The turn past the chain is saved in line (durably), after the one left running.
+        assert_eq!(saved(&ports).1, 9);
+        assert_eq!(
+            *ports.durable_saves.lock().unwrap(),
+            [("s1".to_string(), AS)]
+        );
+
+        // Another delivery moved on meanwhile: the step ends stale, before the next call.
+        let ports = in_background();
+        *ports.background_save_fails.lock().unwrap() = Some(StepError::Stale);
+        let states = watching(&ports);
+        let out = drive(&ports, &states, AS, "s1", chained).await.unwrap();
+        assert_eq!(out["skipped"], true, "{out}");
+        assert_eq!(
+            states.calling.ran.lock().unwrap().last().map(|r| r.0),
+            Some(AS),
+            "no call after the conflict"
+        );
+
+        // The store failed: the step answers the error, and the record after the last call
+        // is saved durably in its place (no redelivery runs that call again).
+        let ports = in_background();
+        *ports.background_save_fails.lock().unwrap() = Some(StepError::Transient(ErrorBody::new(
+            "storage",
+            "the table is throttled",
+        )));
+        let states = watching(&ports);
+        let err = drive(&ports, &states, AS, "s1", chained)
+            .await
+            .expect_err("the step fails");
+        assert!(err.message.contains("throttled"), "{err:?}");
+        assert_eq!(
+            states.calling.ran.lock().unwrap().last().map(|r| r.0),
+            Some(AS),
+            "no call after the failed save"
+        );
+        assert_eq!(
+            *ports.durable_saves.lock().unwrap(),
+            [("s1".to_string(), FE)],
+            "the record just after the call, saved durably"
         );
     }
 

@@ -257,7 +257,7 @@ impl Calls for Ctx {
 /// and calls that answer from a table (anything else: `function_not_found`).
 #[derive(Default)]
 pub struct Memory {
-    pub records: Mutex<HashMap<String, (Record, u64)>>,
+    pub records: std::sync::Arc<Mutex<HashMap<String, (Record, u64)>>>,
     /// Saves made durable at once, in order (session, state).
     pub durable_saves: Mutex<Vec<(String, TurnState)>>,
     pub queued: Mutex<Vec<(String, TurnState, String)>>,
@@ -269,6 +269,28 @@ pub struct Memory {
     pub synced: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Every sync fails (a failing disk).
     pub sync_fails: std::sync::atomic::AtomicBool,
+    /// Saves in a task of its own, as the bus does ([`RecordStore::save_in_background`]):
+    /// each is written after 20 ms.
+    pub saves_in_background: std::sync::atomic::AtomicBool,
+    /// The next save in the background fails with this, writing nothing.
+    pub background_save_fails: Mutex<Option<StepError>>,
+}
+
+impl Memory {
+    /// A save at `version`, or `Stale` when the record is at another.
+    fn save_now(
+        records: &Mutex<HashMap<String, (Record, u64)>>,
+        rec: &Record,
+        version: u64,
+    ) -> StepResult<u64> {
+        let mut records = lock(records);
+        let current = records.get(&rec.session_id).map_or(0, |(_, v)| *v);
+        if current != version {
+            return Err(StepError::Stale);
+        }
+        records.insert(rec.session_id.clone(), (rec.clone(), version + 1));
+        Ok(version + 1)
+    }
 }
 
 #[async_trait]
@@ -283,17 +305,37 @@ impl RecordStore for Memory {
         durable: bool,
         events: Vec<EventItem>,
     ) -> StepResult<u64> {
-        let mut records = lock(&self.records);
-        let current = records.get(&rec.session_id).map_or(0, |(_, v)| *v);
-        if current != version {
-            return Err(StepError::Stale);
-        }
-        records.insert(rec.session_id.clone(), (rec.clone(), version + 1));
+        let saved = Self::save_now(&self.records, rec, version)?;
         store_events(&mut lock(&self.events), events);
         if durable {
             lock(&self.durable_saves).push((rec.session_id.clone(), rec.state));
         }
-        Ok(version + 1)
+        Ok(saved)
+    }
+
+    fn saves_in_background(&self) -> bool {
+        self.saves_in_background
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn save_in_background(
+        &self,
+        rec: Record,
+        version: u64,
+        events: Vec<EventItem>,
+        _sync: bool,
+    ) -> crate::types::SaveHandle {
+        // The events go in at once (the tests read the record's); the record after a while.
+        store_events(&mut lock(&self.events), events);
+        let fails = lock(&self.background_save_fails).take();
+        let records = self.records.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            match fails {
+                Some(e) => Err(e),
+                None => Self::save_now(&records, &rec, version),
+            }
+        })
     }
 
     fn start_sync(&self) -> Option<crate::types::SyncHandle> {
