@@ -36,21 +36,17 @@ pub trait RecordStore: Send + Sync {
     fn start_sync(&self) -> Option<crate::types::SyncHandle> {
         None
     }
-    /// Whether [`Self::save_in_background`] saves in a task of its own.
-    fn saves_in_background(&self) -> bool {
-        false
-    }
     /// [`Self::save`] (not durable at once) in a task of its own, then (`sync`) every save
-    /// so far made durable, so the step goes on meanwhile → the new version. Only called
-    /// where [`Self::saves_in_background`].
+    /// so far made durable, so the step goes on meanwhile → the new version; it takes the
+    /// events. `None`: this store saves only in line (the events are left).
     fn save_in_background(
         &self,
-        _rec: Record,
+        _rec: &Record,
         _version: u64,
-        _events: Vec<EventItem>,
+        _events: &mut Vec<EventItem>,
         _sync: bool,
-    ) -> crate::types::SaveHandle {
-        tokio::spawn(async { Err(StepError::Fatal("this store saves only in line".into())) })
+    ) -> Option<crate::types::SaveHandle> {
+        None
     }
 }
 
@@ -135,32 +131,24 @@ impl RecordStore for Ctx {
         }))
     }
 
-    fn saves_in_background(&self) -> bool {
-        true
-    }
-
     fn save_in_background(
         &self,
-        rec: Record,
+        rec: &Record,
         version: u64,
-        events: Vec<EventItem>,
+        events: &mut Vec<EventItem>,
         sync: bool,
-    ) -> crate::types::SaveHandle {
+    ) -> Option<crate::types::SaveHandle> {
+        let (rec, events) = (rec.clone(), std::mem::take(events));
         let ctx = self.clone();
         // At this call's position, so the save's spans are in the step's trace.
         let here = bus_telemetry::tracing_bridge::CallPosition::current();
-        tokio::spawn(here.run(async move {
+        Some(tokio::spawn(here.run(async move {
             let saved = RecordStore::save(&ctx, &rec, version, false, events).await?;
             if sync {
-                ctx.state_sync().await.map_err(|e| {
-                    StepError::Transient(ErrorBody::new(
-                        "storage",
-                        format!("the turn record could not be made durable: {e}"),
-                    ))
-                })?;
+                ctx.state_sync().await.map_err(StepError::not_durable)?;
             }
             Ok(saved)
-        }))
+        })))
     }
 }
 
@@ -313,29 +301,31 @@ impl RecordStore for Memory {
         Ok(saved)
     }
 
-    fn saves_in_background(&self) -> bool {
-        self.saves_in_background
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
     fn save_in_background(
         &self,
-        rec: Record,
+        rec: &Record,
         version: u64,
-        events: Vec<EventItem>,
+        events: &mut Vec<EventItem>,
         _sync: bool,
-    ) -> crate::types::SaveHandle {
+    ) -> Option<crate::types::SaveHandle> {
+        if !self
+            .saves_in_background
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
+        let (rec, events) = (rec.clone(), std::mem::take(events));
         // The events go in at once (the tests read the record's); the record after a while.
         store_events(&mut lock(&self.events), events);
         let fails = lock(&self.background_save_fails).take();
         let records = self.records.clone();
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             match fails {
                 Some(e) => Err(e),
                 None => Self::save_now(&records, &rec, version),
             }
-        })
+        }))
     }
 
     fn start_sync(&self) -> Option<crate::types::SyncHandle> {

@@ -31,7 +31,7 @@ pub(crate) async fn save<P: RecordStore + ?Sized>(
 /// it ([`settle`]), so a call still never runs before the result of the one before it is
 /// durable; the model call it overlaps is redone anyway by a redelivery.
 ///
-/// A store that saves in a task of its own ([`RecordStore::saves_in_background`]) runs the
+/// A store that saves in a task of its own ([`RecordStore::save_in_background`]) runs the
 /// save itself beside the model call too ([`PendingSave`]): the next call and the next save
 /// take its outcome first ([`settle_save`]), and the session's next events wait for it.
 /// Until it is seen done, the record after the call is kept ([`Record::unsaved_call`]), so a
@@ -41,17 +41,7 @@ pub(crate) async fn save_syncing_later<P: RecordStore + ?Sized>(
     rec: &mut Record,
     version: &mut u64,
 ) -> StepResult<()> {
-    if !ports.saves_in_background() {
-        return save_holding(ports, rec, version, false, HeldCall::SyncLater).await;
-    }
-    settle_save(rec, version).await?;
-    rec.pending_push.settle().await;
-    let events = std::mem::take(&mut rec.outbox);
-    rec.updated_at_ms = now();
-    let sync = rec.unsaved_call.is_some();
-    let saving = ports.save_in_background(rec.clone(), *version, events, sync);
-    rec.pending_save.start(saving);
-    Ok(())
+    save_holding(ports, rec, version, false, HeldCall::SyncLater).await
 }
 
 /// The outcome of the save left running beside a model call, if any: the record's new
@@ -69,7 +59,8 @@ pub(crate) async fn settle_save(rec: &mut Record, version: &mut u64) -> StepResu
 enum HeldCall {
     /// The save itself is durable.
     DurableNow,
-    /// The save is not; a sync started after it is ([`settle`]).
+    /// The save is not; a sync started after it is ([`settle`]), or the save and its sync
+    /// run in a task of their own where the store can ([`settle_save`]).
     SyncLater,
 }
 
@@ -84,9 +75,15 @@ async fn save_holding<P: RecordStore + ?Sized>(
     // token deltas' last pushes.
     settle_save(rec, version).await?;
     rec.pending_push.settle().await;
-    let events = std::mem::take(&mut rec.outbox);
+    let mut events = std::mem::take(&mut rec.outbox);
     rec.updated_at_ms = now();
     let holds_call = rec.unsaved_call.is_some();
+    if matches!(held, HeldCall::SyncLater)
+        && let Some(saving) = ports.save_in_background(rec, *version, &mut events, holds_call)
+    {
+        rec.pending_save.start(saving);
+        return Ok(());
+    }
     let durable = durable || (holds_call && matches!(held, HeldCall::DurableNow));
     *version = ports.save(rec, *version, durable, events).await?;
     if holds_call
@@ -103,12 +100,7 @@ async fn save_holding<P: RecordStore + ?Sized>(
 /// the step ends. A store that cannot make the writes durable fails the step (the call is not
 /// run; a redelivery finds the record as the store has it).
 pub(crate) async fn settle(pending: &PendingSync) -> StepResult<()> {
-    pending.settle().await.map_err(|e| {
-        StepError::Transient(ErrorBody::new(
-            "storage",
-            format!("the turn record could not be made durable: {e}"),
-        ))
-    })
+    pending.settle().await.map_err(StepError::not_durable)
 }
 
 /// A step ends in an error after its batch's last call ran and before the save that was to
@@ -155,8 +147,7 @@ pub(crate) async fn flush_events<E: EventStream + ?Sized>(events: &E, rec: &mut 
     if rec.outbox.is_empty() {
         return;
     }
-    rec.pending_save.done().await;
-    rec.pending_push.settle().await;
+    after_what_is_running(rec).await;
     let items = std::mem::take(&mut rec.outbox);
     let count = items.len();
     if let Err(e) = events.store(items).await {
@@ -171,9 +162,16 @@ pub(crate) async fn emit_transient<E: EventStream + ?Sized>(
     event_type: &str,
     data: Value,
 ) {
+    after_what_is_running(rec).await;
+    push_transient(events, &rec.session_id, event_type, data).await;
+}
+
+/// Once what the step left running that the session's events go after is done: the save
+/// beside the model call (its events) and the token deltas' last pushes. A save waits for
+/// the first's outcome instead ([`settle_save`]).
+async fn after_what_is_running(rec: &Record) {
     rec.pending_save.done().await;
     rec.pending_push.settle().await;
-    push_transient(events, &rec.session_id, event_type, data).await;
 }
 
 /// [`emit_transient`] by session id, for a push that outlives the borrow of the record.

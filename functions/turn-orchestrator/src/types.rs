@@ -318,6 +318,16 @@ impl From<harness_sdk::BusError> for StepError {
     }
 }
 
+impl StepError {
+    /// The store could not make the step's writes durable (`state::sync` failed).
+    pub fn not_durable(why: impl std::fmt::Display) -> Self {
+        StepError::Transient(harness_sdk::ErrorBody::new(
+            "storage",
+            format!("the turn record could not be made durable: {why}"),
+        ))
+    }
+}
+
 pub type StepResult<T> = Result<T, StepError>;
 
 /// A save started in a task of its own (and the sync after it, where it holds a call) → the
