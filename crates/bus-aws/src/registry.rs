@@ -136,8 +136,7 @@ impl DynamoRegistry {
                 Some(k) if !k.is_empty() => start = Some(k.clone()),
                 _ => {
                     let sum = digest.finalize();
-                    let version: String = sum[..16].iter().map(|b| format!("{b:02x}")).collect();
-                    return Ok((out, format!("r-{version}")));
+                    return Ok((out, format!("r-{}", bus::hash::hex(&sum[..16]))));
                 }
             }
         }

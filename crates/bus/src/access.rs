@@ -20,10 +20,7 @@ use std::path::Path;
 
 /// Hex SHA-256 of a token: what the access file stores.
 pub fn hash_token(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hash::hex(&Sha256::digest(token.as_bytes()))
 }
 
 #[derive(Debug, thiserror::Error)]

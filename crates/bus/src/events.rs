@@ -70,10 +70,7 @@ pub fn sqs_event(deliveries: &[Delivery], queue: &str) -> Value {
 /// The MD5 of the body, as SQS reports it.
 fn md5_hex(s: &str) -> String {
     use md5::{Digest, Md5};
-    Md5::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hash::hex(&Md5::digest(s.as_bytes()))
 }
 
 fn image(scope: &str, key: &str, value: &Value, tp: Option<&str>, bg: Option<&str>) -> Value {

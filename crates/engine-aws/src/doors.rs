@@ -214,10 +214,7 @@ impl DoorBus for AwsDoors {
 /// A call's key as a registry id: fixed length, whatever request id the client chose.
 fn record_id(key: &str) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    bus::hash::hex(&sha2::Sha256::digest(key.as_bytes()))
 }
 
 /// Ends the relay when the follower is dropped (the connection closes with it).

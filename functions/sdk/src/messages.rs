@@ -308,10 +308,7 @@ impl AssistantBuilder {
 /// arguments changes it.
 pub fn args_hash(args: &Value) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(args.to_string().as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    ::bus::hash::hex(&Sha256::digest(args.to_string().as_bytes()))
 }
 
 #[cfg(test)]

@@ -106,11 +106,7 @@ async fn ensure(ctx: Ctx, data: Value) -> Result<Value, ErrorBody> {
     let sid = sid_of(&data, "session_id")?;
     let (meta, created, index) = match store::load_meta_versioned(&ctx, &sid).await? {
         Some((meta, index)) => (meta, false, Some(index)),
-        None => {
-            let (meta, created, index) =
-                store::create_meta_versioned(&ctx, new_meta(&sid, &data)).await?;
-            (meta, created, index)
-        }
+        None => store::create_meta_versioned(&ctx, new_meta(&sid, &data)).await?,
     };
     let mut answer = json!({"session_id": sid, "created": created, "session": meta});
     if let Some(index) = index.filter(store::IndexSeen::fits_an_answer) {

@@ -8,9 +8,7 @@ pub async fn load_meta(ctx: &Ctx, sid: &str) -> Result<Option<SessionMeta>, Erro
     if v.is_null() {
         return Ok(None);
     }
-    serde_json::from_value(v)
-        .map(Some)
-        .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))
+    meta_of(sid, v).map(Some)
 }
 
 /// [`load_meta`] with the index as stored (value and version), for a caller's `index_seen`.
@@ -25,9 +23,14 @@ pub(crate) async fn load_meta_versioned(
     if value.is_null() {
         return Ok(None);
     }
-    let meta = serde_json::from_value(value.clone())
-        .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))?;
+    let meta = meta_of(sid, value.clone())?;
     Ok(Some((meta, IndexSeen { value, version })))
+}
+
+/// A session's index as stored, read as its metadata.
+fn meta_of(sid: &str, value: Value) -> Result<SessionMeta, ErrorBody> {
+    serde_json::from_value(value)
+        .map_err(|e| ErrorBody::new("storage", format!("unreadable meta of `{sid}`: {e}")))
 }
 
 pub(crate) async fn require_meta(ctx: &Ctx, sid: &str) -> Result<SessionMeta, ErrorBody> {
