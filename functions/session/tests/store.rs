@@ -836,16 +836,16 @@ async fn a_runs_first_append_on_the_index_ensure_answered_is_one_transaction() {
         })
         .unwrap();
     let ctx = s.client.ctx();
-    let first_append = |id: &'static str, seen: Value| {
+    let first_append_to = |sid: &'static str, id: &'static str, seen: Value| {
         let ctx = ctx.clone();
         let calls = calls.clone();
         async move {
-            session_worker::forget_remembered("run");
+            session_worker::forget_remembered(sid);
             calls.lock().unwrap().clear();
             let r = ctx
                 .trigger(
                     "session-tree::append_batch",
-                    json!({"session_id": "run", "entries": [{"id": id, "message": user(id)}], "with_messages": true, "index_seen": seen}),
+                    json!({"session_id": sid, "entries": [{"id": id, "message": user(id)}], "with_messages": true, "index_seen": seen}),
                 )
                 .await
                 .unwrap();
@@ -854,6 +854,7 @@ async fn a_runs_first_append_on_the_index_ensure_answered_is_one_transaction() {
             (r, made)
         }
     };
+    let first_append = |id: &'static str, seen: Value| first_append_to("run", id, seen);
     let one_transaction = ["state::get", "state::list", "state::transact"];
     for (run, id, before) in [(1, "u1", vec![]), (2, "u2", vec!["u1"])] {
         let ensured = ctx
@@ -886,6 +887,25 @@ async fn a_runs_first_append_on_the_index_ensure_answered_is_one_transaction() {
     let (r, made) = first_append("u3", stale).await;
     assert_ne!(made, one_transaction, "{r}");
     assert_eq!(texts(&r["messages"]), ["u1", "u2", "x", "u3"], "{r}");
+
+    // An altered index (another title, at the version stored) on a new session's first
+    // append, a new root: the transaction requires the stored value, so nothing of the
+    // caller's copy is written; the append reads and goes on.
+    let mut altered = ctx
+        .trigger("session-tree::ensure", json!({"session_id": "fresh"}))
+        .await
+        .unwrap()["index"]
+        .clone();
+    altered["value"]["title"] = json!("not mine");
+    let (r, made) = first_append_to("fresh", "f1", altered).await;
+    assert_ne!(made, one_transaction, "{r}");
+    assert_eq!(texts(&r["messages"]), ["f1"], "{r}");
+    let stored = ctx
+        .trigger("session-tree::ensure", json!({"session_id": "fresh"}))
+        .await
+        .unwrap();
+    assert_ne!(stored["session"]["title"], "not mine", "{stored}");
+    assert_eq!(stored["index"]["value"]["last_entry"], "f1", "{stored}");
 }
 
 /// `session-tree::list` in pages: newest first, `total` and `next_offset`, every session once
