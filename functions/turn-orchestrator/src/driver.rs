@@ -600,8 +600,7 @@ mod tests {
             version: &mut u64,
         ) -> StepResult<Outcome> {
             if state == TurnState::FunctionExecute {
-                settle_save(rec, version).await?;
-                settle(&rec.pending_sync).await?;
+                settle_before_a_call(rec, version).await?;
                 rec.unsaved_call = Some(Box::new(rec.clone()));
             }
             let synced = self.synced.load(std::sync::atomic::Ordering::SeqCst);

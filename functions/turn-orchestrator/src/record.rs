@@ -103,6 +103,14 @@ pub(crate) async fn settle(pending: &PendingSync) -> StepResult<()> {
     pending.settle().await.map_err(StepError::not_durable)
 }
 
+/// Before a call (or its hooks) runs: the save left running beside the model call is done
+/// ([`settle_save`]) and the sync after the call before it too ([`settle`]), so no call runs
+/// before the result of the one before it is durable.
+pub(crate) async fn settle_before_a_call(rec: &mut Record, version: &mut u64) -> StepResult<()> {
+    settle_save(rec, version).await?;
+    settle(&rec.pending_sync).await
+}
+
 /// A step ends in an error after its batch's last call ran and before the save that was to
 /// hold it: the record as it was after the call is saved now, durably (best effort: a store
 /// that refuses it is the crash case, the call runs again).

@@ -57,8 +57,7 @@ pub(crate) async fn dispatch_with(
     // (the sync that a chained turn left running beside its model call).
     let hooked = hooks.present(ctx, BEFORE_CALL_TOPIC).await;
     if hooked {
-        settle_save(rec, version).await?;
-        settle(&rec.pending_sync).await?;
+        settle_before_a_call(rec, version).await?;
         if let Some(envelope) = hooks::before_call(ctx, hooks, &rec.session_id, call).await {
             return Ok(refused(rec, call, envelope));
         }
@@ -81,8 +80,7 @@ pub(crate) async fn dispatch_with(
     if !read {
         save(ctx, rec, version, false).await?;
     }
-    settle_save(rec, version).await?;
-    settle(&rec.pending_sync).await?;
+    settle_before_a_call(rec, version).await?;
     let started = Instant::now();
     let mut span = tool_span(ctx, call);
     let answered = {
