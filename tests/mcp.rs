@@ -577,6 +577,9 @@ async fn the_mcp_worker_serves_as_a_remote_worker_with_secrets_from_the_vault() 
     // The harness without its own mcp worker: this test runs it remote, over the WebSocket.
     let mut cfg = Config::load("thick").unwrap();
     cfg.sandbox.workspace = agent_harness::config::Workspace::Shared;
+    // Off here: the preset's own mcp worker (no servers) would register `mcp::servers` too,
+    // and which of the two answers it is the engine's pick.
+    cfg.workers.mcp = Placement::Off;
     let s = stack_config(
         &mut cfg,
         harness_worker::SHIPPED_PERMISSIONS,
