@@ -646,6 +646,8 @@ async fn ui_subscribers_get_the_session_events_pushed() {
     .unwrap();
     start(&ctx, "ui1", None).await;
     let mut kinds = Vec::new();
+    // The stored events' sequence numbers (item `<session>-<seq>`), as the browser got them.
+    let mut seqs = Vec::new();
     while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(10), pushes.recv()).await {
         let engine_gateway::protocol::Message::Push { data } = m else {
             continue;
@@ -655,10 +657,22 @@ async fn ui_subscribers_get_the_session_events_pushed() {
             .unwrap_or("")
             .to_string();
         kinds.push(kind.clone());
+        if let Some(seq) = data["item_id"]
+            .as_str()
+            .and_then(|i| i.strip_prefix("ui1-"))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            seqs.push(seq);
+        }
         if kind == "agent_end" {
             break;
         }
     }
+    assert!(seqs.len() > 3, "{seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "the session's events reach the browser in the order they were written: {seqs:?} ({kinds:?})"
+    );
     assert!(kinds.contains(&"message_update".to_string()), "{kinds:?}");
     assert!(
         kinds.contains(&"function_execution_end".to_string()),

@@ -1096,3 +1096,57 @@ async fn channels_stream_frames_between_workers_over_websockets() {
     };
     assert!(err.to_string().contains("403"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_trigger_gets_a_groups_events_in_order_and_other_groups_beside_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path()).await;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s = seen.clone();
+    // The first event of s1 is handled slowly: run each in a task of its own, the later ones
+    // would pass it.
+    let w = Worker::new("ordered")
+        .function("t::ordered", "", move |_c, ev: Value| {
+            let s = s.clone();
+            async move {
+                let item = ev["item_id"].as_str().unwrap_or_default().to_string();
+                if item == "s1-0" {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                s.lock().unwrap().push(item);
+                Ok(json!({}))
+            }
+        })
+        .trigger(
+            "stream",
+            "t::ordered",
+            json!({"stream_name": "agent::events"}),
+        );
+    let wh = remote(&srv, w);
+    wh.wait_connected(Duration::from_secs(5)).await.unwrap();
+    let ctx = wh.ctx();
+    for i in 0..10 {
+        ctx.stream_set("agent::events", "s1", &format!("s1-{i}"), json!({"n": i}))
+            .await
+            .unwrap();
+    }
+    ctx.stream_set("agent::events", "s2", "s2-0", json!({"n": 0}))
+        .await
+        .unwrap();
+    wait_for("the trigger saw 11 events", || async {
+        seen.lock().unwrap().len() == 11
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    let s1: Vec<&String> = seen.iter().filter(|i| i.starts_with("s1-")).collect();
+    let want: Vec<String> = (0..10).map(|i| format!("s1-{i}")).collect();
+    assert_eq!(s1, want.iter().collect::<Vec<_>>(), "{seen:?}");
+    assert_eq!(
+        seen[0], "s2-0",
+        "another group does not wait for s1's slow event: {seen:?}"
+    );
+    wait_for("every lane ended", || async {
+        srv.engine.stream_lanes_running() == 0
+    })
+    .await;
+}

@@ -5,6 +5,7 @@
 
 mod invoke;
 mod lambda;
+pub mod lanes;
 mod matching;
 mod queues;
 mod relay;
@@ -385,6 +386,8 @@ pub struct Engine {
     /// Sessions' owners as read or written (an owner never changes once recorded), bounded:
     /// what keeps a client's `agent::events` subscription to its own sessions.
     owners: RwLock<HashMap<String, Value>>,
+    /// Stream triggers and held pushes, in order per session (see `lanes`).
+    lanes: Arc<lanes::Lanes>,
     /// queue → (generation, consumer task).
     consumers: Mutex<HashMap<String, (u64, JoinHandle<()>)>>,
     lambdas: Mutex<Vec<Arc<dyn LambdaTarget>>>,
@@ -455,6 +458,7 @@ impl Engine {
             relay_timers: Arc::default(),
             stream_subs: RwLock::new(HashMap::new()),
             owners: RwLock::new(HashMap::new()),
+            lanes: Arc::default(),
             consumers: Mutex::new(HashMap::new()),
             lambdas: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),

@@ -64,32 +64,38 @@ impl Engine {
                 event: event(),
             };
             // A client sees only its own sessions' events, whatever it subscribed to (a
-            // subscription to every session, or one made before the session existed).
-            let mut unknown_owner = Vec::new();
+            // subscription to every session, or one made before the session existed). A
+            // push that waits for the owner to be read holds the later ones of its lane, so
+            // the subscriber gets the session's events in order.
             for w in subscribers {
-                match self.subscriber_sees(&w, stream_name, group_id) {
+                let lane = lane_key("push", &w, stream_name, group_id);
+                let sees = if self.lanes.is_busy(&lane) {
+                    None
+                } else {
+                    self.subscriber_sees(&w, stream_name, group_id)
+                };
+                match sees {
                     Some(true) => {
                         self.push(&w, &msg);
                     }
                     Some(false) => {}
-                    None => unknown_owner.push(w),
-                }
-            }
-            if !unknown_owner.is_empty()
-                && let Some(engine) = self.arc()
-            {
-                let (group, msg) = (group_id.to_string(), msg.clone());
-                tokio::spawn(async move {
-                    let owner = engine.session_owner(&group).await;
-                    for w in unknown_owner {
-                        let sees = engine
-                            .principal(&w)
-                            .is_some_and(|p| p.acting().may_see(&owner));
-                        if sees {
-                            engine.push(&w, &msg);
+                    None => {
+                        let Some(engine) = self.arc() else { continue };
+                        let (group, msg) = (group_id.to_string(), msg.clone());
+                        let held = self.lanes.run(lane, async move {
+                            let owner = engine.session_owner(&group).await;
+                            let sees = engine
+                                .principal(&w)
+                                .is_some_and(|p| p.acting().may_see(&owner));
+                            if sees {
+                                engine.push(&w, &msg);
+                            }
+                        });
+                        if let Err(full) = held {
+                            tracing::warn!(error = %full, "stream push dropped");
                         }
                     }
-                });
+                }
             }
         }
         let functions: Vec<String> = read(&self.triggers)
@@ -123,17 +129,34 @@ impl Engine {
                 crate::fields::fields([("type", event_type.into()), ("data", data.clone())]),
             ),
         ]);
+        // One lane per trigger and session: a handler gets a session's events in the order
+        // they were written, and a slow one holds only its own session's.
         for f in functions {
             let engine = engine.clone();
             let payload = payload.clone();
             let parent = parent.clone();
-            tokio::spawn(async move {
+            let lane = lane_key("trigger", &f, stream_name, group_id);
+            let held = self.lanes.run(lane, async move {
                 if let Err(e) = engine.invoke(&f, payload, &parent, None, None).await {
                     tracing::debug!(function_id = %f, error = %e, "stream trigger handler failed");
                 }
             });
+            if let Err(full) = held {
+                tracing::warn!(error = %full, "stream trigger event dropped");
+            }
         }
     }
+
+    /// How many stream lanes run now (an idle engine has none).
+    pub fn stream_lanes_running(&self) -> usize {
+        self.lanes.running()
+    }
+}
+
+fn lane_key(kind: &str, who: &str, stream_name: &str, group_id: &str) -> String {
+    // \u{1} is in no group, function or worker id the engine accepts; a stream name holding
+    // one could at worst share another's lane, which keeps both orders all the same.
+    format!("{kind}\u{1}{who}\u{1}{stream_name}\u{1}{group_id}")
 }
 
 impl Engine {
