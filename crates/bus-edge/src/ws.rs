@@ -452,8 +452,13 @@ async fn run_worker_connection(
                 let _ = sink.flush().await;
                 break;
             }
-            if rx.is_empty() && sink.flush().await.is_err() {
-                break;
+            if rx.is_empty() {
+                // One pass of the scheduler first: the readers it runs may queue more frames
+                // here (many callers of one worker), and they go out in the same write.
+                tokio::task::yield_now().await;
+                if rx.is_empty() && sink.flush().await.is_err() {
+                    break;
+                }
             }
         }
         if counter.is_over() {
