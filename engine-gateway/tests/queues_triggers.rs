@@ -1103,15 +1103,20 @@ async fn a_stream_trigger_gets_a_groups_events_in_order_and_other_groups_beside_
     let srv = start(dir.path()).await;
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let s = seen.clone();
-    // The first event of s1 is handled slowly: run each in a task of its own, the later ones
-    // would pass it.
+    // The first event of s1 is handled only once s2's event was (or after 10 s): s2 does not
+    // wait behind s1, and s1's later events, run each in a task of their own, would pass it.
     let w = Worker::new("ordered")
         .function("t::ordered", "", move |_c, ev: Value| {
             let s = s.clone();
             async move {
                 let item = ev["item_id"].as_str().unwrap_or_default().to_string();
                 if item == "s1-0" {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+                    while !s.lock().unwrap().iter().any(|i| i == "s2-0")
+                        && tokio::time::Instant::now() < until
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                 }
                 s.lock().unwrap().push(item);
                 Ok(json!({}))
