@@ -67,12 +67,13 @@ impl Engine {
             // subscription to every session, or one made before the session existed). A
             // push that waits for the owner to be read holds the later ones of its lane, so
             // the subscriber gets the session's events in order.
+            let owned = stream_name == crate::access::CLIENT_STREAMS[0];
             for w in subscribers {
-                let lane = lane_key("push", &w, stream_name, group_id);
-                let sees = if self.lanes.is_busy(&lane) {
-                    None
-                } else {
-                    self.subscriber_sees(&w, stream_name, group_id)
+                // Only an owned stream's pushes wait for an owner (the others go straight out).
+                let lane = owned.then(|| lane_key("push", &w, stream_name, group_id));
+                let sees = match &lane {
+                    Some(lane) if self.lanes.is_busy(lane) => None,
+                    _ => self.subscriber_sees(&w, stream_name, group_id),
                 };
                 match sees {
                     Some(true) => {
@@ -81,6 +82,8 @@ impl Engine {
                     Some(false) => {}
                     None => {
                         let Some(engine) = self.arc() else { continue };
+                        let lane =
+                            lane.unwrap_or_else(|| lane_key("push", &w, stream_name, group_id));
                         let (group, msg) = (group_id.to_string(), msg.clone());
                         let held = self.lanes.run(lane, async move {
                             let owner = engine.session_owner(&group).await;
