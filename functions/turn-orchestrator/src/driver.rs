@@ -582,13 +582,29 @@ mod tests {
     }
 
     /// Runs the scripted outcomes as [`Scripted`] does, and a `function_execute` as the real
-    /// one does around its calls: it waits for the sync pending ([`settle`], as every call
-    /// does first) and leaves its last call's record to the next save. Notes each state with
-    /// the syncs finished when it ran.
+    /// one does around its calls: it waits for the save and the sync left running
+    /// ([`settle_before_a_call`], as every call does first) and leaves its last call's record
+    /// to the next save. Notes each state with the syncs finished when it ran.
     struct Calling<'a> {
         script: Mutex<Vec<StepResult<Outcome>>>,
         synced: &'a std::sync::atomic::AtomicUsize,
         ran: Mutex<Vec<(TurnState, usize)>>,
+    }
+
+    impl<'a> Calling<'a> {
+        /// `script` run on `ports`.
+        fn on(ports: &'a Memory, script: Vec<StepResult<Outcome>>) -> Self {
+            Calling {
+                script: Mutex::new(script),
+                synced: &ports.synced,
+                ran: Mutex::default(),
+            }
+        }
+    }
+
+    /// Two turns with a call each.
+    fn two_turns() -> Vec<StepResult<Outcome>> {
+        a_turn().into_iter().chain(a_turn()).collect()
     }
 
     #[async_trait]
@@ -617,11 +633,7 @@ mod tests {
     async fn a_chained_turn_syncs_beside_the_next_model_call_and_before_the_next_call() {
         use TurnState::{AssistantStreaming as AS, FunctionExecute as FE, SteeringCheck as SC};
         let ports = ports_with((record(AS), 7));
-        let states = Calling {
-            script: Mutex::new(a_turn().into_iter().chain(a_turn()).collect()),
-            synced: &ports.synced,
-            ran: Mutex::default(),
-        };
+        let states = Calling::on(&ports, two_turns());
         let chain = Chain {
             budget: Duration::from_secs(60),
             max_turns: 1,
@@ -644,11 +656,7 @@ mod tests {
         let ports = ports_with((record(AS), 7));
         let mut script = a_turn();
         script.extend([Ok(Outcome::Answered { calls: vec![] }), Ok(Outcome::Idle)]);
-        let states = Calling {
-            script: Mutex::new(script),
-            synced: &ports.synced,
-            ran: Mutex::default(),
-        };
+        let states = Calling::on(&ports, script);
         let out = drive(&ports, &states, AS, "s1", Chain::STEP).await.unwrap();
         assert_eq!(out["to_state"], "stopped", "{out}");
         assert_eq!(*ports.syncs_started.lock().unwrap(), 1);
@@ -661,11 +669,7 @@ mod tests {
         ports
             .sync_fails
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let states = Calling {
-            script: Mutex::new(a_turn().into_iter().chain(a_turn()).collect()),
-            synced: &ports.synced,
-            ran: Mutex::default(),
-        };
+        let states = Calling::on(&ports, two_turns());
         let err = drive(&ports, &states, AS, "s1", Chain::STEP)
             .await
             .expect_err("the step fails");
@@ -680,11 +684,7 @@ mod tests {
     /// Two chained turns as [`Calling`] runs them, watched on `ports`.
     fn watching(ports: &Memory) -> Watching<'_> {
         Watching {
-            calling: Calling {
-                script: Mutex::new(a_turn().into_iter().chain(a_turn()).collect()),
-                synced: &ports.synced,
-                ran: Mutex::default(),
-            },
+            calling: Calling::on(ports, two_turns()),
             stored: ports,
             versions: Mutex::default(),
         }
