@@ -15,6 +15,7 @@ use std::time::Duration;
 
 mod hops;
 mod pushes;
+mod reads;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_denied_and_approved_calls_in_one_run() {
@@ -1622,106 +1623,4 @@ async fn a_second_record_under_the_same_key_wakes_the_session_again() {
         .clone();
     assert_eq!(result["details"]["reason"], "second thoughts", "{result}");
     assert!(!s.work.join("z.txt").exists());
-}
-
-/// A read (the policy's `read_only`) runs without the record's save before it: its start is
-/// stored with its end, or once it has run for the instance's `read_start_shown_after` (a
-/// slow read is shown running as any call is). A call that is not a read is announced, and
-/// stored, before it runs. Each probe looks at the session's stored events while it runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_runs_without_a_save_before_it_and_a_slow_read_is_still_shown_running() {
-    let rules = "version: 1\nrules:\n  - {function: \"probe::read\", action: allow, read_only: true}\n  - {function: \"probe::slow_read\", action: allow, read_only: true}\n  - \"probe::write\"\n";
-    let s = stack(rules).await;
-    // This orchestrator (the last registration wins) shows a read's start after 2 s, so the
-    // fast read is looked at well within it, and the slow one well past it.
-    let _orchestrator = harness_sdk::run_embedded(
-        turn_orchestrator::worker_with(turn_orchestrator::Settings {
-            read_start_shown_after: Duration::from_secs(2),
-            ..Default::default()
-        }),
-        &s.srv.engine,
-    )
-    .unwrap();
-    // Each probe tells the test it runs, and ends when the test has looked.
-    let (running_tx, mut running) =
-        tokio::sync::mpsc::unbounded_channel::<(String, String, tokio::sync::oneshot::Sender<()>)>(
-        );
-    let probe = |name: &'static str| {
-        let running_tx = running_tx.clone();
-        move |_c: harness_sdk::Ctx, d: Value| {
-            let running_tx = running_tx.clone();
-            async move {
-                let (done, wait) = tokio::sync::oneshot::channel();
-                let id = d["function_call_id"].as_str().unwrap_or("").to_string();
-                running_tx
-                    .send((name.to_string(), id, done))
-                    .map_err(|_| harness_sdk::ErrorBody::new("gone", "the test is gone"))?;
-                let _ = wait.await;
-                Ok(json!({"probed": name}))
-            }
-        }
-    };
-    let _probes = harness_sdk::run_embedded(
-        harness_sdk::Worker::new("probe")
-            .function("probe::write", "a write", probe("probe::write"))
-            .function("probe::read", "a read", probe("probe::read"))
-            .function("probe::slow_read", "a slow read", probe("probe::slow_read")),
-        &s.srv.engine,
-    )
-    .unwrap();
-    s.model.load(Cassette {
-        turns: vec![
-            call("p1", "probe::write", json!({})),
-            call("p2", "probe::read", json!({})),
-            call("p3", "probe::slow_read", json!({})),
-            text("Probed."),
-        ],
-        ..Default::default()
-    });
-    let ctx = s.client.ctx();
-    start(&ctx, "probed", None).await;
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        let (name, id, done) = tokio::time::timeout(Duration::from_secs(30), running.recv())
-            .await
-            .expect("a probe runs")
-            .expect("a probe runs");
-        if name == "probe::slow_read" {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        }
-        let announced = events(&ctx, "probed").await.iter().any(|e| {
-            e["type"] == "function_execution_start" && e["function_call_id"] == id.as_str()
-        });
-        seen.push((name, announced));
-        let _ = done.send(());
-    }
-    assert_eq!(
-        seen,
-        [
-            ("probe::write".to_string(), true),
-            ("probe::read".to_string(), false),
-            ("probe::slow_read".to_string(), true),
-        ],
-        "whether each call's start was stored while it ran"
-    );
-    wait_state(&ctx, "probed", "stopped").await;
-    // Every call is shown started, then ended, once each.
-    let evs = events(&ctx, "probed").await;
-    for id in ["p1", "p2", "p3"] {
-        let of = |kind: &str| {
-            evs.iter()
-                .enumerate()
-                .filter(|(_, e)| {
-                    e["type"] == kind
-                        && e["function_call_id"]
-                            .as_str()
-                            .is_some_and(|c| c.ends_with(id))
-                })
-                .map(|(i, _)| i)
-                .collect::<Vec<_>>()
-        };
-        let (started, ended) = (of("function_execution_start"), of("function_execution_end"));
-        assert_eq!((started.len(), ended.len()), (1, 1), "{id}: {evs:?}");
-        assert!(started[0] < ended[0], "{id}");
-    }
 }

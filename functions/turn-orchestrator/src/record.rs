@@ -29,7 +29,9 @@ pub(crate) async fn save<P: RecordStore + ?Sized>(
 /// record after the batch's last call is saved without waiting for the disk, and its sync
 /// runs meanwhile, beside the next model call. The next call (and the step's end) waits for
 /// it ([`settle`]), so a call still never runs before the result of the one before it is
-/// durable; the model call it overlaps is redone anyway by a redelivery.
+/// durable; the model call it overlaps is redone anyway by a redelivery. A read is the
+/// exception: it runs beside the save and settles it before its result is kept
+/// ([`crate::states::calls::dispatch_with`]).
 ///
 /// A store that saves in a task of its own ([`RecordStore::save_in_background`]) runs the
 /// save itself beside the model call too ([`PendingSave`]): the next call and the next save

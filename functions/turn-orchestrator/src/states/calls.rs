@@ -76,11 +76,16 @@ pub(crate) async fn dispatch_with(
     // the record's save (the batch, the first time), one write. That save is no call: it
     // goes into the log behind the writes being synced, while they are (with no hook, the
     // wait for the sync starts after it, off the path of one session's turn).
+    //
+    // A read runs beside the save (and the sync) that the turn before left running: it
+    // changes nothing, so running it in a delivery that turns out stale, or again after a
+    // crash, costs only its time. Its result waits for that save, so nothing of a stale
+    // delivery is stored after it.
     let read = grant.read_only && !grant.network && !hooked;
     if !read {
         save(ctx, rec, version, false).await?;
+        settle_before_a_call(rec, version).await?;
     }
-    settle_before_a_call(rec, version).await?;
     let started = Instant::now();
     let mut span = tool_span(ctx, call);
     let answered = {
@@ -100,6 +105,9 @@ pub(crate) async fn dispatch_with(
             running.await
         }
     };
+    if read {
+        settle_before_a_call(rec, version).await?;
+    }
     let (result, is_error) = match answered {
         Ok(v) => (v, false),
         Err(e) => (
