@@ -130,17 +130,38 @@ impl Bus for NoBus {
 pub type CallWatch =
     Arc<dyn Fn(&str, &Value) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
-/// A bus that shows every call its worker makes to a [`CallWatch`] before passing it on
+/// What [`Watched::gated`] runs before each call: as a [`CallWatch`], and an error fails the
+/// call in its place (a test that makes a store fail once).
+pub type CallGate = Arc<
+    dyn Fn(&str, &Value) -> futures_util::future::BoxFuture<'static, Result<(), BusError>>
+        + Send
+        + Sync,
+>;
+
+/// A bus that shows every call its worker makes to a [`CallGate`] before passing it on
 /// (with [`crate::run_embedded_through`]: a test that counts what a worker asks of the
-/// engine, or slows some of it down).
+/// engine, slows some of it down, or fails it).
 pub struct Watched {
     inner: Arc<dyn Bus>,
-    watch: CallWatch,
+    gate: CallGate,
 }
 
 impl Watched {
     pub fn around(inner: Arc<dyn Bus>, watch: CallWatch) -> Arc<dyn Bus> {
-        Arc::new(Self { inner, watch })
+        use futures_util::FutureExt;
+        let gate: CallGate = Arc::new(move |function_id, data| {
+            let watched = watch(function_id, data);
+            async move {
+                watched.await;
+                Ok(())
+            }
+            .boxed()
+        });
+        Arc::new(Self { inner, gate })
+    }
+
+    pub fn gated(inner: Arc<dyn Bus>, gate: CallGate) -> Arc<dyn Bus> {
+        Arc::new(Self { inner, gate })
     }
 }
 
@@ -153,7 +174,7 @@ impl Bus for Watched {
         trace: &TraceContext,
         timeout: Option<Duration>,
     ) -> Result<Value, BusError> {
-        (self.watch)(function_id, &data).await;
+        (self.gate)(function_id, &data).await?;
         self.inner.call(function_id, data, trace, timeout).await
     }
     async fn call_attached(
@@ -164,7 +185,7 @@ impl Bus for Watched {
         trace: &TraceContext,
         timeout: Option<Duration>,
     ) -> Result<Value, BusError> {
-        (self.watch)(function_id, &data).await;
+        (self.gate)(function_id, &data).await?;
         self.inner
             .call_attached(function_id, data, attachment, trace, timeout)
             .await
@@ -175,7 +196,7 @@ impl Bus for Watched {
         data: Value,
         trace: &TraceContext,
     ) -> Result<(), BusError> {
-        (self.watch)(function_id, &data).await;
+        (self.gate)(function_id, &data).await?;
         self.inner.call_void(function_id, data, trace).await
     }
     async fn enqueue(
@@ -186,7 +207,7 @@ impl Bus for Watched {
         trace: &TraceContext,
         opts: EnqueueOptions,
     ) -> Result<String, BusError> {
-        (self.watch)(function_id, &data).await;
+        (self.gate)(function_id, &data).await?;
         self.inner
             .enqueue(queue, function_id, data, trace, opts)
             .await

@@ -620,6 +620,11 @@ pub mod session_tree {
     pub struct IndexSeen {
         pub value: Value,
         pub version: u64,
+        /// How the session worker stores the tree (`crate::session_layout::LAYOUT`): a
+        /// caller may write an append on this index in a transaction of its own. Absent:
+        /// only the session worker appends.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub layout: Option<String>,
     }
     #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
     pub struct AppendBatchAnswer {

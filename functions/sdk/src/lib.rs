@@ -17,6 +17,7 @@ pub mod messages;
 pub mod owners;
 mod pushes;
 pub mod remote;
+pub mod session_layout;
 pub mod span;
 pub mod worker;
 

@@ -257,8 +257,10 @@ impl IndexSeen {
         }))
     }
 
+    /// As answered: with the layout, so a caller may carry its next append
+    /// (`harness_sdk::session_layout`).
     pub fn to_json(&self) -> Value {
-        json!({"value": self.value, "version": self.version})
+        json!({"value": self.value, "version": self.version, "layout": harness_sdk::session_layout::LAYOUT})
     }
 
     /// Small enough to answer ([`INDEX_ANSWER_MAX_BYTES`]).
@@ -310,6 +312,13 @@ async fn fast_append(
     let remembered = memo::get(sid).filter(|m| attaches(m.last_entry.as_deref()));
     let told = seen.filter(|s| attaches(s.value["last_entry"].as_str()));
     let base = match (remembered, told) {
+        // A caller's index newer than this process's memo: another writer (a caller that
+        // carried its append in its own transaction) wrote after this process did.
+        (Some(m), Some(s)) if s.version > m.version => Base {
+            index: s.value.clone(),
+            version: s.version,
+            trusted: false,
+        },
         (Some(m), _) => Base {
             index: m.index,
             version: m.version,
@@ -346,67 +355,26 @@ async fn append_on(
     inputs: &[EntryInput],
     base: Base,
 ) -> Result<Option<(Vec<(Entry, bool)>, IndexSeen)>, ErrorBody> {
-    use bus::state::{TRANSACT_MAX_BYTES, TxWrite, json_len, json_len_bound};
-    let mut index = base.index.clone();
-    let Some(obj) = index.as_object_mut() else {
+    use harness_sdk::session_layout::plan_append;
+    let on = harness_sdk::session_layout::Base {
+        index: &base.index,
+        version: base.version,
+        check_value: !base.trusted,
+    };
+    // Half a transaction of entries at most (the checked path takes larger chains).
+    let Some(plan) = plan_append(
+        sid,
+        parent,
+        inputs,
+        on,
+        bus::state::TRANSACT_MAX_BYTES / 2,
+        new_id,
+        now(),
+    ) else {
         return Ok(None);
     };
-    let n = inputs.len() as u64;
-    // A caller's index is not trusted to hold a sane `seq` (its transaction would fail, but
-    // not before the sum): one that would overflow is not written on.
-    let Some((first, last)) = obj
-        .get("seq")
-        .map_or(Some(0), Value::as_u64)
-        .and_then(|seq| Some((seq.checked_add(1)?, seq.checked_add(n)?)))
-    else {
-        return Ok(None);
-    };
-    obj.insert("seq".into(), json!(last));
-    obj.insert("updated_at_ms".into(), json!(now()));
-    let mut writes = vec![TxWrite {
-        scope: INDEX.into(),
-        key: sid.into(),
-        value: Value::Null,
-        expected_version: Some(base.version),
-        expected_value: (!base.trusted).then_some(base.index),
-    }];
-    let mut entries = Vec::with_capacity(inputs.len());
-    // At least the entries' JSON length (`json_len_bound`).
-    let mut bound = 0;
-    let mut parent_id = parent.map(str::to_string);
-    for (i, input) in inputs.iter().enumerate() {
-        let entry = Entry {
-            id: input.id.clone().unwrap_or_else(new_id),
-            parent_id: parent_id.take(),
-            timestamp: input.timestamp.unwrap_or_else(now),
-            seq: first + i as u64,
-            body: input.body.clone(),
-        };
-        parent_id = Some(entry.id.clone());
-        let value = serde_json::to_value(&entry).map_err(|e| ErrorBody::invalid(e.to_string()))?;
-        bound += json_len_bound(&value);
-        writes.push(TxWrite::new(
-            ENTRIES,
-            &entry_key(sid, &entry.id),
-            value,
-            Some(0),
-        ));
-        entries.push((entry, true));
-    }
-    if let Some(last) = entries.last() {
-        index["last_entry"] = json!(last.0.id);
-    }
-    writes[0].value = index.clone();
-    // Exactly only when the bound says it may be over.
-    if bound >= TRANSACT_MAX_BYTES / 2
-        && writes[1..]
-            .iter()
-            .map(|w| json_len(&w.value))
-            .sum::<usize>()
-            >= TRANSACT_MAX_BYTES / 2
-    {
-        return Ok(None);
-    }
+    let (writes, index) = (plan.writes, plan.index);
+    let entries: Vec<(Entry, bool)> = plan.entries.into_iter().map(|e| (e, true)).collect();
     match ctx.state_commit(writes, Vec::new()).await {
         Ok(out) => {
             let version = out["versions"][0].as_u64().unwrap_or(base.version + 1);

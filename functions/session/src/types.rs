@@ -5,18 +5,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// `<sid>` → [`SessionMeta`].
-pub const INDEX: &str = "session-index";
-/// `<sid>/<entry_id>` → [`Entry`].
-pub const ENTRIES: &str = "session-entries";
+/// `<sid>` → [`SessionMeta`]; `<sid>/<entry_id>` → [`Entry`] (the layout a caller may carry
+/// an append in, `harness_sdk::session_layout`).
+pub use harness_sdk::session_layout::{ENTRIES, INDEX, entry_key};
 /// `<sid>/<name>` → `{items: [...]}`.
 pub const INBOX: &str = "session-inbox";
 /// A fork copies at most this many entries of the path; older ones become one summary root.
 pub const FORK_COPY_LIMIT: usize = 50;
-
-pub fn entry_key(sid: &str, entry_id: &str) -> String {
-    format!("{sid}/{entry_id}")
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionMeta {

@@ -159,6 +159,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         pending_sync: Default::default(),
         pending_push: Default::default(),
         pending_save: Default::default(),
+        carried: Default::default(),
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version, false).await {

@@ -108,6 +108,13 @@ impl InstanceCache {
             f(entry);
         }
     }
+    /// Drop the session's cached history (a save that would have stored its last append
+    /// failed).
+    pub(crate) fn forget_history(&self, sid: &str) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.remove(sid);
+        }
+    }
     /// Drop what is held for a session whose run ended: a stopped session keeps nothing here
     /// (its next run provisions again), so idle sessions cost no memory in this instance.
     pub(crate) fn forget(&self, sid: &str) {
@@ -190,6 +197,11 @@ tokio::task_local! {
     pub(crate) static CACHE: std::sync::Arc<InstanceCache>;
 }
 
+/// The running step's cached history of `sid`, forgotten ([`InstanceCache::forget_history`]).
+pub(crate) fn forget_history(sid: &str) {
+    let _ = CACHE.try_with(|c| c.forget_history(sid));
+}
+
 /// The running step's instance settings (the defaults outside a step).
 pub(crate) fn settings() -> crate::Settings {
     CACHE.try_with(|c| c.settings).unwrap_or_default()
@@ -225,6 +237,7 @@ pub(crate) async fn history_fresh(ctx: &Ctx, rec: &mut Record) -> StepResult<His
     if !rec.tree {
         return Ok(Arc::new(rec.messages.clone()));
     }
+    land_carried(ctx, rec).await?;
     let (leaf, messages) = read_history(ctx, &rec.session_id).await?;
     rec.tree_leaf = leaf;
     Ok(messages)
@@ -354,28 +367,126 @@ pub(crate) async fn append_history_then_peek(
     append(ctx, rec, messages, tag, Then::Peek).await
 }
 
-async fn append(
+/// [`append_history_then_peek`] for a batch's results, carried in the record's next save
+/// ([`crate::carried`]) where the session's index allows it: the history and the cache move
+/// on now, the session tree with the record. `peeked`: the inboxes as a peek beside the
+/// batch's calls found them (`None`: the append peeks, or the steering check does).
+pub(crate) async fn append_history_carried(
     ctx: &Ctx,
     rec: &mut Record,
     messages: Vec<AgentMessage>,
     tag: &str,
-    then: Then,
+    peeked: Option<PeekedInbox>,
 ) -> StepResult<Vec<AgentMessage>> {
-    let (peek, continuing) = (then == Then::Peek, then == Then::ReadHistory);
     if !rec.tree {
-        rec.messages.extend(messages.iter().cloned());
-        return Ok(messages);
+        return append(ctx, rec, messages, tag, Then::Nothing).await;
     }
+    land_carried(ctx, rec).await?;
+    let then = match peeked {
+        Some(_) => Then::Nothing,
+        None => Then::Peek,
+    };
+    if peeked.is_some() {
+        rec.peeked_inbox = peeked;
+    }
+    let (sent, held_back) = to_send(rec, messages, tag);
+    let Some(planned) = plan_carried(rec, &sent) else {
+        return append_sent(ctx, rec, sent, held_back, then).await;
+    };
+    let leaf = planned.fallback.entries.last().and_then(|e| e.id.clone());
+    // The save that carries it leaves the next index (`record::after_a_save`); until then,
+    // and in the record it saves, the index before it stands (a step that loads that record
+    // reads the index again, `states::calls::BesideTheCalls`).
+    rec.carried = Carried::Planned(Box::new(planned));
+    let stored = sent.into_iter().map(|(_, m)| m).collect();
+    Ok(appended(rec, leaf, stored, held_back))
+}
+
+/// The carried append of `sent` after the run's leaf, on the index the session worker
+/// answered with its layout; `None`: the session worker appends.
+fn plan_carried(rec: &Record, sent: &[(String, AgentMessage)]) -> Option<CarriedAppend> {
+    use harness_sdk::session_layout::{
+        Base, CARRIED_MAX_BYTES, CARRIED_MAX_ENTRIES, carries_after, plan_append,
+    };
+    let parent = rec.tree_leaf.as_deref()?;
+    let seen = rec.tree_index.as_ref()?;
+    if !rec.tree
+        || sent.is_empty()
+        || sent.len() > CARRIED_MAX_ENTRIES
+        || !matches!(rec.carried, Carried::None)
+        || !carries_after(seen, Some(parent))
+    {
+        return None;
+    }
+    let entries = entry_inputs(sent);
+    let base = Base {
+        index: &seen.value,
+        version: seen.version,
+        check_value: true,
+    };
+    let plan = plan_append(
+        &rec.session_id,
+        Some(parent),
+        &entries,
+        base,
+        CARRIED_MAX_BYTES,
+        String::new,
+        now(),
+    )?;
+    Some(CarriedAppend {
+        writes: plan.writes,
+        index: plan.index,
+        fallback: session_tree::AppendBatchRequest {
+            session_id: rec.session_id.clone(),
+            entries,
+            parent_id: Some(json!(parent)),
+            peek_inboxes: None,
+            with_messages: false,
+            index_seen: None,
+        },
+        landed: Default::default(),
+    })
+}
+
+/// Before the tree is appended to or read through the session worker: the append planned
+/// into the record's save is in it. A planned one the session worker appends now; one in a
+/// save left running is waited for (its outcome stays for the step's next settle, and its
+/// error ends this step too).
+pub(crate) async fn land_carried(ctx: &Ctx, rec: &mut Record) -> StepResult<()> {
+    match std::mem::take(&mut rec.carried) {
+        Carried::None => Ok(()),
+        Carried::Planned(c) => {
+            c.land_through_the_worker(ctx).await?;
+            rec.tree_index = c.landed.get().cloned();
+            Ok(())
+        }
+        saving @ Carried::Saving(_) => {
+            rec.carried = saving;
+            if let Some(Err(e)) = rec.pending_save.outcome().await {
+                return Err(e);
+            }
+            if let Some(index) = rec.carried.landed() {
+                rec.tree_index = Some(index);
+            }
+            rec.carried = Carried::None;
+            Ok(())
+        }
+    }
+}
+
+/// The messages with their entry ids, the model answer held back first → and whether it was.
+fn to_send(
+    rec: &Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+) -> (Vec<(String, AgentMessage)>, bool) {
     let pending = rec
         .assistant_pending
         .then(|| rec.last_assistant.clone())
         .flatten();
-    if messages.is_empty() && pending.is_none() {
-        return Ok(messages);
-    }
     let id = |tag: &str, i: usize| format!("{}-t{}-{tag}{i}", rec.run_key, rec.turn_count);
     let held_back = pending.is_some();
-    let sent: Vec<(String, AgentMessage)> = pending
+    let sent = pending
         .map(|m| (id("a", 0), m))
         .into_iter()
         .chain(
@@ -385,18 +496,51 @@ async fn append(
                 .map(|(i, m)| (id(tag, i), m)),
         )
         .collect();
+    (sent, held_back)
+}
+
+fn entry_inputs(sent: &[(String, AgentMessage)]) -> Vec<session_tree::EntryInput> {
+    sent.iter()
+        .map(|(id, message)| session_tree::EntryInput {
+            id: Some(id.clone()),
+            timestamp: None,
+            body: session_tree::EntryBody::Message {
+                message: message.clone(),
+            },
+        })
+        .collect()
+}
+
+async fn append(
+    ctx: &Ctx,
+    rec: &mut Record,
+    messages: Vec<AgentMessage>,
+    tag: &str,
+    then: Then,
+) -> StepResult<Vec<AgentMessage>> {
+    if !rec.tree {
+        rec.messages.extend(messages.iter().cloned());
+        return Ok(messages);
+    }
+    land_carried(ctx, rec).await?;
+    let (sent, held_back) = to_send(rec, messages, tag);
+    append_sent(ctx, rec, sent, held_back, then).await
+}
+
+async fn append_sent(
+    ctx: &Ctx,
+    rec: &mut Record,
+    sent: Vec<(String, AgentMessage)>,
+    held_back: bool,
+    then: Then,
+) -> StepResult<Vec<AgentMessage>> {
+    let (peek, continuing) = (then == Then::Peek, then == Then::ReadHistory);
+    if sent.is_empty() {
+        return Ok(Vec::new());
+    }
     let request = session_tree::AppendBatchRequest {
         session_id: rec.session_id.clone(),
-        entries: sent
-            .iter()
-            .map(|(id, message)| session_tree::EntryInput {
-                id: Some(id.clone()),
-                timestamp: None,
-                body: session_tree::EntryBody::Message {
-                    message: message.clone(),
-                },
-            })
-            .collect(),
+        entries: entry_inputs(&sent),
         // The run's leaf; none yet: a new root (continuing: the session's current leaf).
         parent_id: (!continuing).then(|| json!(rec.tree_leaf)),
         peek_inboxes: peek.then(|| INBOXES.iter().map(|n| n.to_string()).collect()),
@@ -427,53 +571,73 @@ async fn append(
         _ => None,
     };
     let (leaf_id, stored) = read_appended(out, sent)?;
-    if continuing {
-        // Where the entries attached is not known here: the history at the new leaf is
-        // cached whole, and the record's note of this append names no start.
-        rec.tree_leaf = leaf_id;
-        match (context, rec.tree_leaf.clone()) {
-            (Some(context), Some(leaf)) => {
-                let history: History = Arc::new(context.messages);
-                let _ = CACHE.try_with(|c| c.put(&rec.session_id, &leaf, history));
-                RecentAppend::keep(
-                    &mut rec.recent_appends,
-                    RecentAppend {
-                        from: None,
-                        to: leaf,
-                        messages: stored.clone(),
-                    },
-                );
-            }
-            (Some(_), None) => {}
-            (None, _) => {
-                history_fresh(ctx, rec).await?;
-            }
-        }
-    } else {
-        let old_leaf = rec.tree_leaf.take();
-        rec.tree_leaf = leaf_id;
-        if let Some(new_leaf) = &rec.tree_leaf {
-            let _ = CACHE
-                .try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+    if !continuing {
+        return Ok(appended(rec, leaf_id, stored, held_back));
+    }
+    // Where the entries attached is not known here: the history at the new leaf is
+    // cached whole, and the record's note of this append names no start.
+    rec.tree_leaf = leaf_id;
+    match (context, rec.tree_leaf.clone()) {
+        (Some(context), Some(leaf)) => {
+            let history: History = Arc::new(context.messages);
+            let _ = CACHE.try_with(|c| c.put(&rec.session_id, &leaf, history));
             RecentAppend::keep(
                 &mut rec.recent_appends,
                 RecentAppend {
-                    from: old_leaf,
-                    to: new_leaf.clone(),
+                    from: None,
+                    to: leaf,
                     messages: stored.clone(),
                 },
             );
         }
+        (Some(_), None) => {}
+        (None, _) => {
+            history_fresh(ctx, rec).await?;
+        }
     }
+    Ok(finish_held_back(rec, stored, held_back))
+}
+
+/// The run's path grew from its leaf by `stored`, to `leaf_id`: the cache and the record's
+/// recent appends follow → the messages after the held-back answer.
+fn appended(
+    rec: &mut Record,
+    leaf_id: Option<String>,
+    stored: Vec<AgentMessage>,
+    held_back: bool,
+) -> Vec<AgentMessage> {
+    let old_leaf = rec.tree_leaf.take();
+    rec.tree_leaf = leaf_id;
+    if let Some(new_leaf) = &rec.tree_leaf {
+        let _ =
+            CACHE.try_with(|c| c.extend(&rec.session_id, old_leaf.as_deref(), new_leaf, &stored));
+        RecentAppend::keep(
+            &mut rec.recent_appends,
+            RecentAppend {
+                from: old_leaf,
+                to: new_leaf.clone(),
+                messages: stored.clone(),
+            },
+        );
+    }
+    finish_held_back(rec, stored, held_back)
+}
+
+/// The held-back answer as stored (a batch that ran again gets the first run's message
+/// back) → the messages after it.
+fn finish_held_back(
+    rec: &mut Record,
+    stored: Vec<AgentMessage>,
+    held_back: bool,
+) -> Vec<AgentMessage> {
     let mut stored = stored.into_iter();
     if held_back {
         rec.assistant_pending = false;
-        // As stored: a batch that ran again gets the first run's message back.
         if let Some(m) = stored.next() {
             rec.last_assistant = Some(m);
         }
     }
-    Ok(stored.collect())
+    stored.collect()
 }
 
 /// `session-tree::append_batch`'s answer → the leaf and the messages as stored. An entry the

@@ -9,6 +9,7 @@
 //! `function_call_id` to make its own effect idempotent.
 
 mod api;
+mod carried;
 mod driver;
 pub mod fsm;
 mod history;

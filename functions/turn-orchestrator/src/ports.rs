@@ -98,24 +98,60 @@ impl RecordStore for Ctx {
         rec: &Record,
         version: u64,
         durable: bool,
-        events: Vec<EventItem>,
+        mut events: Vec<EventItem>,
     ) -> StepResult<u64> {
         let value = serde_json::to_value(rec).map_err(|e| StepError::Fatal(e.to_string()))?;
         let ctx = if durable { durably(self) } else { self.clone() };
         let key = record_key(&rec.session_id);
-        let saved = if one_write(&value, &events) {
-            // One write: the record and its events (one TransactWriteItems on DynamoDB).
-            let write = TxWrite::new(SCOPE, &key, value, Some(version));
-            ctx.state_commit(vec![write], events)
-                .await
-                .map(|out| out["versions"][0].as_u64().unwrap_or(version + 1))
-        } else {
+        let carried = rec.carried.planned();
+        let tree = carried.map_or(0, |c| c.writes.len());
+        let fits = one_write(&value, &events, tree);
+        if !fits {
             // Too many or too large for one transaction: the events first (a reader that
             // sees the saved record finds them), then the record.
-            flush_in_chunks(&ctx, events).await;
-            ctx.state_set_if(SCOPE, &key, value, version)
+            flush_in_chunks(&ctx, std::mem::take(&mut events)).await;
+        }
+        let saved = match carried {
+            None if !fits => ctx
+                .state_set_if(SCOPE, &key, value, version)
                 .await
-                .map(|out| out["version"].as_u64().unwrap_or(version + 1))
+                .map(|out| out["version"].as_u64().unwrap_or(version + 1)),
+            // One write: the record and its events (one TransactWriteItems on DynamoDB).
+            None => ctx
+                .state_commit(
+                    vec![TxWrite::new(SCOPE, &key, value, Some(version))],
+                    events,
+                )
+                .await
+                .map(|out| out["versions"][0].as_u64().unwrap_or(version + 1)),
+            // The batch's results with them, in the same write.
+            Some(c) => {
+                let mut writes = vec![TxWrite::new(SCOPE, &key, value.clone(), Some(version))];
+                writes.extend(c.writes.iter().cloned());
+                match ctx.state_commit(writes, events.clone()).await {
+                    Ok(out) => {
+                        c.wrote(&out["versions"]);
+                        Ok(out["versions"][0].as_u64().unwrap_or(version + 1))
+                    }
+                    Err(BusError::VersionConflict(why)) => {
+                        // The record moved (another delivery: stale), or only the tree did
+                        // (another writer appended): the session worker appends then.
+                        let stored = self.state_get_versioned(SCOPE, &key).await?;
+                        if stored["version"].as_u64() != Some(version) {
+                            return Err(StepError::Stale);
+                        }
+                        tracing::info!(session = %rec.session_id, why = %why, "the tree moved: the session worker appends the batch");
+                        c.land_through_the_worker(self).await?;
+                        ctx.state_commit(
+                            vec![TxWrite::new(SCOPE, &key, value, Some(version))],
+                            events,
+                        )
+                        .await
+                        .map(|out| out["versions"][0].as_u64().unwrap_or(version + 1))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
         };
         match saved {
             Ok(v) => Ok(v),
@@ -158,10 +194,10 @@ impl RecordStore for Ctx {
 const EVENT_IN_TRANSACTION_MAX: usize = 256 * 1024;
 
 /// Whether the record and its events go in one `state::transact`: there are events, they fit
-/// one transaction with the record (count, and half its bytes), and none is too large to be
-/// an item of it.
-fn one_write(record: &Value, events: &[EventItem]) -> bool {
-    if events.is_empty() || events.len() >= TRANSACT_MAX_WRITES {
+/// one transaction with the record and `other_writes` (count, and half its bytes; a carried
+/// append holds at most a quarter), and none is too large to be an item of it.
+fn one_write(record: &Value, events: &[EventItem], other_writes: usize) -> bool {
+    if events.is_empty() || events.len() + other_writes >= TRANSACT_MAX_WRITES {
         return false;
     }
     // Most saves are far under the limits: their bound says so without writing the JSON.
@@ -403,15 +439,19 @@ mod tests {
     #[test]
     fn events_go_with_the_record_unless_too_many_or_too_large() {
         let rec = json!({"state": "function_execute"});
-        assert!(one_write(&rec, &[event(10), event(10)]));
-        assert!(!one_write(&rec, &[]), "nothing to write with it");
-        let many: Vec<EventItem> = (0..TRANSACT_MAX_WRITES).map(|_| event(1)).collect();
-        assert!(!one_write(&rec, &many), "no room for the record");
+        assert!(one_write(&rec, &[event(10), event(10)], 0));
         assert!(
-            !one_write(&rec, &[event(10), event(EVENT_IN_TRANSACTION_MAX)]),
+            !one_write(&rec, &[event(10), event(10)], TRANSACT_MAX_WRITES - 2),
+            "no room beside a carried append"
+        );
+        assert!(!one_write(&rec, &[], 0), "nothing to write with it");
+        let many: Vec<EventItem> = (0..TRANSACT_MAX_WRITES).map(|_| event(1)).collect();
+        assert!(!one_write(&rec, &many, 0), "no room for the record");
+        assert!(
+            !one_write(&rec, &[event(10), event(EVENT_IN_TRANSACTION_MAX)], 0),
             "an event DynamoDB could refuse must not take the record's save with it"
         );
         let big: Vec<EventItem> = (0..8).map(|_| event(250 * 1024)).collect();
-        assert!(!one_write(&rec, &big), "over half a transaction's bytes");
+        assert!(!one_write(&rec, &big, 0), "over half a transaction's bytes");
     }
 }

@@ -50,10 +50,32 @@ pub(crate) async fn save_syncing_later<P: RecordStore + ?Sized>(
 /// version, or the error that ends the step (a conflict: another delivery moved on).
 pub(crate) async fn settle_save(rec: &mut Record, version: &mut u64) -> StepResult<()> {
     if let Some(saved) = rec.pending_save.take().await {
-        *version = saved?;
+        *version = after_a_save(rec, saved)?;
         rec.unsaved_call = None;
     }
     Ok(())
+}
+
+/// A save's outcome, for the append it carried ([`crate::carried`]): the session's index as
+/// it left it, for the next append. A save that failed wrote none of it: the history this
+/// instance cached at its leaf is forgotten (another delivery may store other messages
+/// under the same ids).
+fn after_a_save(rec: &mut Record, saved: StepResult<u64>) -> StepResult<u64> {
+    match saved {
+        Ok(v) => {
+            if let Some(index) = rec.carried.landed() {
+                rec.tree_index = Some(index);
+            }
+            Ok(v)
+        }
+        Err(e) => {
+            if matches!(rec.carried, Carried::Saving(_)) {
+                rec.carried = Default::default();
+                forget_history(&rec.session_id);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// How a save that holds an executed call's record ([`Record::unsaved_call`]) makes it
@@ -83,11 +105,14 @@ async fn save_holding<P: RecordStore + ?Sized>(
     if matches!(held, HeldCall::SyncLater)
         && let Some(saving) = ports.save_in_background(rec, *version, &mut events, holds_call)
     {
+        rec.carried.handed_to_a_save();
         rec.pending_save.start(saving);
         return Ok(());
     }
     let durable = durable || (holds_call && matches!(held, HeldCall::DurableNow));
-    *version = ports.save(rec, *version, durable, events).await?;
+    let saved = ports.save(rec, *version, durable, events).await;
+    rec.carried.handed_to_a_save();
+    *version = after_a_save(rec, saved)?;
     if holds_call
         && matches!(held, HeldCall::SyncLater)
         && let Some(sync) = ports.start_sync()

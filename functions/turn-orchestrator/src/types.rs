@@ -289,6 +289,10 @@ pub struct Record {
     /// (`record::save_syncing_later`). Never stored.
     #[serde(skip)]
     pub pending_save: PendingSave,
+    /// A batch's results planned into the record's next save (the `carried` module): the
+    /// session tree's index and entries written in the record's transaction. Never stored.
+    #[serde(skip)]
+    pub carried: Carried,
 }
 
 /// A task a step started and has not waited for yet (shared by the record's clones).
@@ -366,6 +370,16 @@ impl PendingSave {
         let running = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(running) = running {
             let _ = running.await;
+        }
+    }
+
+    /// Its outcome, without taking it (the next settle still gets it); `None`: no save is
+    /// pending.
+    pub async fn outcome(&self) -> Option<StepResult<u64>> {
+        let running = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match running {
+            Some(running) => Some(running.await),
+            None => None,
         }
     }
 
@@ -641,4 +655,65 @@ fn looks_secret(s: &str) -> bool {
         || t.starts_with("xox")
         || t.starts_with("ghp_")
         || t.starts_with("AKIA")
+}
+
+// ------------------------------------------------------------------ a carried append
+
+/// Where a step's batch results carried in the record's save are (the `carried` module).
+#[derive(Debug, Clone, Default)]
+pub enum Carried {
+    #[default]
+    None,
+    /// Planned: the record's next save writes it.
+    Planned(Box<CarriedAppend>),
+    /// In a save: the index as that save left the tree, once it went through.
+    Saving(std::sync::Arc<std::sync::OnceLock<harness_sdk::contracts::session_tree::IndexSeen>>),
+}
+
+/// Not part of a record's value.
+impl PartialEq for Carried {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CarriedAppend {
+    /// The session tree's writes: its index first, then each entry.
+    pub writes: Vec<bus::state::TxWrite>,
+    /// The index as the writes leave it.
+    pub index: Value,
+    /// The same append for the session worker (ids, parent, entries), when the tree moved.
+    pub fallback: harness_sdk::contracts::session_tree::AppendBatchRequest,
+    /// Set by the save that wrote the entries: the index as the tree holds it now.
+    pub landed:
+        std::sync::Arc<std::sync::OnceLock<harness_sdk::contracts::session_tree::IndexSeen>>,
+}
+
+impl Carried {
+    pub fn planned(&self) -> Option<&CarriedAppend> {
+        match self {
+            Carried::Planned(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A save took the planned writes: from now on, what it landed.
+    pub fn handed_to_a_save(&mut self) {
+        if let Carried::Planned(c) = self {
+            *self = Carried::Saving(c.landed.clone());
+        }
+    }
+
+    /// After the save that carried it went through: the index it left (`None`: the store
+    /// did not say, and the next append reads it).
+    pub fn landed(&mut self) -> Option<harness_sdk::contracts::session_tree::IndexSeen> {
+        match std::mem::take(self) {
+            Carried::Saving(landed) => landed.get().cloned(),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
 }

@@ -84,5 +84,5 @@ pub(crate) async fn function_awaiting_approval(
     {
         return Ok(Outcome::Undecided);
     }
-    finalize_batch(ctx, rec).await
+    finalize_batch(ctx, rec, None).await
 }

@@ -257,8 +257,86 @@ fn vision(rec: &Record) -> bool {
         .unwrap_or(true)
 }
 
-/// All calls of the batch are decided: append the results once, in call order.
-pub(crate) async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Outcome> {
+/// What a batch's end needs, read beside its calls: the inboxes, for the steering check
+/// after them (the batch's results go in the record's save, [`append_history_carried`], so
+/// no append answers the peek), and the session's index where the record's is behind the run's
+/// leaf (a step that loaded a record saved with a carried append). A peek older than
+/// [`EARLY_PEEK_FRESH`] when the batch ends is not used (the check peeks again); reads not
+/// used are stopped.
+pub(crate) struct BesideTheCalls {
+    started: Instant,
+    peek: tokio::task::JoinHandle<PeekedInbox>,
+    index: Option<tokio::task::JoinHandle<Option<session_tree::IndexSeen>>>,
+}
+
+/// How old a peek beside the calls may be for the steering check after them: a message that
+/// lands later is seen at the next check, one turn later.
+pub(crate) const EARLY_PEEK_FRESH: Duration = Duration::from_millis(500);
+
+impl BesideTheCalls {
+    /// Where the session tree holds the history (the results may be carried).
+    pub(crate) fn start(ctx: &Ctx, rec: &Record) -> Option<Self> {
+        use harness_sdk::session_layout::{INDEX, LAYOUT, carries_after};
+        if !rec.tree {
+            return None;
+        }
+        let here = bus_telemetry::tracing_bridge::CallPosition::current();
+        let (c, sid) = (ctx.clone(), rec.session_id.clone());
+        let peek = tokio::spawn(here.run(async move { first_inbox_items(&c, &sid).await }));
+        // The session worker named its layout, and no save in flight brings the index.
+        let behind = rec.tree_index.as_ref().is_some_and(|seen| {
+            seen.layout.as_deref() == Some(LAYOUT) && !carries_after(seen, rec.tree_leaf.as_deref())
+        }) && matches!(rec.carried, Carried::None);
+        let index = behind.then(|| {
+            let (c, sid) = (ctx.clone(), rec.session_id.clone());
+            let here = bus_telemetry::tracing_bridge::CallPosition::current();
+            tokio::spawn(here.run(async move {
+                let mut v = c.state_get_versioned(INDEX, &sid).await.ok()?;
+                Some(session_tree::IndexSeen {
+                    version: v["version"].as_u64().filter(|v| *v > 0)?,
+                    value: v.get_mut("value").map(Value::take)?,
+                    layout: Some(LAYOUT.into()),
+                })
+            }))
+        });
+        Some(Self {
+            started: Instant::now(),
+            peek,
+            index,
+        })
+    }
+
+    /// The inboxes as peeked, if fresh; the record's index brought up to date, if read.
+    async fn take(mut self, rec: &mut Record) -> Option<PeekedInbox> {
+        if let Some(index) = self.index.as_mut()
+            && let Ok(Some(fresh)) = index.await
+        {
+            rec.tree_index = Some(fresh);
+        }
+        if self.started.elapsed() > EARLY_PEEK_FRESH {
+            return None;
+        }
+        (&mut self.peek).await.ok()
+    }
+}
+
+impl Drop for BesideTheCalls {
+    fn drop(&mut self) {
+        self.peek.abort();
+        if let Some(index) = &self.index {
+            index.abort();
+        }
+    }
+}
+
+/// All calls of the batch are decided: append the results once, in call order (carried in
+/// the record's next save where the session's index allows). `beside`: the reads started
+/// beside the calls.
+pub(crate) async fn finalize_batch(
+    ctx: &Ctx,
+    rec: &mut Record,
+    beside: Option<BesideTheCalls>,
+) -> StepResult<Outcome> {
     let work = rec.work.clone().unwrap_or_default();
     let mut results = Vec::new();
     let mut terminate = false;
@@ -268,8 +346,13 @@ pub(crate) async fn finalize_batch(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
             terminate |= e.terminate;
         }
     }
-    // The steering check follows in this step: the append peeks the inboxes for it.
-    let results = append_history_then_peek(ctx, rec, results, "r").await?;
+    // The steering check follows in this step: the peek beside the calls is for it (else
+    // the append peeks the inboxes).
+    let peeked = match beside {
+        Some(beside) => beside.take(rec).await,
+        None => None,
+    };
+    let results = append_history_carried(ctx, rec, results, "r", peeked).await?;
     Ok(Outcome::BatchDone {
         results,
         terminated: terminate,

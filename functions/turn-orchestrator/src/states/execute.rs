@@ -17,6 +17,7 @@ pub(crate) async fn function_execute(
         .map(|w| w.prepared.clone())
         .unwrap_or_default();
     let last = prepared.len().saturating_sub(1);
+    let beside = BesideTheCalls::start(ctx, rec);
     for (index, call) in prepared.into_iter().enumerate() {
         let done = rec
             .work
@@ -172,7 +173,7 @@ pub(crate) async fn function_execute(
     {
         return Ok(Outcome::Parked);
     }
-    finalize_batch(ctx, rec).await
+    finalize_batch(ctx, rec, beside).await
 }
 
 /// The run's mode (`run::start`'s `mode`), as it changes what the policy answered.

@@ -85,7 +85,7 @@ pub(crate) fn first_of(answer: inbox::ItemsAnswer) -> Option<PeekedInbox> {
 /// The first inbox, in [`INBOXES`] order, that holds items, with its items: one peek of both
 /// (a worker that peeks only the inbox it is named answers without `name`, and the rest are
 /// peeked one by one). `None`: all are empty, or the inbox worker does not answer.
-async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)> {
+pub(crate) async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)> {
     let peek = |name: &str, names: Option<Vec<String>>| {
         best_effort(
             ctx,

@@ -1,0 +1,246 @@
+//! A batch's results carried in the record's save: the session tree's index and entries go
+//! in the record's transaction (the session worker names its layout), not in an append of
+//! their own. A save that fails keeps none of it; a tree another writer moved meanwhile gets
+//! the batch through the session worker.
+
+use super::*;
+use futures_util::FutureExt;
+use harness_sdk::bus::{CallGate, CallWatch, Watched};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The record's save that carries a batch's results: one transaction with the record and
+/// the session's entries.
+fn carries_results(function_id: &str, data: &Value, sid: &str) -> bool {
+    let written = data.to_string();
+    function_id == "state::transact"
+        && written.contains(&format!("session/{sid}/turn_state"))
+        && written.contains("session-entries")
+}
+
+/// An append through the session worker that holds function results.
+fn appends_results(function_id: &str, data: &Value) -> bool {
+    function_id == "session-tree::append_batch"
+        && data["entries"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["message"]["role"] == "function_result"))
+}
+
+/// What the orchestrator asked, by kind: saves that carried results, appends of results.
+#[derive(Default)]
+struct Seen {
+    carried: AtomicUsize,
+    appended: AtomicUsize,
+}
+
+fn counting(sid: &'static str, seen: Arc<Seen>) -> CallWatch {
+    Arc::new(move |function_id, data| {
+        if carries_results(function_id, data, sid) {
+            seen.carried.fetch_add(1, Ordering::SeqCst);
+        }
+        if appends_results(function_id, data) {
+            seen.appended.fetch_add(1, Ordering::SeqCst);
+        }
+        async {}.boxed()
+    })
+}
+
+fn fs_lists(n: usize) -> Vec<Turn> {
+    (1..=n)
+        .map(|i| call(&format!("l{i}"), "fs::list", json!({})))
+        .collect()
+}
+
+/// Every turn its own step (a queue hop between turns, as with a real model): each step
+/// loads a record saved with the batch before it, reads the session's index beside its
+/// calls, and carries its own batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batchs_results_go_in_the_records_save_and_the_next_run_continues_them() {
+    let s = stack(PERMISSIONS).await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    let seen = Arc::new(Seen::default());
+    let unchained = turn_orchestrator::Settings {
+        chain_budget: Duration::ZERO,
+        ..Default::default()
+    };
+    let _orchestrator = harness_sdk::run_embedded_through(
+        turn_orchestrator::worker_with(unchained),
+        &s.srv.engine,
+        |inner| Watched::around(inner, counting("carried", seen.clone())),
+    )
+    .unwrap();
+    let mut turns = fs_lists(3);
+    turns.extend([text("listed"), text("second run")]);
+    s.model.load(Cassette {
+        turns,
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "carried", None).await;
+    let state = wait_state(&ctx, "carried", "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+    assert_eq!(
+        (
+            seen.carried.load(Ordering::SeqCst),
+            seen.appended.load(Ordering::SeqCst)
+        ),
+        (3, 0),
+        "saves that carried results, appends of results through the session worker"
+    );
+    // The tree holds them, and its index names the record's leaf.
+    let rec = record(&s, "carried").await;
+    let mut expected = vec!["user"];
+    for _ in 0..3 {
+        expected.extend(["assistant", "function_result"]);
+    }
+    expected.push("assistant");
+    assert_eq!(roles(&rec), expected, "{rec}");
+    let index = ctx.state_get("session-index", "carried").await.unwrap();
+    assert!(index["last_entry"].is_string(), "{index}");
+    // The next run (through the session worker, which did not write the index last)
+    // continues the history.
+    start(&ctx, "carried", None).await;
+    let state = wait_state(&ctx, "carried", "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+    let rec = record(&s, "carried").await;
+    expected.extend(["user", "assistant"]);
+    assert_eq!(roles(&rec), expected, "{rec}");
+}
+
+/// The save that carries the batch's last call fails (a storage error, once): the record
+/// after the call is saved durably on its own, and the redelivered step does not run the
+/// call again; its results are stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carried_save_that_fails_does_not_run_its_call_again() {
+    let s = stack("version: 1\nrules:\n  - \"shell::exec\"\n").await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let gate: CallGate = {
+        let failed = failed.clone();
+        Arc::new(move |function_id, data| {
+            let fail = carries_results(function_id, data, "failing")
+                && failed.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                match fail {
+                    true => Err(harness_sdk::BusError::Other {
+                        code: "storage_error".into(),
+                        message: "the store is away for a moment".into(),
+                    }),
+                    false => Ok(()),
+                }
+            }
+            .boxed()
+        })
+    };
+    let _orchestrator =
+        harness_sdk::run_embedded_through(turn_orchestrator::worker(), &s.srv.engine, |inner| {
+            Watched::gated(inner, gate)
+        })
+        .unwrap();
+    s.model.load(Cassette {
+        turns: vec![
+            call(
+                "e1",
+                "shell::exec",
+                json!({"command": "echo e1 >> ran.log"}),
+            ),
+            // The model call that ran beside the failed save, and its redelivery's.
+            text("done"),
+            text("done"),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "failing", None).await;
+    let state = wait_state(&ctx, "failing", "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+    assert!(
+        failed.load(Ordering::SeqCst) >= 2,
+        "the carried save failed once, then was made again"
+    );
+    let ran = std::fs::read_to_string(s.work.join("ran.log")).unwrap();
+    assert_eq!(ran, "e1\n", "the call ran once");
+    let rec = record(&s, "failing").await;
+    assert_eq!(
+        roles(&rec),
+        ["user", "assistant", "function_result", "assistant"],
+        "{rec}"
+    );
+}
+
+/// Another writer appends to the session while the record's save that carries a batch is on
+/// its way: the transaction fails on the tree (the record is still the step's), the session
+/// worker appends the batch (same ids, at the run's leaf), and the record is saved on its
+/// own. The run goes on, its history whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_moved_meanwhile_gets_the_batch_through_the_session_worker() {
+    let s = stack(PERMISSIONS).await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    let seen = Arc::new(Seen::default());
+    let intruded = Arc::new(Mutex::new(None::<Value>));
+    let watch: CallWatch = {
+        let (seen, intruded) = (seen.clone(), intruded.clone());
+        let writer = s.client.ctx();
+        let count = counting("moved", seen.clone());
+        Arc::new(move |function_id, data| {
+            let counted = count(function_id, data);
+            let first = carries_results(function_id, data, "moved")
+                && seen.carried.load(Ordering::SeqCst) == 1;
+            let (writer, intruded) = (writer.clone(), intruded.clone());
+            async move {
+                counted.await;
+                if first {
+                    let out = writer
+                        .trigger(
+                            "session-tree::append",
+                            json!({"session_id": "moved", "message": {"role": "user", "content": [{"type": "text", "text": "meanwhile"}], "timestamp": 2}}),
+                        )
+                        .await;
+                    *intruded.lock().unwrap() = Some(json!(format!("{out:?}")));
+                }
+            }
+            .boxed()
+        })
+    };
+    let _orchestrator =
+        harness_sdk::run_embedded_through(turn_orchestrator::worker(), &s.srv.engine, |inner| {
+            Watched::around(inner, watch)
+        })
+        .unwrap();
+    let mut turns = fs_lists(2);
+    turns.push(text("listed"));
+    s.model.load(Cassette {
+        turns,
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "moved", None).await;
+    let state = wait_state(&ctx, "moved", "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+    let intruded = intruded.lock().unwrap().clone();
+    assert!(
+        intruded
+            .as_ref()
+            .is_some_and(|o| o.to_string().contains("Ok")),
+        "the other writer appended: {intruded:?}"
+    );
+    assert_eq!(
+        seen.appended.load(Ordering::SeqCst),
+        1,
+        "the batch the tree moved under went through the session worker; the next was carried"
+    );
+    assert_eq!(seen.carried.load(Ordering::SeqCst), 2);
+    let rec = record(&s, "moved").await;
+    assert_eq!(
+        roles(&rec),
+        [
+            "user",
+            "assistant",
+            "function_result",
+            "assistant",
+            "function_result",
+            "assistant"
+        ],
+        "the run's path, the other writer's entry beside it: {rec}"
+    );
+}
