@@ -244,3 +244,59 @@ async fn a_tree_moved_meanwhile_gets_the_batch_through_the_session_worker() {
         "the run's path, the other writer's entry beside it: {rec}"
     );
 }
+
+/// The steering check after a carried batch takes the inboxes as read beside the turn's
+/// model call, straight from the session's store (the session worker named its layout): no
+/// call to `session-inbox::peek`. A message waiting there reaches the next model call and
+/// is taken once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inboxes_are_read_beside_the_model_call_without_asking_the_session_worker() {
+    let s = stack(PERMISSIONS).await;
+    std::fs::create_dir_all(&s.work).unwrap();
+    let peeks = Arc::new(AtomicUsize::new(0));
+    let watch: CallWatch = {
+        let peeks = peeks.clone();
+        Arc::new(move |function_id, _data| {
+            if function_id == "session-inbox::peek" {
+                peeks.fetch_add(1, Ordering::SeqCst);
+            }
+            async {}.boxed()
+        })
+    };
+    let _orchestrator =
+        harness_sdk::run_embedded_through(turn_orchestrator::worker(), &s.srv.engine, |inner| {
+            Watched::around(inner, watch)
+        })
+        .unwrap();
+    s.model.load(Cassette {
+        turns: vec![call("l1", "fs::list", json!({})), text("Listed, and hi!")],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    ctx.trigger(
+        "session-inbox::push",
+        json!({"name": "steering", "session_id": "read", "item": "Also say hi when you are done."}),
+    )
+    .await
+    .unwrap();
+    start(&ctx, "read", None).await;
+    let state = wait_state(&ctx, "read", "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+    assert_eq!(peeks.load(Ordering::SeqCst), 0, "peeks through the worker");
+    let last = s.model.requests().last().unwrap()["body"]["messages"].to_string();
+    assert!(last.contains("Also say hi when you are done."), "{last}");
+    let rec = record(&s, "read").await;
+    assert_eq!(
+        roles(&rec),
+        ["user", "assistant", "function_result", "user", "assistant"],
+        "{rec}"
+    );
+    let inbox = ctx
+        .trigger(
+            "session-inbox::peek",
+            json!({"name": "steering", "session_id": "read"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(inbox["items"], json!([]), "taken exactly once");
+}

@@ -18,8 +18,36 @@ pub const INDEX: &str = "session-index";
 /// `<sid>/<entry_id>` → [`Entry`].
 pub const ENTRIES: &str = "session-entries";
 
+/// `<sid>/<name>` → `{items: [...]}`: a session's inboxes.
+pub const INBOX: &str = "session-inbox";
+/// The most inboxes one listing of a session's reads (a session has a few).
+pub const INBOXES_LISTED: usize = 64;
+
 pub fn entry_key(sid: &str, entry_id: &str) -> String {
     format!("{sid}/{entry_id}")
+}
+
+/// The prefix of a session's inbox keys, for one listing of them all.
+pub fn inbox_prefix(sid: &str) -> String {
+    format!("{sid}/")
+}
+
+/// Among a listing of the session's inboxes (`state::list`'s `{key, value}` rows), the first
+/// of `names` that holds items → its name and items.
+pub fn first_inbox<'a>(
+    rows: &[Value],
+    sid: &str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Option<(String, Vec<Value>)> {
+    names.into_iter().find_map(|name| {
+        let key = format!("{}{name}", inbox_prefix(sid));
+        let items = rows
+            .iter()
+            .find(|r| r["key"] == key.as_str())
+            .and_then(|r| r["value"]["items"].as_array().cloned())
+            .unwrap_or_default();
+        (!items.is_empty()).then(|| (name.to_string(), items))
+    })
 }
 
 /// The most entries one carried append writes (with the writer's own in one transaction).
@@ -210,6 +238,22 @@ mod tests {
         assert!(plan(json!([1]), CARRIED_MAX_BYTES).is_none());
         assert!(plan(json!({"seq": 1}), 10).is_none());
         assert!(plan(json!({"seq": 1}), CARRIED_MAX_BYTES).is_some());
+    }
+
+    #[test]
+    fn the_first_inbox_with_items_in_the_order_asked() {
+        let rows = [
+            json!({"key": "s/followup", "value": {"items": ["f"]}}),
+            json!({"key": "s/steering", "value": {"items": []}}),
+            json!({"key": "t/steering", "value": {"items": ["other session"]}}),
+            json!({"key": "s/odd", "value": {"items": "not a list"}}),
+        ];
+        assert_eq!(
+            first_inbox(&rows, "s", ["steering", "followup"]),
+            Some(("followup".into(), vec![json!("f")]))
+        );
+        assert_eq!(first_inbox(&rows, "s", ["steering", "odd"]), None);
+        assert_eq!(first_inbox(&[], "s", ["steering"]), None);
     }
 
     #[test]

@@ -7,9 +7,7 @@ use serde_json::Value;
 
 /// `<sid>` → [`SessionMeta`]; `<sid>/<entry_id>` → [`Entry`] (the layout a caller may carry
 /// an append in, `harness_sdk::session_layout`).
-pub use harness_sdk::session_layout::{ENTRIES, INDEX, entry_key};
-/// `<sid>/<name>` → `{items: [...]}`.
-pub const INBOX: &str = "session-inbox";
+pub use harness_sdk::session_layout::{ENTRIES, INBOX, INDEX, entry_key};
 /// A fork copies at most this many entries of the path; older ones become one summary root.
 pub const FORK_COPY_LIMIT: usize = 50;
 

@@ -160,6 +160,7 @@ pub(crate) async fn run_start(ctx: Ctx, data: Value) -> Result<Value, ErrorBody>
         pending_push: Default::default(),
         pending_save: Default::default(),
         carried: Default::default(),
+        beside_the_calls: Default::default(),
     };
     let mut version = expected;
     match save(&ctx, &mut rec, &mut version, false).await {

@@ -293,6 +293,9 @@ pub struct Record {
     /// session tree's index and entries written in the record's transaction. Never stored.
     #[serde(skip)]
     pub carried: Carried,
+    /// The reads the turn started beside its model call, for its batch's end. Never stored.
+    #[serde(skip)]
+    pub beside_the_calls: BesideSlot,
 }
 
 /// A task a step started and has not waited for yet (shared by the record's clones).
@@ -715,5 +718,55 @@ impl Carried {
                 None
             }
         }
+    }
+}
+
+// ------------------------------------------------------------------ reads beside the calls
+
+/// What a batch's end needs, read beside its turn's model call and its calls (started by the
+/// `states::calls` module): the inboxes, for the steering check after them (the batch's
+/// results go in the record's save, so no append answers the peek), and the session's index
+/// where the record's is behind the run's leaf (a step that loaded a record saved with a
+/// carried append). A peek too old when the batch ends is not used (the check peeks again);
+/// reads not used are stopped.
+pub struct BesideTheCalls {
+    pub(crate) started: std::time::Instant,
+    pub(crate) peek: tokio::task::JoinHandle<PeekedInbox>,
+    pub(crate) index:
+        Option<tokio::task::JoinHandle<Option<harness_sdk::contracts::session_tree::IndexSeen>>>,
+}
+
+impl Drop for BesideTheCalls {
+    fn drop(&mut self) {
+        self.peek.abort();
+        if let Some(index) = &self.index {
+            index.abort();
+        }
+    }
+}
+
+/// The reads a turn started beside its model call, until its batch's end takes them.
+#[derive(Clone, Default)]
+pub struct BesideSlot(std::sync::Arc<std::sync::Mutex<Option<BesideTheCalls>>>);
+
+impl BesideSlot {
+    pub fn put(&self, reads: Option<BesideTheCalls>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = reads;
+    }
+    pub fn take(&self) -> Option<BesideTheCalls> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for BesideSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BesideSlot")
+    }
+}
+
+/// Not part of a record's value.
+impl PartialEq for BesideSlot {
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
 }

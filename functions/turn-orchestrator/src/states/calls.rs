@@ -257,36 +257,33 @@ fn vision(rec: &Record) -> bool {
         .unwrap_or(true)
 }
 
-/// What a batch's end needs, read beside its calls: the inboxes, for the steering check
-/// after them (the batch's results go in the record's save, [`append_history_carried`], so
-/// no append answers the peek), and the session's index where the record's is behind the run's
-/// leaf (a step that loaded a record saved with a carried append). A peek older than
-/// [`EARLY_PEEK_FRESH`] when the batch ends is not used (the check peeks again); reads not
-/// used are stopped.
-pub(crate) struct BesideTheCalls {
-    started: Instant,
-    peek: tokio::task::JoinHandle<PeekedInbox>,
-    index: Option<tokio::task::JoinHandle<Option<session_tree::IndexSeen>>>,
-}
-
-/// How old a peek beside the calls may be for the steering check after them: a message that
-/// lands later is seen at the next check, one turn later.
+/// How old a peek beside the calls (started with the turn's model call) may be for the
+/// steering check after them: a message that lands later is seen at the next check, one
+/// turn later. A turn whose model takes longer peeks again at the check.
 pub(crate) const EARLY_PEEK_FRESH: Duration = Duration::from_millis(500);
 
 impl BesideTheCalls {
-    /// Where the session tree holds the history (the results may be carried).
+    /// Started with a turn's model call (so they have the call, the policy and the calls to
+    /// run beside), where the session tree holds the history (the results may be carried).
     pub(crate) fn start(ctx: &Ctx, rec: &Record) -> Option<Self> {
         use harness_sdk::session_layout::{INDEX, LAYOUT, carries_after};
         if !rec.tree {
             return None;
         }
         let here = bus_telemetry::tracing_bridge::CallPosition::current();
+        let layout = rec
+            .tree_index
+            .as_ref()
+            .is_some_and(|seen| seen.layout.as_deref() == Some(LAYOUT));
         let (c, sid) = (ctx.clone(), rec.session_id.clone());
-        let peek = tokio::spawn(here.run(async move { first_inbox_items(&c, &sid).await }));
-        // The session worker named its layout, and no save in flight brings the index.
-        let behind = rec.tree_index.as_ref().is_some_and(|seen| {
-            seen.layout.as_deref() == Some(LAYOUT) && !carries_after(seen, rec.tree_leaf.as_deref())
-        }) && matches!(rec.carried, Carried::None);
+        let peek = tokio::spawn(here.run(async move { peek_inboxes(&c, &sid, layout).await }));
+        // No save in flight brings the index.
+        let behind = layout
+            && rec
+                .tree_index
+                .as_ref()
+                .is_some_and(|seen| !carries_after(seen, rec.tree_leaf.as_deref()))
+            && matches!(rec.carried, Carried::None);
         let index = behind.then(|| {
             let (c, sid) = (ctx.clone(), rec.session_id.clone());
             let here = bus_telemetry::tracing_bridge::CallPosition::current();
@@ -307,7 +304,7 @@ impl BesideTheCalls {
     }
 
     /// The inboxes as peeked, if fresh; the record's index brought up to date, if read.
-    async fn take(mut self, rec: &mut Record) -> Option<PeekedInbox> {
+    pub(crate) async fn take(mut self, rec: &mut Record) -> Option<PeekedInbox> {
         if let Some(index) = self.index.as_mut()
             && let Ok(Some(fresh)) = index.await
         {
@@ -320,13 +317,26 @@ impl BesideTheCalls {
     }
 }
 
-impl Drop for BesideTheCalls {
-    fn drop(&mut self) {
-        self.peek.abort();
-        if let Some(index) = &self.index {
-            index.abort();
+/// The first of the session's inboxes that holds items: read from the session's store where
+/// the session worker named its layout (`direct`; no call to it), else (or when that read
+/// fails) through `session-inbox::peek`.
+async fn peek_inboxes(ctx: &Ctx, sid: &str, direct: bool) -> PeekedInbox {
+    use harness_sdk::session_layout::{INBOX, INBOXES_LISTED, first_inbox, inbox_prefix};
+    if direct {
+        match ctx
+            .state_list_page(INBOX, Some(&inbox_prefix(sid)), None, Some(INBOXES_LISTED))
+            .await
+        {
+            Ok(page) => {
+                let rows = page["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                return first_inbox(rows, sid, INBOXES);
+            }
+            Err(e) => {
+                tracing::warn!(session = %sid, error = %e, "inboxes not read: asking the session worker")
+            }
         }
     }
+    first_inbox_items(ctx, sid).await
 }
 
 /// All calls of the batch are decided: append the results once, in call order (carried in

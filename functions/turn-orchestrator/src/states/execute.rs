@@ -17,7 +17,12 @@ pub(crate) async fn function_execute(
         .map(|w| w.prepared.clone())
         .unwrap_or_default();
     let last = prepared.len().saturating_sub(1);
-    let beside = BesideTheCalls::start(ctx, rec);
+    // Started with the turn's model call; a step that starts here (a redelivery, an
+    // approval's) reads now.
+    let beside = rec
+        .beside_the_calls
+        .take()
+        .or_else(|| BesideTheCalls::start(ctx, rec));
     for (index, call) in prepared.into_iter().enumerate() {
         let done = rec
             .work
