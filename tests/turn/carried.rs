@@ -300,3 +300,65 @@ async fn the_inboxes_are_read_beside_the_model_call_without_asking_the_session_w
         .unwrap();
     assert_eq!(inbox["items"], json!([]), "taken exactly once");
 }
+
+/// A batch whose entry would pass what one item of the record's transaction may hold (a large
+/// result: its text and its details) goes through the session worker; the next batch is
+/// carried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_too_large_for_one_item_goes_through_the_session_worker() {
+    let rules =
+        "version: 1\nrules:\n  - {function: \"probe::*\", action: allow, read_only: true}\n";
+    let s = stack(rules).await;
+    let seen = Arc::new(Seen::default());
+    let _orchestrator =
+        harness_sdk::run_embedded_through(turn_orchestrator::worker(), &s.srv.engine, |inner| {
+            Watched::around(inner, counting("large", seen.clone()))
+        })
+        .unwrap();
+    let _probes = harness_sdk::run_embedded(
+        harness_sdk::Worker::new("probe")
+            .function("probe::large", "a large result", |_c, _d: Value| async {
+                Ok(json!({"blob": "x".repeat(150_000)}))
+            })
+            .function("probe::small", "a small result", |_c, _d: Value| async {
+                Ok(json!({"ok": true}))
+            }),
+        &s.srv.engine,
+    )
+    .unwrap();
+    s.model.load(Cassette {
+        turns: vec![
+            call("g1", "probe::large", json!({})),
+            call("g2", "probe::small", json!({})),
+            text("done"),
+        ],
+        ..Default::default()
+    });
+    let ctx = s.client.ctx();
+    start(&ctx, "large", None).await;
+    let state = wait_state(&ctx, "large", "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+    assert_eq!(
+        (
+            seen.carried.load(Ordering::SeqCst),
+            seen.appended.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "saves that carried results, appends of results through the session worker"
+    );
+    let rec = record(&s, "large").await;
+    assert_eq!(
+        roles(&rec),
+        [
+            "user",
+            "assistant",
+            "function_result",
+            "assistant",
+            "function_result",
+            "assistant"
+        ],
+        "{rec}"
+    );
+    let blob = &rec["messages"][2]["details"]["blob"];
+    assert_eq!(blob.as_str().map(str::len), Some(150_000));
+}

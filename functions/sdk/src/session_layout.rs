@@ -55,6 +55,18 @@ pub const CARRIED_MAX_ENTRIES: usize = 16;
 /// The most JSON a carried append's entries hold: a quarter of a transaction, so the writer's
 /// own writes fit beside them.
 pub const CARRIED_MAX_BYTES: usize = TRANSACT_MAX_BYTES / 4;
+/// The most JSON one carried entry holds: well under DynamoDB's 400 KB item, which would
+/// fail the writer's whole transaction (a larger entry goes through the session worker).
+pub const CARRIED_MAX_ENTRY_BYTES: usize = 256 * 1024;
+
+/// Whether every entry of `plan` is small enough to be an item of the writer's transaction
+/// ([`CARRIED_MAX_ENTRY_BYTES`]).
+pub fn entries_fit_one_item_each(plan: &PlannedAppend) -> bool {
+    plan.writes[1..].iter().all(|w| {
+        json_len_bound(&w.value) <= CARRIED_MAX_ENTRY_BYTES
+            || json_len(&w.value) <= CARRIED_MAX_ENTRY_BYTES
+    })
+}
 
 /// An append planned on an index: the writes (the index first), the index as written, and the
 /// entries.
@@ -238,6 +250,28 @@ mod tests {
         assert!(plan(json!([1]), CARRIED_MAX_BYTES).is_none());
         assert!(plan(json!({"seq": 1}), 10).is_none());
         assert!(plan(json!({"seq": 1}), CARRIED_MAX_BYTES).is_some());
+    }
+
+    #[test]
+    fn an_entry_too_large_for_one_item_is_not_carried() {
+        let base = json!({"seq": 0});
+        let big = EntryInput {
+            id: Some("big".into()),
+            timestamp: None,
+            body: EntryBody::Message {
+                message: user_text(&"x".repeat(CARRIED_MAX_ENTRY_BYTES)),
+            },
+        };
+        let on = Base {
+            index: &base,
+            version: 1,
+            check_value: true,
+        };
+        let plan = |inputs: &[EntryInput]| {
+            plan_append("s", None, inputs, on, CARRIED_MAX_BYTES, String::new, 1).unwrap()
+        };
+        assert!(entries_fit_one_item_each(&plan(&[input("a"), input("b")])));
+        assert!(!entries_fit_one_item_each(&plan(&[input("a"), big])));
     }
 
     #[test]

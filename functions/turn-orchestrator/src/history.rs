@@ -406,7 +406,8 @@ pub(crate) async fn append_history_carried(
 /// answered with its layout; `None`: the session worker appends.
 fn plan_carried(rec: &Record, sent: &[(String, AgentMessage)]) -> Option<CarriedAppend> {
     use harness_sdk::session_layout::{
-        Base, CARRIED_MAX_BYTES, CARRIED_MAX_ENTRIES, carries_after, plan_append,
+        Base, CARRIED_MAX_BYTES, CARRIED_MAX_ENTRIES, carries_after, entries_fit_one_item_each,
+        plan_append,
     };
     let parent = rec.tree_leaf.as_deref()?;
     let seen = rec.tree_index.as_ref()?;
@@ -432,7 +433,8 @@ fn plan_carried(rec: &Record, sent: &[(String, AgentMessage)]) -> Option<Carried
         CARRIED_MAX_BYTES,
         String::new,
         now(),
-    )?;
+    )
+    .filter(entries_fit_one_item_each)?;
     Some(CarriedAppend {
         writes: plan.writes,
         index: plan.index,
