@@ -33,6 +33,23 @@ struct Seen {
     appended: AtomicUsize,
 }
 
+impl Seen {
+    /// (saves that carried results, appends of results through the session worker)
+    fn counts(&self) -> (usize, usize) {
+        (
+            self.carried.load(Ordering::SeqCst),
+            self.appended.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// Start a run on `sid` and wait for its end, which must not be an error.
+async fn run_to_its_end(ctx: &harness_sdk::Ctx, sid: &str) {
+    start(ctx, sid, None).await;
+    let state = wait_state(ctx, sid, "stopped").await;
+    assert_eq!(state["error"], Value::Null, "{state}");
+}
+
 fn counting(sid: &'static str, seen: Arc<Seen>) -> CallWatch {
     Arc::new(move |function_id, data| {
         if carries_results(function_id, data, sid) {
@@ -76,17 +93,8 @@ async fn a_batchs_results_go_in_the_records_save_and_the_next_run_continues_them
         ..Default::default()
     });
     let ctx = s.client.ctx();
-    start(&ctx, "carried", None).await;
-    let state = wait_state(&ctx, "carried", "stopped").await;
-    assert_eq!(state["error"], Value::Null, "{state}");
-    assert_eq!(
-        (
-            seen.carried.load(Ordering::SeqCst),
-            seen.appended.load(Ordering::SeqCst)
-        ),
-        (3, 0),
-        "saves that carried results, appends of results through the session worker"
-    );
+    run_to_its_end(&ctx, "carried").await;
+    assert_eq!(seen.counts(), (3, 0), "(carried, appended)");
     // The tree holds them, and its index names the record's leaf.
     let rec = record(&s, "carried").await;
     let mut expected = vec!["user"];
@@ -99,9 +107,7 @@ async fn a_batchs_results_go_in_the_records_save_and_the_next_run_continues_them
     assert!(index["last_entry"].is_string(), "{index}");
     // The next run (through the session worker, which did not write the index last)
     // continues the history.
-    start(&ctx, "carried", None).await;
-    let state = wait_state(&ctx, "carried", "stopped").await;
-    assert_eq!(state["error"], Value::Null, "{state}");
+    run_to_its_end(&ctx, "carried").await;
     let rec = record(&s, "carried").await;
     expected.extend(["user", "assistant"]);
     assert_eq!(roles(&rec), expected, "{rec}");
@@ -151,9 +157,7 @@ async fn a_carried_save_that_fails_does_not_run_its_call_again() {
         ..Default::default()
     });
     let ctx = s.client.ctx();
-    start(&ctx, "failing", None).await;
-    let state = wait_state(&ctx, "failing", "stopped").await;
-    assert_eq!(state["error"], Value::Null, "{state}");
+    run_to_its_end(&ctx, "failing").await;
     assert!(
         failed.load(Ordering::SeqCst) >= 2,
         "the carried save failed once, then was made again"
@@ -214,9 +218,7 @@ async fn a_tree_moved_meanwhile_gets_the_batch_through_the_session_worker() {
         ..Default::default()
     });
     let ctx = s.client.ctx();
-    start(&ctx, "moved", None).await;
-    let state = wait_state(&ctx, "moved", "stopped").await;
-    assert_eq!(state["error"], Value::Null, "{state}");
+    run_to_its_end(&ctx, "moved").await;
     let intruded = intruded.lock().unwrap().clone();
     assert!(
         intruded
@@ -225,11 +227,10 @@ async fn a_tree_moved_meanwhile_gets_the_batch_through_the_session_worker() {
         "the other writer appended: {intruded:?}"
     );
     assert_eq!(
-        seen.appended.load(Ordering::SeqCst),
-        1,
-        "the batch the tree moved under went through the session worker; the next was carried"
+        seen.counts(),
+        (2, 1),
+        "(carried, appended): the first batch's save failed on the moved tree and the batch went through the session worker; the next was carried"
     );
-    assert_eq!(seen.carried.load(Ordering::SeqCst), 2);
     let rec = record(&s, "moved").await;
     assert_eq!(
         roles(&rec),
@@ -279,9 +280,7 @@ async fn the_inboxes_are_read_beside_the_model_call_without_asking_the_session_w
     )
     .await
     .unwrap();
-    start(&ctx, "read", None).await;
-    let state = wait_state(&ctx, "read", "stopped").await;
-    assert_eq!(state["error"], Value::Null, "{state}");
+    run_to_its_end(&ctx, "read").await;
     assert_eq!(peeks.load(Ordering::SeqCst), 0, "peeks through the worker");
     let last = s.model.requests().last().unwrap()["body"]["messages"].to_string();
     assert!(last.contains("Also say hi when you are done."), "{last}");
@@ -335,17 +334,8 @@ async fn a_batch_too_large_for_one_item_goes_through_the_session_worker() {
         ..Default::default()
     });
     let ctx = s.client.ctx();
-    start(&ctx, "large", None).await;
-    let state = wait_state(&ctx, "large", "stopped").await;
-    assert_eq!(state["error"], Value::Null, "{state}");
-    assert_eq!(
-        (
-            seen.carried.load(Ordering::SeqCst),
-            seen.appended.load(Ordering::SeqCst)
-        ),
-        (1, 1),
-        "saves that carried results, appends of results through the session worker"
-    );
+    run_to_its_end(&ctx, "large").await;
+    assert_eq!(seen.counts(), (1, 1), "(carried, appended)");
     let rec = record(&s, "large").await;
     assert_eq!(
         roles(&rec),

@@ -271,10 +271,7 @@ impl BesideTheCalls {
             return None;
         }
         let here = bus_telemetry::tracing_bridge::CallPosition::current();
-        let layout = rec
-            .tree_index
-            .as_ref()
-            .is_some_and(|seen| seen.layout.as_deref() == Some(LAYOUT));
+        let layout = layout_named(rec);
         let (c, sid) = (ctx.clone(), rec.session_id.clone());
         let peek = tokio::spawn(here.run(async move { peek_inboxes(&c, &sid, layout).await }));
         // No save in flight brings the index.
@@ -315,28 +312,6 @@ impl BesideTheCalls {
         }
         (&mut self.peek).await.ok()
     }
-}
-
-/// The first of the session's inboxes that holds items: read from the session's store where
-/// the session worker named its layout (`direct`; no call to it), else (or when that read
-/// fails) through `session-inbox::peek`.
-async fn peek_inboxes(ctx: &Ctx, sid: &str, direct: bool) -> PeekedInbox {
-    use harness_sdk::session_layout::{INBOX, INBOXES_LISTED, first_inbox, inbox_prefix};
-    if direct {
-        match ctx
-            .state_list_page(INBOX, Some(&inbox_prefix(sid)), None, Some(INBOXES_LISTED))
-            .await
-        {
-            Ok(page) => {
-                let rows = page["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-                return first_inbox(rows, sid, INBOXES);
-            }
-            Err(e) => {
-                tracing::warn!(session = %sid, error = %e, "inboxes not read: asking the session worker")
-            }
-        }
-    }
-    first_inbox_items(ctx, sid).await
 }
 
 /// All calls of the batch are decided: append the results once, in call order (carried in

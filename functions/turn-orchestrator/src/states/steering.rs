@@ -34,7 +34,7 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
     // the retry's appends are no-ops (ids from each item's content and position).
     let peeked = match rec.peeked_inbox.take() {
         Some(peeked) => peeked,
-        None => first_inbox_items(ctx, &rec.session_id).await,
+        None => peek_inboxes(ctx, &rec.session_id, layout_named(rec)).await,
     };
     if let Some((name, raw)) = peeked {
         let name = name.as_str();
@@ -62,6 +62,36 @@ pub(crate) async fn steering_check(ctx: &Ctx, rec: &mut Record) -> StepResult<Ou
         return Ok(Outcome::ResultsPending);
     }
     Ok(Outcome::Idle)
+}
+
+/// Whether the session worker named its layout (`harness_sdk::session_layout`): the
+/// orchestrator may read the inboxes and carry appends itself.
+pub(crate) fn layout_named(rec: &Record) -> bool {
+    rec.tree_index
+        .as_ref()
+        .is_some_and(|seen| seen.layout.as_deref() == Some(harness_sdk::session_layout::LAYOUT))
+}
+
+/// The first of the session's inboxes that holds items: read from the session's store where
+/// the session worker named its layout (`direct`; no call to it), else (or when that read
+/// fails) through `session-inbox::peek`.
+pub(crate) async fn peek_inboxes(ctx: &Ctx, sid: &str, direct: bool) -> PeekedInbox {
+    use harness_sdk::session_layout::{INBOX, INBOXES_LISTED, first_inbox, inbox_prefix};
+    if direct {
+        match ctx
+            .state_list_page(INBOX, Some(&inbox_prefix(sid)), None, Some(INBOXES_LISTED))
+            .await
+        {
+            Ok(page) => {
+                let rows = page["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                return first_inbox(rows, sid, INBOXES);
+            }
+            Err(e) => {
+                tracing::warn!(session = %sid, error = %e, "inboxes not read: asking the session worker")
+            }
+        }
+    }
+    first_inbox_items(ctx, sid).await
 }
 
 /// The inboxes the steering check reads, in order (an append that ends a step peeks them).
