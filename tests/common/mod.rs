@@ -219,6 +219,17 @@ pub fn roles(rec: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// The roles of a run's history that made `calls` calls, one per turn: the user's message,
+/// each call's answer and result, the last answer.
+pub fn roles_of_calls(calls: usize) -> Vec<&'static str> {
+    let mut roles = vec!["user"];
+    for _ in 0..calls {
+        roles.extend(["assistant", "function_result"]);
+    }
+    roles.push("assistant");
+    roles
+}
+
 pub async fn record(s: &Stack, sid: &str) -> Value {
     let ctx = s.client.ctx();
     let mut rec = ctx

@@ -97,11 +97,7 @@ async fn a_batchs_results_go_in_the_records_save_and_the_next_run_continues_them
     assert_eq!(seen.counts(), (3, 0), "(carried, appended)");
     // The tree holds them, and its index names the record's leaf.
     let rec = record(&s, "carried").await;
-    let mut expected = vec!["user"];
-    for _ in 0..3 {
-        expected.extend(["assistant", "function_result"]);
-    }
-    expected.push("assistant");
+    let mut expected = roles_of_calls(3);
     assert_eq!(roles(&rec), expected, "{rec}");
     let index = ctx.state_get("session-index", "carried").await.unwrap();
     assert!(index["last_entry"].is_string(), "{index}");
@@ -109,7 +105,7 @@ async fn a_batchs_results_go_in_the_records_save_and_the_next_run_continues_them
     // continues the history.
     run_to_its_end(&ctx, "carried").await;
     let rec = record(&s, "carried").await;
-    expected.extend(["user", "assistant"]);
+    expected.extend(roles_of_calls(0));
     assert_eq!(roles(&rec), expected, "{rec}");
 }
 
@@ -165,11 +161,7 @@ async fn a_carried_save_that_fails_does_not_run_its_call_again() {
     let ran = std::fs::read_to_string(s.work.join("ran.log")).unwrap();
     assert_eq!(ran, "e1\n", "the call ran once");
     let rec = record(&s, "failing").await;
-    assert_eq!(
-        roles(&rec),
-        ["user", "assistant", "function_result", "assistant"],
-        "{rec}"
-    );
+    assert_eq!(roles(&rec), roles_of_calls(1), "{rec}");
 }
 
 /// Another writer appends to the session while the record's save that carries a batch is on
@@ -234,14 +226,7 @@ async fn a_tree_moved_meanwhile_gets_the_batch_through_the_session_worker() {
     let rec = record(&s, "moved").await;
     assert_eq!(
         roles(&rec),
-        [
-            "user",
-            "assistant",
-            "function_result",
-            "assistant",
-            "function_result",
-            "assistant"
-        ],
+        roles_of_calls(2),
         "the run's path, the other writer's entry beside it: {rec}"
     );
 }
@@ -337,18 +322,7 @@ async fn a_batch_too_large_for_one_item_goes_through_the_session_worker() {
     run_to_its_end(&ctx, "large").await;
     assert_eq!(seen.counts(), (1, 1), "(carried, appended)");
     let rec = record(&s, "large").await;
-    assert_eq!(
-        roles(&rec),
-        [
-            "user",
-            "assistant",
-            "function_result",
-            "assistant",
-            "function_result",
-            "assistant"
-        ],
-        "{rec}"
-    );
+    assert_eq!(roles(&rec), roles_of_calls(2), "{rec}");
     let blob = &rec["messages"][2]["details"]["blob"];
     assert_eq!(blob.as_str().map(str::len), Some(150_000));
 }

@@ -243,20 +243,7 @@ async fn a_read_runs_beside_the_save_left_running_and_a_write_waits_for_it() {
     );
     // Every result is kept, in order, once.
     let rec = record(&h.s, "beside").await;
-    assert_eq!(
-        roles(&rec),
-        [
-            "user",
-            "assistant",
-            "function_result",
-            "assistant",
-            "function_result",
-            "assistant",
-            "function_result",
-            "assistant"
-        ],
-        "{rec}"
-    );
+    assert_eq!(roles(&rec), roles_of_calls(3), "{rec}");
 }
 
 /// A read that ran beside a save which then lost to another delivery (the record moved on)

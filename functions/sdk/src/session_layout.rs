@@ -170,6 +170,20 @@ pub fn plan_append(
     })
 }
 
+/// The first of `names` that holds items among the session's inboxes, read with one
+/// `state::list` of them → its name and items.
+pub async fn read_first_inbox<'a>(
+    ctx: &crate::Ctx,
+    sid: &str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<Option<(String, Vec<Value>)>, crate::BusError> {
+    let page = ctx
+        .state_list_page(INBOX, Some(&inbox_prefix(sid)), None, Some(INBOXES_LISTED))
+        .await?;
+    let rows = page["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    Ok(first_inbox(rows, sid, names))
+}
+
 /// Whether `seen` is an index of this layout that an append after `parent` may be written on
 /// without reading it: its `last_entry` is the parent (a new root: any).
 pub fn carries_after(seen: &IndexSeen, parent: Option<&str>) -> bool {

@@ -665,19 +665,15 @@ fn peek_names(names: &Value) -> Result<Vec<String>, ErrorBody> {
 /// The first of `names` that holds items, found with one read of the session's inboxes →
 /// `{items, name}` (`name` null when all are empty).
 async fn peek_first(ctx: &Ctx, sid: &str, names: &[String]) -> Result<Value, ErrorBody> {
-    use harness_sdk::session_layout::{INBOXES_LISTED, first_inbox, inbox_prefix};
     // A session has a few inboxes: one page holds them.
-    let page = ctx
-        .state_list_page(INBOX, Some(&inbox_prefix(sid)), None, Some(INBOXES_LISTED))
-        .await
-        .map_err(storage)?;
-    let rows = page["items"].as_array().cloned().unwrap_or_default();
-    Ok(
-        match first_inbox(&rows, sid, names.iter().map(String::as_str)) {
-            Some((name, items)) => json!({"items": items, "name": name}),
-            None => json!({"items": [], "name": null}),
-        },
-    )
+    let first =
+        harness_sdk::session_layout::read_first_inbox(ctx, sid, names.iter().map(String::as_str))
+            .await
+            .map_err(storage)?;
+    Ok(match first {
+        Some((name, items)) => json!({"items": items, "name": name}),
+        None => json!({"items": [], "name": null}),
+    })
 }
 
 /// Take the items (the first `max`, default all) atomically: a push racing the drain lands

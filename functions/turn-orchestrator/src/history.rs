@@ -383,12 +383,12 @@ pub(crate) async fn append_history_carried(
     }
     land_carried(ctx, rec).await?;
     let then = match peeked {
-        Some(_) => Then::Nothing,
+        Some(peeked) => {
+            rec.peeked_inbox = Some(peeked);
+            Then::Nothing
+        }
         None => Then::Peek,
     };
-    if peeked.is_some() {
-        rec.peeked_inbox = peeked;
-    }
     let (sent, held_back) = to_send(rec, messages, tag);
     let Some(planned) = plan_carried(rec, &sent) else {
         return append_sent(ctx, rec, sent, held_back, then).await;
@@ -411,12 +411,8 @@ fn plan_carried(rec: &Record, sent: &[(String, AgentMessage)]) -> Option<Carried
     };
     let parent = rec.tree_leaf.as_deref()?;
     let seen = rec.tree_index.as_ref()?;
-    if !rec.tree
-        || sent.is_empty()
-        || sent.len() > CARRIED_MAX_ENTRIES
-        || !matches!(rec.carried, Carried::None)
-        || !carries_after(seen, Some(parent))
-    {
+    // (Called with the tree in use and nothing carried: `land_carried` ran.)
+    if sent.is_empty() || sent.len() > CARRIED_MAX_ENTRIES || !carries_after(seen, Some(parent)) {
         return None;
     }
     let entries = entry_inputs(sent);
@@ -462,15 +458,15 @@ pub(crate) async fn land_carried(ctx: &Ctx, rec: &mut Record) -> StepResult<()> 
             rec.tree_index = c.landed.get().cloned();
             Ok(())
         }
-        saving @ Carried::Saving(_) => {
-            rec.carried = saving;
+        Carried::Saving(landed) => {
             if let Some(Err(e)) = rec.pending_save.outcome().await {
+                // Still the save's: its settle forgets the history it would have stored.
+                rec.carried = Carried::Saving(landed);
                 return Err(e);
             }
-            if let Some(index) = rec.carried.landed() {
-                rec.tree_index = Some(index);
+            if let Some(index) = landed.get() {
+                rec.tree_index = Some(index.clone());
             }
-            rec.carried = Carried::None;
             Ok(())
         }
     }

@@ -295,20 +295,21 @@ pub struct Record {
     pub carried: Carried,
     /// The reads the turn started beside its model call, for its batch's end. Never stored.
     #[serde(skip)]
-    pub beside_the_calls: BesideSlot,
+    pub beside_the_calls: Pending<BesideTheCalls>,
 }
 
-/// A task a step started and has not waited for yet (shared by the record's clones).
-pub struct Pending<T>(std::sync::Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<T>>>>);
+/// What a step started and has not taken back yet (a task, reads beside the calls), shared by
+/// the record's clones.
+pub struct Pending<X>(std::sync::Arc<std::sync::Mutex<Option<X>>>);
 
 /// The sync a step started ([`crate::record::save_syncing_later`]).
-pub type PendingSync = Pending<Result<(), String>>;
+pub type PendingSync = Pending<tokio::task::JoinHandle<Result<(), String>>>;
 
 /// The last token deltas' pushes of a model call, still going out after its stream ended:
 /// the step goes on (policy, the calls, the append) while they do, and anything that writes
 /// or pushes the session's events waits for them first, so a client still gets them in
 /// order ([`crate::record::flush_events`], the record's save, [`crate::record::emit_transient`]).
-pub type PendingPush = Pending<()>;
+pub type PendingPush = Pending<tokio::task::JoinHandle<()>>;
 
 /// Why a step could not finish: transient errors are re-thrown so the queue retries with
 /// backoff (and dead-letters); anything else fails the run with events the UI can show.
@@ -370,10 +371,7 @@ impl PendingSave {
 
     /// Once the save is done, whatever its outcome (for order only).
     pub async fn done(&self) {
-        let running = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(running) = running {
-            let _ = running.await;
-        }
+        let _ = self.outcome().await;
     }
 
     /// Its outcome, without taking it (the next settle still gets it); `None`: no save is
@@ -412,20 +410,20 @@ impl PartialEq for PendingSave {
 /// A started `state::sync`: `Err` names why the store could not make the writes durable.
 pub type SyncHandle = tokio::task::JoinHandle<Result<(), String>>;
 
-impl<T> Pending<T> {
-    /// One at a time: a second start comes after the first was waited for, or (a sync)
-    /// after a later save, whose sync covers the earlier one's writes too (the store's log
-    /// is in commit order).
-    pub fn start(&self, task: tokio::task::JoinHandle<T>) {
+impl<X> Pending<X> {
+    /// One at a time: a second start comes after the first was taken, or replaces it: a sync
+    /// after a later save, whose sync covers the earlier one's writes too (the store's log is
+    /// in commit order); the reads of a turn whose model answered without calls.
+    pub fn start(&self, started: X) {
         let previous = self
             .0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .replace(task);
+            .replace(started);
         drop(previous);
     }
 
-    fn take(&self) -> Option<tokio::task::JoinHandle<T>> {
+    pub fn take(&self) -> Option<X> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
@@ -455,26 +453,26 @@ impl PendingPush {
     }
 }
 
-impl<T> Clone for Pending<T> {
+impl<X> Clone for Pending<X> {
     fn clone(&self) -> Self {
         Self(self.0.clone())
     }
 }
 
-impl<T> Default for Pending<T> {
+impl<X> Default for Pending<X> {
     fn default() -> Self {
         Self(Default::default())
     }
 }
 
-impl<T> std::fmt::Debug for Pending<T> {
+impl<X> std::fmt::Debug for Pending<X> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Pending")
     }
 }
 
 /// Not part of a record's value.
-impl<T> PartialEq for Pending<T> {
+impl<X> PartialEq for Pending<X> {
     fn eq(&self, _: &Self) -> bool {
         true
     }
@@ -742,31 +740,5 @@ impl Drop for BesideTheCalls {
         if let Some(index) = &self.index {
             index.abort();
         }
-    }
-}
-
-/// The reads a turn started beside its model call, until its batch's end takes them.
-#[derive(Clone, Default)]
-pub struct BesideSlot(std::sync::Arc<std::sync::Mutex<Option<BesideTheCalls>>>);
-
-impl BesideSlot {
-    pub fn put(&self, reads: Option<BesideTheCalls>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = reads;
-    }
-    pub fn take(&self) -> Option<BesideTheCalls> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
-
-impl std::fmt::Debug for BesideSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BesideSlot")
-    }
-}
-
-/// Not part of a record's value.
-impl PartialEq for BesideSlot {
-    fn eq(&self, _: &Self) -> bool {
-        true
     }
 }

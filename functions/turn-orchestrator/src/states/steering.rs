@@ -76,16 +76,9 @@ pub(crate) fn layout_named(rec: &Record) -> bool {
 /// the session worker named its layout (`direct`; no call to it), else (or when that read
 /// fails) through `session-inbox::peek`.
 pub(crate) async fn peek_inboxes(ctx: &Ctx, sid: &str, direct: bool) -> PeekedInbox {
-    use harness_sdk::session_layout::{INBOX, INBOXES_LISTED, first_inbox, inbox_prefix};
     if direct {
-        match ctx
-            .state_list_page(INBOX, Some(&inbox_prefix(sid)), None, Some(INBOXES_LISTED))
-            .await
-        {
-            Ok(page) => {
-                let rows = page["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-                return first_inbox(rows, sid, INBOXES);
-            }
+        match harness_sdk::session_layout::read_first_inbox(ctx, sid, INBOXES).await {
+            Ok(first) => return first,
             Err(e) => {
                 tracing::warn!(session = %sid, error = %e, "inboxes not read: asking the session worker")
             }
@@ -115,7 +108,7 @@ pub(crate) fn first_of(answer: inbox::ItemsAnswer) -> Option<PeekedInbox> {
 /// The first inbox, in [`INBOXES`] order, that holds items, with its items: one peek of both
 /// (a worker that peeks only the inbox it is named answers without `name`, and the rest are
 /// peeked one by one). `None`: all are empty, or the inbox worker does not answer.
-pub(crate) async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)> {
+async fn first_inbox_items(ctx: &Ctx, sid: &str) -> Option<(String, Vec<Value>)> {
     let peek = |name: &str, names: Option<Vec<String>>| {
         best_effort(
             ctx,

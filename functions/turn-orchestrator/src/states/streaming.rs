@@ -308,7 +308,9 @@ pub(crate) async fn assistant_streaming(
     let messages = preflight_compaction(ctx, rec, req, messages).await?;
     let prompt = run_prompt(ctx, rec).await?;
     // What the batch's end will need, beside the model call and the calls.
-    rec.beside_the_calls.put(BesideTheCalls::start(ctx, rec));
+    if let Some(reads) = BesideTheCalls::start(ctx, rec) {
+        rec.beside_the_calls.start(reads);
+    }
     // The UI sees what happened so far (compaction) before the model answers.
     flush_events(ctx, rec).await;
     // What the catalogue says of the run's model (unknown for a fallback: today's request).
