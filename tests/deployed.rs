@@ -8,6 +8,8 @@
 use crate::common;
 #[path = "deployed/doors.rs"]
 mod doors_deployed;
+#[path = "deployed/large.rs"]
+mod large;
 use crate::shape;
 
 use common::{call, text};

@@ -121,16 +121,22 @@ fn tables_queues_and_secrets_match_what_is_provisioned() {
             stream.is_none() || stream == Some("NEW_AND_OLD_IMAGES"),
             "state triggers need old and new images"
         );
+        let ttl = &p["TimeToLiveSpecification"];
+        let expires = (ttl["Enabled"] == true)
+            .then(|| ttl["AttributeName"].as_str().map(str::to_owned))
+            .flatten();
         tables.insert(
             name_of(&p["TableName"], prefix),
             (
                 keys.get("HASH").cloned(),
                 keys.get("RANGE").cloned(),
                 stream.is_some(),
+                expires,
             ),
         );
     }
-    let expected: BTreeMap<String, (Option<String>, Option<String>, bool)> = m["tables"]
+    type Table = (Option<String>, Option<String>, bool, Option<String>);
+    let expected: BTreeMap<String, Table> = m["tables"]
         .as_array()
         .unwrap()
         .iter()
@@ -141,6 +147,7 @@ fn tables_queues_and_secrets_match_what_is_provisioned() {
                     x["hash_key"].as_str().map(str::to_owned),
                     x["range_key"].as_str().map(str::to_owned),
                     x["stream"] == true,
+                    x["expires"].as_str().map(str::to_owned),
                 ),
             )
         })

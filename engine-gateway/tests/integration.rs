@@ -10,6 +10,7 @@ mod durability;
 mod faults;
 mod fuzz_frames;
 mod http_api;
+mod large_values;
 mod mappings;
 mod ports;
 mod queues_triggers;

@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::{AwsClients, AwsNames, err_code, err_text};
+use super::{AwsClients, AwsNames, err_code, err_text, spill};
 use bus::state::{ChangeFeed, ChangeKind, ChangeRecord, StateError, is_reserved_scope};
 
 const REFRESH_EVERY: Duration = Duration::from_secs(2);
@@ -63,9 +63,24 @@ fn text(img: &HashMap<String, AttributeValue>, name: &str) -> Option<String> {
     }
 }
 
-fn image_value(img: Option<&HashMap<String, AttributeValue>>) -> Option<Value> {
-    let t = text(img?, "value")?;
-    serde_json::from_str(&t).ok()
+/// An image's value: inline, or read from its parts when it was stored apart (`spill`).
+async fn image_value(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    img: Option<&HashMap<String, AttributeValue>>,
+) -> Result<Option<Value>, StateError> {
+    let Some(img) = img else { return Ok(None) };
+    if let Some(t) = text(img, "value") {
+        return Ok(serde_json::from_str(&t).ok());
+    }
+    let count = match img.get(spill::COUNT) {
+        Some(AttributeValue::N(n)) => Some(n.as_str()),
+        _ => None,
+    };
+    match spill::parts_of(text(img, spill::GENERATION).as_deref(), count)? {
+        Some(parts) => spill::read_parts(ddb, table, &parts).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 impl StreamsFeed {
@@ -274,8 +289,9 @@ impl StreamsFeed {
                 kind,
                 scope,
                 key,
-                old_value: image_value(ddb.old_image()),
-                new_value: image_value(new_image),
+                old_value: image_value(&self.clients.dynamodb, &self.table, ddb.old_image())
+                    .await?,
+                new_value: image_value(&self.clients.dynamodb, &self.table, new_image).await?,
                 traceparent: new_image.and_then(|i| text(i, "tp")),
                 baggage: new_image.and_then(|i| text(i, "bg")),
             });

@@ -80,6 +80,16 @@ fn not_started<R>(
 /// Whether a state trigger's `config` takes a change of `scope`/`key`: `*` globs, as the
 /// engine and the SDK match them; engine-reserved (`$`) scopes reach no trigger.
 pub fn state_trigger_picks(config: &Value, record: &Value) -> bool {
+    state_trigger_picks_with(config, record, None)
+}
+
+/// [`state_trigger_picks`], with the images' values (old, new) already read where the
+/// record's value was stored apart (`spill::json_record_values`).
+pub fn state_trigger_picks_with(
+    config: &Value,
+    record: &Value,
+    read: Option<&(Option<Value>, Option<Value>)>,
+) -> bool {
     let keys = &record["dynamodb"]["Keys"];
     let scope = keys["scope"]["S"].as_str().unwrap_or("");
     let key = keys["key"]["S"].as_str().unwrap_or("");
@@ -90,6 +100,9 @@ pub fn state_trigger_picks(config: &Value, record: &Value) -> bool {
     // The images hold the value as JSON text (aws/state.rs); read only for a `changed` filter.
     let image = |name: &str| -> Option<Value> {
         changed?;
+        if let Some((old, new)) = read {
+            return if name == "OldImage" { old } else { new }.clone();
+        }
         serde_json::from_str(record["dynamodb"][name]["value"]["S"].as_str()?).ok()
     };
     bus::engine::state_trigger_takes(

@@ -15,6 +15,7 @@ pub mod resources;
 pub mod response_stream;
 pub mod router_trace;
 pub mod secrets;
+pub mod spill;
 pub mod state;
 
 use aws_smithy_http_client::{Builder, tls};

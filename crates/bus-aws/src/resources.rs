@@ -17,6 +17,8 @@ pub struct TableSpec {
     pub hash_key: &'static str,
     pub range_key: Option<&'static str>,
     pub stream: bool,
+    /// The attribute DynamoDB's TTL deletes items by (epoch seconds), if any.
+    pub expires: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -69,18 +71,22 @@ pub fn manifest(names: &AwsNames) -> Manifest {
                 hash_key: "scope",
                 range_key: Some("key"),
                 stream: true,
+                // Parts of large values no record points to any more (`spill`).
+                expires: Some(crate::spill::EXPIRES),
             },
             TableSpec {
                 name: names.checkpoint_table(),
                 hash_key: "id",
                 range_key: None,
                 stream: false,
+                expires: None,
             },
             TableSpec {
                 name: names.registry_table(),
                 hash_key: "kind",
                 range_key: Some("id"),
                 stream: false,
+                expires: None,
             },
         ],
         queues: vec![
@@ -164,11 +170,48 @@ pub async fn ensure_table(clients: &AwsClients, spec: &TableSpec) -> anyhow::Res
             .await
             .map_err(|e| anyhow::anyhow!("describe table {}: {}", spec.name, err_text(&e)))?;
         if d.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-            return Ok(());
+            return ensure_expiry(clients, spec).await;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     anyhow::bail!("table {} did not become ACTIVE", spec.name)
+}
+
+/// Turn on the table's TTL on `spec.expires` (a table made before it had none).
+async fn ensure_expiry(clients: &AwsClients, spec: &TableSpec) -> anyhow::Result<()> {
+    use aws_sdk_dynamodb::types::{TimeToLiveSpecification, TimeToLiveStatus};
+    let Some(attribute) = spec.expires else {
+        return Ok(());
+    };
+    let ddb = &clients.dynamodb;
+    let now = ddb
+        .describe_time_to_live()
+        .table_name(&spec.name)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("describe TTL of {}: {}", spec.name, err_text(&e)))?;
+    let on = now.time_to_live_description().is_some_and(|d| {
+        d.attribute_name() == Some(attribute)
+            && matches!(
+                d.time_to_live_status(),
+                Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
+            )
+    });
+    if on {
+        return Ok(());
+    }
+    ddb.update_time_to_live()
+        .table_name(&spec.name)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name(attribute)
+                .enabled(true)
+                .build()?,
+        )
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("turn on TTL of {}: {}", spec.name, err_text(&e)))?;
+    Ok(())
 }
 
 pub async fn ensure_secret(clients: &AwsClients, name: &str) -> anyhow::Result<()> {

@@ -1,13 +1,18 @@
 //! `StateStore` on DynamoDB. Item: `scope` (hash), `key` (range), `value` (the JSON as a
-//! string), `version` (number), and the writer's `tp`/`bg` trace context so the stream record
-//! that fires a trigger continues the writer's trace.
+//! string; a value over DynamoDB's item size is stored apart and the item says where, see
+//! [`super::spill`]), `version` (number), and the writer's `tp`/`bg` trace context so the
+//! stream record that fires a trigger continues the writer's trace.
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use serde_json::Value;
 use std::collections::HashMap;
 
+use super::spill::{self, Body, Head, Parts, decode_head};
 use super::{AwsClients, AwsNames, err_code, err_text};
+use transactions::{TRANSACT_MAX_BYTES, TRANSACT_MAX_ITEMS, TxFailed, TxItem};
+
+mod transactions;
 use bus::state::{
     Entry, FILLED_FIELDS_ATTRIBUTE, StateError, StateStore, TxWrite, UpdateOp, Versioned,
     WriteMeta, WriteOutcome, apply_ops, check_expected, check_transaction, filled_fields,
@@ -40,77 +45,60 @@ fn storage(e: impl std::fmt::Display) -> StateError {
     StateError::Storage(e.to_string())
 }
 
-/// Read `{value, version}` out of an item (also used for stream images).
-pub fn decode_item(item: &Item) -> Result<Option<Versioned>, StateError> {
-    let Some(AttributeValue::S(text)) = item.get("value") else {
-        return Ok(None);
-    };
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| storage(format!("corrupt value: {e}")))?;
-    let version = match item.get("version") {
-        Some(AttributeValue::N(n)) => n.parse().map_err(|_| storage("corrupt version"))?,
-        _ => 0,
-    };
-    Ok(Some(Versioned { value, version }))
-}
-
 /// The update expression of an unconditional write: the value, the version bumped from
 /// wherever it is (or from just before a new record's first), and the writer's trace context.
 struct UnconditionalSet {
     /// The version just before a new record's first (the wall clock: read once).
     before_first: u64,
-    /// The stored value's length (the JSON text), for a transaction's size budget.
-    value_bytes: usize,
     expression: String,
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
 }
 
 impl UnconditionalSet {
-    fn new(value: &Value, meta: &WriteMeta) -> Self {
+    fn new(value: &Value, body: &Body, meta: &WriteMeta) -> Self {
         let before_first = next_version(None) - 1;
-        let text = value.to_string();
-        let value_bytes = text.len();
-        let mut names = HashMap::from([
-            ("#val".to_string(), "value".to_string()),
-            ("#ver".to_string(), "version".to_string()),
-        ]);
+        let mut names = HashMap::from([("#ver".to_string(), "version".to_string())]);
         let mut values = HashMap::from([
-            (":val".to_string(), AttributeValue::S(text)),
             (
                 ":before_first".to_string(),
                 AttributeValue::N(before_first.to_string()),
             ),
             (":one".to_string(), AttributeValue::N("1".into())),
         ]);
-        let mut set = vec![
-            "#val = :val",
-            "#ver = if_not_exists(#ver, :before_first) + :one",
-        ];
+        let mut set = vec!["#ver = if_not_exists(#ver, :before_first) + :one".to_string()];
+        let mut remove = Vec::new();
+        // The value (or where its parts are), and none of the other way of storing it.
+        for (i, (name, attribute)) in body.attributes().into_iter().enumerate() {
+            names.insert(format!("#b{i}"), name.into());
+            values.insert(format!(":b{i}"), attribute);
+            set.push(format!("#b{i} = :b{i}"));
+        }
+        for (i, name) in body.cleared().iter().enumerate() {
+            names.insert(format!("#c{i}"), (*name).into());
+            remove.push(format!("#c{i}"));
+        }
         // The filled fields, for filters on the table's stream; gone when none are.
         names.insert("#fl".into(), FILLED_FIELDS_ATTRIBUTE.into());
-        let filled = filled_set(value);
-        let remove = if let Some(filled) = filled {
+        if let Some(filled) = filled_set(value) {
             values.insert(":fl".into(), filled);
-            set.push("#fl = :fl");
-            ""
+            set.push("#fl = :fl".into());
         } else {
-            " REMOVE #fl"
-        };
+            remove.push("#fl".into());
+        }
         if let Some(tp) = &meta.traceparent {
             names.insert("#tp".into(), "tp".into());
             values.insert(":tp".into(), s(tp));
-            set.push("#tp = :tp");
+            set.push("#tp = :tp".into());
         }
         if let Some(bg) = &meta.baggage {
             names.insert("#bg".into(), "bg".into());
             values.insert(":bg".into(), s(bg));
-            set.push("#bg = :bg");
+            set.push("#bg = :bg".into());
         }
         Self {
             before_first,
-            value_bytes,
-            expression: format!("SET {}{remove}", set.join(", ")),
+            expression: format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")),
             names,
             values,
         }
@@ -131,6 +119,7 @@ impl ConditionalPut {
         scope: &str,
         key: &str,
         value: &Value,
+        body: &Body,
         version: u64,
         current: Option<u64>,
         meta: &WriteMeta,
@@ -138,12 +127,14 @@ impl ConditionalPut {
         let mut item = Item::from([
             ("scope".to_string(), s(scope)),
             ("key".to_string(), s(key)),
-            ("value".to_string(), s(&value.to_string())),
             (
                 "version".to_string(),
                 AttributeValue::N(version.to_string()),
             ),
         ]);
+        for (name, attribute) in body.attributes() {
+            item.insert(name.into(), attribute);
+        }
         if let Some(filled) = filled_set(value) {
             item.insert(FILLED_FIELDS_ATTRIBUTE.into(), filled);
         }
@@ -173,18 +164,6 @@ impl ConditionalPut {
     }
 }
 
-/// What one transaction may hold: DynamoDB's 100 items and 4 MB (with room for the
-/// attribute names and keys each item repeats).
-const TRANSACT_MAX_ITEMS: usize = 100;
-const TRANSACT_MAX_BYTES: usize = 3_500_000;
-
-/// Why a transaction did not commit.
-enum TxFailed {
-    /// The condition of this item (by index) did not hold.
-    Condition(usize),
-    Storage(StateError),
-}
-
 impl DynamoState {
     pub fn new(clients: AwsClients, names: &AwsNames) -> Self {
         Self {
@@ -193,7 +172,8 @@ impl DynamoState {
         }
     }
 
-    async fn read(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError> {
+    /// A record's item as stored: its value inline, or where its parts are.
+    async fn read_head(&self, scope: &str, key: &str) -> Result<Option<Head>, StateError> {
         let out = self
             .clients
             .dynamodb
@@ -206,64 +186,77 @@ impl DynamoState {
             .await
             .map_err(|e| storage(err_text(&e)))?;
         match out.item() {
-            Some(item) => decode_item(item),
+            Some(item) => decode_head(item),
             None => Ok(None),
         }
     }
 
-    /// One `TransactWriteItems`, retried a few times when it lost a race with another
-    /// transaction on the same items (DynamoDB cancels it; the SDK does not retry that).
-    async fn transact(
-        &self,
-        items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
-    ) -> Result<(), StateError> {
-        match self.transact_checked(items).await {
-            Ok(()) => Ok(()),
-            Err(TxFailed::Condition(i)) => Err(storage(format!(
-                "transaction item {i}: its condition failed"
-            ))),
-            Err(TxFailed::Storage(e)) => Err(e),
+    async fn read(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError> {
+        match self.read_head(scope, key).await? {
+            Some(head) => Ok(Some(self.resolve(head).await?)),
+            None => Ok(None),
         }
     }
 
-    /// [`Self::transact`], telling a failed condition (the index of the first item whose
-    /// condition did not hold) from other failures.
-    async fn transact_checked(
+    async fn version_of(&self, scope: &str, key: &str) -> Result<Option<u64>, StateError> {
+        Ok(self.read_head(scope, key).await?.map(|h| h.version()))
+    }
+
+    /// The value of a record's item, its parts read when it is stored apart.
+    pub async fn resolve(&self, head: Head) -> Result<Versioned, StateError> {
+        match head {
+            Head::Inline(v) => Ok(v),
+            Head::Apart { version, parts } => Ok(Versioned {
+                value: self.read_parts(&parts).await?,
+                version,
+            }),
+        }
+    }
+
+    /// The value stored apart in these parts (a stream image's, say).
+    pub async fn read_parts(&self, parts: &Parts) -> Result<Value, StateError> {
+        spill::read_parts(&self.clients.dynamodb, &self.table, parts).await
+    }
+
+    async fn write_parts(&self, body: &Body) -> Result<(), StateError> {
+        spill::write_parts(&self.clients.dynamodb, &self.table, body).await
+    }
+
+    async fn retire(&self, parts: Option<&Parts>) {
+        if let Some(parts) = parts {
+            spill::retire(&self.clients.dynamodb, &self.table, parts).await;
+        }
+    }
+
+    /// What a write replaced, from its old image: the value (its parts read when `want_value`)
+    /// and the parts retired. A part that cannot be read after the write committed leaves the
+    /// old value out (logged) rather than failing a write that happened.
+    async fn replaced(
         &self,
-        items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
-    ) -> Result<(), TxFailed> {
-        let mut attempt = 0;
-        loop {
-            let out = self
-                .clients
-                .dynamodb
-                .transact_write_items()
-                .set_transact_items(Some(items.clone()))
-                .send()
-                .await;
-            let Err(e) = out else { return Ok(()) };
-            use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-            let (canceled, reasons) = match e.as_service_error() {
-                Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
-                    (true, c.cancellation_reasons().to_vec())
-                }
-                _ => (false, Vec::new()),
-            };
-            if let Some(i) = reasons
-                .iter()
-                .position(|r| r.code() == Some("ConditionalCheckFailed"))
-            {
-                return Err(TxFailed::Condition(i));
+        old: Option<&Item>,
+        want_value: bool,
+    ) -> Result<Option<Versioned>, StateError> {
+        let Some(head) = old.filter(|i| !i.is_empty()).map(decode_head).transpose()? else {
+            return Ok(None);
+        };
+        match head {
+            None => Ok(None),
+            Some(Head::Inline(v)) => Ok(Some(v)),
+            Some(Head::Apart { version, parts }) => {
+                let value = if want_value {
+                    match self.read_parts(&parts).await {
+                        Ok(v) => v,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the replaced value's parts could not be read");
+                            Value::Null
+                        }
+                    }
+                } else {
+                    Value::Null
+                };
+                self.retire(Some(&parts)).await;
+                Ok(Some(Versioned { value, version }))
             }
-            let conflict = canceled
-                && reasons
-                    .iter()
-                    .all(|r| matches!(r.code(), None | Some("None" | "TransactionConflict")));
-            attempt += 1;
-            if !conflict || attempt >= 5 {
-                return Err(TxFailed::Storage(storage(err_text(&e))));
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20 << attempt)).await;
         }
     }
 
@@ -277,7 +270,8 @@ impl DynamoState {
     }
 
     /// Write `value` at the next version only if the record is still at `current`
-    /// (None = absent). `Ok(None)` means another writer got there first.
+    /// (None = absent). `Ok(None)` means another writer got there first. The old value's
+    /// parts are read only when `want_old`.
     async fn put_if(
         &self,
         scope: &str,
@@ -285,9 +279,12 @@ impl DynamoState {
         value: &Value,
         current: Option<u64>,
         meta: &WriteMeta,
+        want_old: bool,
     ) -> Result<Option<(Option<Versioned>, u64)>, StateError> {
+        let body = Body::of(value)?;
+        self.write_parts(&body).await?;
         let new_version = next_version(current);
-        let put = ConditionalPut::new(scope, key, value, new_version, current, meta);
+        let put = ConditionalPut::new(scope, key, value, &body, new_version, current, meta);
         let req = self
             .clients
             .dynamodb
@@ -299,14 +296,17 @@ impl DynamoState {
             .set_expression_attribute_values(put.values)
             .return_values(ReturnValue::AllOld);
         match req.send().await {
-            Ok(out) => match out.attributes() {
-                Some(item) if !item.is_empty() => Ok(Some((decode_item(item)?, new_version))),
-                _ => Ok(Some((None, new_version))),
-            },
-            Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {
-                Ok(None)
+            Ok(out) => Ok(Some((
+                self.replaced(out.attributes(), want_old).await?,
+                new_version,
+            ))),
+            Err(e) => {
+                self.retire(body.parts()).await;
+                if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") {
+                    return Ok(None);
+                }
+                Err(storage(err_text(&e)))
             }
-            Err(e) => Err(storage(err_text(&e))),
         }
     }
 }
@@ -329,18 +329,22 @@ impl StateStore for DynamoState {
         validate_address(scope, key)?;
         if let Some(expected) = expected_version {
             let current = if expected == 0 { None } else { Some(expected) };
-            if let Some((old, version)) = self.put_if(scope, key, &value, current, meta).await? {
+            if let Some((old, version)) =
+                self.put_if(scope, key, &value, current, meta, true).await?
+            {
                 return Ok(WriteOutcome {
                     old_value: old.map(|o| o.value),
                     new_value: Some(value),
                     version,
                 });
             }
-            let found = self.read(scope, key).await?.map(|v| v.version);
+            let found = self.version_of(scope, key).await?;
             return Err(Self::conflict(scope, key, expected, found));
         }
         // Unconditional: one atomic UpdateItem bumps the version and returns the old image.
-        let write = UnconditionalSet::new(&value, meta);
+        let body = Body::of(&value)?;
+        self.write_parts(&body).await?;
+        let write = UnconditionalSet::new(&value, &body, meta);
         let before_first = write.before_first;
         let out = self
             .clients
@@ -354,12 +358,15 @@ impl StateStore for DynamoState {
             .update_expression(write.expression)
             .return_values(ReturnValue::AllOld)
             .send()
-            .await
-            .map_err(|e| storage(err_text(&e)))?;
-        let old = match out.attributes() {
-            Some(item) => decode_item(item)?,
-            None => None,
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                self.retire(body.parts()).await;
+                return Err(storage(err_text(&e)));
+            }
         };
+        let old = self.replaced(out.attributes(), true).await?;
         Ok(WriteOutcome {
             version: old.as_ref().map_or(before_first + 1, |o| o.version + 1),
             old_value: old.map(|o| o.value),
@@ -372,30 +379,39 @@ impl StateStore for DynamoState {
         items: Vec<(String, String, Value)>,
         meta: &WriteMeta,
     ) -> Result<Vec<Option<bool>>, StateError> {
-        use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
         for (scope, key, _) in &items {
             validate_address(scope, key)?;
         }
         let count = items.len();
-        let mut chunk: Vec<TransactWriteItem> = Vec::new();
+        let mut chunk: Vec<TxItem<'_>> = Vec::new();
         let mut chunk_bytes = 0;
-        let mut iter = items.into_iter().peekable();
+        let mut iter = items.iter().peekable();
         while let Some((scope, key, value)) = iter.next() {
-            let write = UnconditionalSet::new(&value, meta);
-            chunk_bytes += scope.len() + key.len() + write.value_bytes + 200;
-            let update = Update::builder()
-                .table_name(&self.table)
-                .key("scope", s(&scope))
-                .key("key", s(&key))
-                .update_expression(write.expression)
-                .set_expression_attribute_names(Some(write.names))
-                .set_expression_attribute_values(Some(write.values))
-                .build()
-                .map_err(storage)?;
-            chunk.push(TransactWriteItem::builder().update(update).build());
+            let body = Body::of(value)?;
+            chunk_bytes += scope.len() + key.len() + body.parts().map_or(body.len(), |_| 0) + 200;
+            chunk.push(TxItem {
+                scope,
+                key,
+                value,
+                body,
+                expected_version: None,
+                expected_value: None,
+                version: None,
+                old_parts: None,
+            });
             let full = chunk.len() == TRANSACT_MAX_ITEMS || chunk_bytes >= TRANSACT_MAX_BYTES;
             if full || iter.peek().is_none() {
-                self.transact(std::mem::take(&mut chunk)).await?;
+                match self.transact_writes(&mut chunk, meta).await {
+                    Ok(()) => {}
+                    Err(TxFailed::Condition(i)) => {
+                        return Err(storage(format!(
+                            "transaction item {}: its condition failed",
+                            i.first().copied().unwrap_or(0)
+                        )));
+                    }
+                    Err(TxFailed::Storage(e)) => return Err(e),
+                }
+                chunk.clear();
                 chunk_bytes = 0;
             }
         }
@@ -408,61 +424,29 @@ impl StateStore for DynamoState {
         writes: Vec<TxWrite>,
         meta: &WriteMeta,
     ) -> Result<Vec<Option<u64>>, StateError> {
-        use aws_sdk_dynamodb::types::{Put, TransactWriteItem, Update};
         check_transaction(&writes)?;
         let mut items = Vec::with_capacity(writes.len());
-        let mut versions = Vec::with_capacity(writes.len());
         for w in &writes {
-            let item = match w.expected_version {
-                // Conditional: a Put of the next version, if the record is still where the
-                // caller saw it.
-                Some(expected) => {
-                    let current = (expected != 0).then_some(expected);
-                    let version = next_version(current);
-                    versions.push(Some(version));
-                    let mut put =
-                        ConditionalPut::new(&w.scope, &w.key, &w.value, version, current, meta);
-                    let mut condition = put.condition.to_string();
-                    // The value as stored is its JSON text, and serde_json writes one value
-                    // one way (object keys sorted): text equality is value equality.
-                    if let (Some(expected), Some(values)) = (&w.expected_value, &mut put.values) {
-                        condition.push_str(" AND #val = :old");
-                        put.names.insert("#val".into(), "value".into());
-                        values.insert(":old".into(), s(&expected.to_string()));
-                    }
-                    let put = Put::builder()
-                        .table_name(&self.table)
-                        .set_item(Some(put.item))
-                        .condition_expression(condition)
-                        .set_expression_attribute_names(Some(put.names))
-                        .set_expression_attribute_values(put.values)
-                        .build()
-                        .map_err(storage)?;
-                    TransactWriteItem::builder().put(put).build()
-                }
-                // Unconditional: the version bumped from wherever it is (not known here).
-                None => {
-                    versions.push(None);
-                    let write = UnconditionalSet::new(&w.value, meta);
-                    let update = Update::builder()
-                        .table_name(&self.table)
-                        .key("scope", s(&w.scope))
-                        .key("key", s(&w.key))
-                        .update_expression(write.expression)
-                        .set_expression_attribute_names(Some(write.names))
-                        .set_expression_attribute_values(Some(write.values))
-                        .build()
-                        .map_err(storage)?;
-                    TransactWriteItem::builder().update(update).build()
-                }
-            };
-            items.push(item);
+            let version = w
+                .expected_version
+                .map(|expected| next_version((expected != 0).then_some(expected)));
+            items.push(TxItem {
+                scope: &w.scope,
+                key: &w.key,
+                value: &w.value,
+                body: Body::of(&w.value)?,
+                expected_version: w.expected_version,
+                expected_value: w.expected_value.as_ref(),
+                version,
+                old_parts: None,
+            });
         }
-        match self.transact_checked(items).await {
+        let versions = items.iter().map(|i| i.version).collect();
+        match self.transact_writes(&mut items, meta).await {
             Ok(()) => Ok(versions),
-            Err(TxFailed::Condition(i)) => {
-                let w = &writes[i];
-                let found = self.read(&w.scope, &w.key).await?.map(|v| v.version);
+            Err(TxFailed::Condition(failed)) => {
+                let w = &writes[failed.first().copied().unwrap_or(0)];
+                let found = self.version_of(&w.scope, &w.key).await?;
                 if w.expected_value.is_some() && found.is_some() && found == w.expected_version {
                     return Err(StateError::ValueConflict {
                         scope: w.scope.clone(),
@@ -509,7 +493,7 @@ impl StateStore for DynamoState {
                 .unwrap_or_else(|| Value::Object(Default::default()));
             let new_value = apply_ops(base, &ops)?;
             if let Some((_, version)) = self
-                .put_if(scope, key, &new_value, current_version, meta)
+                .put_if(scope, key, &new_value, current_version, meta, false)
                 .await?
             {
                 return Ok(WriteOutcome {
@@ -519,7 +503,7 @@ impl StateStore for DynamoState {
                 });
             }
             if expected_version.is_some() {
-                let found = self.read(scope, key).await?.map(|v| v.version);
+                let found = self.version_of(scope, key).await?;
                 return Err(Self::conflict(
                     scope,
                     key,
@@ -566,10 +550,7 @@ impl StateStore for DynamoState {
         }
         match req.send().await {
             Ok(out) => {
-                let old = match out.attributes() {
-                    Some(item) => decode_item(item)?,
-                    None => None,
-                };
+                let old = self.replaced(out.attributes(), true).await?;
                 Ok(WriteOutcome {
                     version: old.as_ref().map(|o| o.version).unwrap_or(0),
                     old_value: old.map(|o| o.value),
@@ -577,7 +558,7 @@ impl StateStore for DynamoState {
                 })
             }
             Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {
-                let found = self.read(scope, key).await?.map(|v| v.version);
+                let found = self.version_of(scope, key).await?;
                 Err(Self::conflict(
                     scope,
                     key,
@@ -630,10 +611,11 @@ impl StateStore for DynamoState {
                     Some(AttributeValue::S(k)) => k.clone(),
                     _ => continue,
                 };
-                if let Some(v) = decode_item(item)? {
+                if let Some(head) = decode_head(item)? {
                     if out.len() == limit {
                         return Ok((out, true));
                     }
+                    let v = self.resolve(head).await?;
                     out.push(Entry {
                         key,
                         value: v.value,

@@ -25,7 +25,7 @@ use bus::registry::Registry;
 use bus::secrets::SecretStore;
 pub use bus_aws::invoke::{
     call_function, call_function_as, envelope, function_record, invoke, lambda_named,
-    register_lambda, state_trigger_picks,
+    register_lambda, state_trigger_picks, state_trigger_picks_with,
 };
 use bus_aws::registry::DynamoRegistry;
 use bus_aws::{AwsClients, AwsNames};
@@ -140,6 +140,8 @@ impl ConnectToken {
 
 pub struct AwsRouter {
     clients: AwsClients,
+    /// The state table, whose stream the router reads (for values stored apart).
+    state_table: String,
     registry: DynamoRegistry,
     connections: Connections,
     token: ConnectToken,
@@ -177,6 +179,7 @@ impl AwsRouter {
         Self {
             registry: DynamoRegistry::new(clients.clone(), names),
             connections: Connections::new(&clients, names, management_endpoint),
+            state_table: names.state_table(),
             clients,
             token,
             access: tokio::sync::OnceCell::new(),
@@ -555,15 +558,39 @@ impl AwsRouter {
                 return json!({"batchItemFailures": [{"itemIdentifier": first}]});
             }
         };
+        // Images of values stored apart (`bus_aws::spill`) are read once, for the filters;
+        // the triggers get the images as they are. A record whose value cannot be read is
+        // retried with those after it.
+        let mut apart = std::collections::HashMap::new();
         let mut first_failure: Option<usize> = None;
+        for (i, r) in records.iter().enumerate() {
+            match bus_aws::spill::json_record_values(
+                &self.clients.dynamodb,
+                &self.state_table,
+                &r["dynamodb"],
+            )
+            .await
+            {
+                Ok(None) => {}
+                Ok(Some(values)) => {
+                    apart.insert(i, values);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "a stream record's value stored apart could not be read; retried");
+                    first_failure = Some(i);
+                    break;
+                }
+            }
+        }
+        let readable = first_failure.unwrap_or(records.len());
         for (_, _, t) in &triggers {
             let Some(lambda) = t["lambda"].as_str() else {
                 continue;
             };
-            let picked: Vec<(usize, &Value)> = records
+            let picked: Vec<(usize, &Value)> = records[..readable]
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| state_trigger_picks(&t["config"], r))
+                .filter(|(i, r)| state_trigger_picks_with(&t["config"], r, apart.get(i)))
                 .collect();
             if picked.is_empty() {
                 continue;

@@ -411,6 +411,22 @@ impl Bus for AwsBus {
             .map_err(|e| BusError::EnqueueError(e.to_string()))
     }
 
+    async fn stream_record_values(
+        &self,
+        record: &Value,
+    ) -> Result<Option<(Option<Value>, Option<Value>)>, BusError> {
+        bus_aws::spill::json_record_values(
+            &self.clients.dynamodb,
+            &self.names.state_table(),
+            record,
+        )
+        .await
+        .map_err(|e| BusError::Other {
+            code: "storage_error".into(),
+            message: e.to_string(),
+        })
+    }
+
     async fn retry_later(
         &self,
         event_source_arn: &str,

@@ -83,6 +83,15 @@ pub trait Bus: Send + Sync {
     ) -> Result<(), BusError> {
         Ok(())
     }
+    /// A DynamoDB stream record's values (old, new) when an image of it points to a value
+    /// stored apart (`bus_aws::spill`: over DynamoDB's item size); `None` when its images
+    /// hold their values. Only a bus that reads DynamoDB itself has any to read.
+    async fn stream_record_values(
+        &self,
+        _record: &Value,
+    ) -> Result<Option<(Option<Value>, Option<Value>)>, BusError> {
+        Ok(None)
+    }
 }
 
 /// A bus for a Lambda with no engine to reach: every outbound call fails clearly.
@@ -229,6 +238,12 @@ impl Bus for Watched {
     }
     fn span_target(&self) -> Option<&bus_telemetry::tracing_bridge::SpanTarget> {
         self.inner.span_target()
+    }
+    async fn stream_record_values(
+        &self,
+        record: &Value,
+    ) -> Result<Option<(Option<Value>, Option<Value>)>, BusError> {
+        self.inner.stream_record_values(record).await
     }
     async fn retry_later(
         &self,

@@ -163,6 +163,13 @@ impl Bus for ColocatedBus {
         self.outside.span_target()
     }
 
+    async fn stream_record_values(
+        &self,
+        record: &Value,
+    ) -> Result<Option<(Option<Value>, Option<Value>)>, BusError> {
+        self.outside.stream_record_values(record).await
+    }
+
     async fn retry_later(
         &self,
         event_source_arn: &str,

@@ -212,13 +212,26 @@ async fn handle_stream(worker: &Worker, bus: Arc<dyn Bus>, payload: Value) -> Va
             Some("REMOVE") => "state:deleted",
             _ => continue,
         };
+        // A value over DynamoDB's item size is stored apart: its image names its parts.
+        let (old_value, new_value) = match bus.stream_record_values(&record["dynamodb"]).await {
+            Ok(Some((old, new))) => (old.unwrap_or(Value::Null), new.unwrap_or(Value::Null)),
+            Ok(None) => (
+                image_value(&record, "OldImage"),
+                image_value(&record, "NewImage"),
+            ),
+            Err(e) => {
+                tracing::warn!(sequence_number = %seq, error = %e, "stream record's value not read");
+                // The mapping retries from this record on.
+                return failures(vec![seq]);
+            }
+        };
         let event = json!({
             "type": "state",
             "event_type": event_type,
             "scope": scope,
             "key": key,
-            "old_value": image_value(&record, "OldImage"),
-            "new_value": image_value(&record, "NewImage"),
+            "old_value": old_value,
+            "new_value": new_value,
         });
         let trace = TraceContext::from_headers(
             attr_s(&record, "/dynamodb/NewImage/tp/S"),

@@ -416,3 +416,125 @@ async fn every_write_names_the_values_filled_fields_for_stream_filters() {
     assert_eq!(filled("c").await, ["awaiting_approval", "n", "state"]);
     assert_eq!(filled("d").await, ["state"]);
 }
+
+/// A parked turn record over DynamoDB's item size (a large result waiting beside a call for
+/// approval) is stored apart: its stream image names its parts, not its value. The router's
+/// `changed` filter still sees the parked call once the values are read, and the trigger's
+/// Lambda hands its handler the whole record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_trigger_gets_a_record_stored_apart_whole() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let clients = AwsClients::from_env().await;
+    let names = AwsNames::new(&format!(
+        "sp{}-",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
+    let key = "session/s1/turn_state";
+    let parked = json!({
+        "state": "awaiting_approval",
+        "awaiting_approval": [{"function_call_id": "c2", "function_id": "shell::exec"}],
+        "function_results": [{"role": "function", "content": "x".repeat(500_000)}],
+    });
+    state
+        .set("agent", key, parked.clone(), None, &Default::default())
+        .await
+        .unwrap();
+
+    // The item as the table's stream shows it (NEW_AND_OLD_IMAGES), in a Lambda event's JSON.
+    let item = clients
+        .dynamodb
+        .get_item()
+        .table_name(names.state_table())
+        .key("scope", AttributeValue::S("agent".into()))
+        .key("key", AttributeValue::S(key.into()))
+        .send()
+        .await
+        .unwrap()
+        .item()
+        .cloned()
+        .unwrap();
+    let image: serde_json::Map<String, serde_json::Value> = item
+        .iter()
+        .map(|(name, v)| {
+            let v = match v {
+                AttributeValue::S(s) => json!({"S": s}),
+                AttributeValue::N(n) => json!({"N": n}),
+                AttributeValue::Ss(ss) => json!({"SS": ss}),
+                other => panic!("{name}: {other:?}"),
+            };
+            (name.clone(), v)
+        })
+        .collect();
+    assert!(!image.contains_key("value"), "stored apart: {image:?}");
+    let record = json!({
+        "eventSource": "aws:dynamodb",
+        "eventName": "INSERT",
+        "dynamodb": {
+            "Keys": {"scope": {"S": "agent"}, "key": {"S": key}},
+            "NewImage": image,
+            "SequenceNumber": "100",
+        },
+    });
+
+    // The router's filter: not from the image alone, but from the values read.
+    let config =
+        json!({"scope": "agent", "key": "session/*/turn_state", "changed": "awaiting_approval"});
+    assert!(!engine_gateway::aws::invoke::state_trigger_picks(
+        &config, &record
+    ));
+    let values = engine_gateway::aws::spill::json_record_values(
+        &clients.dynamodb,
+        &names.state_table(),
+        &record["dynamodb"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(values, Some((None, Some(parked.clone()))));
+    assert!(engine_gateway::aws::invoke::state_trigger_picks_with(
+        &config,
+        &record,
+        values.as_ref()
+    ));
+
+    // The trigger's Lambda.
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = got.clone();
+    let worker = harness_sdk::Worker::new("parked")
+        .function(
+            "parked::on",
+            "a parked record",
+            move |_c: Ctx, d: serde_json::Value| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push(d);
+                    Ok(json!(null))
+                }
+            },
+        )
+        .trigger("state", "parked::on", config);
+    let bus: Arc<dyn Bus> = Arc::new(AwsBus::new(clients.clone(), names.clone()));
+    let resp = handle_event(&worker, bus, json!({"Records": [record]}), None).await;
+    assert_eq!(resp, json!({"batchItemFailures": []}), "{resp}");
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["new_value"], parked);
+
+    // An image naming parts that are not there is retried, not handed on empty.
+    let mut broken = record.clone();
+    broken["dynamodb"]["NewImage"]["pg"] = json!({"S": "0123456789abcdef"});
+    let bus: Arc<dyn Bus> = Arc::new(AwsBus::new(clients.clone(), names.clone()));
+    let resp = handle_event(&worker, bus, json!({"Records": [broken]}), None).await;
+    assert_eq!(
+        resp,
+        json!({"batchItemFailures": [{"itemIdentifier": "100"}]}),
+        "{resp}"
+    );
+}

@@ -25,6 +25,10 @@ for t in m["tables"]:
     if t["stream"]:
         args["StreamSpecification"] = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
     ddb.create_table(**args)
+    if t.get("expires"):
+        ddb.get_waiter("table_exists").wait(TableName=t["name"])
+        ddb.update_time_to_live(TableName=t["name"], TimeToLiveSpecification={
+            "AttributeName": t["expires"], "Enabled": True})
 
 for q in m["queues"]:
     fifo = q["type"] == "fifo"

@@ -1,0 +1,246 @@
+//! Values over one DynamoDB item (400 KB; a large tool result, its text and its details)
+//! are stored whole by every write and read back whole by every read, on the selected
+//! backend. On DynamoDB they are stored apart (`bus_aws::spill`): the parts no record points
+//! to any more are marked to expire, and the live ones are not.
+
+use crate::common;
+
+use engine_gateway::server::{self, BackendKind};
+use engine_gateway::state::{ChangeKind, StateError, TxWrite, UpdateOp, WriteMeta};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// About 700 KB of JSON: multibyte text (parts split inside characters), held twice.
+fn large(n: u64) -> Value {
+    let text = format!("{n} é😀 \"quoted\" line\n").repeat(14_000);
+    json!({"n": n, "text": text, "details": {"output": text}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_over_one_dynamodb_item_are_stored_whole_by_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = common::options(dir.path());
+    let b = server::backends(&opts).await.unwrap();
+    let meta = WriteMeta::default();
+    let scope = format!("large-{}", engine_gateway::trace::random_hex(4));
+    assert!(large(1).to_string().len() > 600_000);
+
+    // Unconditional, then conditional over it: each old value comes back whole.
+    let first = b
+        .state
+        .set(&scope, "a", large(1), None, &meta)
+        .await
+        .unwrap();
+    assert_eq!(first.old_value, None);
+    let a = b.state.get(&scope, "a").await.unwrap().unwrap();
+    assert_eq!((&a.value, a.version), (&large(1), first.version));
+    let second = b
+        .state
+        .set(&scope, "a", large(2), Some(a.version), &meta)
+        .await
+        .unwrap();
+    assert_eq!(second.old_value, Some(large(1)));
+    let third = b
+        .state
+        .set(&scope, "a", large(3), None, &meta)
+        .await
+        .unwrap();
+    assert_eq!(third.old_value, Some(large(2)));
+    assert_eq!(third.version, second.version + 1);
+
+    // An update of one field of a large value.
+    let ops: Vec<UpdateOp> =
+        vec![serde_json::from_value(json!({"type": "set", "path": "n", "value": 33})).unwrap()];
+    let updated = b
+        .state
+        .update(&scope, "a", ops, Some(third.version), &meta)
+        .await
+        .unwrap();
+    let mut want = large(3);
+    want["n"] = json!(33);
+    assert_eq!(updated.old_value, Some(large(3)));
+    assert_eq!(b.state.get(&scope, "a").await.unwrap().unwrap().value, want);
+
+    // A page of large and small values.
+    b.state
+        .set(&scope, "b", json!("small"), None, &meta)
+        .await
+        .unwrap();
+    b.state
+        .set(&scope, "c", large(4), Some(0), &meta)
+        .await
+        .unwrap();
+    let (page, more) = b.state.list_page(&scope, None, None, 10).await.unwrap();
+    let listed: Vec<(&str, &Value)> = page.iter().map(|e| (e.key.as_str(), &e.value)).collect();
+    assert_eq!(
+        listed,
+        vec![("a", &want), ("b", &json!("small")), ("c", &large(4))]
+    );
+    assert!(!more);
+
+    // A transaction: a compare-and-set on the large value's content, and a new large record.
+    let at = b.state.get(&scope, "a").await.unwrap().unwrap().version;
+    let mut wrong = large(3);
+    wrong["n"] = json!(34);
+    let cas = |expected: Value| TxWrite {
+        expected_value: Some(expected),
+        ..TxWrite::new(&scope, "a", large(5), Some(at))
+    };
+    let err = b
+        .state
+        .transact(
+            vec![cas(wrong), TxWrite::new(&scope, "d", large(6), Some(0))],
+            &meta,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::ValueConflict { .. }), "{err}");
+    assert!(b.state.get(&scope, "d").await.unwrap().is_none());
+    let versions = b
+        .state
+        .transact(
+            vec![
+                cas(want.clone()),
+                TxWrite::new(&scope, "d", large(6), Some(0)),
+            ],
+            &meta,
+        )
+        .await
+        .unwrap();
+    let a = b.state.get(&scope, "a").await.unwrap().unwrap();
+    assert_eq!((a.value, Some(a.version)), (large(5), versions[0]));
+    assert_eq!(
+        b.state.get(&scope, "d").await.unwrap().unwrap().value,
+        large(6)
+    );
+
+    // Several at once, over large and small records alike (no old images: each record's
+    // way of storing is guarded).
+    b.state
+        .set_many(
+            vec![
+                (scope.clone(), "e".into(), large(7)),
+                (scope.clone(), "a".into(), json!("small again")),
+                (scope.clone(), "b".into(), large(8)),
+            ],
+            &meta,
+        )
+        .await
+        .unwrap();
+    for (key, value) in [
+        ("a", json!("small again")),
+        ("b", large(8)),
+        ("e", large(7)),
+    ] {
+        assert_eq!(
+            b.state.get(&scope, key).await.unwrap().unwrap().value,
+            value,
+            "{key}"
+        );
+    }
+
+    // Deleted: the old value whole.
+    let gone = b.state.delete(&scope, "c", None, &meta).await.unwrap();
+    assert_eq!(gone.old_value, Some(large(4)));
+    assert!(b.state.get(&scope, "c").await.unwrap().is_none());
+
+    // The change feed hands out a large value whole.
+    let mut seen = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.is_none() && tokio::time::Instant::now() < deadline {
+        let batch = b
+            .changes
+            .next_batch(100, Duration::from_millis(300))
+            .await
+            .unwrap();
+        seen = batch
+            .into_iter()
+            .find(|r| r.scope == scope && r.key == "e" && r.kind == ChangeKind::Created);
+    }
+    assert_eq!(
+        seen.expect("e's creation in the feed").new_value,
+        Some(large(7))
+    );
+
+    if opts.backend == BackendKind::Aws {
+        parts_no_record_points_to_are_marked_to_expire(&opts.aws.prefix, &scope).await;
+        let err = b
+            .state
+            .set(&scope, "f", json!("z".repeat(9 << 20)), None, &meta)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most") && err.contains("9437186"), "{err}");
+    }
+}
+
+/// Every part in the table is the live parts of `d`, `e` or `b` (unmarked) or marked to
+/// expire about a day from now.
+async fn parts_no_record_points_to_are_marked_to_expire(prefix: &str, scope: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let clients = engine_gateway::aws::AwsClients::from_env().await;
+    let table = engine_gateway::aws::AwsNames::new(prefix).state_table();
+    let ddb = &clients.dynamodb;
+    let mut live = Vec::new();
+    for key in ["b", "d", "e"] {
+        let head = ddb
+            .get_item()
+            .table_name(&table)
+            .key("scope", AttributeValue::S(scope.into()))
+            .key("key", AttributeValue::S(key.into()))
+            .send()
+            .await
+            .unwrap();
+        let item = head.item().unwrap();
+        assert!(item.get("value").is_none(), "{key} is stored apart");
+        let Some(AttributeValue::S(generation)) = item.get("pg") else {
+            panic!("{key} names its parts: {item:?}");
+        };
+        live.push(format!("$parts/{generation}"));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (mut live_parts, mut retired) = (0, std::collections::BTreeSet::new());
+    let mut start = None;
+    loop {
+        let page = ddb
+            .scan()
+            .table_name(&table)
+            .filter_expression("begins_with(#s, :p)")
+            .expression_attribute_names("#s", "scope")
+            .expression_attribute_values(":p", AttributeValue::S("$parts/".into()))
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .unwrap();
+        for item in page.items() {
+            let Some(AttributeValue::S(part_scope)) = item.get("scope") else {
+                panic!("a part without its scope");
+            };
+            let expires = match item.get("expires") {
+                Some(AttributeValue::N(n)) => Some(n.parse::<u64>().unwrap()),
+                _ => None,
+            };
+            if live.contains(part_scope) {
+                assert_eq!(expires, None, "a live part of {part_scope} is not marked");
+                live_parts += 1;
+            } else {
+                let at = expires.unwrap_or_else(|| panic!("{part_scope} is marked to expire"));
+                assert!(
+                    at > now + 24 * 3600 && at < now + 26 * 3600,
+                    "{at} vs {now}"
+                );
+                retired.insert(part_scope.clone());
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => break,
+        }
+    }
+    assert!(live_parts >= 3 * 2, "{live_parts} live parts");
+    // a: 1, 2, 3, 33 (its update), and the failed transaction's d; c: 4.
+    assert!(retired.len() >= 6, "{retired:?}");
+}
