@@ -55,8 +55,10 @@ pub const CARRIED_MAX_ENTRIES: usize = 16;
 /// The most JSON a carried append's entries hold: a quarter of a transaction, so the writer's
 /// own writes fit beside them.
 pub const CARRIED_MAX_BYTES: usize = TRANSACT_MAX_BYTES / 4;
-/// The most JSON one carried entry holds: well under DynamoDB's 400 KB item, which would
-/// fail the writer's whole transaction (a larger entry goes through the session worker).
+/// The most JSON one carried entry holds: well under DynamoDB's 400 KB item. The AWS store
+/// keeps a larger value apart (bus-aws `spill`: parts written before the transaction), but a
+/// store without that would fail the writer's whole transaction, and the record's save stays
+/// small: a larger entry goes through the session worker.
 pub const CARRIED_MAX_ENTRY_BYTES: usize = 256 * 1024;
 
 /// Whether every entry of `plan` is small enough to be an item of the writer's transaction
