@@ -6,8 +6,10 @@
 //! failed and the run ended `failed`.)
 
 use super::shape::{bring_up, lambda_dir, workdir};
+use futures_util::StreamExt;
 use serde_json::json;
 use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_result_is_kept_whole_through_a_parked_call() {
@@ -79,6 +81,25 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
         "approved"
     );
 
+    // Its end event reached the client, over one WebSocket message's 128 KB with its result
+    // omitted (read whole from the stored events).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    while let Ok(Some(Ok(Message::Text(t)))) =
+        tokio::time::timeout(Duration::from_millis(200), s.ws.next()).await
+    {
+        s.pushed.push(serde_json::from_str(&t).unwrap());
+    }
+    let end = s
+        .pushed
+        .iter()
+        .filter(|p| p["type"] == "streamevent" && p["group_id"] == sid)
+        .map(|p| &p["event"]["data"])
+        .find(|e| e["type"] == "function_execution_end" && e["function_call_id"] == "r1")
+        .unwrap_or_else(|| panic!("r1's end was pushed: {:?}", s.pushed));
+    assert!(
+        end["result"]["omitted"]["bytes"].as_u64() > Some(250_000),
+        "{end}"
+    );
     // The result's entry is stored apart.
     let table = engine_gateway::aws::AwsNames::new(&prefix).state_table();
     // (A scan reads 1 MB a page before it filters.)

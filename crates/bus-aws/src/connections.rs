@@ -39,6 +39,8 @@ type Recipient = (String, bool);
 /// Most bytes of events in one `streamevents` post: an API Gateway WebSocket message holds
 /// 128 KiB; the rest is the envelope's room.
 pub const BATCH_MAX_BYTES: usize = 96 * 1024;
+/// What API Gateway takes in one WebSocket message; a larger post is refused.
+pub const MESSAGE_MAX_BYTES: usize = 128 * 1024;
 
 type SubscriberCache = HashMap<(String, String), (Instant, Vec<Subscriber>)>;
 
@@ -285,9 +287,22 @@ impl<'a> StreamEvent<'a> {
         }
     }
 
-    /// The engine's `streamevent` message.
+    /// The engine's `streamevent` message. One that would pass [`MESSAGE_MAX_BYTES`] (a
+    /// large tool result) goes with its largest fields replaced by what they were
+    /// ([`fit_data`]): the client hears of the event, and reads it whole from the stream's
+    /// stored items.
     pub fn message(&self) -> Value {
-        json!({"type": "streamevent", "stream_name": self.stream, "group_id": self.group, "item_id": self.item, "event": {"type": self.event_type, "data": self.data}})
+        let message = |data: &Value| json!({"type": "streamevent", "stream_name": self.stream, "group_id": self.group, "item_id": self.item, "event": {"type": self.event_type, "data": data}});
+        let whole = message(self.data);
+        let bytes = whole.to_string().len();
+        if bytes <= MESSAGE_MAX_BYTES {
+            return whole;
+        }
+        let envelope = bytes - self.data.to_string().len();
+        message(&fit_data(
+            self.data,
+            MESSAGE_MAX_BYTES.saturating_sub(envelope),
+        ))
     }
 
     /// A `streamevents` message of `run` (events of one stream group, in order).
@@ -303,6 +318,36 @@ impl<'a> StreamEvent<'a> {
     /// About what the event takes in a message (its data's JSON and its names).
     fn size(&self) -> usize {
         self.data.to_string().len() + self.item.len() + self.event_type.len() + 48
+    }
+}
+
+/// `data` in at most `budget` bytes of JSON: its largest top-level fields, one by one, become
+/// `{"omitted": {"bytes": n}}` (n: the field's JSON) until the rest fits; data that is not an
+/// object, or whose field names alone pass the budget, becomes that marker whole.
+pub fn fit_data(data: &Value, budget: usize) -> Value {
+    let omitted = |v: &Value| json!({"omitted": {"bytes": v.to_string().len()}});
+    let Some(fields) = data.as_object() else {
+        return omitted(data);
+    };
+    let mut sizes: Vec<(&String, usize)> = fields
+        .iter()
+        .map(|(k, v)| (k, v.to_string().len()))
+        .collect();
+    sizes.sort_by(|a, b| b.1.cmp(&a.1));
+    let mut out = fields.clone();
+    let mut total = data.to_string().len();
+    for (name, size) in sizes {
+        if total <= budget {
+            return Value::Object(out);
+        }
+        let marker = omitted(&fields[name]);
+        total = total + marker.to_string().len() - size;
+        out.insert(name.clone(), marker);
+    }
+    if total <= budget {
+        Value::Object(out)
+    } else {
+        omitted(data)
     }
 }
 
@@ -522,6 +567,48 @@ mod tests {
                 ));
             }
         }
+    }
+
+    #[test]
+    fn an_event_over_one_websocket_message_goes_with_its_largest_fields_omitted() {
+        let result = json!({"content": "\"x\"".repeat(100_000)});
+        let data = json!({"type": "function_execution_end", "function_call_id": "c1", "is_error": false, "result": result});
+        let event = StreamEvent {
+            stream: "agent::events",
+            group: "s1",
+            item: "e7",
+            event_type: "create",
+            data: &data,
+        };
+        let m = event.message();
+        assert!(
+            m.to_string().len() <= MESSAGE_MAX_BYTES,
+            "{}",
+            m.to_string().len()
+        );
+        let sent = &m["event"]["data"];
+        assert_eq!(sent["function_call_id"], "c1");
+        assert_eq!(sent["is_error"], false);
+        assert_eq!(
+            sent["result"],
+            json!({"omitted": {"bytes": result.to_string().len()}})
+        );
+        assert_eq!(m["item_id"], "e7", "the stored item to read it whole from");
+        // What fits goes whole; what has no fields to drop goes as one marker.
+        let small = json!({"type": "x", "n": 1});
+        assert_eq!(fit_data(&small, 1000), small);
+        let text = json!("y".repeat(200_000));
+        assert_eq!(
+            fit_data(&text, 1000),
+            json!({"omitted": {"bytes": 200_002}})
+        );
+        // Many medium fields: the largest go first, until the rest fits.
+        let many: serde_json::Map<String, Value> = (0..40)
+            .map(|i| (format!("f{i:02}"), json!("z".repeat(4_000 + i * 10))))
+            .collect();
+        let fitted = fit_data(&Value::Object(many), 100_000);
+        assert!(fitted.to_string().len() <= 100_000);
+        assert!(fitted["f39"]["omitted"].is_object() && fitted["f00"].is_string());
     }
 
     #[test]
