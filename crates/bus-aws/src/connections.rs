@@ -333,7 +333,7 @@ pub fn fit_data(data: &Value, budget: usize) -> Value {
         .iter()
         .map(|(k, v)| (k, v.to_string().len()))
         .collect();
-    sizes.sort_by(|a, b| b.1.cmp(&a.1));
+    sizes.sort_by_key(|s| std::cmp::Reverse(s.1));
     let mut out = fields.clone();
     let mut total = data.to_string().len();
     for (name, size) in sizes {
