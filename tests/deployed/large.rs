@@ -6,7 +6,7 @@
 //! failed and the run ended `failed`.)
 
 use super::shape::{bring_up, lambda_dir, workdir};
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
@@ -30,6 +30,15 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
         {"when": "results>=2", "text": "Read and written."}
     ]}))
     .unwrap();
+    // A console page of its own engine, admitted by the deployment's AllowedOrigins.
+    let page_dir = tempfile::tempdir().unwrap();
+    let page_engine = engine_gateway::server::start(
+        &engine_gateway::server::ServeOptions::for_data_dir(page_dir.path().to_path_buf()),
+    )
+    .await
+    .unwrap();
+    let page_url = page_engine.console_url();
+    let origin = page_url.trim_end_matches('/').to_string();
     let mut s = bring_up(
         dir,
         &prefix,
@@ -41,7 +50,11 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
                 "version: 1\nrules:\n  - {function: \"fs::read\", action: allow, read_only: true}\n",
             ),
         ],
-        &[("SlackApprovers", "U123"), ("Workspace", "shared")],
+        &[
+            ("SlackApprovers", "U123"),
+            ("Workspace", "shared"),
+            ("AllowedOrigins", &origin),
+        ],
     )
     .await;
     let slack = s
@@ -145,7 +158,73 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
         e.key.contains(sid) && text.contains(&format!("END-{prefix}")) && text.len() > 250_000
     });
     assert!(whole, "the read's whole result is in the session's entries");
+
+    // The history as the console reads it: over one WebSocket message, so in parts for a
+    // caller that asks for them, and an error naming its size for one that does not.
+    s.ws.send(Message::text(
+        json!({"type": "invokefunction", "invocation_id": "h1", "function_id": "session-tree::messages", "data": {"session_id": sid}, "accept_parts": true})
+            .to_string(),
+    ))
+    .await
+    .unwrap();
+    let mut parts: Vec<Option<String>> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while parts.is_empty() || parts.iter().any(Option::is_none) {
+        let next = tokio::time::timeout_at(deadline, s.ws.next())
+            .await
+            .expect("the history's parts in time");
+        let Some(Ok(Message::Text(t))) = next else {
+            continue;
+        };
+        let m: serde_json::Value = serde_json::from_str(&t).unwrap();
+        if m["invocation_id"] != "h1" {
+            s.pushed.push(m);
+            continue;
+        }
+        assert_eq!(m["type"], "invocationresultpart", "{m}");
+        assert!(t.len() <= 128 * 1024, "a part fits one message");
+        let count = m["count"].as_u64().unwrap() as usize;
+        parts.resize(count, None);
+        parts[m["index"].as_u64().unwrap() as usize] =
+            Some(m["text"].as_str().unwrap().to_string());
+    }
+    assert!(parts.len() > 1, "{} parts", parts.len());
+    let whole: serde_json::Value =
+        serde_json::from_str(&parts.into_iter().map(Option::unwrap).collect::<String>()).unwrap();
+    assert_eq!(whole["type"], "invocationresult");
+    assert!(
+        whole["result"]["messages"]
+            .to_string()
+            .contains(&format!("END-{prefix}")),
+        "the whole file is in the history's answer"
+    );
+    let r = s
+        .invoke("h2", "session-tree::messages", json!({"session_id": sid}))
+        .await;
+    assert_eq!(r["error"]["code"], "payload_too_large", "{r}");
+
+    // The console opens the session: its history comes in parts, put together by the page.
+    if let Some(console) = super::browser_kit() {
+        let out = tokio::process::Command::new("node")
+            .arg(console.join("history.mjs"))
+            .env("PAGE_URL", &page_url)
+            .env("ENGINE_URL", &s.deployed.url)
+            .env("ENGINE_TOKEN", &s.deployed.token)
+            .env("SESSION", sid)
+            .env("MARKER", format!("END-{prefix}"))
+            .output()
+            .await
+            .expect("node runs");
+        let text = format!(
+            "{}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("console opens a large history: ok"), "{text}");
+    }
     let _ = std::fs::remove_file(workdir().join(&file));
     let _ = std::fs::remove_file(workdir().join(&written));
     s.deployed.shutdown();
+    page_engine.shutdown().await;
 }

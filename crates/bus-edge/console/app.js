@@ -134,6 +134,23 @@ class Bus {
         if (msg.error) p.reject(msg.error); else p.resolve(msg.result ?? null);
         break;
       }
+      // An answer over one WebSocket message (the deployed API Gateway's 128 KB), in parts
+      // of its JSON text: kept with its call, whole once every part came.
+      case "invocationresultpart": {
+        const p = this.pending.get(msg.invocation_id);
+        const count = msg.count, index = msg.index;
+        if (!p || !Number.isInteger(count) || !Number.isInteger(index) || count < 1 || count > 128
+          || index < 0 || index >= count || typeof msg.text !== "string") return;
+        if (!p.parts || p.parts.length !== count) { p.parts = new Array(count).fill(null); p.got = 0; }
+        if (p.parts[index] === null) p.got += 1;
+        p.parts[index] = msg.text;
+        if (p.got === count) {
+          const whole = p.parts.join("");
+          p.parts = null;
+          this.receive(whole);
+        }
+        break;
+      }
       case "streamevent": this.dispatch(msg); break;
       case "streamevents": {
         const events = Array.isArray(msg.events) ? msg.events : [];
@@ -167,7 +184,7 @@ class Bus {
       }, timeoutMs);
       this.pending.set(id, { resolve, reject, timer });
       try {
-        this.send({ type: "invokefunction", invocation_id: id, function_id: functionId, data: data || {}, timeout_ms: timeoutMs });
+        this.send({ type: "invokefunction", invocation_id: id, function_id: functionId, data: data || {}, timeout_ms: timeoutMs, accept_parts: true });
       } catch (e) {
         clearTimeout(timer);
         this.pending.delete(id);

@@ -387,14 +387,15 @@ impl AwsRouter {
                 {
                     tracing::warn!(error = %e, connection, "cannot post workerregistered");
                 }
-                let reply = self
-                    .route(connection, event["body"].as_str().unwrap_or(""))
-                    .await;
-                if let Some(reply) = reply.map(fit_message)
-                    && let Err(e) = self.post(connection, &reply).await
-                {
-                    tracing::error!(error = %e, connection, "cannot post to the connection");
-                    return status(500);
+                let body = event["body"].as_str().unwrap_or("");
+                let Some(reply) = self.route(connection, body).await else {
+                    return status(200);
+                };
+                for message in fit_or_split(reply, || asks_for_parts(body)) {
+                    if let Err(e) = self.post(connection, &message).await {
+                        tracing::error!(error = %e, connection, "cannot post to the connection");
+                        return status(500);
+                    }
                 }
                 status(200)
             }
@@ -634,6 +635,60 @@ impl AwsRouter {
 
 /// What API Gateway accepts in one WebSocket message.
 pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
+/// How much of an answer's JSON text one `invocationresultpart` carries (escaped inside the
+/// part as a JSON string, with room for the envelope).
+pub const PART_TEXT_BYTES: usize = 96 * 1024;
+/// The most parts one answer is sent in (a Lambda's answer is at most 6 MB).
+pub const MAX_PARTS: usize = 128;
+
+/// Whether the `invokefunction` in `body` asked for a large answer in parts
+/// (`"accept_parts": true`, PROTOCOL.md).
+fn asks_for_parts(body: &str) -> bool {
+    serde_json::from_str::<Value>(body).is_ok_and(|m| m["accept_parts"] == true)
+}
+
+/// The messages that carry `reply`: itself when it fits one WebSocket message; an answer
+/// that does not, in `invocationresultpart` messages when the call asked for them
+/// (`accepts_parts`), else an error answer naming its size ([`fit_message`]).
+pub fn fit_or_split(reply: Value, accepts_parts: impl FnOnce() -> bool) -> Vec<Value> {
+    let text = reply.to_string();
+    if text.len() <= MAX_MESSAGE_BYTES || reply["type"] != "invocationresult" || !accepts_parts() {
+        return vec![fit_message(reply)];
+    }
+    let slices = json_string_slices(&text, PART_TEXT_BYTES);
+    if slices.len() > MAX_PARTS {
+        return vec![fit_message(reply)];
+    }
+    let count = slices.len();
+    slices
+        .into_iter()
+        .enumerate()
+        .map(|(index, slice)| json!({"type": "invocationresultpart", "invocation_id": reply["invocation_id"], "index": index, "count": count, "text": slice}))
+        .collect()
+}
+
+/// `text` cut at character boundaries into slices whose JSON string encoding (quotes and
+/// backslashes escaped, control characters as `\uXXXX`) takes at most `budget` bytes.
+fn json_string_slices(text: &str, budget: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut used) = (0, 0);
+    for (i, c) in text.char_indices() {
+        let cost = match c {
+            '"' | '\\' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        if used + cost > budget && i > start {
+            out.push(&text[start..i]);
+            (start, used) = (i, 0);
+        }
+        used += cost;
+    }
+    if start < text.len() {
+        out.push(&text[start..]);
+    }
+    out
+}
 
 /// An answer that would not fit one WebSocket message becomes an error answer naming its
 /// size, so the caller hears back instead of waiting out its timeout.

@@ -268,3 +268,42 @@ fn a_subscriptions_batch_must_be_a_boolean() {
         );
     }
 }
+
+#[test]
+fn a_large_answer_goes_in_parts_to_a_caller_that_asked_for_them() {
+    // Text that JSON escapes (quotes, backslashes, a control character) and multibyte text.
+    let content = "\"C:\\dir\" é😀 \u{1} line\n".repeat(20_000);
+    let reply = json!({"type": "invocationresult", "invocation_id": "c7", "function_id": "session-tree::messages", "result": {"messages": [{"content": content}]}});
+    let text = reply.to_string();
+    assert!(text.len() > 3 * MAX_MESSAGE_BYTES);
+
+    let parts = fit_or_split(reply.clone(), || true);
+    assert!(parts.len() > 3, "{}", parts.len());
+    let mut joined = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        assert!(part.to_string().len() <= MAX_MESSAGE_BYTES, "part {i}");
+        assert_eq!(part["type"], "invocationresultpart");
+        assert_eq!(part["invocation_id"], "c7");
+        assert_eq!(
+            (part["index"].as_u64(), part["count"].as_u64()),
+            (Some(i as u64), Some(parts.len() as u64))
+        );
+        joined.push_str(part["text"].as_str().unwrap());
+    }
+    assert_eq!(joined, text, "the parts are the answer's text, in order");
+    assert_eq!(serde_json::from_str::<Value>(&joined).unwrap(), reply);
+
+    // A caller that did not ask hears the size, as before; a small answer goes whole.
+    let refused = fit_or_split(reply, || false);
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        refused[0]["error"]["code"], "payload_too_large",
+        "{}",
+        refused[0]
+    );
+    let small = json!({"type": "invocationresult", "invocation_id": "c8", "result": 1});
+    assert_eq!(
+        fit_or_split(small.clone(), || panic!("not asked")),
+        vec![small]
+    );
+}
