@@ -171,7 +171,56 @@ async fn values_over_one_dynamodb_item_are_stored_whole_by_every_write() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("at most") && err.contains("9437186"), "{err}");
+        // A part changed behind the store's back is refused by name, not read as the value.
+        corrupt_a_part_of(&opts.aws.prefix, &scope, "d").await;
+        let err = b.state.get(&scope, "d").await.unwrap_err().to_string();
+        assert!(err.contains("does not match its digest"), "{err}");
     }
+}
+
+/// Flip one byte of the first part of `key`'s value (same length, still UTF-8).
+async fn corrupt_a_part_of(prefix: &str, scope: &str, key: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let clients = engine_gateway::aws::AwsClients::from_env().await;
+    let table = engine_gateway::aws::AwsNames::new(prefix).state_table();
+    let head = clients
+        .dynamodb
+        .get_item()
+        .table_name(&table)
+        .key("scope", AttributeValue::S(scope.into()))
+        .key("key", AttributeValue::S(key.into()))
+        .send()
+        .await
+        .unwrap();
+    let Some(AttributeValue::S(generation)) = head.item().unwrap().get("pg") else {
+        panic!("{key} is stored apart");
+    };
+    let part = (format!("$parts/{generation}"), "0".to_string());
+    let item = clients
+        .dynamodb
+        .get_item()
+        .table_name(&table)
+        .key("scope", AttributeValue::S(part.0.clone()))
+        .key("key", AttributeValue::S(part.1.clone()))
+        .send()
+        .await
+        .unwrap();
+    let Some(AttributeValue::B(bytes)) = item.item().unwrap().get("b") else {
+        panic!("a part holds bytes");
+    };
+    let mut bytes = bytes.clone().into_inner();
+    let at = bytes.iter().position(|b| *b == b'l').expect("a letter l");
+    bytes[at] = b'L';
+    clients
+        .dynamodb
+        .put_item()
+        .table_name(&table)
+        .item("scope", AttributeValue::S(part.0))
+        .item("key", AttributeValue::S(part.1))
+        .item("b", AttributeValue::B(bytes.into()))
+        .send()
+        .await
+        .unwrap();
 }
 
 /// Every part in the table is the live parts of `d`, `e` or `b` (unmarked) or marked to

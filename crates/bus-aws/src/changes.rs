@@ -77,7 +77,8 @@ async fn image_value(
         Some(AttributeValue::N(n)) => Some(n.as_str()),
         _ => None,
     };
-    match spill::parts_of(text(img, spill::GENERATION).as_deref(), count)? {
+    let (generation, digest) = (text(img, spill::GENERATION), text(img, spill::DIGEST));
+    match spill::parts_of(generation.as_deref(), count, digest.as_deref())? {
         Some(parts) => spill::read_parts(ddb, table, &parts).await.map(Some),
         None => Ok(None),
     }

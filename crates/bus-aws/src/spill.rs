@@ -60,6 +60,8 @@ pub enum Body {
 pub struct Parts {
     pub generation: String,
     pub count: usize,
+    /// The value's text's SHA-256 (`vh`), checked when the parts are read.
+    pub digest: Option<String>,
 }
 
 impl Parts {
@@ -86,12 +88,14 @@ impl Body {
                 text.len()
             )));
         }
+        let digest = digest(&text);
         Ok(Self::Apart {
             parts: Parts {
                 generation: bus_telemetry::trace::random_hex(16),
                 count: text.len().div_ceil(PART_BYTES),
+                digest: Some(digest.clone()),
             },
-            digest: digest(&text),
+            digest,
             text,
         })
     }
@@ -162,10 +166,11 @@ fn storage(e: impl std::fmt::Display) -> StateError {
     StateError::Storage(e.to_string())
 }
 
-/// Where the parts are, from a record's `pg` and `np` (text, as any image holds them).
+/// Where the parts are, from a record's `pg`, `np` and `vh` (text, as any image holds them).
 pub fn parts_of(
     generation: Option<&str>,
     count: Option<&str>,
+    digest: Option<&str>,
 ) -> Result<Option<Parts>, StateError> {
     let (Some(generation), Some(count)) = (generation, count) else {
         return Ok(None);
@@ -183,12 +188,17 @@ pub fn parts_of(
     Ok(Some(Parts {
         generation: generation.to_string(),
         count,
+        digest: digest.map(str::to_owned),
     }))
 }
 
 /// Where a stream image's parts are (the Lambda event's JSON form of an item).
 pub fn parts_in_json_image(image: &Value) -> Result<Option<Parts>, StateError> {
-    parts_of(image[GENERATION]["S"].as_str(), image[COUNT]["N"].as_str())
+    parts_of(
+        image[GENERATION]["S"].as_str(),
+        image[COUNT]["N"].as_str(),
+        image[DIGEST]["S"].as_str(),
+    )
 }
 
 /// Whether a stream image (the Lambda event's JSON form) points to parts.
@@ -245,7 +255,8 @@ pub fn decode_head(item: &Item) -> Result<Option<Head>, StateError> {
         Some(AttributeValue::N(n)) => Some(n.as_str()),
         _ => None,
     };
-    Ok(parts_of(text(GENERATION), text(COUNT))?.map(|parts| Head::Apart { version, parts }))
+    Ok(parts_of(text(GENERATION), text(COUNT), text(DIGEST))?
+        .map(|parts| Head::Apart { version, parts }))
 }
 
 /// Write `body`'s parts (before the record's item that points to them); nothing for an
@@ -311,6 +322,14 @@ pub async fn read_parts(
         chunks[i] = bytes;
     }
     let text = chunks.concat();
+    if let Some(want) = &parts.digest
+        && bus::hash::hex(&Sha256::digest(&text)) != *want
+    {
+        return Err(storage(format!(
+            "the value stored apart as {} × {} does not match its digest",
+            parts.generation, parts.count
+        )));
+    }
     serde_json::from_slice(&text).map_err(|e| {
         storage(format!(
             "the value stored apart as {} × {} is corrupt: {e}",
@@ -393,17 +412,18 @@ mod tests {
         assert_eq!(head.parts().unwrap().count, 3);
         for (generation, count) in [("ab12", "0"), ("ab12", "1000"), ("../x", "1"), ("ab", "-1")] {
             assert!(
-                parts_of(Some(generation), Some(count)).is_err(),
+                parts_of(Some(generation), Some(count), None).is_err(),
                 "{generation} {count}"
             );
         }
         assert!(decode_head(&Item::new()).unwrap().is_none());
-        let image = json!({"pg": {"S": "ff"}, "np": {"N": "2"}});
+        let image = json!({"pg": {"S": "ff"}, "np": {"N": "2"}, "vh": {"S": "ab"}});
         assert_eq!(
             parts_in_json_image(&image).unwrap(),
             Some(Parts {
                 generation: "ff".into(),
-                count: 2
+                count: 2,
+                digest: Some("ab".into()),
             })
         );
     }
