@@ -360,3 +360,75 @@ async fn the_router_lambda_behind_the_emulated_api() {
     }
     router.shutdown();
 }
+
+/// The router's stream handler with records whose values are stored apart (bus-aws `spill`):
+/// it reads them for its filters, and a record whose parts cannot be read is reported as the
+/// batch's first failure (the mapping retries from it), after the records before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_router_reads_records_stored_apart_and_retries_from_one_it_cannot() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use engine_gateway::state::StateStore;
+    if !engine_gateway::server::aws_test_backend() {
+        eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
+        return;
+    }
+    let prefix = format!("sr{}-", engine_gateway::trace::random_hex(4));
+    let names = engine_gateway::aws::AwsNames::new(&prefix);
+    let clients = engine_gateway::aws::AwsClients::from_env().await;
+    engine_gateway::aws::resources::ensure_all(&clients, &names)
+        .await
+        .unwrap();
+    let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
+    let key = "session/s1/turn_state";
+    let parked = json!({"awaiting_approval": [{"function_call_id": "c1"}], "function_results": ["x".repeat(450_000)]});
+    state
+        .set("agent", key, parked, None, &Default::default())
+        .await
+        .unwrap();
+    let item = clients
+        .dynamodb
+        .get_item()
+        .table_name(names.state_table())
+        .key("scope", AttributeValue::S("agent".into()))
+        .key("key", AttributeValue::S(key.into()))
+        .send()
+        .await
+        .unwrap()
+        .item()
+        .cloned()
+        .unwrap();
+    let image: serde_json::Map<String, Value> = item
+        .iter()
+        .filter_map(|(name, v)| {
+            let v = match v {
+                AttributeValue::S(s) => json!({"S": s}),
+                AttributeValue::N(n) => json!({"N": n}),
+                AttributeValue::Ss(ss) => json!({"SS": ss}),
+                _ => return None,
+            };
+            Some((name.clone(), v))
+        })
+        .collect();
+    assert!(image.contains_key("pg") && !image.contains_key("value"));
+    let record = |seq: &str, image: Value| json!({"eventName": "INSERT", "eventSource": "aws:dynamodb", "dynamodb": {"Keys": {"scope": {"S": "agent"}, "key": {"S": key}}, "NewImage": image, "SequenceNumber": seq}});
+    let small = json!({"value": {"S": "{\"n\":1}"}, "version": {"N": "1"}});
+    let mut missing = Value::Object(image.clone());
+    missing["pg"] = json!({"S": "00ff00ff00ff00ff"});
+    let router = engine_aws::router::AwsRouter::new(
+        clients.clone(),
+        &names,
+        "http://127.0.0.1:9/local",
+        engine_aws::router::ConnectToken::Fixed("t".into()),
+    );
+    let readable =
+        json!({"Records": [record("1", small.clone()), record("2", Value::Object(image.clone()))]});
+    assert_eq!(
+        router.stream(&readable).await,
+        json!({"batchItemFailures": []})
+    );
+    let one_unreadable = json!({"Records": [record("1", small.clone()), record("2", Value::Object(image)), record("3", missing), record("4", small)]});
+    assert_eq!(
+        router.stream(&one_unreadable).await,
+        json!({"batchItemFailures": [{"itemIdentifier": "3"}]})
+    );
+}
