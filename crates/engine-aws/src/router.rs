@@ -649,15 +649,24 @@ fn asks_for_parts(body: &str) -> bool {
 
 /// The messages that carry `reply`: itself when it fits one WebSocket message; an answer
 /// that does not, in `invocationresultpart` messages when the call asked for them
-/// (`accepts_parts`), else an error answer naming its size ([`fit_message`]).
+/// (`accepts_parts`), else an error answer naming its size ([`fit_message`]). Most replies
+/// are far under the limit, and their bound says so without writing their JSON.
 pub fn fit_or_split(reply: Value, accepts_parts: impl FnOnce() -> bool) -> Vec<Value> {
+    if reply["type"] != "invocationresult"
+        || bus::state::json_len_bound(&reply) <= MAX_MESSAGE_BYTES
+    {
+        return vec![reply];
+    }
     let text = reply.to_string();
-    if text.len() <= MAX_MESSAGE_BYTES || reply["type"] != "invocationresult" || !accepts_parts() {
-        return vec![fit_message(reply)];
+    if text.len() <= MAX_MESSAGE_BYTES {
+        return vec![reply];
+    }
+    if !accepts_parts() {
+        return vec![too_large(&reply, text.len())];
     }
     let slices = json_string_slices(&text, PART_TEXT_BYTES);
     if slices.len() > MAX_PARTS {
-        return vec![fit_message(reply)];
+        return vec![too_large(&reply, text.len())];
     }
     let count = slices.len();
     slices
@@ -697,6 +706,11 @@ pub fn fit_message(reply: Value) -> Value {
     if size <= MAX_MESSAGE_BYTES || reply["type"] != "invocationresult" {
         return reply;
     }
+    too_large(&reply, size)
+}
+
+/// The error answer that names the size of an answer too large for one message.
+fn too_large(reply: &Value, size: usize) -> Value {
     json!({
         "type": "invocationresult",
         "invocation_id": reply["invocation_id"],
