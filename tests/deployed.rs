@@ -611,6 +611,63 @@ fn browser_kit() -> Option<std::path::PathBuf> {
     Some(console)
 }
 
+/// A console page served by an engine of its own, to sign in to a deployed API (which admits
+/// its `origin` through the template's AllowedOrigins).
+struct ConsolePage {
+    engine: engine_gateway::server::RunningServer,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl ConsolePage {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_gateway::server::start(
+            &engine_gateway::server::ServeOptions::for_data_dir(dir.path().to_path_buf()),
+        )
+        .await
+        .unwrap();
+        let url = engine.console_url();
+        Self {
+            engine,
+            url,
+            _dir: dir,
+        }
+    }
+
+    fn origin(&self) -> String {
+        self.url.trim_end_matches('/').to_string()
+    }
+
+    /// Run the browser script `script` of `console` (tests/console) on this page against the
+    /// deployed API of `s`, with `env` besides; it must succeed and print `ok`.
+    async fn run(
+        &self,
+        console: &std::path::Path,
+        script: &str,
+        s: &shape::Shape,
+        env: &[(&str, &str)],
+        ok: &str,
+    ) {
+        let out = tokio::process::Command::new("node")
+            .arg(console.join(script))
+            .env("PAGE_URL", &self.url)
+            .env("ENGINE_URL", &s.deployed.url)
+            .env("ENGINE_TOKEN", &s.deployed.token)
+            .envs(env.iter().copied())
+            .output()
+            .await
+            .expect("node runs");
+        let text = format!(
+            "{}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains(ok), "{text}");
+    }
+}
+
 /// The web console drives the deployed WebSocket API: served by an engine of its own, it
 /// signs in to the deployed API with its URL and token (the deployment admits the page's
 /// origin through the template's AllowedOrigins and refuses others), starts a session with
@@ -620,14 +677,8 @@ fn browser_kit() -> Option<std::path::PathBuf> {
 async fn the_console_drives_the_deployed_websocket_api() {
     let Some(dir) = lambda_dir() else { return };
     let Some(console) = browser_kit() else { return };
-    let page_dir = tempfile::tempdir().unwrap();
-    let page_engine = engine_gateway::server::start(
-        &engine_gateway::server::ServeOptions::for_data_dir(page_dir.path().to_path_buf()),
-    )
-    .await
-    .unwrap();
-    let page_url = page_engine.console_url();
-    let origin = page_url.trim_end_matches('/').to_string();
+    let page = ConsolePage::start().await;
+    let origin = page.origin();
     let prefix = format!("dc{}-", engine_gateway::trace::random_hex(4));
     let cassette = Cassette {
         turns: vec![
@@ -660,30 +711,20 @@ async fn the_console_drives_the_deployed_websocket_api() {
     let refused = tokio_tungstenite::connect_async(req).await;
     assert!(refused.is_err(), "a foreign origin is refused");
 
-    let out = tokio::process::Command::new("node")
-        .arg(console.join("deployed.mjs"))
-        .env("PAGE_URL", &page_url)
-        .env("ENGINE_URL", &s.deployed.url)
-        .env("ENGINE_TOKEN", &s.deployed.token)
-        .output()
-        .await
-        .expect("node runs");
-    let text = format!(
-        "{}\n--- stderr\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("console against the deployed shape: ok"),
-        "{text}"
-    );
+    page.run(
+        &console,
+        "deployed.mjs",
+        &s,
+        &[],
+        "console against the deployed shape: ok",
+    )
+    .await;
     assert_eq!(
         std::fs::read_to_string(workdir().join(format!("console-{prefix}txt"))).unwrap(),
         "from the console"
     );
     s.deployed.shutdown();
-    page_engine.shutdown().await;
+    page.engine.shutdown().await;
 }
 
 /// The mcp Lambda: a streamable HTTP MCP server (server-everything) listed in the template's

@@ -178,24 +178,39 @@ async fn values_over_one_dynamodb_item_are_stored_whole_by_every_write() {
     }
 }
 
-/// Flip one byte of the first part of `key`'s value (same length, still UTF-8).
-async fn corrupt_a_part_of(prefix: &str, scope: &str, key: &str) {
+/// The partition of the parts of `key`'s value, which must be stored apart.
+async fn parts_scope_of(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    scope: &str,
+    key: &str,
+) -> String {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let clients = engine_gateway::aws::AwsClients::from_env().await;
-    let table = engine_gateway::aws::AwsNames::new(prefix).state_table();
-    let head = clients
-        .dynamodb
+    let head = ddb
         .get_item()
-        .table_name(&table)
+        .table_name(table)
         .key("scope", AttributeValue::S(scope.into()))
         .key("key", AttributeValue::S(key.into()))
         .send()
         .await
         .unwrap();
-    let Some(AttributeValue::S(generation)) = head.item().unwrap().get("pg") else {
-        panic!("{key} is stored apart");
+    let item = head.item().unwrap();
+    assert!(item.get("value").is_none(), "{key} is stored apart");
+    let Some(AttributeValue::S(generation)) = item.get("pg") else {
+        panic!("{key} names its parts: {item:?}");
     };
-    let part = (format!("$parts/{generation}"), "0".to_string());
+    format!("$parts/{generation}")
+}
+
+/// Flip one byte of the first part of `key`'s value (same length, still UTF-8).
+async fn corrupt_a_part_of(prefix: &str, scope: &str, key: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let clients = engine_gateway::aws::AwsClients::from_env().await;
+    let table = engine_gateway::aws::AwsNames::new(prefix).state_table();
+    let part = (
+        parts_scope_of(&clients.dynamodb, &table, scope, key).await,
+        "0".to_string(),
+    );
     let item = clients
         .dynamodb
         .get_item()
@@ -232,20 +247,7 @@ async fn parts_no_record_points_to_are_marked_to_expire(prefix: &str, scope: &st
     let ddb = &clients.dynamodb;
     let mut live = Vec::new();
     for key in ["b", "d", "e"] {
-        let head = ddb
-            .get_item()
-            .table_name(&table)
-            .key("scope", AttributeValue::S(scope.into()))
-            .key("key", AttributeValue::S(key.into()))
-            .send()
-            .await
-            .unwrap();
-        let item = head.item().unwrap();
-        assert!(item.get("value").is_none(), "{key} is stored apart");
-        let Some(AttributeValue::S(generation)) = item.get("pg") else {
-            panic!("{key} names its parts: {item:?}");
-        };
-        live.push(format!("$parts/{generation}"));
+        live.push(parts_scope_of(ddb, &table, scope, key).await);
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -6,30 +6,12 @@
 // Lambdas, the approval through the DynamoDB stream trigger.
 //   PAGE_URL  where the console page is served    ENGINE_URL, ENGINE_TOKEN  the deployed API
 import assert from "node:assert/strict";
-import { chromium } from "playwright-core";
+import { wait, withSignedInPage } from "./deployed-page.mjs";
 
-const { PAGE_URL, ENGINE_URL, ENGINE_TOKEN } = process.env;
-assert.ok(PAGE_URL && ENGINE_URL && ENGINE_TOKEN, "PAGE_URL, ENGINE_URL and ENGINE_TOKEN are required");
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-const wait = { timeout: 90000 };
-try {
-  const page = await browser.newPage();
-  const errors = [];
-  page.on("pageerror", (e) => errors.push(String(e)));
-  // The console subscribes with `batch`: a step's stored events come in `streamevents`.
-  let batches = 0;
-  page.on("websocket", (ws) => ws.on("framereceived", (f) => {
-    if (typeof f.payload === "string" && f.payload.includes('"type":"streamevents"')) batches += 1;
-  }));
-  await page.goto(PAGE_URL);
-  await page.locator("#engine-url").fill(ENGINE_URL);
-  await page.locator("#token").fill(ENGINE_TOKEN);
-  await page.getByRole("button", { name: "Sign in" }).click();
-  await page.locator("#conn.online").waitFor(wait);
+// The console subscribes with `batch`: a step's stored events come in `streamevents`.
+let batches = 0;
+const counted = (text) => { if (text.includes('"type":"streamevents"')) batches += 1; };
+await withSignedInPage(counted, async (page, errors) => {
   await page.locator("#task").fill("Write the file");
   await page.getByRole("button", { name: "Start session" }).click();
   await page.waitForURL(/#\/session\/web-/, wait);
@@ -46,6 +28,4 @@ try {
   assert.deepEqual(errors, [], "no script errors");
   assert.ok(batches > 0, "some events came batched in one message");
   console.log(`console against the deployed shape: ok (${batches} batched messages)`);
-} finally {
-  await browser.close();
-}
+});

@@ -31,14 +31,8 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
     ]}))
     .unwrap();
     // A console page of its own engine, admitted by the deployment's AllowedOrigins.
-    let page_dir = tempfile::tempdir().unwrap();
-    let page_engine = engine_gateway::server::start(
-        &engine_gateway::server::ServeOptions::for_data_dir(page_dir.path().to_path_buf()),
-    )
-    .await
-    .unwrap();
-    let page_url = page_engine.console_url();
-    let origin = page_url.trim_end_matches('/').to_string();
+    let page = super::ConsolePage::start().await;
+    let origin = page.origin();
     let mut s = bring_up(
         dir,
         &prefix,
@@ -205,26 +199,18 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
 
     // The console opens the session: its history comes in parts, put together by the page.
     if let Some(console) = super::browser_kit() {
-        let out = tokio::process::Command::new("node")
-            .arg(console.join("history.mjs"))
-            .env("PAGE_URL", &page_url)
-            .env("ENGINE_URL", &s.deployed.url)
-            .env("ENGINE_TOKEN", &s.deployed.token)
-            .env("SESSION", sid)
-            .env("MARKER", format!("END-{prefix}"))
-            .output()
-            .await
-            .expect("node runs");
-        let text = format!(
-            "{}\n--- stderr\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{text}");
-        assert!(text.contains("console opens a large history: ok"), "{text}");
+        let marker = format!("END-{prefix}");
+        page.run(
+            &console,
+            "history.mjs",
+            &s,
+            &[("SESSION", sid), ("MARKER", &marker)],
+            "console opens a large history: ok",
+        )
+        .await;
     }
     let _ = std::fs::remove_file(workdir().join(&file));
     let _ = std::fs::remove_file(workdir().join(&written));
     s.deployed.shutdown();
-    page_engine.shutdown().await;
+    page.engine.shutdown().await;
 }

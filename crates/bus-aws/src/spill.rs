@@ -201,6 +201,22 @@ pub fn parts_in_json_image(image: &Value) -> Result<Option<Parts>, StateError> {
     )
 }
 
+/// A record's item in a Lambda event's JSON form, as a stream record's image shows it (the
+/// string, number and string-set attributes a record's item holds; the inverse of what
+/// [`parts_in_json_image`] reads).
+pub fn json_image(item: &Item) -> Value {
+    let attributes = item.iter().filter_map(|(name, v)| {
+        let v = match v {
+            AttributeValue::S(s) => serde_json::json!({"S": s}),
+            AttributeValue::N(n) => serde_json::json!({"N": n}),
+            AttributeValue::Ss(ss) => serde_json::json!({"SS": ss}),
+            _ => return None,
+        };
+        Some((name.clone(), v))
+    });
+    Value::Object(attributes.collect())
+}
+
 /// Whether a stream image (the Lambda event's JSON form) points to parts.
 pub fn json_image_is_apart(image: &Value) -> bool {
     image.get("value").is_none() && image.get(GENERATION).is_some()

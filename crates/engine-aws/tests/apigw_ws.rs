@@ -397,22 +397,11 @@ async fn the_stream_router_reads_records_stored_apart_and_retries_from_one_it_ca
         .item()
         .cloned()
         .unwrap();
-    let image: serde_json::Map<String, Value> = item
-        .iter()
-        .filter_map(|(name, v)| {
-            let v = match v {
-                AttributeValue::S(s) => json!({"S": s}),
-                AttributeValue::N(n) => json!({"N": n}),
-                AttributeValue::Ss(ss) => json!({"SS": ss}),
-                _ => return None,
-            };
-            Some((name.clone(), v))
-        })
-        .collect();
-    assert!(image.contains_key("pg") && !image.contains_key("value"));
+    let image = engine_gateway::aws::spill::json_image(&item);
+    assert!(image.get("pg").is_some() && image.get("value").is_none());
     let record = |seq: &str, image: Value| json!({"eventName": "INSERT", "eventSource": "aws:dynamodb", "dynamodb": {"Keys": {"scope": {"S": "agent"}, "key": {"S": key}}, "NewImage": image, "SequenceNumber": seq}});
     let small = json!({"value": {"S": "{\"n\":1}"}, "version": {"N": "1"}});
-    let mut missing = Value::Object(image.clone());
+    let mut missing = image.clone();
     missing["pg"] = json!({"S": "00ff00ff00ff00ff"});
     let router = engine_aws::router::AwsRouter::new(
         clients.clone(),
@@ -420,13 +409,12 @@ async fn the_stream_router_reads_records_stored_apart_and_retries_from_one_it_ca
         "http://127.0.0.1:9/local",
         engine_aws::router::ConnectToken::Fixed("t".into()),
     );
-    let readable =
-        json!({"Records": [record("1", small.clone()), record("2", Value::Object(image.clone()))]});
+    let readable = json!({"Records": [record("1", small.clone()), record("2", image.clone())]});
     assert_eq!(
         router.stream(&readable).await,
         json!({"batchItemFailures": []})
     );
-    let one_unreadable = json!({"Records": [record("1", small.clone()), record("2", Value::Object(image)), record("3", missing), record("4", small)]});
+    let one_unreadable = json!({"Records": [record("1", small.clone()), record("2", image), record("3", missing), record("4", small)]});
     assert_eq!(
         router.stream(&one_unreadable).await,
         json!({"batchItemFailures": [{"itemIdentifier": "3"}]})

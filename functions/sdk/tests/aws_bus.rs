@@ -461,19 +461,16 @@ async fn a_state_trigger_gets_a_record_stored_apart_whole() {
         .item()
         .cloned()
         .unwrap();
-    let image: serde_json::Map<String, serde_json::Value> = item
-        .iter()
-        .map(|(name, v)| {
-            let v = match v {
-                AttributeValue::S(s) => json!({"S": s}),
-                AttributeValue::N(n) => json!({"N": n}),
-                AttributeValue::Ss(ss) => json!({"SS": ss}),
-                other => panic!("{name}: {other:?}"),
-            };
-            (name.clone(), v)
-        })
-        .collect();
-    assert!(!image.contains_key("value"), "stored apart: {image:?}");
+    let image = engine_gateway::aws::spill::json_image(&item);
+    assert_eq!(
+        image.as_object().unwrap().len(),
+        item.len(),
+        "every attribute: {item:?}"
+    );
+    assert!(
+        image.get("value").is_none() && image.get("pg").is_some(),
+        "stored apart: {image}"
+    );
     let record = json!({
         "eventSource": "aws:dynamodb",
         "eventName": "INSERT",
