@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use super::spill::{self, Body, Head, Parts, decode_head};
 use super::{AwsClients, AwsNames, err_code, err_text};
-use transactions::{TRANSACT_MAX_BYTES, TRANSACT_MAX_ITEMS, TxFailed, TxItem};
+use transactions::{TRANSACT_MAX_BYTES, TRANSACT_MAX_ITEMS, TxItem, TxRefused};
 
 mod transactions;
 use bus::state::{
@@ -203,7 +203,7 @@ impl DynamoState {
     }
 
     /// The value of a record's item, its parts read when it is stored apart.
-    pub async fn resolve(&self, head: Head) -> Result<Versioned, StateError> {
+    async fn resolve(&self, head: Head) -> Result<Versioned, StateError> {
         match head {
             Head::Inline(v) => Ok(v),
             Head::Apart { version, parts } => Ok(Versioned {
@@ -213,8 +213,8 @@ impl DynamoState {
         }
     }
 
-    /// The value stored apart in these parts (a stream image's, say).
-    pub async fn read_parts(&self, parts: &Parts) -> Result<Value, StateError> {
+    /// The value stored apart in these parts.
+    async fn read_parts(&self, parts: &Parts) -> Result<Value, StateError> {
         spill::read_parts(&self.clients.dynamodb, &self.table, parts).await
     }
 
@@ -228,9 +228,9 @@ impl DynamoState {
         }
     }
 
-    /// What a write replaced, from its old image: the value (its parts read when `want_value`)
-    /// and the parts retired. A part that cannot be read after the write committed leaves the
-    /// old value out (logged) rather than failing a write that happened.
+    /// What a write replaced, from its old image: the value (its parts read when `want_value`,
+    /// else null) and the parts retired. A part that cannot be read after the write committed
+    /// gives a null old value (logged) rather than failing a write that happened.
     async fn replaced(
         &self,
         old: Option<&Item>,
@@ -403,13 +403,12 @@ impl StateStore for DynamoState {
             if full || iter.peek().is_none() {
                 match self.transact_writes(&mut chunk, meta).await {
                     Ok(()) => {}
-                    Err(TxFailed::Condition(i)) => {
+                    Err(TxRefused::Conflict { index, .. }) => {
                         return Err(storage(format!(
-                            "transaction item {}: its condition failed",
-                            i.first().copied().unwrap_or(0)
+                            "transaction item {index}: its condition failed"
                         )));
                     }
-                    Err(TxFailed::Storage(e)) => return Err(e),
+                    Err(TxRefused::Storage(e)) => return Err(e),
                 }
                 chunk.clear();
                 chunk_bytes = 0;
@@ -444,9 +443,8 @@ impl StateStore for DynamoState {
         let versions = items.iter().map(|i| i.version).collect();
         match self.transact_writes(&mut items, meta).await {
             Ok(()) => Ok(versions),
-            Err(TxFailed::Condition(failed)) => {
-                let w = &writes[failed.first().copied().unwrap_or(0)];
-                let found = self.version_of(&w.scope, &w.key).await?;
+            Err(TxRefused::Conflict { index, found }) => {
+                let w = &writes[index];
                 if w.expected_value.is_some() && found.is_some() && found == w.expected_version {
                     return Err(StateError::ValueConflict {
                         scope: w.scope.clone(),
@@ -461,7 +459,7 @@ impl StateStore for DynamoState {
                     found,
                 ))
             }
-            Err(TxFailed::Storage(e)) => Err(e),
+            Err(TxRefused::Storage(e)) => Err(e),
         }
     }
 

@@ -20,9 +20,20 @@ pub(super) const TRANSACT_MAX_BYTES: usize = 3_500_000;
 const PARTS_GUARD_ROUNDS: usize = 5;
 
 /// Why a transaction did not commit.
-pub(super) enum TxFailed {
+enum TxFailed {
     /// The conditions of these items (by index) did not hold.
     Condition(Vec<usize>),
+    Storage(StateError),
+}
+
+/// Why a transaction's writes were not made.
+pub(super) enum TxRefused {
+    /// The record of this write (by index) is not where the write expected it: at `found`
+    /// (absent: `None`), as read after the transaction was refused.
+    Conflict {
+        index: usize,
+        found: Option<u64>,
+    },
     Storage(StateError),
 }
 
@@ -49,7 +60,7 @@ impl DynamoState {
     /// transaction on the same items (DynamoDB cancels it; the SDK does not retry that).
     /// Tells a failed condition (the indices of the items whose conditions did not hold)
     /// from other failures.
-    pub(super) async fn transact_checked(
+    async fn transact_checked(
         &self,
         items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
     ) -> Result<(), TxFailed> {
@@ -171,13 +182,13 @@ impl DynamoState {
         &self,
         writes: &mut [TxItem<'_>],
         meta: &WriteMeta,
-    ) -> Result<(), TxFailed> {
+    ) -> Result<(), TxRefused> {
         for w in writes.iter() {
             if let Err(e) = self.write_parts(&w.body).await {
                 for w in writes.iter() {
                     self.retire(w.body.parts()).await;
                 }
-                return Err(TxFailed::Storage(e));
+                return Err(TxRefused::Storage(e));
             }
         }
         let out = self.transact_guarded(writes, meta).await;
@@ -194,16 +205,17 @@ impl DynamoState {
         &self,
         writes: &mut [TxItem<'_>],
         meta: &WriteMeta,
-    ) -> Result<(), TxFailed> {
+    ) -> Result<(), TxRefused> {
         for _ in 0..PARTS_GUARD_ROUNDS {
             let items = writes
                 .iter()
                 .map(|w| self.build(w, meta))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(TxFailed::Storage)?;
+                .map_err(TxRefused::Storage)?;
             let failed = match self.transact_checked(items).await {
+                Ok(()) => return Ok(()),
+                Err(TxFailed::Storage(e)) => return Err(TxRefused::Storage(e)),
                 Err(TxFailed::Condition(failed)) => failed,
-                other => return other,
             };
             // A failed condition may be only the guard on the parts: read where they are.
             for i in failed {
@@ -211,7 +223,7 @@ impl DynamoState {
                 let head = self
                     .read_head(w.scope, w.key)
                     .await
-                    .map_err(TxFailed::Storage)?;
+                    .map_err(TxRefused::Storage)?;
                 let version_holds = match w.expected_version {
                     None => true,
                     Some(0) => head.is_none(),
@@ -219,12 +231,15 @@ impl DynamoState {
                 };
                 let parts = head.as_ref().and_then(|h| h.parts().cloned());
                 if !version_holds || (w.expected_version.is_some() && parts == w.old_parts) {
-                    return Err(TxFailed::Condition(vec![i]));
+                    return Err(TxRefused::Conflict {
+                        index: i,
+                        found: head.as_ref().map(Head::version),
+                    });
                 }
                 w.old_parts = parts;
             }
         }
-        Err(TxFailed::Storage(storage(
+        Err(TxRefused::Storage(storage(
             "the transaction's records kept changing how they were stored",
         )))
     }
