@@ -101,14 +101,10 @@ impl Body {
     }
 
     /// The JSON text's length.
-    pub fn len(&self) -> usize {
+    pub fn text_len(&self) -> usize {
         match self {
             Self::Inline(text) | Self::Apart { text, .. } => text.len(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The parts this write makes, if any.
@@ -396,7 +392,7 @@ mod tests {
         let large = json!({"text": "é".repeat(INLINE_MAX)});
         let body = Body::of(&large).unwrap();
         let parts = body.parts().unwrap().clone();
-        assert_eq!(parts.count, body.len().div_ceil(PART_BYTES));
+        assert_eq!(parts.count, body.text_len().div_ceil(PART_BYTES));
         assert_eq!(parts.generation.len(), 32);
         let attrs: Vec<_> = body.attributes().into_iter().map(|(n, _)| n).collect();
         assert_eq!(attrs, [GENERATION, COUNT, DIGEST]);

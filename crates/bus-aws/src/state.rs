@@ -388,7 +388,8 @@ impl StateStore for DynamoState {
         let mut iter = items.iter().peekable();
         while let Some((scope, key, value)) = iter.next() {
             let body = Body::of(value)?;
-            chunk_bytes += scope.len() + key.len() + body.parts().map_or(body.len(), |_| 0) + 200;
+            chunk_bytes +=
+                scope.len() + key.len() + body.parts().map_or(body.text_len(), |_| 0) + 200;
             chunk.push(TxItem {
                 scope,
                 key,
