@@ -307,3 +307,29 @@ fn a_large_answer_goes_in_parts_to_a_caller_that_asked_for_them() {
         vec![small]
     );
 }
+
+#[test]
+fn only_a_call_that_says_accept_parts_true_gets_parts() {
+    let call = |extra: &str| {
+        format!(
+            r#"{{"type":"invokefunction","invocation_id":"c1","function_id":"f","data":{{}}{extra}}}"#
+        )
+    };
+    assert!(asks_for_parts(&call(r#","accept_parts":true"#)));
+    for hostile in [
+        call(""),
+        call(r#","accept_parts":"true""#),
+        call(r#","accept_parts":1"#),
+        call(r#","accept_parts":null"#),
+        call(r#","accept_parts":[true]"#),
+        r#"{"type":"invokefunction","accept_parts":true"#.to_string(),
+        "not json".to_string(),
+        format!(
+            r#"{{"accept_parts":{}true{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        ),
+    ] {
+        assert!(!asks_for_parts(&hostile), "{hostile}");
+    }
+}
