@@ -300,3 +300,81 @@ test("the console signs in to another engine by URL and token", { timeout: 12000
   await page.locator(".msg.assistant").first().waitFor({ timeout: 20000 });
   await context.close();
 });
+
+// The deployed WebSocket API answers over 128 KB in `invocationresultpart` messages (the
+// embedded engine answers whole). Here the engine's answers to `engine::functions::list` are
+// cut into parts on their way to the page, as `cut` says: good parts in any order are joined,
+// and a part that cannot be one fails the call at once with what is wrong in it, not a wait
+// for the call's 30 s timeout.
+test("the console joins an answer in parts, and refuses parts that cannot be one", { timeout: 180000 }, async () => {
+  const { url, link } = await startHarness("parts");
+  const context = await (await launch()).newContext();
+  const page = await context.newPage();
+  const consoleErrors = [];
+  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  let cut = null;
+  const asked = new Set();
+  await page.routeWebSocket(/^wss?:/, (ws) => {
+    const server = ws.connectToServer();
+    ws.onMessage((m) => {
+      try {
+        const msg = JSON.parse(m);
+        if (msg.type === "invokefunction" && msg.function_id === "engine::functions::list") asked.add(msg.invocation_id);
+      } catch { /* not ours to judge */ }
+      server.send(m);
+    });
+    server.onMessage((m) => {
+      let msg = null;
+      try { msg = JSON.parse(m); } catch { /* passed on as it is */ }
+      if (cut && msg && msg.type === "invocationresult" && asked.delete(msg.invocation_id)) {
+        for (const part of cut(String(m), msg.invocation_id)) ws.send(JSON.stringify({ type: "invocationresultpart", invocation_id: msg.invocation_id, ...part }));
+        return;
+      }
+      ws.send(m);
+    });
+  });
+  await page.goto(link);
+  await page.locator("#conn.online").waitFor({ timeout: 15000 });
+  const third = (t) => [t.slice(0, t.length / 3 | 0), t.slice(t.length / 3 | 0, 2 * t.length / 3 | 0), t.slice(2 * t.length / 3 | 0)];
+  const workersPage = async () => {
+    await page.goto(`${url}#/queues`);
+    await page.goto(`${url}#/workers`);
+  };
+
+  // Three parts, the last first: the page is drawn from the joined answer.
+  cut = (text) => { const [a, b, c] = third(text); return [{ index: 2, count: 3, text: c }, { index: 0, count: 3, text: a }, { index: 1, count: 3, text: b }]; };
+  await workersPage();
+  await page.locator("#view td button.name", { hasText: "harness::trigger" }).waitFor({ timeout: 15000 });
+  await noErrors(page, "an answer joined from three parts");
+
+  const hostile = [
+    ["a count of 0", (t) => [{ index: 0, count: 0, text: t }], "count 0 is not a whole number from 1 to 128"],
+    ["a count over 128", (t) => [{ index: 0, count: 129, text: t }], "count 129 is not a whole number from 1 to 128"],
+    ["a count that is text", (t) => [{ index: 0, count: "2", text: t }], `count "2" is not a whole number from 1 to 128`],
+    ["an index past the count", (t) => [{ index: 5, count: 2, text: t }], "index 5 is not from 0 to 1"],
+    ["an index that is a fraction", (t) => [{ index: 0.5, count: 2, text: t }], "index 0.5 is not from 0 to 1"],
+    ["text that is not a string", () => [{ index: 0, count: 2, text: 12 }], "part 0's text is not a string"],
+    ["a count that changes", (t) => [{ index: 0, count: 3, text: t }, { index: 1, count: 2, text: t }], "part 1 says 2 parts where an earlier one said 3"],
+    ["a part sent twice", (t) => [{ index: 0, count: 2, text: t }, { index: 0, count: 2, text: t }], "part 0 came twice"],
+    ["parts that join into no JSON", () => [{ index: 0, count: 2, text: "{\"type\":" }, { index: 1, count: 2, text: "nothing" }], "its parts (2) do not join into this call's invocationresult"],
+    ["parts that join into another call's answer", (t, id) => [{ index: 0, count: 1, text: t.replace(id, "someone-else") }], "its parts (1) do not join into this call's invocationresult"],
+    ["parts that join into another message", () => [{ index: 0, count: 1, text: "{\"type\":\"ping\"}" }], "its parts (1) do not join into this call's invocationresult"],
+  ];
+  for (const [what, how, says] of hostile) {
+    cut = how;
+    const started = Date.now();
+    await workersPage();
+    await page.locator("#errors .error").filter({ hasText: says }).waitFor({ timeout: 10000 });
+    assert.ok(Date.now() - started < 10000, `${what}: failed at once`);
+    const shown = await page.locator("#errors .error").filter({ hasText: says }).first().textContent();
+    assert.match(shown, /^workers: invalid_message: the answer came in parts, and /, `${what}: ${shown}`);
+    while (await page.locator("#errors .error").count()) await page.locator("#errors .error button").first().click();
+  }
+  // The connection lived through all of it, and answers whole again.
+  cut = null;
+  await workersPage();
+  await page.locator("#view td button.name", { hasText: "harness::trigger" }).waitFor({ timeout: 15000 });
+  await noErrors(page, "after the hostile parts");
+  assert.deepEqual(consoleErrors, [], "no script errors");
+  await context.close();
+});

@@ -197,6 +197,24 @@ async fn a_large_result_is_kept_whole_through_a_parked_call() {
         .await;
     assert_eq!(r["error"]["code"], "payload_too_large", "{r}");
 
+    // The SDK's client asks for parts on every call: through the deployed API its plain call
+    // gets the same history whole.
+    let url = format!("{}/?token={}", s.deployed.url, s.deployed.token);
+    let mut client =
+        harness_sdk::connect_client("large-reader", harness_sdk::RemoteOptions::new(&url)).await;
+    let history = client
+        .ctx()
+        .trigger("session-tree::messages", json!({"session_id": sid}))
+        .await
+        .expect("the SDK reads the history in parts");
+    assert!(
+        history["messages"]
+            .to_string()
+            .contains(&format!("END-{prefix}")),
+        "the whole file is in the history the SDK read"
+    );
+    client.stop();
+
     // The console opens the session: its history comes in parts, put together by the page.
     if let Some(console) = super::browser_kit() {
         let marker = format!("END-{prefix}");

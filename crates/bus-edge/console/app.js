@@ -71,6 +71,17 @@ function showError(where, err) {
 }
 
 // ------------------------------------------------------------------ the bus
+// What makes an `invocationresultpart` unusable for the call `p` (null: nothing).
+function partProblem(msg, p) {
+  const { count, index, text } = msg;
+  if (!Number.isInteger(count) || count < 1 || count > 128) return `a part's count ${JSON.stringify(count)} is not a whole number from 1 to 128`;
+  if (!Number.isInteger(index) || index < 0 || index >= count) return `a part's index ${JSON.stringify(index)} is not from 0 to ${count - 1}`;
+  if (typeof text !== "string") return `part ${index}'s text is not a string`;
+  if (p.parts && p.parts.length !== count) return `part ${index} says ${count} parts where an earlier one said ${p.parts.length}`;
+  if (p.parts && p.parts[index] !== null) return `part ${index} came twice`;
+  return null;
+}
+
 class Bus {
   constructor(url) {
     this.url = url;
@@ -135,18 +146,25 @@ class Bus {
         break;
       }
       // An answer over one WebSocket message (the deployed API Gateway's 128 KB), in parts
-      // of its JSON text: kept with its call, whole once every part came.
+      // of its JSON text: kept with its call, whole once every part came. A part that cannot
+      // be one fails its call at once, naming what is wrong (not a wait for the timeout).
       case "invocationresultpart": {
         const p = this.pending.get(msg.invocation_id);
-        const count = msg.count, index = msg.index;
-        if (!p || !Number.isInteger(count) || !Number.isInteger(index) || count < 1 || count > 128
-          || index < 0 || index >= count || typeof msg.text !== "string") return;
-        if (!p.parts || p.parts.length !== count) { p.parts = new Array(count).fill(null); p.got = 0; }
-        if (p.parts[index] === null) p.got += 1;
-        p.parts[index] = msg.text;
-        if (p.got === count) {
+        if (!p) return;
+        const wrong = partProblem(msg, p);
+        if (wrong) { this.fail(msg.invocation_id, wrong); return; }
+        if (!p.parts) { p.parts = new Array(msg.count).fill(null); p.got = 0; }
+        p.parts[msg.index] = msg.text;
+        p.got += 1;
+        if (p.got === msg.count) {
           const whole = p.parts.join("");
           p.parts = null;
+          let answer;
+          try { answer = JSON.parse(whole); } catch { answer = null; }
+          if (!answer || answer.type !== "invocationresult" || answer.invocation_id !== msg.invocation_id) {
+            this.fail(msg.invocation_id, `its parts (${msg.count}) do not join into this call's invocationresult`);
+            return;
+          }
           this.receive(whole);
         }
         break;
@@ -163,6 +181,15 @@ class Bus {
       case "error": showError("bus", msg.error || msg); break;
       default: break;
     }
+  }
+
+  // A pending call ends with an answer that could not be read.
+  fail(invocationId, what) {
+    const p = this.pending.get(invocationId);
+    if (!p) return;
+    this.pending.delete(invocationId);
+    clearTimeout(p.timer);
+    p.reject({ code: "invalid_message", message: `the answer came in parts, and ${what}` });
   }
 
   // One stream event to the subscribers of its group and of every group.
@@ -413,6 +440,13 @@ async function viewSessions(view, arg) {
 // ------------------------------------------------------------------ one session
 function textOf(block) { return block && typeof block.text === "string" ? block.text : ""; }
 
+// A pushed event's field the deployed engine left out for size ({"omitted": {"bytes": n}}):
+// n, else null.
+function omittedBytes(v) {
+  const o = v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1 ? v.omitted : undefined;
+  return o && typeof o === "object" && Number.isInteger(o.bytes) && o.bytes >= 0 ? o.bytes : null;
+}
+
 function denialOf(result) {
   const r = result && result.details !== undefined ? result.details : result;
   return r && typeof r === "object" && r.status === "denied" ? r : null;
@@ -507,7 +541,9 @@ async function viewSession(view, sid) {
         mcp ? h("span", { class: "muted mcp" }, `server ${mcp[1]} · tool ${mcpTool}`) : null, decisionBadge({ ...i, awaiting: parked || (i.awaiting && i.result === undefined) }),
         i.duration_ms !== undefined ? h("span", { class: "muted" }, fmt.ms(i.duration_ms)) : null),
       h("details", {}, h("summary", {}, "arguments"), h("pre", {}, fmt.json(args))),
-      i.result !== undefined ? h("details", { open: !!i.is_error }, h("summary", {}, i.is_error ? "result (error)" : "result"), h("pre", {}, fmt.json(i.result))) : null);
+      i.result === undefined ? null
+        : omittedBytes(i.result) !== null ? h("p", { class: "muted omitted" }, `${i.is_error ? "result (error)" : "result"}: ${fmt.int(omittedBytes(i.result))} bytes, too large to push; it shows once the session is read again`)
+        : h("details", { open: !!i.is_error }, h("summary", {}, i.is_error ? "result (error)" : "result"), h("pre", {}, fmt.json(i.result))));
     if (parked) {
       const decide = (decision) => async (ev) => {
         for (const b of card.querySelectorAll("button")) b.disabled = true;
@@ -547,7 +583,7 @@ async function viewSession(view, sid) {
     for (const m of history) {
       if (m.role === "function_result") {
         const i = info(m.function_call_id);
-        if (i.result === undefined) { i.result = m.details ?? (m.content || []).map(textOf).join(""); i.is_error = m.is_error; }
+        if (i.result === undefined || omittedBytes(i.result) !== null) { i.result = m.details ?? (m.content || []).map(textOf).join(""); i.is_error = m.is_error; }
       }
     }
     const nodes = history.map((m) => messageView(m, false)).filter(Boolean);

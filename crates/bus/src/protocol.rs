@@ -172,6 +172,37 @@ pub struct InvokeFunction {
     /// Per-call override of the engine's default call timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The caller takes an answer too large for one message in [`ResultPart`]s (the deployed
+    /// WebSocket API's 128 KB). Only `true` asks; the embedded engine answers whole anyway.
+    #[serde(
+        default,
+        deserialize_with = "only_true",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub accept_parts: bool,
+}
+
+/// A flag that only `true` sets: any other value reads as not set, not as an error (as the
+/// deployed router reads `accept_parts`).
+fn only_true<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Value::deserialize(d)? == Value::Bool(true))
+}
+
+/// `type` of a [`ResultPart`].
+pub const RESULT_PART_TYPE: &str = "invocationresultpart";
+/// The most parts one answer comes in.
+pub const RESULT_PARTS_MAX: u32 = 128;
+
+/// Engine → a caller that set `accept_parts`: one slice of the JSON text of an
+/// `invocationresult` too large for one message. The slices, joined in `index` order, are
+/// that message. Only the deployed WebSocket API sends them (PROTOCOL.md), so this is not a
+/// [`Message`] the embedded engine takes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultPart {
+    pub invocation_id: String,
+    pub index: u32,
+    pub count: u32,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -361,6 +392,8 @@ fn parse_call_frame(text: &str) -> Option<Message> {
         action: Option<Action>,
         #[serde(default)]
         timeout_ms: Option<u64>,
+        #[serde(default, deserialize_with = "only_true")]
+        accept_parts: bool,
     }
     let f: CallFrame = serde_json::from_str(text).ok()?;
     Some(match f.ty {
@@ -372,6 +405,7 @@ fn parse_call_frame(text: &str) -> Option<Message> {
             baggage: f.baggage,
             action: f.action,
             timeout_ms: f.timeout_ms,
+            accept_parts: f.accept_parts,
         }),
         CallType::InvocationResult => Message::InvocationResult(InvocationResult {
             invocation_id: f.invocation_id?,

@@ -15,6 +15,7 @@ pub mod examples;
 pub mod lambda;
 pub mod messages;
 pub mod owners;
+mod parts;
 mod pushes;
 pub mod remote;
 pub mod session_layout;

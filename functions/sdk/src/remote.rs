@@ -4,7 +4,9 @@
 //! are sent fragmented, as API Gateway requires.
 
 use ::bus::channels::ChannelRef;
-use ::bus::protocol::{self, ErrorBody, InvocationResult, InvokeFunction, Message, codes};
+use ::bus::protocol::{
+    self, ErrorBody, InvocationResult, InvokeFunction, Message, ResultPart, codes,
+};
 use async_trait::async_trait;
 use bus_telemetry::trace::{Span, TraceContext};
 use futures_util::{SinkExt, StreamExt};
@@ -24,6 +26,7 @@ use crate::WorkerHandle;
 use crate::bus::{Bus, EnqueueOptions};
 use crate::channel::{ChannelReader, ChannelWriter};
 use crate::error::BusError;
+use crate::parts::PartsOf;
 use crate::worker::Worker;
 
 /// Payloads above this are sent as continuation frames (the edge accepts 32 KB frames).
@@ -108,6 +111,8 @@ pub struct RemoteBus {
     opts: RemoteOptions,
     out: Mutex<Option<mpsc::UnboundedSender<WsMessage>>>,
     pending: Mutex<HashMap<String, Reply>>,
+    /// The parts come so far of pending calls answered in parts (only pending calls have any).
+    parts: Mutex<HashMap<String, PartsOf>>,
     /// `Some(worker_id)` while connected and registered.
     connected: watch::Sender<Option<String>>,
     spans: Mutex<Vec<Span>>,
@@ -172,6 +177,7 @@ impl RemoteBus {
             Ok(Err(_)) => Err(BusError::InvocationStopped("connection lost".into())),
             Err(_) => {
                 lock(&self.pending).remove(&invocation_id);
+                lock(&self.parts).remove(&invocation_id);
                 Ok(None)
             }
         }
@@ -182,9 +188,79 @@ impl RemoteBus {
     }
 
     fn fail_pending(&self, why: &str) {
+        lock(&self.parts).clear();
         let pending: Vec<Reply> = lock(&self.pending).drain().map(|(_, r)| r).collect();
         for r in pending {
             let _ = r.send(Err(ErrorBody::new(codes::INVOCATION_STOPPED, why)));
+        }
+    }
+
+    /// A call's answer, to the caller waiting for it (none: it gave up).
+    fn answer(&self, r: InvocationResult) {
+        {
+            let mut parts = lock(&self.parts);
+            if !parts.is_empty() {
+                parts.remove(&r.invocation_id);
+            }
+        }
+        if let Some(reply) = lock(&self.pending).remove(&r.invocation_id) {
+            let answer = match r.error {
+                Some(e) => Err(e),
+                None => Ok(r.result.unwrap_or(Value::Null)),
+            };
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// One `invocationresultpart`: kept with its call until the parts join into the call's
+    /// `invocationresult`. A part that cannot be one fails the call at once, naming what is
+    /// wrong, instead of leaving it to its timeout.
+    fn take_part(&self, text: &str) {
+        let part: ResultPart = match serde_json::from_str(text) {
+            Ok(p) => p,
+            Err(e) => {
+                let id = serde_json::from_str::<Value>(text).ok().and_then(|v| {
+                    v.get("invocation_id")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                });
+                match id {
+                    Some(id) => self.fail_call(&id, format!("a part is malformed: {e}")),
+                    None => {
+                        tracing::warn!(error = %e, "an answer part without a call from the engine")
+                    }
+                }
+                return;
+            }
+        };
+        let id = part.invocation_id.clone();
+        if !lock(&self.pending).contains_key(&id) {
+            return; // its caller gave up: nothing is kept for it
+        }
+        let joined = lock(&self.parts).entry(id.clone()).or_default().add(part);
+        match joined {
+            Ok(None) => {}
+            Err(what) => self.fail_call(&id, what),
+            Ok(Some(whole)) => {
+                lock(&self.parts).remove(&id);
+                match protocol::parse(&whole) {
+                    Ok(Message::InvocationResult(r)) if r.invocation_id == id => self.answer(r),
+                    _ => self.fail_call(
+                        &id,
+                        "its parts do not join into this call's invocationresult".into(),
+                    ),
+                }
+            }
+        }
+    }
+
+    fn fail_call(&self, invocation_id: &str, what: String) {
+        lock(&self.parts).remove(invocation_id);
+        if let Some(reply) = lock(&self.pending).remove(invocation_id) {
+            let _ = reply.send(Err(ErrorBody::new(
+                codes::INVALID_MESSAGE,
+                format!("the answer came in parts, and {what}"),
+            )));
         }
     }
 
@@ -202,6 +278,7 @@ impl RemoteBus {
                 baggage: None,
                 action: None,
                 timeout_ms: None,
+                accept_parts: false,
             });
             let _ = self.send(&msg);
         }
@@ -227,6 +304,8 @@ impl Bus for RemoteBus {
             baggage: trace.baggage_header(),
             action: None,
             timeout_ms: timeout.map(|t| t.as_millis() as u64),
+            // Through the deployed WebSocket API, an answer over 128 KB comes in parts.
+            accept_parts: true,
         };
         let limit = wait + self.opts.call_grace;
         self.invoke_awaiting(invoke, limit).await?.ok_or_else(|| {
@@ -252,6 +331,7 @@ impl Bus for RemoteBus {
             baggage: trace.baggage_header(),
             action: Some(protocol::Action::Void),
             timeout_ms: None,
+            accept_parts: false,
         }))
     }
 
@@ -277,6 +357,7 @@ impl Bus for RemoteBus {
                 deduplication_id: opts.deduplication_id,
             }),
             timeout_ms: None,
+            accept_parts: false,
         };
         let v = self
             .invoke_awaiting(invoke, wait)
@@ -450,6 +531,10 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
         };
         let msg = match protocol::parse(&text) {
             Ok(m) => m,
+            Err(e) if e.message_type.as_deref() == Some(protocol::RESULT_PART_TYPE) => {
+                bus.take_part(&text);
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(error = %e.error, "unreadable message from the engine");
                 continue;
@@ -467,15 +552,7 @@ async fn session(bus: Arc<RemoteBus>) -> Result<(), BusError> {
             Message::Ping => {
                 let _ = tx.send(WsMessage::text(Message::Pong.to_json()));
             }
-            Message::InvocationResult(r) => {
-                if let Some(reply) = lock(&bus.pending).remove(&r.invocation_id) {
-                    let answer = match r.error {
-                        Some(e) => Err(e),
-                        None => Ok(r.result.unwrap_or(Value::Null)),
-                    };
-                    let _ = reply.send(answer);
-                }
-            }
+            Message::InvocationResult(r) => bus.answer(r),
             Message::InvokeFunction(inv) => {
                 let bus2 = bus.clone();
                 let tx = tx.clone();
@@ -585,6 +662,7 @@ pub fn run_remote(worker: Worker, opts: RemoteOptions) -> WorkerHandle {
         opts,
         out: Mutex::new(None),
         pending: Mutex::new(HashMap::new()),
+        parts: Mutex::new(HashMap::new()),
         connected,
         spans: Mutex::new(Vec::new()),
         export,

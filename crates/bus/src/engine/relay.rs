@@ -225,6 +225,7 @@ impl Engine {
             baggage: ctx.baggage_header(),
             action: None,
             timeout_ms: None,
+            accept_parts: false,
         });
         match outbox.send(Outbound::Text(msg.to_json())) {
             Ok(_) => Ok(()),
