@@ -495,6 +495,50 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn only_accept_parts_true_asks_for_parts_and_nothing_else_is_an_error() {
+        let asks = |extra: &str| {
+            let text = format!(
+                r#"{{"type":"invokefunction","invocation_id":"i1","function_id":"a::b"{extra}}}"#
+            );
+            let Ok(Message::InvokeFunction(inv)) = parse(&text) else {
+                panic!("{text} is an invocation");
+            };
+            let general = parse_value(serde_json::from_str(&text).unwrap());
+            assert_eq!(
+                general.ok(),
+                Some(Message::InvokeFunction(inv.clone())),
+                "both paths read {text} alike"
+            );
+            inv.accept_parts
+        };
+        assert!(asks(r#","accept_parts":true"#));
+        for other in [
+            "",
+            r#","accept_parts":false"#,
+            r#","accept_parts":"true""#,
+            r#","accept_parts":1"#,
+            r#","accept_parts":null"#,
+            r#","accept_parts":[true]"#,
+            r#","accept_parts":{"a":true}"#,
+        ] {
+            assert!(!asks(other), "{other}");
+        }
+        let mut inv = InvokeFunction {
+            invocation_id: None,
+            function_id: "a::b".into(),
+            data: Value::Null,
+            traceparent: None,
+            baggage: None,
+            action: None,
+            timeout_ms: None,
+            accept_parts: false,
+        };
+        assert!(!Message::InvokeFunction(inv.clone()).to_json().contains("accept_parts"));
+        inv.accept_parts = true;
+        assert!(Message::InvokeFunction(inv).to_json().contains(r#""accept_parts":true"#));
+    }
+
+    #[test]
     fn round_trips_every_example() {
         let examples = vec![
             json!({"type":"workerregistered","worker_id":"w1"}),
