@@ -378,3 +378,64 @@ test("the console joins an answer in parts, and refuses parts that cannot be one
   assert.deepEqual(consoleErrors, [], "no script errors");
   await context.close();
 });
+
+// The deployed engine leaves a field out of a pushed event that would pass API Gateway's
+// 128 KB (`{"omitted": {"bytes": n}}`). Here the pushes of `function_execution_end` carry that
+// marker on their way to the page, and the history reads carry no function results: the
+// call's card says the result's size and that it is not shown, never the marker as the
+// result. Read whole again, the history puts the result on the card.
+test("a result left out of a pushed event shows as its size until the history has it", { timeout: 180000 }, async () => {
+  const { url, link } = await startHarness("omitted");
+  const context = await (await launch()).newContext();
+  const page = await context.newPage();
+  const consoleErrors = [];
+  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  let cutting = true;
+  const historyReads = new Set();
+  await page.routeWebSocket(/^wss?:/, (ws) => {
+    const server = ws.connectToServer();
+    ws.onMessage((m) => {
+      try {
+        const msg = JSON.parse(m);
+        if (msg.type === "invokefunction" && msg.function_id === "session-tree::messages") historyReads.add(msg.invocation_id);
+      } catch { /* passed on */ }
+      server.send(m);
+    });
+    server.onMessage((m) => {
+      let msg = null;
+      try { msg = JSON.parse(m); } catch { /* passed on */ }
+      if (cutting && msg && msg.type === "streamevent" && msg.event) {
+        const ev = msg.event;
+        const data = ev.type === "create" || ev.type === "update" ? ev.data : ev.type === "function_execution_end" ? ev.data : null;
+        if (data && (data.type === "function_execution_end" || ev.type === "function_execution_end") && "result" in data) {
+          data.result = { omitted: { bytes: 131337 } };
+          ws.send(JSON.stringify(msg));
+          return;
+        }
+      }
+      if (cutting && msg && msg.type === "invocationresult" && historyReads.delete(msg.invocation_id) && msg.result && Array.isArray(msg.result.messages)) {
+        msg.result.messages = msg.result.messages.filter((x) => x.role !== "function_result");
+        ws.send(JSON.stringify(msg));
+        return;
+      }
+      ws.send(m);
+    });
+  });
+  await page.goto(link);
+  await page.locator("#conn.online").waitFor({ timeout: 15000 });
+  await page.locator("#task").fill("Summarize the working directory");
+  await page.getByRole("button", { name: "Start session" }).click();
+  await page.waitForURL(/#\/session\/web-/);
+  const sid = decodeURIComponent(page.url().split("#/session/")[1]);
+  const card = page.locator(".tool", { hasText: "fs::list" });
+  await card.locator(".omitted").filter({ hasText: "131,337 bytes, too large to push" }).waitFor({ timeout: 30000 });
+  assert.equal(await card.locator("pre", { hasText: "omitted" }).count(), 0, "the marker is not shown as the result");
+  // The history read whole: the card shows the listing itself.
+  cutting = false;
+  await page.goto(`${url}#/sessions`);
+  await page.goto(`${url}#/session/${encodeURIComponent(sid)}`);
+  await card.locator("summary", { hasText: "result" }).waitFor({ timeout: 20000 });
+  assert.equal(await card.locator(".omitted").count(), 0, "no size note once the result is there");
+  assert.deepEqual(consoleErrors, [], "no script errors");
+  await context.close();
+});
