@@ -63,7 +63,9 @@ fn parts_for(case: &str, id: &str) -> Vec<Value> {
 async fn engine(listener: TcpListener) {
     while let Ok((socket, _)) = listener.accept().await {
         tokio::spawn(async move {
-            let Ok(mut ws) = tokio_tungstenite::accept_async(socket).await else { return };
+            let Ok(mut ws) = tokio_tungstenite::accept_async(socket).await else {
+                return;
+            };
             while let Some(Ok(Message::Text(t))) = ws.next().await {
                 let m: Value = serde_json::from_str(&t).unwrap();
                 let reply: Vec<Value> = match m["type"].as_str() {
@@ -71,8 +73,10 @@ async fn engine(listener: TcpListener) {
                     Some("invokefunction") if m["invocation_id"].is_string() => {
                         let id = m["invocation_id"].as_str().unwrap();
                         if m["accept_parts"] != true {
-                            vec![json!({"type": "invocationresult", "invocation_id": id, "function_id": m["function_id"],
-                                        "error": {"code": "payload_too_large", "message": "the call did not ask for parts"}})]
+                            vec![
+                                json!({"type": "invocationresult", "invocation_id": id, "function_id": m["function_id"],
+                                        "error": {"code": "payload_too_large", "message": "the call did not ask for parts"}}),
+                            ]
                         } else {
                             parts_for(m["data"]["case"].as_str().unwrap(), id)
                                 .into_iter()
@@ -115,24 +119,51 @@ async fn an_answer_in_parts_is_joined_and_a_part_that_cannot_be_one_fails_its_ca
 
     let (whole, _) = call("three, the last first").await;
     let whole = whole.expect("three parts in any order join into the answer");
-    assert_eq!(whole["text"].as_str().unwrap().len(), "\"quoted\\\" é ".len() * 30_000);
+    assert_eq!(
+        whole["text"].as_str().unwrap().len(),
+        "\"quoted\\\" é ".len() * 30_000
+    );
 
     for (case, says) in [
         ("a count of 0", "a part's count 0 is not from 1 to 128"),
-        ("a count over 128", "a part's count 129 is not from 1 to 128"),
-        ("an index past the count", "a part's index 3 is not from 0 to 1"),
+        (
+            "a count over 128",
+            "a part's count 129 is not from 1 to 128",
+        ),
+        (
+            "an index past the count",
+            "a part's index 3 is not from 0 to 1",
+        ),
         ("an index that is text", "a part is malformed"),
         ("text that is a number", "a part is malformed"),
-        ("a count that changes", "part 1 says 2 parts where an earlier one said 3"),
+        (
+            "a count that changes",
+            "part 1 says 2 parts where an earlier one said 3",
+        ),
         ("a part sent twice", "part 0 came twice"),
-        ("parts that join into no JSON", "do not join into this call's invocationresult"),
-        ("another call's answer", "do not join into this call's invocationresult"),
-        ("another message", "do not join into this call's invocationresult"),
+        (
+            "parts that join into no JSON",
+            "do not join into this call's invocationresult",
+        ),
+        (
+            "another call's answer",
+            "do not join into this call's invocationresult",
+        ),
+        (
+            "another message",
+            "do not join into this call's invocationresult",
+        ),
     ] {
         let (r, took) = call(case).await;
         let e = r.expect_err(case).to_string();
-        assert!(e.contains("the answer came in parts, and ") && e.contains(says), "{case}: {e}");
-        assert!(took < Duration::from_secs(5), "{case}: failed at once, not at the timeout ({took:?})");
+        assert!(
+            e.contains("the answer came in parts, and ") && e.contains(says),
+            "{case}: {e}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{case}: failed at once, not at the timeout ({took:?})"
+        );
     }
 
     // The connection lived through all of it.
