@@ -533,9 +533,17 @@ mod tests {
             timeout_ms: None,
             accept_parts: false,
         };
-        assert!(!Message::InvokeFunction(inv.clone()).to_json().contains("accept_parts"));
+        assert!(
+            !Message::InvokeFunction(inv.clone())
+                .to_json()
+                .contains("accept_parts")
+        );
         inv.accept_parts = true;
-        assert!(Message::InvokeFunction(inv).to_json().contains(r#""accept_parts":true"#));
+        assert!(
+            Message::InvokeFunction(inv)
+                .to_json()
+                .contains(r#""accept_parts":true"#)
+        );
     }
 
     #[test]
