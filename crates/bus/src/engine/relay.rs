@@ -30,41 +30,59 @@ pub(super) struct Relay {
 /// The deadlines of relayed calls, earliest first, and the sweeper's wake-up.
 #[derive(Default)]
 pub(super) struct RelayTimers {
-    deadlines: Mutex<BTreeMap<(Instant, u64), String>>,
+    deadlines: Mutex<Deadlines>,
     earlier: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Deadlines {
+    by_time: BTreeMap<(Instant, u64), String>,
+    /// When the sweeper wakes next on its own (`None`: only when told). A deadline at or
+    /// after it needs no wake-up: calls come with ever later deadlines, and telling the
+    /// sweeper of each (a task woken, a timer set) was a cost on every lone call.
+    armed: Option<Instant>,
 }
 
 impl RelayTimers {
     fn add(&self, key: (Instant, u64), pending_id: String) {
         let mut d = lock(&self.deadlines);
-        let first = d.first_key_value().is_none_or(|(k, _)| key < *k);
-        d.insert(key, pending_id);
+        let sooner = d.armed.is_none_or(|at| key.0 < at);
+        if sooner {
+            d.armed = Some(key.0);
+        }
+        d.by_time.insert(key, pending_id);
         drop(d);
-        if first {
+        if sooner {
             self.earlier.notify_one();
         }
     }
 
     fn remove(&self, key: &(Instant, u64)) {
-        lock(&self.deadlines).remove(key);
+        // The sweeper stays armed: at worst it wakes once for a call already answered.
+        lock(&self.deadlines).by_time.remove(key);
     }
 
     /// The ids of calls due by `now`, taken off the list.
     fn due(&self, now: Instant) -> Vec<String> {
         let mut d = lock(&self.deadlines);
-        let later = d.split_off(&(now, u64::MAX));
-        std::mem::replace(&mut *d, later).into_values().collect()
+        let later = d.by_time.split_off(&(now, u64::MAX));
+        std::mem::replace(&mut d.by_time, later)
+            .into_values()
+            .collect()
     }
 
-    fn next(&self) -> Option<Instant> {
-        lock(&self.deadlines).first_key_value().map(|(k, _)| k.0)
+    /// The earliest deadline, which the sweeper then sleeps until (`None`: until told).
+    fn arm(&self) -> Option<Instant> {
+        let mut d = lock(&self.deadlines);
+        d.armed = d.by_time.first_key_value().map(|(k, _)| k.0);
+        d.armed
     }
 }
 
 /// Answers relayed calls that passed their deadline; ends with the engine.
 pub(super) async fn run_relay_sweeper(timers: Arc<RelayTimers>, engine: Weak<Engine>) {
     loop {
-        match timers.next() {
+        match timers.arm() {
             None => timers.earlier.notified().await,
             Some(at) if at > Instant::now() => {
                 tokio::select! {
@@ -248,6 +266,41 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn the_sweeper_is_told_only_of_a_deadline_sooner_than_it_wakes() {
+        let timers = RelayTimers::default();
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        let told = |t: &RelayTimers| {
+            let t = t.earlier.notified();
+            futures_util::FutureExt::now_or_never(t).is_some()
+        };
+        timers.add((now + s(30), 1), "a".into());
+        assert!(
+            told(&timers),
+            "a sweeper waiting for any deadline is told of the first"
+        );
+        assert_eq!(timers.arm(), Some(now + s(30)));
+        timers.add((now + s(31), 2), "b".into());
+        assert!(
+            !told(&timers),
+            "a later deadline: the sweeper wakes before it anyway"
+        );
+        timers.add((now + s(10), 3), "c".into());
+        assert!(told(&timers), "a sooner one: told");
+        assert_eq!(timers.arm(), Some(now + s(10)));
+        for k in [(now + s(30), 1), (now + s(31), 2), (now + s(10), 3)] {
+            timers.remove(&k);
+        }
+        assert_eq!(
+            timers.arm(),
+            None,
+            "nothing left: the sweeper waits to be told"
+        );
+        timers.add((now + s(40), 4), "d".into());
+        assert!(told(&timers), "and is told of the next deadline");
+    }
+
+    #[tokio::test]
     async fn due_calls_come_off_the_list_in_deadline_order_and_the_rest_stay() {
         let timers = RelayTimers::default();
         let now = Instant::now();
@@ -256,14 +309,10 @@ mod tests {
         timers.add((now + ms(10), 2), "a".into());
         timers.add((now + ms(10), 3), "b".into());
         timers.add((now + ms(90), 4), "d".into());
-        assert_eq!(timers.next(), Some(now + ms(10)));
+        assert_eq!(timers.arm(), Some(now + ms(10)));
         assert_eq!(timers.due(now + ms(30)), ["a", "b", "c"]);
         assert!(timers.due(now + ms(30)).is_empty());
         timers.remove(&(now + ms(90), 4));
-        assert_eq!(
-            timers.next(),
-            None,
-            "an answered call leaves nothing behind"
-        );
+        assert_eq!(timers.arm(), None, "an answered call leaves nothing behind");
     }
 }
