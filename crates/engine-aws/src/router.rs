@@ -20,7 +20,7 @@
 //!   registry, which is how the router and the other Lambdas find it.
 
 use bus::access::{Access, Principal, Role};
-use bus::protocol::{ErrorBody, codes};
+use bus::protocol::{ErrorBody, RESULT_PART_TYPE, RESULT_PARTS_MAX, codes};
 use bus::registry::Registry;
 use bus::secrets::SecretStore;
 pub use bus_aws::invoke::{
@@ -638,8 +638,6 @@ pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
 /// How much of an answer's JSON text one `invocationresultpart` carries (escaped inside the
 /// part as a JSON string, with room for the envelope).
 pub const PART_TEXT_BYTES: usize = 96 * 1024;
-/// The most parts one answer is sent in (a Lambda's answer is at most 6 MB).
-pub const MAX_PARTS: usize = 128;
 
 /// Whether the `invokefunction` in `body` asked for a large answer in parts
 /// (`"accept_parts": true`, PROTOCOL.md).
@@ -649,7 +647,7 @@ fn asks_for_parts(body: &str) -> bool {
 
 /// The messages that carry `reply`: itself when it fits one WebSocket message; an answer
 /// that does not, in `invocationresultpart` messages when the call asked for them
-/// (`accepts_parts`), else an error answer naming its size ([`fit_message`]). Most replies
+/// (`accepts_parts`), else an error answer naming its size. Most replies
 /// are far under the limit, and their bound says so without writing their JSON.
 pub fn fit_or_split(reply: Value, accepts_parts: impl FnOnce() -> bool) -> Vec<Value> {
     if reply["type"] != "invocationresult"
@@ -665,14 +663,15 @@ pub fn fit_or_split(reply: Value, accepts_parts: impl FnOnce() -> bool) -> Vec<V
         return vec![too_large(&reply, text.len())];
     }
     let slices = json_string_slices(&text, PART_TEXT_BYTES);
-    if slices.len() > MAX_PARTS {
+    // At most `RESULT_PARTS_MAX` parts (a Lambda's answer is at most 6 MB anyway).
+    if slices.len() > RESULT_PARTS_MAX as usize {
         return vec![too_large(&reply, text.len())];
     }
     let count = slices.len();
     slices
         .into_iter()
         .enumerate()
-        .map(|(index, slice)| json!({"type": "invocationresultpart", "invocation_id": reply["invocation_id"], "index": index, "count": count, "text": slice}))
+        .map(|(index, slice)| json!({"type": RESULT_PART_TYPE, "invocation_id": reply["invocation_id"], "index": index, "count": count, "text": slice}))
         .collect()
 }
 
@@ -697,16 +696,6 @@ fn json_string_slices(text: &str, budget: usize) -> Vec<&str> {
         out.push(&text[start..]);
     }
     out
-}
-
-/// An answer that would not fit one WebSocket message becomes an error answer naming its
-/// size, so the caller hears back instead of waiting out its timeout.
-pub fn fit_message(reply: Value) -> Value {
-    let size = reply.to_string().len();
-    if size <= MAX_MESSAGE_BYTES || reply["type"] != "invocationresult" {
-        return reply;
-    }
-    too_large(&reply, size)
 }
 
 /// The error answer that names the size of an answer too large for one message.

@@ -157,9 +157,12 @@ async fn an_invoke_is_retried_only_when_lambda_says_it_did_not_start() {
 #[test]
 fn an_answer_too_large_for_one_message_becomes_an_error_that_names_its_size() {
     let small = json!({"type": "invocationresult", "invocation_id": "i1", "function_id": "f", "result": {"x": 1}});
-    assert_eq!(fit_message(small.clone()), small);
+    let not_asked = || false;
+    assert_eq!(fit_or_split(small.clone(), not_asked), vec![small]);
     let big = json!({"type": "invocationresult", "invocation_id": "i2", "function_id": "engine::functions::list", "result": {"x": "y".repeat(MAX_MESSAGE_BYTES)}});
-    let fitted = fit_message(big);
+    let mut fitted = fit_or_split(big, not_asked);
+    assert_eq!(fitted.len(), 1);
+    let fitted = fitted.remove(0);
     assert_eq!(fitted["invocation_id"], "i2");
     assert_eq!(fitted["error"]["code"], "payload_too_large");
     let message = fitted["error"]["message"].as_str().unwrap();
