@@ -4,6 +4,7 @@
 //! to any more are marked to expire, and the live ones are not.
 
 use crate::common;
+use engine_gateway::aws::state::DynamoState;
 
 use engine_gateway::server::{self, BackendKind};
 use engine_gateway::state::{ChangeKind, StateError, TxWrite, UpdateOp, WriteMeta};
@@ -179,23 +180,10 @@ async fn values_over_one_dynamodb_item_are_stored_whole_by_every_write() {
 }
 
 /// The partition of the parts of `key`'s value, which must be stored apart.
-async fn parts_scope_of(
-    ddb: &aws_sdk_dynamodb::Client,
-    table: &str,
-    scope: &str,
-    key: &str,
-) -> String {
+async fn parts_scope_of(state: &DynamoState, scope: &str, key: &str) -> String {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let head = ddb
-        .get_item()
-        .table_name(table)
-        .key("scope", AttributeValue::S(scope.into()))
-        .key("key", AttributeValue::S(key.into()))
-        .send()
-        .await
-        .unwrap();
-    let item = head.item().unwrap();
-    assert!(item.get("value").is_none(), "{key} is stored apart");
+    let item = state.stored_item(scope, key).await.unwrap().unwrap();
+    assert!(!item.contains_key("value"), "{key} is stored apart");
     let Some(AttributeValue::S(generation)) = item.get("pg") else {
         panic!("{key} names its parts: {item:?}");
     };
@@ -206,21 +194,14 @@ async fn parts_scope_of(
 async fn corrupt_a_part_of(prefix: &str, scope: &str, key: &str) {
     use aws_sdk_dynamodb::types::AttributeValue;
     let clients = engine_gateway::aws::AwsClients::from_env().await;
-    let table = engine_gateway::aws::AwsNames::new(prefix).state_table();
-    let part = (
-        parts_scope_of(&clients.dynamodb, &table, scope, key).await,
-        "0".to_string(),
+    let names = engine_gateway::aws::AwsNames::new(prefix);
+    let (table, state) = (
+        names.state_table(),
+        DynamoState::new(clients.clone(), &names),
     );
-    let item = clients
-        .dynamodb
-        .get_item()
-        .table_name(&table)
-        .key("scope", AttributeValue::S(part.0.clone()))
-        .key("key", AttributeValue::S(part.1.clone()))
-        .send()
-        .await
-        .unwrap();
-    let Some(AttributeValue::B(bytes)) = item.item().unwrap().get("b") else {
+    let part = (parts_scope_of(&state, scope, key).await, "0".to_string());
+    let item = state.stored_item(&part.0, &part.1).await.unwrap();
+    let Some(AttributeValue::B(bytes)) = item.as_ref().and_then(|i| i.get("b")) else {
         panic!("a part holds bytes");
     };
     let mut bytes = bytes.clone().into_inner();
@@ -243,11 +224,15 @@ async fn corrupt_a_part_of(prefix: &str, scope: &str, key: &str) {
 async fn parts_no_record_points_to_are_marked_to_expire(prefix: &str, scope: &str) {
     use aws_sdk_dynamodb::types::AttributeValue;
     let clients = engine_gateway::aws::AwsClients::from_env().await;
-    let table = engine_gateway::aws::AwsNames::new(prefix).state_table();
+    let names = engine_gateway::aws::AwsNames::new(prefix);
+    let (table, state) = (
+        names.state_table(),
+        DynamoState::new(clients.clone(), &names),
+    );
     let ddb = &clients.dynamodb;
     let mut live = Vec::new();
     for key in ["b", "d", "e"] {
-        live.push(parts_scope_of(ddb, &table, scope, key).await);
+        live.push(parts_scope_of(&state, scope, key).await);
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -172,8 +172,9 @@ impl DynamoState {
         }
     }
 
-    /// A record's item as stored: its value inline, or where its parts are.
-    async fn read_head(&self, scope: &str, key: &str) -> Result<Option<Head>, StateError> {
+    /// A record's item as stored (a consistent read): its value inline, or where its parts
+    /// are, not read. What a stream record's image of it shows.
+    pub async fn stored_item(&self, scope: &str, key: &str) -> Result<Option<Item>, StateError> {
         let out = self
             .clients
             .dynamodb
@@ -185,8 +186,13 @@ impl DynamoState {
             .send()
             .await
             .map_err(|e| storage(err_text(&e)))?;
-        match out.item() {
-            Some(item) => decode_head(item),
+        Ok(out.item)
+    }
+
+    /// A record's item as stored: its value inline, or where its parts are.
+    async fn read_head(&self, scope: &str, key: &str) -> Result<Option<Head>, StateError> {
+        match self.stored_item(scope, key).await? {
+            Some(item) => decode_head(&item),
             None => Ok(None),
         }
     }

@@ -366,7 +366,6 @@ async fn the_router_lambda_behind_the_emulated_api() {
 /// batch's first failure (the mapping retries from it), after the records before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_router_reads_records_stored_apart_and_retries_from_one_it_cannot() {
-    use aws_sdk_dynamodb::types::AttributeValue;
     use engine_gateway::state::StateStore;
     if !engine_gateway::server::aws_test_backend() {
         eprintln!("skipped: runs on the AWS backend (HARNESS_TEST_BACKEND=aws)");
@@ -385,18 +384,7 @@ async fn the_stream_router_reads_records_stored_apart_and_retries_from_one_it_ca
         .set("agent", key, parked, None, &Default::default())
         .await
         .unwrap();
-    let item = clients
-        .dynamodb
-        .get_item()
-        .table_name(names.state_table())
-        .key("scope", AttributeValue::S("agent".into()))
-        .key("key", AttributeValue::S(key.into()))
-        .send()
-        .await
-        .unwrap()
-        .item()
-        .cloned()
-        .unwrap();
+    let item = state.stored_item("agent", key).await.unwrap().unwrap();
     let image = engine_gateway::aws::spill::json_image(&item);
     assert!(image.get("pg").is_some() && image.get("value").is_none());
     let record = |seq: &str, image: Value| json!({"eventName": "INSERT", "eventSource": "aws:dynamodb", "dynamodb": {"Keys": {"scope": {"S": "agent"}, "key": {"S": key}}, "NewImage": image, "SequenceNumber": seq}});

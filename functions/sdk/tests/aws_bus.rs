@@ -336,26 +336,13 @@ async fn every_write_names_the_values_filled_fields_for_stream_filters() {
     let state = engine_gateway::aws::state::DynamoState::new(clients.clone(), &names);
     let meta = engine_gateway::state::WriteMeta::default();
     let filled = |key: &'static str| {
-        let (clients, table) = (clients.clone(), names.state_table());
+        let state = &state;
         async move {
-            let out = clients
-                .dynamodb
-                .get_item()
-                .table_name(table)
-                .key(
-                    "scope",
-                    aws_sdk_dynamodb::types::AttributeValue::S("agent".into()),
-                )
-                .key(
-                    "key",
-                    aws_sdk_dynamodb::types::AttributeValue::S(key.into()),
-                )
-                .send()
+            let mut set = state
+                .stored_item("agent", key)
                 .await
-                .unwrap();
-            let mut set = out
-                .item()
-                .and_then(|i| i.get("filled"))
+                .unwrap()
+                .and_then(|i| i.get("filled").cloned())
                 .map(|v| v.as_ss().unwrap().clone())
                 .unwrap_or_default();
             set.sort();
@@ -423,7 +410,6 @@ async fn every_write_names_the_values_filled_fields_for_stream_filters() {
 /// Lambda hands its handler the whole record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_trigger_gets_a_record_stored_apart_whole() {
-    use aws_sdk_dynamodb::types::AttributeValue;
     if !engine_gateway::server::aws_test_backend() {
         eprintln!("aws_bus: runs on the AWS backend only (HARNESS_TEST_BACKEND=aws)");
         return;
@@ -449,18 +435,7 @@ async fn a_state_trigger_gets_a_record_stored_apart_whole() {
         .unwrap();
 
     // The item as the table's stream shows it (NEW_AND_OLD_IMAGES), in a Lambda event's JSON.
-    let item = clients
-        .dynamodb
-        .get_item()
-        .table_name(names.state_table())
-        .key("scope", AttributeValue::S("agent".into()))
-        .key("key", AttributeValue::S(key.into()))
-        .send()
-        .await
-        .unwrap()
-        .item()
-        .cloned()
-        .unwrap();
+    let item = state.stored_item("agent", key).await.unwrap().unwrap();
     let image = engine_gateway::aws::spill::json_image(&item);
     assert_eq!(
         image.as_object().unwrap().len(),
