@@ -93,6 +93,31 @@ function configWithBudget() {
   return path;
 }
 
+// The page's socket to its engine, through playwright: every message passes as it is, but
+// for what `rewrite` changes on its way to the page. `rewrite(msg, text, answersCall)` gets
+// each message from the engine that is JSON (`answersCall`: it is the answer to a call of
+// `functionId` the page made) and gives the messages to send instead, or null.
+async function routeEngine(page, functionId, rewrite) {
+  const calls = new Set();
+  await page.routeWebSocket(/^wss?:/, (ws) => {
+    const server = ws.connectToServer();
+    ws.onMessage((m) => {
+      try {
+        const msg = JSON.parse(m);
+        if (msg.type === "invokefunction" && msg.function_id === functionId) calls.add(msg.invocation_id);
+      } catch { /* passed on as it is */ }
+      server.send(m);
+    });
+    server.onMessage((m) => {
+      let msg = null;
+      try { msg = JSON.parse(m); } catch { /* passed on as it is */ }
+      const instead = msg && rewrite(msg, String(m), msg.type === "invocationresult" && calls.delete(msg.invocation_id));
+      if (!instead) { ws.send(m); return; }
+      for (const out of instead) ws.send(JSON.stringify(out));
+    });
+  });
+}
+
 // No bus error may be on screen.
 async function noErrors(page, where) {
   const errors = await page.locator("#errors .error").allTextContents();
@@ -313,26 +338,8 @@ test("the console joins an answer in parts, and refuses parts that cannot be one
   const consoleErrors = [];
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
   let cut = null;
-  const asked = new Set();
-  await page.routeWebSocket(/^wss?:/, (ws) => {
-    const server = ws.connectToServer();
-    ws.onMessage((m) => {
-      try {
-        const msg = JSON.parse(m);
-        if (msg.type === "invokefunction" && msg.function_id === "engine::functions::list") asked.add(msg.invocation_id);
-      } catch { /* not ours to judge */ }
-      server.send(m);
-    });
-    server.onMessage((m) => {
-      let msg = null;
-      try { msg = JSON.parse(m); } catch { /* passed on as it is */ }
-      if (cut && msg && msg.type === "invocationresult" && asked.delete(msg.invocation_id)) {
-        for (const part of cut(String(m), msg.invocation_id)) ws.send(JSON.stringify({ type: "invocationresultpart", invocation_id: msg.invocation_id, ...part }));
-        return;
-      }
-      ws.send(m);
-    });
-  });
+  await routeEngine(page, "engine::functions::list", (msg, text, answersCall) =>
+    cut && answersCall ? cut(text, msg.invocation_id).map((part) => ({ type: "invocationresultpart", invocation_id: msg.invocation_id, ...part })) : null);
   await page.goto(link);
   await page.locator("#conn.online").waitFor({ timeout: 15000 });
   const third = (t) => [t.slice(0, t.length / 3 | 0), t.slice(t.length / 3 | 0, 2 * t.length / 3 | 0), t.slice(2 * t.length / 3 | 0)];
@@ -391,35 +398,21 @@ test("a result left out of a pushed event shows as its size until the history ha
   const consoleErrors = [];
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
   let cutting = true;
-  const historyReads = new Set();
-  await page.routeWebSocket(/^wss?:/, (ws) => {
-    const server = ws.connectToServer();
-    ws.onMessage((m) => {
-      try {
-        const msg = JSON.parse(m);
-        if (msg.type === "invokefunction" && msg.function_id === "session-tree::messages") historyReads.add(msg.invocation_id);
-      } catch { /* passed on */ }
-      server.send(m);
-    });
-    server.onMessage((m) => {
-      let msg = null;
-      try { msg = JSON.parse(m); } catch { /* passed on */ }
-      if (cutting && msg && msg.type === "streamevent" && msg.event) {
-        const ev = msg.event;
-        const data = ev.type === "create" || ev.type === "update" ? ev.data : ev.type === "function_execution_end" ? ev.data : null;
-        if (data && (data.type === "function_execution_end" || ev.type === "function_execution_end") && "result" in data) {
-          data.result = { omitted: { bytes: 131337 } };
-          ws.send(JSON.stringify(msg));
-          return;
-        }
+  await routeEngine(page, "session-tree::messages", (msg, text, answersCall) => {
+    if (!cutting) return null;
+    if (msg.type === "streamevent" && msg.event) {
+      const ev = msg.event;
+      const data = ev.type === "create" || ev.type === "update" ? ev.data : ev.type === "function_execution_end" ? ev.data : null;
+      if (data && (data.type === "function_execution_end" || ev.type === "function_execution_end") && "result" in data) {
+        data.result = { omitted: { bytes: 131337 } };
+        return [msg];
       }
-      if (cutting && msg && msg.type === "invocationresult" && historyReads.delete(msg.invocation_id) && msg.result && Array.isArray(msg.result.messages)) {
-        msg.result.messages = msg.result.messages.filter((x) => x.role !== "function_result");
-        ws.send(JSON.stringify(msg));
-        return;
-      }
-      ws.send(m);
-    });
+    }
+    if (answersCall && msg.result && Array.isArray(msg.result.messages)) {
+      msg.result.messages = msg.result.messages.filter((x) => x.role !== "function_result");
+      return [msg];
+    }
+    return null;
   });
   await page.goto(link);
   await page.locator("#conn.online").waitFor({ timeout: 15000 });
