@@ -164,7 +164,13 @@ async fn values_over_one_dynamodb_item_are_stored_whole_by_every_write() {
     );
 
     if opts.backend == BackendKind::Aws {
-        parts_no_record_points_to_are_marked_to_expire(&opts.aws.prefix, &scope).await;
+        let left =
+            a_writer_that_dies_at_any_step_leaves_no_part_unmarked(&opts.aws.prefix, &scope).await;
+        let retired =
+            parts_no_record_points_to_are_marked_to_expire(&opts.aws.prefix, &scope).await;
+        for part_scope in &left {
+            assert!(retired.contains(part_scope), "{part_scope} is marked");
+        }
         let err = b
             .state
             .set(&scope, "f", json!("z".repeat(9 << 20)), None, &meta)
@@ -219,9 +225,102 @@ async fn corrupt_a_part_of(prefix: &str, scope: &str, key: &str) {
         .unwrap();
 }
 
+/// A writer that dies after writing its parts and before its record leaves them marked to
+/// expire (they are born so). And every write that stores a value apart, replaces one or
+/// deletes one makes no call after its transaction, which claims the new parts and marks the
+/// old ones: a writer that dies once it committed leaves nothing to do. The partitions of
+/// the parts left behind (to be found marked).
+async fn a_writer_that_dies_at_any_step_leaves_no_part_unmarked(
+    prefix: &str,
+    scope: &str,
+) -> Vec<String> {
+    use engine_gateway::aws::{api_calls, spill};
+    use engine_gateway::state::StateStore;
+    let clients = engine_gateway::aws::AwsClients::from_env().await;
+    let names = engine_gateway::aws::AwsNames::new(prefix);
+    let state = DynamoState::new(clients.clone(), &names);
+    let meta = WriteMeta::default();
+
+    // Dies between its parts and its record.
+    let body = spill::Body::of(&large(9)).unwrap();
+    spill::write_parts(&clients.dynamodb, &names.state_table(), &body)
+        .await
+        .unwrap();
+    let mut left = vec![format!("$parts/{}", body.parts().unwrap().generation)];
+
+    // Each write: no call after its transaction, which names the parts' partitions.
+    let after_commit = |what: &str, calls: std::collections::BTreeMap<String, u64>| {
+        let late: Vec<_> = calls
+            .keys()
+            .filter(|k| !k.contains("TransactWriteItems") && k.contains("$parts/"))
+            .filter(|k| !k.contains("PutItem") && !k.contains("GetItem"))
+            .collect();
+        assert!(
+            late.is_empty(),
+            "{what}: parts touched outside the transaction: {late:?}"
+        );
+        assert!(
+            calls
+                .keys()
+                .any(|k| k.contains("TransactWriteItems") && k.contains("$parts/")),
+            "{what}: the transaction claims or marks the parts: {calls:?}"
+        );
+    };
+    let before = api_calls::snapshot();
+    let first = state.set(scope, "g", large(10), None, &meta).await.unwrap();
+    after_commit("a new record stored apart", api_calls::since(&before));
+    left.push(parts_scope_of(&state, scope, "g").await);
+
+    let before = api_calls::snapshot();
+    let second = state.set(scope, "g", large(11), None, &meta).await.unwrap();
+    after_commit("apart over apart", api_calls::since(&before));
+    assert_eq!(second.old_value, Some(large(10)));
+    assert_eq!(second.version, first.version + 1);
+    left.push(parts_scope_of(&state, scope, "g").await);
+
+    let before = api_calls::snapshot();
+    let third = state
+        .set(scope, "g", json!("small"), Some(second.version), &meta)
+        .await
+        .unwrap();
+    after_commit("inline over apart", api_calls::since(&before));
+    assert_eq!(third.old_value, Some(large(11)));
+
+    let before = api_calls::snapshot();
+    let fourth = state.set(scope, "g", large(12), None, &meta).await.unwrap();
+    after_commit("apart over inline", api_calls::since(&before));
+    assert_eq!(
+        (fourth.old_value, fourth.version),
+        (Some(json!("small")), third.version + 1)
+    );
+    left.push(parts_scope_of(&state, scope, "g").await);
+
+    // A delete at a version that is not the record's is refused, whole.
+    let err = state
+        .delete(scope, "g", Some(third.version), &meta)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::VersionConflict { .. }), "{err}");
+    let before = api_calls::snapshot();
+    let gone = state
+        .delete(scope, "g", Some(fourth.version), &meta)
+        .await
+        .unwrap();
+    after_commit(
+        "a delete of a record stored apart",
+        api_calls::since(&before),
+    );
+    assert_eq!(gone.old_value, Some(large(12)));
+    assert!(state.get(scope, "g").await.unwrap().is_none());
+    left
+}
+
 /// Every part in the table is the live parts of `d`, `e` or `b` (unmarked) or marked to
-/// expire about a day from now.
-async fn parts_no_record_points_to_are_marked_to_expire(prefix: &str, scope: &str) {
+/// expire about a day from now: the partitions of those.
+async fn parts_no_record_points_to_are_marked_to_expire(
+    prefix: &str,
+    scope: &str,
+) -> std::collections::BTreeSet<String> {
     use aws_sdk_dynamodb::types::AttributeValue;
     let clients = engine_gateway::aws::AwsClients::from_env().await;
     let names = engine_gateway::aws::AwsNames::new(prefix);
@@ -279,4 +378,5 @@ async fn parts_no_record_points_to_are_marked_to_expire(prefix: &str, scope: &st
     assert!(live_parts >= 3 * 2, "{live_parts} live parts");
     // a: 1, 2, 3, 33 (its update), and the failed transaction's d; c: 4.
     assert!(retired.len() >= 6, "{retired:?}");
+    retired
 }

@@ -9,13 +9,16 @@
 //! a record's item finds its parts whole; and each generation is a partition of its own, so
 //! large writes spread over the table rather than heating one partition.
 //!
-//! Parts that no record points to any more (the record was overwritten or deleted, or the
-//! write they were made for failed) are marked to expire ([`EXPIRES`], the table's TTL
-//! attribute) a little over a day later rather than deleted: a stream record (kept 24 hours)
-//! still reads the value its image names.
+//! Parts are born marked to expire ([`EXPIRES`], the table's TTL attribute, a little over a
+//! day later), and the write of the record's item that points to them takes the mark off in
+//! the same transaction ([`claims`]), while it marks the parts of the value it replaces
+//! ([`retirements`]). So parts no record points to are always marked, whatever step a writer
+//! dies at: before its record's write (its parts were never claimed) or after it (nothing is
+//! left to do). Marked parts are not deleted at once: a stream record (kept 24 hours) still
+//! reads the value its image names.
 
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -271,8 +274,17 @@ pub fn decode_head(item: &Item) -> Result<Option<Head>, StateError> {
         .map(|parts| Head::Apart { version, parts }))
 }
 
+/// When parts marked now expire (epoch seconds).
+fn retired_at() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        + RETIRED_FOR_SECS
+}
+
 /// Write `body`'s parts (before the record's item that points to them); nothing for an
-/// inline value. On a failure, what was written is retired.
+/// inline value. They are born marked to expire: until a write of the record claims them,
+/// nothing points to them (and a writer that dies here leaves nothing unmarked).
 pub async fn write_parts(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -281,6 +293,7 @@ pub async fn write_parts(
     let Body::Apart { parts, text, .. } = body else {
         return Ok(());
     };
+    let expires = AttributeValue::N(retired_at().to_string());
     let mut writes = tokio::task::JoinSet::new();
     for (i, chunk) in text.as_bytes().chunks(PART_BYTES).enumerate() {
         let put = ddb
@@ -288,7 +301,8 @@ pub async fn write_parts(
             .table_name(table)
             .item("scope", AttributeValue::S(parts.scope()))
             .item("key", AttributeValue::S(i.to_string()))
-            .item("b", AttributeValue::B(Blob::new(chunk.to_vec())));
+            .item("b", AttributeValue::B(Blob::new(chunk.to_vec())))
+            .item(EXPIRES, expires.clone());
         writes.spawn(async move { put.send().await.map_err(|e| storage(crate::err_text(&e))) });
     }
     let mut failed = None;
@@ -299,11 +313,49 @@ pub async fn write_parts(
     }
     match failed {
         None => Ok(()),
-        Some(e) => {
-            retire(ddb, table, parts).await;
-            Err(StateError::Storage(format!("a part of a large value: {e}")))
-        }
+        Some(e) => Err(StateError::Storage(format!("a part of a large value: {e}"))),
     }
+}
+
+/// The updates that take the mark off `parts` (each only if it is still there), for the
+/// transaction that makes a record point to them.
+pub fn claims(table: &str, parts: &Parts) -> Result<Vec<TransactWriteItem>, StateError> {
+    (0..parts.count)
+        .map(|i| {
+            let update = Update::builder()
+                .table_name(table)
+                .key("scope", AttributeValue::S(parts.scope()))
+                .key("key", AttributeValue::S(i.to_string()))
+                .update_expression("REMOVE #e")
+                .condition_expression("attribute_exists(#k)")
+                .expression_attribute_names("#e", EXPIRES)
+                .expression_attribute_names("#k", "key")
+                .build()
+                .map_err(storage)?;
+            Ok(TransactWriteItem::builder().update(update).build())
+        })
+        .collect()
+}
+
+/// The updates that mark `parts` to expire, for the transaction that makes their record
+/// point elsewhere (or deletes it). Unconditional: a part already gone leaves a stub that
+/// expires with the mark, rather than a record nobody could write again.
+pub fn retirements(table: &str, parts: &Parts) -> Result<Vec<TransactWriteItem>, StateError> {
+    let at = AttributeValue::N(retired_at().to_string());
+    (0..parts.count)
+        .map(|i| {
+            let update = Update::builder()
+                .table_name(table)
+                .key("scope", AttributeValue::S(parts.scope()))
+                .key("key", AttributeValue::S(i.to_string()))
+                .update_expression("SET #e = :e")
+                .expression_attribute_names("#e", EXPIRES)
+                .expression_attribute_values(":e", at.clone())
+                .build()
+                .map_err(storage)?;
+            Ok(TransactWriteItem::builder().update(update).build())
+        })
+        .collect()
 }
 
 /// The value whose parts these are.
@@ -350,13 +402,11 @@ pub async fn read_parts(
     })
 }
 
-/// Mark parts no record points to any more to expire. Best effort: a part left unmarked is
-/// only space.
+/// Mark parts no record points to any more to expire, after the write that left them (only
+/// where a transaction had no room for their [`retirements`]). Best effort: a part left
+/// unmarked is only space.
 pub async fn retire(ddb: &aws_sdk_dynamodb::Client, table: &str, parts: &Parts) {
-    let at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        + RETIRED_FOR_SECS;
+    let at = retired_at();
     let mut marks = tokio::task::JoinSet::new();
     for i in 0..parts.count {
         let mark = ddb

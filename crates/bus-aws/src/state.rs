@@ -288,31 +288,110 @@ impl DynamoState {
         want_old: bool,
     ) -> Result<Option<(Option<Versioned>, u64)>, StateError> {
         let body = Body::of(value)?;
-        self.write_parts(&body).await?;
         let new_version = next_version(current);
-        let put = ConditionalPut::new(scope, key, value, &body, new_version, current, meta);
-        let req = self
-            .clients
-            .dynamodb
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(put.item))
-            .condition_expression(put.condition)
-            .set_expression_attribute_names(Some(put.names))
-            .set_expression_attribute_values(put.values)
-            .return_values(ReturnValue::AllOld);
-        match req.send().await {
-            Ok(out) => Ok(Some((
-                self.replaced(out.attributes(), want_old).await?,
-                new_version,
-            ))),
-            Err(e) => {
-                self.retire(body.parts()).await;
-                if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") {
-                    return Ok(None);
+        if body.parts().is_none() {
+            // Inline over inline: one PutItem, which hands back the old item. It is refused
+            // over a record stored apart, whose parts are marked in the write's transaction.
+            let put = ConditionalPut::new(scope, key, value, &body, new_version, current, meta);
+            let mut names = put.names;
+            names.insert("#pg".into(), spill::GENERATION.into());
+            let req = self
+                .clients
+                .dynamodb
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(put.item))
+                .condition_expression(format!("{} AND attribute_not_exists(#pg)", put.condition))
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(put.values)
+                .return_values(ReturnValue::AllOld);
+            match req.send().await {
+                Ok(out) => {
+                    let old = self.replaced(out.attributes(), want_old).await?;
+                    return Ok(Some((old, new_version)));
                 }
-                Err(storage(err_text(&e)))
+                Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {}
+                Err(e) => return Err(storage(err_text(&e))),
             }
+        }
+        let head = self.read_head(scope, key).await?;
+        if head.as_ref().map(Head::version) != current {
+            return Ok(None);
+        }
+        self.put_over(scope, key, value, body, head, new_version, meta, want_old)
+            .await
+    }
+
+    /// Write `value` at `version` over the record as `head` was read, in one transaction
+    /// that also claims the new value's parts and marks the old value's (see
+    /// `transactions`); `None` when another writer got there first. The old value's parts
+    /// are read (before the write) only when `want_old`.
+    #[allow(clippy::too_many_arguments)]
+    async fn put_over(
+        &self,
+        scope: &str,
+        key: &str,
+        value: &Value,
+        body: Body,
+        head: Option<Head>,
+        version: u64,
+        meta: &WriteMeta,
+        want_old: bool,
+    ) -> Result<Option<(Option<Versioned>, u64)>, StateError> {
+        let current = head.as_ref().map(Head::version);
+        let old_parts = head.as_ref().and_then(|h| h.parts().cloned());
+        let old = match head {
+            None => None,
+            Some(Head::Inline(v)) => Some(v),
+            Some(Head::Apart { version, parts }) => Some(Versioned {
+                value: if want_old {
+                    self.old_value_of(&parts).await
+                } else {
+                    Value::Null
+                },
+                version,
+            }),
+        };
+        let mut write = [TxItem {
+            scope,
+            key,
+            value,
+            body,
+            expected_version: Some(current.unwrap_or(0)),
+            expected_value: None,
+            version: Some(version),
+            old_parts,
+        }];
+        match self.transact_writes(&mut write, meta).await {
+            Ok(()) => Ok(Some((old, version))),
+            Err(TxRefused::Conflict { .. }) => Ok(None),
+            Err(TxRefused::Storage(e)) => Err(e),
+        }
+    }
+
+    /// A value about to be replaced, read from its parts; null (logged) when they cannot be
+    /// read, rather than a record that can never be written again.
+    async fn old_value_of(&self, parts: &Parts) -> Value {
+        self.read_parts(parts).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the replaced value's parts could not be read");
+            Value::Null
+        })
+    }
+
+    /// One chunk of a `set_many`, in one transaction; emptied after.
+    async fn set_chunk(
+        &self,
+        chunk: &mut Vec<TxItem<'_>>,
+        meta: &WriteMeta,
+    ) -> Result<(), StateError> {
+        let out = self.transact_writes(chunk, meta).await;
+        chunk.clear();
+        match out {
+            Ok(()) => Ok(()),
+            Err(TxRefused::Conflict { index, .. }) => Err(storage(format!(
+                "transaction item {index}: its condition failed"
+            ))),
+            Err(TxRefused::Storage(e)) => Err(e),
         }
     }
 }
@@ -347,37 +426,61 @@ impl StateStore for DynamoState {
             let found = self.version_of(scope, key).await?;
             return Err(Self::conflict(scope, key, expected, found));
         }
-        // Unconditional: one atomic UpdateItem bumps the version and returns the old image.
+        // Unconditional and inline over inline: one atomic UpdateItem bumps the version and
+        // returns the old image. It is refused over a record stored apart.
         let body = Body::of(&value)?;
-        self.write_parts(&body).await?;
-        let write = UnconditionalSet::new(&value, &body, meta);
-        let before_first = write.before_first;
-        let out = self
-            .clients
-            .dynamodb
-            .update_item()
-            .table_name(&self.table)
-            .key("scope", s(scope))
-            .key("key", s(key))
-            .set_expression_attribute_names(Some(write.names))
-            .set_expression_attribute_values(Some(write.values))
-            .update_expression(write.expression)
-            .return_values(ReturnValue::AllOld)
-            .send()
-            .await;
-        let out = match out {
-            Ok(out) => out,
-            Err(e) => {
-                self.retire(body.parts()).await;
-                return Err(storage(err_text(&e)));
+        if body.parts().is_none() {
+            let write = UnconditionalSet::new(&value, &body, meta);
+            let before_first = write.before_first;
+            let mut names = write.names;
+            names.insert("#pg".into(), spill::GENERATION.into());
+            let out = self
+                .clients
+                .dynamodb
+                .update_item()
+                .table_name(&self.table)
+                .key("scope", s(scope))
+                .key("key", s(key))
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(write.values))
+                .update_expression(write.expression)
+                .condition_expression("attribute_not_exists(#pg)")
+                .return_values(ReturnValue::AllOld)
+                .send()
+                .await;
+            match out {
+                Ok(out) => {
+                    let old = self.replaced(out.attributes(), true).await?;
+                    return Ok(WriteOutcome {
+                        version: old.as_ref().map_or(before_first + 1, |o| o.version + 1),
+                        old_value: old.map(|o| o.value),
+                        new_value: Some(value),
+                    });
+                }
+                Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {}
+                Err(e) => return Err(storage(err_text(&e))),
             }
-        };
-        let old = self.replaced(out.attributes(), true).await?;
-        Ok(WriteOutcome {
-            version: old.as_ref().map_or(before_first + 1, |o| o.version + 1),
-            old_value: old.map(|o| o.value),
-            new_value: Some(value),
-        })
+        }
+        // Stored apart, or over a record stored apart: a transaction at the version read
+        // (which tells the old value), read again when another writer came between.
+        for _ in 0..UPDATE_RETRIES {
+            let head = self.read_head(scope, key).await?;
+            let version = next_version(head.as_ref().map(Head::version));
+            let body = Body::of(&value)?;
+            if let Some((old, version)) = self
+                .put_over(scope, key, &value, body, head, version, meta, true)
+                .await?
+            {
+                return Ok(WriteOutcome {
+                    version,
+                    old_value: old.map(|o| o.value),
+                    new_value: Some(value),
+                });
+            }
+        }
+        Err(StateError::Storage(format!(
+            "set of {scope}/{key} kept conflicting after {UPDATE_RETRIES} attempts"
+        )))
     }
 
     async fn set_many(
@@ -390,10 +493,17 @@ impl StateStore for DynamoState {
         }
         let count = items.len();
         let mut chunk: Vec<TxItem<'_>> = Vec::new();
-        let mut chunk_bytes = 0;
+        let (mut chunk_bytes, mut chunk_items) = (0, 0);
         let mut iter = items.iter().peekable();
         while let Some((scope, key, value)) = iter.next() {
             let body = Body::of(value)?;
+            // A large value's parts are claimed in the same transaction: one item each.
+            let needs = 1 + body.parts().map_or(0, |p| p.count);
+            if !chunk.is_empty() && chunk_items + needs > TRANSACT_MAX_ITEMS {
+                self.set_chunk(&mut chunk, meta).await?;
+                (chunk_bytes, chunk_items) = (0, 0);
+            }
+            chunk_items += needs;
             chunk_bytes +=
                 scope.len() + key.len() + body.parts().map_or(body.text_len(), |_| 0) + 200;
             chunk.push(TxItem {
@@ -406,19 +516,10 @@ impl StateStore for DynamoState {
                 version: None,
                 old_parts: None,
             });
-            let full = chunk.len() == TRANSACT_MAX_ITEMS || chunk_bytes >= TRANSACT_MAX_BYTES;
+            let full = chunk_items >= TRANSACT_MAX_ITEMS || chunk_bytes >= TRANSACT_MAX_BYTES;
             if full || iter.peek().is_none() {
-                match self.transact_writes(&mut chunk, meta).await {
-                    Ok(()) => {}
-                    Err(TxRefused::Conflict { index, .. }) => {
-                        return Err(storage(format!(
-                            "transaction item {index}: its condition failed"
-                        )));
-                    }
-                    Err(TxRefused::Storage(e)) => return Err(e),
-                }
-                chunk.clear();
-                chunk_bytes = 0;
+                self.set_chunk(&mut chunk, meta).await?;
+                (chunk_bytes, chunk_items) = (0, 0);
             }
         }
         // A transaction returns no old images: whether each record existed is not known.
@@ -531,48 +632,82 @@ impl StateStore for DynamoState {
         _meta: &WriteMeta,
     ) -> Result<WriteOutcome, StateError> {
         validate_address(scope, key)?;
-        let mut req = self
-            .clients
-            .dynamodb
-            .delete_item()
-            .table_name(&self.table)
-            .key("scope", s(scope))
-            .key("key", s(key))
-            .return_values(ReturnValue::AllOld);
-        match expected_version {
-            None => {}
-            Some(0) => {
-                req = req
+        for _ in 0..UPDATE_RETRIES {
+            // One DeleteItem, which hands back the old item; refused over a record stored
+            // apart, whose parts are marked in the delete's transaction.
+            let mut req = self
+                .clients
+                .dynamodb
+                .delete_item()
+                .table_name(&self.table)
+                .key("scope", s(scope))
+                .key("key", s(key))
+                .return_values(ReturnValue::AllOld);
+            req = match expected_version {
+                None => req
+                    .condition_expression("attribute_not_exists(#pg)")
+                    .expression_attribute_names("#pg", spill::GENERATION),
+                Some(0) => req
                     .condition_expression("attribute_not_exists(#k)")
-                    .expression_attribute_names("#k", "key")
-            }
-            Some(v) => {
-                req = req
-                    .condition_expression("#v = :v")
+                    .expression_attribute_names("#k", "key"),
+                Some(v) => req
+                    .condition_expression("#v = :v AND attribute_not_exists(#pg)")
                     .expression_attribute_names("#v", "version")
-                    .expression_attribute_values(":v", AttributeValue::N(v.to_string()))
+                    .expression_attribute_names("#pg", spill::GENERATION)
+                    .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+            };
+            match req.send().await {
+                Ok(out) => {
+                    let old = self.replaced(out.attributes(), true).await?;
+                    return Ok(WriteOutcome {
+                        version: old.as_ref().map(|o| o.version).unwrap_or(0),
+                        old_value: old.map(|o| o.value),
+                        new_value: None,
+                    });
+                }
+                Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {}
+                Err(e) => return Err(storage(err_text(&e))),
             }
-        }
-        match req.send().await {
-            Ok(out) => {
-                let old = self.replaced(out.attributes(), true).await?;
-                Ok(WriteOutcome {
-                    version: old.as_ref().map(|o| o.version).unwrap_or(0),
-                    old_value: old.map(|o| o.value),
+            let head = self.read_head(scope, key).await?;
+            let (version, parts) = match head {
+                Some(Head::Apart { version, parts })
+                    if expected_version.is_none_or(|v| v == version) =>
+                {
+                    (version, parts)
+                }
+                other if expected_version.is_some() => {
+                    let found = other.as_ref().map(Head::version);
+                    return Err(Self::conflict(
+                        scope,
+                        key,
+                        expected_version.unwrap_or(0),
+                        found,
+                    ));
+                }
+                // Changed since the delete was refused: try again.
+                _ => continue,
+            };
+            let old_value = self.old_value_of(&parts).await;
+            if self.delete_apart(scope, key, version, &parts).await? {
+                return Ok(WriteOutcome {
+                    version,
+                    old_value: Some(old_value),
                     new_value: None,
-                })
+                });
             }
-            Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {
+            if expected_version.is_some() {
                 let found = self.version_of(scope, key).await?;
-                Err(Self::conflict(
+                return Err(Self::conflict(
                     scope,
                     key,
                     expected_version.unwrap_or(0),
                     found,
-                ))
+                ));
             }
-            Err(e) => Err(storage(err_text(&e))),
         }
+        Err(StateError::Storage(format!(
+            "delete of {scope}/{key} kept conflicting after {UPDATE_RETRIES} attempts"
+        )))
     }
 
     async fn list_page(

@@ -176,49 +176,130 @@ impl DynamoState {
         }
     }
 
-    /// Commit `writes` in one transaction (their parts written first); the parts they
-    /// replaced are retired after it, theirs when it fails.
+    /// Delete a record stored apart, still at `version` with `parts`, and mark its parts to
+    /// expire, in one transaction. `false`: the record is no longer so.
+    pub(super) async fn delete_apart(
+        &self,
+        scope: &str,
+        key: &str,
+        version: u64,
+        parts: &Parts,
+    ) -> Result<bool, StateError> {
+        use aws_sdk_dynamodb::types::{Delete, TransactWriteItem};
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .key("scope", s(scope))
+            .key("key", s(key))
+            .condition_expression("#v = :v AND #pg = :pg")
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_names("#pg", spill::GENERATION)
+            .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+            .expression_attribute_values(":pg", s(&parts.generation))
+            .build()
+            .map_err(storage)?;
+        let mut items = vec![TransactWriteItem::builder().delete(delete).build()];
+        items.extend(spill::retirements(&self.table, parts)?);
+        match self.transact_checked(items).await {
+            Ok(()) => Ok(true),
+            Err(TxFailed::Condition(_)) => Ok(false),
+            Err(TxFailed::Storage(e)) => Err(e),
+        }
+    }
+
+    /// Commit `writes` in one transaction (their parts written first). The transaction also
+    /// takes the mark off their parts and marks the parts they replace (`spill`), so a writer
+    /// that dies at any step leaves no part unmarked that no record points to. Parts of a
+    /// transaction that failed keep the mark they were born with.
     pub(super) async fn transact_writes(
         &self,
         writes: &mut [TxItem<'_>],
         meta: &WriteMeta,
     ) -> Result<(), TxRefused> {
         for w in writes.iter() {
-            if let Err(e) = self.write_parts(&w.body).await {
-                for w in writes.iter() {
-                    self.retire(w.body.parts()).await;
-                }
-                return Err(TxRefused::Storage(e));
-            }
+            self.write_parts(&w.body)
+                .await
+                .map_err(TxRefused::Storage)?;
         }
-        let out = self.transact_guarded(writes, meta).await;
-        for w in writes.iter() {
-            match &out {
-                Ok(()) => self.retire(w.old_parts.as_ref()).await,
-                Err(_) => self.retire(w.body.parts()).await,
-            }
+        let retire_after = self.transact_guarded(writes, meta).await?;
+        for parts in &retire_after {
+            self.retire(Some(parts)).await;
         }
-        out
+        Ok(())
     }
 
+    /// The transaction's items: each write's, then the claims on their new parts, then the
+    /// marks on the parts they replace, as many as DynamoDB's 100 items leave room for (the
+    /// rest are returned, to be marked after it commits).
+    fn build_all(&self, writes: &[TxItem<'_>], meta: &WriteMeta) -> Result<Built, StateError> {
+        let mut items = Vec::with_capacity(writes.len());
+        let mut roles = Vec::with_capacity(writes.len());
+        for (i, w) in writes.iter().enumerate() {
+            items.push(self.build(w, meta)?);
+            roles.push(Role::Write(i));
+        }
+        for (i, w) in writes.iter().enumerate() {
+            if let Some(parts) = w.body.parts() {
+                for claim in spill::claims(&self.table, parts)? {
+                    items.push(claim);
+                    roles.push(Role::Claim(i));
+                }
+            }
+        }
+        if items.len() > TRANSACT_MAX_ITEMS {
+            return Err(StateError::Invalid(format!(
+                "{} writes and the parts of their large values are {} DynamoDB items; one \
+                 transaction holds at most {TRANSACT_MAX_ITEMS}",
+                writes.len(),
+                items.len()
+            )));
+        }
+        let mut retire_after = Vec::new();
+        for old in writes.iter().filter_map(|w| w.old_parts.as_ref()) {
+            if items.len() + old.count <= TRANSACT_MAX_ITEMS {
+                for mark in spill::retirements(&self.table, old)? {
+                    items.push(mark);
+                    roles.push(Role::Retire);
+                }
+            } else {
+                retire_after.push(old.clone());
+            }
+        }
+        Ok(Built {
+            items,
+            roles,
+            retire_after,
+        })
+    }
+
+    /// Send `writes` until the guards on their records' parts hold (or a condition of the
+    /// caller's fails); the parts replaced that the transaction had no room to mark.
     async fn transact_guarded(
         &self,
         writes: &mut [TxItem<'_>],
         meta: &WriteMeta,
-    ) -> Result<(), TxRefused> {
+    ) -> Result<Vec<Parts>, TxRefused> {
         for _ in 0..PARTS_GUARD_ROUNDS {
-            let items = writes
-                .iter()
-                .map(|w| self.build(w, meta))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(TxRefused::Storage)?;
-            let failed = match self.transact_checked(items).await {
-                Ok(()) => return Ok(()),
+            let built = self.build_all(writes, meta).map_err(TxRefused::Storage)?;
+            let failed = match self.transact_checked(built.items).await {
+                Ok(()) => return Ok(built.retire_after),
                 Err(TxFailed::Storage(e)) => return Err(TxRefused::Storage(e)),
                 Err(TxFailed::Condition(failed)) => failed,
             };
-            // A failed condition may be only the guard on the parts: read where they are.
-            for i in failed {
+            for item in failed {
+                let i = match built.roles.get(item) {
+                    Some(Role::Write(i)) => *i,
+                    Some(Role::Claim(i)) => {
+                        let w = &writes[*i];
+                        return Err(TxRefused::Storage(storage(format!(
+                            "a part of the value for {}/{} was gone before the record pointed \
+                             to it",
+                            w.scope, w.key
+                        ))));
+                    }
+                    // Marks have no condition.
+                    Some(Role::Retire) | None => continue,
+                };
+                // A failed condition may be only the guard on the parts: read where they are.
                 let w = &mut writes[i];
                 let head = self
                     .read_head(w.scope, w.key)
@@ -243,4 +324,22 @@ impl DynamoState {
             "the transaction's records kept changing how they were stored",
         )))
     }
+}
+
+/// What one item of a built transaction is.
+enum Role {
+    /// The write of `writes[i]`'s record.
+    Write(usize),
+    /// A claim on a part of `writes[i]`'s new value.
+    Claim(usize),
+    /// A mark on a part of a value replaced.
+    Retire,
+}
+
+/// A transaction as sent: its items, what each is, and the replaced parts it had no room
+/// to mark.
+struct Built {
+    items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    roles: Vec<Role>,
+    retire_after: Vec<Parts>,
 }
