@@ -241,6 +241,24 @@ async fn a_writer_that_dies_at_any_step_leaves_no_part_unmarked(
     let state = DynamoState::new(clients.clone(), &names);
     let meta = WriteMeta::default();
 
+    // A transaction whose writes and parts pass DynamoDB's 100 items is refused by name
+    // before anything is written.
+    let mut writes: Vec<TxWrite> = (0..95)
+        .map(|i| TxWrite::new(scope, &format!("many-{i}"), json!(i), Some(0)))
+        .collect();
+    writes.push(TxWrite::new(scope, "many-large-1", large(13), Some(0)));
+    writes.push(TxWrite::new(scope, "many-large-2", large(14), Some(0)));
+    let before = api_calls::snapshot();
+    let err = state.transact(writes, &meta).await.unwrap_err();
+    assert!(matches!(err, StateError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("at most 100"), "{err}");
+    let calls = api_calls::since(&before);
+    let writes: Vec<_> = calls
+        .keys()
+        .filter(|k| k.contains("PutItem") || k.contains("TransactWriteItems"))
+        .collect();
+    assert!(writes.is_empty(), "nothing written: {writes:?}");
+
     // Dies between its parts and its record.
     let body = spill::Body::of(&large(9)).unwrap();
     spill::write_parts(&clients.dynamodb, &names.state_table(), &body)

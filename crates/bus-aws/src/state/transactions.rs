@@ -215,6 +215,18 @@ impl DynamoState {
         writes: &mut [TxItem<'_>],
         meta: &WriteMeta,
     ) -> Result<(), TxRefused> {
+        // Known before any part is written: every write's item and a claim per part.
+        let needed: usize = writes
+            .iter()
+            .map(|w| 1 + w.body.parts().map_or(0, |p| p.count))
+            .sum();
+        if needed > TRANSACT_MAX_ITEMS {
+            return Err(TxRefused::Storage(StateError::Invalid(format!(
+                "{} writes and the parts of their large values are {needed} DynamoDB items; one \
+                 transaction holds at most {TRANSACT_MAX_ITEMS}",
+                writes.len()
+            ))));
+        }
         for w in writes.iter() {
             self.write_parts(&w.body)
                 .await
@@ -244,14 +256,6 @@ impl DynamoState {
                     roles.push(Role::Claim(i));
                 }
             }
-        }
-        if items.len() > TRANSACT_MAX_ITEMS {
-            return Err(StateError::Invalid(format!(
-                "{} writes and the parts of their large values are {} DynamoDB items; one \
-                 transaction holds at most {TRANSACT_MAX_ITEMS}",
-                writes.len(),
-                items.len()
-            )));
         }
         let mut retire_after = Vec::new();
         for old in writes.iter().filter_map(|w| w.old_parts.as_ref()) {
