@@ -234,6 +234,7 @@ async fn a_writer_that_dies_at_any_step_leaves_no_part_unmarked(
     prefix: &str,
     scope: &str,
 ) -> Vec<String> {
+    use aws_sdk_dynamodb::types::AttributeValue;
     use engine_gateway::aws::{api_calls, spill};
     use engine_gateway::state::StateStore;
     let clients = engine_gateway::aws::AwsClients::from_env().await;
@@ -330,6 +331,47 @@ async fn a_writer_that_dies_at_any_step_leaves_no_part_unmarked(
     );
     assert_eq!(gone.old_value, Some(large(12)));
     assert!(state.get(scope, "g").await.unwrap().is_none());
+
+    // A pointer to parts changed behind the store's back: reads name it; a write over it and
+    // a delete of it still go through (nothing to mark), rather than leave a record nobody
+    // can write again.
+    let corrupt = |key: &str| {
+        clients
+            .dynamodb
+            .put_item()
+            .table_name(names.state_table())
+            .item("scope", AttributeValue::S(scope.into()))
+            .item("key", AttributeValue::S(key.into()))
+            .item("version", AttributeValue::N("5".into()))
+            .item("pg", AttributeValue::S("not hex!".into()))
+            .item("np", AttributeValue::N("3".into()))
+            .send()
+    };
+    corrupt("h").await.unwrap();
+    let err = state.get(scope, "h").await.unwrap_err().to_string();
+    assert!(err.contains("corrupt parts `not hex!`"), "{err}");
+    let over = state
+        .set(scope, "h", json!("mended"), Some(5), &meta)
+        .await
+        .unwrap();
+    assert_eq!((over.old_value, over.version), (Some(Value::Null), 6));
+    assert_eq!(
+        state.get(scope, "h").await.unwrap().unwrap().value,
+        json!("mended")
+    );
+    corrupt("i").await.unwrap();
+    let over = state.set(scope, "i", large(15), None, &meta).await.unwrap();
+    assert_eq!(over.version, 6);
+    left.push(parts_scope_of(&state, scope, "i").await);
+    assert_eq!(
+        state.get(scope, "i").await.unwrap().unwrap().value,
+        large(15)
+    );
+    state.delete(scope, "i", None, &meta).await.unwrap();
+    corrupt("j").await.unwrap();
+    let gone = state.delete(scope, "j", Some(5), &meta).await.unwrap();
+    assert_eq!(gone.version, 5);
+    assert!(state.get(scope, "j").await.unwrap().is_none());
     left
 }
 

@@ -197,6 +197,36 @@ impl DynamoState {
         }
     }
 
+    /// A record's item as a write over it sees it: as [`Self::read_head`], except that a
+    /// pointer to parts that cannot be read as one (changed behind the store's back) is kept
+    /// as it is, with no parts to mark, so the record can still be overwritten or deleted
+    /// (guarded on that pointer) rather than refuse every write.
+    async fn head_to_write_over(&self, scope: &str, key: &str) -> Result<Option<Head>, StateError> {
+        let Some(item) = self.stored_item(scope, key).await? else {
+            return Ok(None);
+        };
+        match decode_head(&item) {
+            Ok(head) => Ok(head),
+            Err(e) => {
+                let (Some(AttributeValue::S(generation)), Some(AttributeValue::N(version))) =
+                    (item.get(spill::GENERATION), item.get("version"))
+                else {
+                    return Err(e);
+                };
+                let version = version.parse().map_err(|_| storage("corrupt version"))?;
+                tracing::warn!(%scope, %key, error = %e, "a corrupt parts pointer is written over");
+                Ok(Some(Head::Apart {
+                    version,
+                    parts: Parts {
+                        generation: generation.clone(),
+                        count: 0,
+                        digest: None,
+                    },
+                }))
+            }
+        }
+    }
+
     async fn read(&self, scope: &str, key: &str) -> Result<Option<Versioned>, StateError> {
         match self.read_head(scope, key).await? {
             Some(head) => Ok(Some(self.resolve(head).await?)),
@@ -205,7 +235,10 @@ impl DynamoState {
     }
 
     async fn version_of(&self, scope: &str, key: &str) -> Result<Option<u64>, StateError> {
-        Ok(self.read_head(scope, key).await?.map(|h| h.version()))
+        Ok(self
+            .head_to_write_over(scope, key)
+            .await?
+            .map(|h| h.version()))
     }
 
     /// The value of a record's item, its parts read when it is stored apart.
@@ -314,7 +347,7 @@ impl DynamoState {
                 Err(e) => return Err(storage(err_text(&e))),
             }
         }
-        let head = self.read_head(scope, key).await?;
+        let head = self.head_to_write_over(scope, key).await?;
         if head.as_ref().map(Head::version) != current {
             return Ok(None);
         }
@@ -464,7 +497,7 @@ impl StateStore for DynamoState {
         // Stored apart, or over a record stored apart: a transaction at the version read
         // (which tells the old value), read again when another writer came between.
         for _ in 0..UPDATE_RETRIES {
-            let head = self.read_head(scope, key).await?;
+            let head = self.head_to_write_over(scope, key).await?;
             let version = next_version(head.as_ref().map(Head::version));
             let body = Body::of(&value)?;
             if let Some((old, version)) = self
@@ -668,7 +701,7 @@ impl StateStore for DynamoState {
                 Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {}
                 Err(e) => return Err(storage(err_text(&e))),
             }
-            let head = self.read_head(scope, key).await?;
+            let head = self.head_to_write_over(scope, key).await?;
             let (version, parts) = match head {
                 Some(Head::Apart { version, parts })
                     if expected_version.is_none_or(|v| v == version) =>

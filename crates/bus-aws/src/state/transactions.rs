@@ -306,7 +306,7 @@ impl DynamoState {
                 // A failed condition may be only the guard on the parts: read where they are.
                 let w = &mut writes[i];
                 let head = self
-                    .read_head(w.scope, w.key)
+                    .head_to_write_over(w.scope, w.key)
                     .await
                     .map_err(TxRefused::Storage)?;
                 let version_holds = match w.expected_version {
