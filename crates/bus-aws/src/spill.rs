@@ -18,6 +18,7 @@
 //! reads the value its image names.
 
 use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::builders::UpdateBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -317,24 +318,35 @@ pub async fn write_parts(
     }
 }
 
-/// The updates that take the mark off `parts` (each only if it is still there), for the
-/// transaction that makes a record point to them.
-pub fn claims(table: &str, parts: &Parts) -> Result<Vec<TransactWriteItem>, StateError> {
+/// One transaction `Update` per part of `parts`, each on the part's key with `#e` naming
+/// the mark, finished by `finish`.
+fn part_updates(
+    table: &str,
+    parts: &Parts,
+    finish: impl Fn(UpdateBuilder) -> UpdateBuilder,
+) -> Result<Vec<TransactWriteItem>, StateError> {
     (0..parts.count)
         .map(|i| {
             let update = Update::builder()
                 .table_name(table)
                 .key("scope", AttributeValue::S(parts.scope()))
                 .key("key", AttributeValue::S(i.to_string()))
-                .update_expression("REMOVE #e")
-                .condition_expression("attribute_exists(#k)")
-                .expression_attribute_names("#e", EXPIRES)
-                .expression_attribute_names("#k", "key")
-                .build()
-                .map_err(storage)?;
+                .expression_attribute_names("#e", EXPIRES);
+            let update = finish(update).build().map_err(storage)?;
             Ok(TransactWriteItem::builder().update(update).build())
         })
         .collect()
+}
+
+/// The updates that take the mark off `parts` (each only if it is still there), for the
+/// transaction that makes a record point to them.
+pub fn claims(table: &str, parts: &Parts) -> Result<Vec<TransactWriteItem>, StateError> {
+    part_updates(table, parts, |update| {
+        update
+            .update_expression("REMOVE #e")
+            .condition_expression("attribute_exists(#k)")
+            .expression_attribute_names("#k", "key")
+    })
 }
 
 /// The updates that mark `parts` to expire, for the transaction that makes their record
@@ -342,20 +354,11 @@ pub fn claims(table: &str, parts: &Parts) -> Result<Vec<TransactWriteItem>, Stat
 /// expires with the mark, rather than a record nobody could write again.
 pub fn retirements(table: &str, parts: &Parts) -> Result<Vec<TransactWriteItem>, StateError> {
     let at = AttributeValue::N(retired_at().to_string());
-    (0..parts.count)
-        .map(|i| {
-            let update = Update::builder()
-                .table_name(table)
-                .key("scope", AttributeValue::S(parts.scope()))
-                .key("key", AttributeValue::S(i.to_string()))
-                .update_expression("SET #e = :e")
-                .expression_attribute_names("#e", EXPIRES)
-                .expression_attribute_values(":e", at.clone())
-                .build()
-                .map_err(storage)?;
-            Ok(TransactWriteItem::builder().update(update).build())
-        })
-        .collect()
+    part_updates(table, parts, |update| {
+        update
+            .update_expression("SET #e = :e")
+            .expression_attribute_values(":e", at.clone())
+    })
 }
 
 /// The value whose parts these are.
