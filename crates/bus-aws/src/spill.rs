@@ -111,6 +111,12 @@ impl Body {
         }
     }
 
+    /// The items a write of this value takes in a transaction: its record's, and a claim on
+    /// each of its parts ([`claims`]).
+    pub fn transaction_items(&self) -> usize {
+        1 + self.parts().map_or(0, |p| p.count)
+    }
+
     /// The parts this write makes, if any.
     pub fn parts(&self) -> Option<&Parts> {
         match self {
@@ -442,11 +448,13 @@ mod tests {
     fn a_value_is_stored_inline_up_to_the_limit_and_apart_past_it() {
         let small = json!({"text": "x".repeat(INLINE_MAX - 20)});
         assert!(matches!(Body::of(&small).unwrap(), Body::Inline(_)));
+        assert_eq!(Body::of(&small).unwrap().transaction_items(), 1);
         let large = json!({"text": "é".repeat(INLINE_MAX)});
         let body = Body::of(&large).unwrap();
         let parts = body.parts().unwrap().clone();
         assert_eq!(parts.count, body.text_len().div_ceil(PART_BYTES));
         assert_eq!(parts.generation.len(), 32);
+        assert_eq!(body.transaction_items(), 1 + parts.count);
         let attrs: Vec<_> = body.attributes().into_iter().map(|(n, _)| n).collect();
         assert_eq!(attrs, [GENERATION, COUNT, DIGEST]);
         assert_eq!(body.cleared(), ["value"]);

@@ -261,42 +261,24 @@ impl DynamoState {
         spill::write_parts(&self.clients.dynamodb, &self.table, body).await
     }
 
-    async fn retire(&self, parts: Option<&Parts>) {
-        if let Some(parts) = parts {
-            spill::retire(&self.clients.dynamodb, &self.table, parts).await;
-        }
+    async fn retire(&self, parts: &Parts) {
+        spill::retire(&self.clients.dynamodb, &self.table, parts).await;
     }
 
-    /// What a write replaced, from its old image: the value (its parts read when `want_value`,
-    /// else null) and the parts retired. A part that cannot be read after the write committed
-    /// gives a null old value (logged) rather than failing a write that happened.
-    async fn replaced(
-        &self,
-        old: Option<&Item>,
-        want_value: bool,
-    ) -> Result<Option<Versioned>, StateError> {
-        let Some(head) = old.filter(|i| !i.is_empty()).map(decode_head).transpose()? else {
-            return Ok(None);
-        };
-        match head {
-            None => Ok(None),
-            Some(Head::Inline(v)) => Ok(Some(v)),
-            Some(Head::Apart { version, parts }) => {
-                let value = if want_value {
-                    match self.read_parts(&parts).await {
-                        Ok(v) => v,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "the replaced value's parts could not be read");
-                            Value::Null
-                        }
-                    }
-                } else {
-                    Value::Null
-                };
-                self.retire(Some(&parts)).await;
-                Ok(Some(Versioned { value, version }))
-            }
-        }
+    /// What a one-item write replaced, from its old image. Those writes carry
+    /// `attribute_not_exists(pg)` (a record stored apart goes through a transaction, which
+    /// marks its parts), so the image holds its value inline; were it ever to point to
+    /// parts, the old value is given as null rather than failing a write that happened.
+    fn replaced(old: Option<&Item>) -> Result<Option<Versioned>, StateError> {
+        let head = old.filter(|i| !i.is_empty()).map(decode_head).transpose()?;
+        Ok(match head.flatten() {
+            None => None,
+            Some(Head::Inline(v)) => Some(v),
+            Some(Head::Apart { version, .. }) => Some(Versioned {
+                value: Value::Null,
+                version,
+            }),
+        })
     }
 
     fn conflict(scope: &str, key: &str, expected: u64, found: Option<u64>) -> StateError {
@@ -340,7 +322,7 @@ impl DynamoState {
                 .return_values(ReturnValue::AllOld);
             match req.send().await {
                 Ok(out) => {
-                    let old = self.replaced(out.attributes(), want_old).await?;
+                    let old = Self::replaced(out.attributes())?;
                     return Ok(Some((old, new_version)));
                 }
                 Err(e) if err_code(&e).as_deref() == Some("ConditionalCheckFailedException") => {}
@@ -483,7 +465,7 @@ impl StateStore for DynamoState {
                 .await;
             match out {
                 Ok(out) => {
-                    let old = self.replaced(out.attributes(), true).await?;
+                    let old = Self::replaced(out.attributes())?;
                     return Ok(WriteOutcome {
                         version: old.as_ref().map_or(before_first + 1, |o| o.version + 1),
                         old_value: old.map(|o| o.value),
@@ -495,11 +477,16 @@ impl StateStore for DynamoState {
             }
         }
         // Stored apart, or over a record stored apart: a transaction at the version read
-        // (which tells the old value), read again when another writer came between.
+        // (which tells the old value), read again when another writer came between. A retry
+        // stores its value afresh: the parts of the attempt that lost stay marked.
+        let mut first = Some(body);
         for _ in 0..UPDATE_RETRIES {
             let head = self.head_to_write_over(scope, key).await?;
             let version = next_version(head.as_ref().map(Head::version));
-            let body = Body::of(&value)?;
+            let body = match first.take() {
+                Some(body) => body,
+                None => Body::of(&value)?,
+            };
             if let Some((old, version)) = self
                 .put_over(scope, key, &value, body, head, version, meta, true)
                 .await?
@@ -530,8 +517,7 @@ impl StateStore for DynamoState {
         let mut iter = items.iter().peekable();
         while let Some((scope, key, value)) = iter.next() {
             let body = Body::of(value)?;
-            // A large value's parts are claimed in the same transaction: one item each.
-            let needs = 1 + body.parts().map_or(0, |p| p.count);
+            let needs = body.transaction_items();
             if !chunk.is_empty() && chunk_items + needs > TRANSACT_MAX_ITEMS {
                 self.set_chunk(&mut chunk, meta).await?;
                 (chunk_bytes, chunk_items) = (0, 0);
@@ -691,7 +677,7 @@ impl StateStore for DynamoState {
             };
             match req.send().await {
                 Ok(out) => {
-                    let old = self.replaced(out.attributes(), true).await?;
+                    let old = Self::replaced(out.attributes())?;
                     return Ok(WriteOutcome {
                         version: old.as_ref().map(|o| o.version).unwrap_or(0),
                         old_value: old.map(|o| o.value),

@@ -215,11 +215,8 @@ impl DynamoState {
         writes: &mut [TxItem<'_>],
         meta: &WriteMeta,
     ) -> Result<(), TxRefused> {
-        // Known before any part is written: every write's item and a claim per part.
-        let needed: usize = writes
-            .iter()
-            .map(|w| 1 + w.body.parts().map_or(0, |p| p.count))
-            .sum();
+        // Known before any part is written.
+        let needed: usize = writes.iter().map(|w| w.body.transaction_items()).sum();
         if needed > TRANSACT_MAX_ITEMS {
             return Err(TxRefused::Storage(StateError::Invalid(format!(
                 "{} writes and the parts of their large values are {needed} DynamoDB items; one \
@@ -234,7 +231,7 @@ impl DynamoState {
         }
         let retire_after = self.transact_guarded(writes, meta).await?;
         for parts in &retire_after {
-            self.retire(Some(parts)).await;
+            self.retire(parts).await;
         }
         Ok(())
     }
