@@ -63,13 +63,21 @@ function startHarness(name = "a", extra = []) {
   });
 }
 
+// Debian's chromium has been seen to die of SIGSEGV while starting (once, in CI, before any
+// page existed), which is the browser's start and not the console: a launch is tried three
+// times, and each failure is printed.
 async function launch() {
-  if (!browser) {
-    browser = await chromium.launch({
-      executablePath: browserPath,
-      headless: true,
-      args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-    });
+  for (let attempt = 1; !browser; attempt++) {
+    try {
+      browser = await chromium.launch({
+        executablePath: browserPath,
+        headless: true,
+        args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+      });
+    } catch (e) {
+      if (attempt >= 3) throw e;
+      console.error(`# the browser failed to start (attempt ${attempt} of 3): ${String(e).split("\n")[0]}`);
+    }
   }
   return browser;
 }
