@@ -179,6 +179,7 @@ async fn whole_turn(
     ] {
         assert!(kinds.iter().any(|k| k == kind), "{kind}: {kinds:?}");
     }
+    updates_come_before_their_message(&s.pushed);
     // This client subscribed with `batch`: a step's stored events came in `streamevents`
     // messages (read one by one by `shape::Unbatching`), one post for several events.
     assert!(
@@ -188,6 +189,43 @@ async fn whole_turn(
     );
     s.deployed.shutdown();
     s
+}
+
+/// A model call's token deltas (`message_update`, pushed; a Lambda queues them and answers
+/// before they are posted) reach the client before its `message_complete` (stored, pushed
+/// after the save's commit): each update's text is a start of the next completed message's,
+/// and none comes after the last one.
+fn updates_come_before_their_message(pushed: &[serde_json::Value]) {
+    let text = |message: &serde_json::Value| -> String {
+        let blocks = message["content"].as_array().cloned().unwrap_or_default();
+        blocks
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .concat()
+    };
+    let (mut waiting, mut completed, mut updates) = (Vec::new(), 0, 0);
+    for p in pushed.iter().filter(|p| p["type"] == "streamevent") {
+        let e = &p["event"];
+        if e["type"] == "message_update" {
+            updates += 1;
+            waiting.push(text(&e["data"]["message"]));
+        } else if e["data"]["type"] == "message_complete" {
+            let whole = text(&e["data"]["message"]);
+            for partial in waiting.drain(..) {
+                assert!(
+                    whole.starts_with(&partial),
+                    "an update ({partial:?}) reached the client after its message was complete (the next is {whole:?}): {pushed:?}"
+                );
+            }
+            completed += 1;
+        }
+    }
+    assert!(updates > 0 && completed > 0, "{pushed:?}");
+    assert!(
+        waiting.is_empty(),
+        "updates after the last message was complete: {waiting:?}"
+    );
 }
 
 /// `kill -9` of the turn orchestrator's bootstrap while a step runs five shell commands: the

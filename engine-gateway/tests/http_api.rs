@@ -123,10 +123,24 @@ async fn events_resume_with_last_event_id_and_miss_nothing() {
     let r = raw
         .call(
             "stream::send",
-            json!({"stream_name": "agent::events", "group_id": sid, "type": "message_update", "data": {"delta": "tok"}}),
+            json!({"stream_name": "agent::events", "group_id": sid, "type": "message_update", "data": {"delta": "tok"}, "latest": true}),
         )
         .await;
     assert!(r["error"].is_null(), "{r}");
+    // `latest` is a flag (a Lambda's push queue may merge such an event); anything else is
+    // refused by name, and nothing is pushed.
+    let r = raw
+        .call(
+            "stream::send",
+            json!({"stream_name": "agent::events", "group_id": sid, "type": "message_update", "data": {"delta": "bad"}, "latest": 1}),
+        )
+        .await;
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`latest` must be a boolean")),
+        "{r}"
+    );
     store_event(&mut raw, sid, 7).await;
     let e = sse.next().await;
     assert_eq!(e.id.as_deref(), Some(item(sid, 6).as_str()));

@@ -429,11 +429,14 @@ pub fn register(engine: &Arc<Engine>) {
         "Push an event to a stream group without storing it.",
         schema(
             &["stream_name", "group_id", "data"],
-            json!({"stream_name": s("string"), "group_id": s("string"), "type": s("string"), "item_id": s("string"), "data": {}}),
+            json!({"stream_name": s("string"), "group_id": s("string"), "type": s("string"), "item_id": s("string"), "latest": s("boolean"), "data": {}}),
         ),
         |e, mut inv| async move {
             let (_, group) = stream_addr(&inv.data)?;
             let name = req_str(&inv.data, "stream_name")?;
+            // `latest` (the event supersedes the one before it of its type) lets a Lambda's
+            // push queue merge it; here every event goes to its connections' queues at once.
+            crate::fields::opt_bool(&inv.data, "latest")?;
             let event_type = opt_str(&inv.data, "type")?.unwrap_or_else(|| "send".into());
             let item = opt_str(&inv.data, "item_id")?.unwrap_or_default();
             let data = take_value(&mut inv.data, "data")?;

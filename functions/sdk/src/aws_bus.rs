@@ -318,20 +318,24 @@ impl AwsBus {
                     };
                     let event_type = opt_str(data, "type")?.unwrap_or_else(|| "send".into());
                     let item = opt_str(data, "item_id")?.unwrap_or_default();
+                    let latest = ::bus::fields::opt_bool(data, "latest")?.unwrap_or(false);
                     let value = data.get("data").cloned().unwrap_or(Value::Null);
                     ::bus::state::check_value_depth("`data`", &value)?;
-                    let reached = pushes
-                        .send(OwnedStreamEvent {
-                            stream: stream.to_string(),
-                            group,
-                            item,
-                            event_type,
-                            data: value,
-                        })
-                        .await
-                        .map_err(|e| {
-                            ErrorBody::new("storage_error", format!("stream subscriptions: {e}"))
-                        })?;
+                    let event = OwnedStreamEvent {
+                        stream: stream.to_string(),
+                        group,
+                        item,
+                        event_type,
+                        data: value,
+                    };
+                    let unreadable =
+                        |e| ErrorBody::new("storage_error", format!("stream subscriptions: {e}"));
+                    if latest {
+                        // Queued behind this Lambda's pushes (stored ones too), in order.
+                        pushes.send_latest(event).await.map_err(unreadable)?;
+                        return Ok(serde_json::json!({"ok": true, "queued": true}));
+                    }
+                    let reached = pushes.send(event).await.map_err(unreadable)?;
                     Ok(serde_json::json!({"ok": true, "reached": reached}))
                 }
                 other => Err(ErrorBody::new(

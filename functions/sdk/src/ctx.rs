@@ -372,14 +372,25 @@ impl Ctx {
     ) -> Result<Value, BusError> {
         self.trigger(
             "stream::send",
-            fields([
-                ("stream_name", stream_name.into()),
-                ("group_id", group_id.into()),
-                ("type", event_type.into()),
-                ("data", data),
-            ]),
+            stream_send_payload(stream_name, group_id, event_type, data),
         )
         .await
+    }
+
+    /// [`Self::stream_send`] of an event that holds everything the one before it of the same
+    /// type and group did (a snapshot: a message's partial). Where this process posts its
+    /// pushes from one ordered queue (a Lambda), it answers once queued, not once posted, and
+    /// may replace such an event still waiting there; the engine pushes it as any other.
+    pub async fn stream_send_latest(
+        &self,
+        stream_name: &str,
+        group_id: &str,
+        event_type: &str,
+        data: Value,
+    ) -> Result<Value, BusError> {
+        let mut payload = stream_send_payload(stream_name, group_id, event_type, data);
+        payload["latest"] = true.into();
+        self.trigger("stream::send", payload).await
     }
 
     // ---- channels
@@ -485,6 +496,15 @@ fn stream_item((stream_name, group_id, item_id, data): (String, String, String, 
         ("stream_name", stream_name.into()),
         ("group_id", group_id.into()),
         ("item_id", item_id.into()),
+        ("data", data),
+    ])
+}
+
+fn stream_send_payload(stream_name: &str, group_id: &str, event_type: &str, data: Value) -> Value {
+    fields([
+        ("stream_name", stream_name.into()),
+        ("group_id", group_id.into()),
+        ("type", event_type.into()),
         ("data", data),
     ])
 }

@@ -718,6 +718,33 @@ async fn a_lambdas_stream_send_reaches_the_subscribed_connections() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("stream_name"), "{e}");
+    let e = ctx
+        .trigger(
+            "stream::send",
+            json!({"stream_name": "agent::events", "group_id": "s1", "data": {}, "latest": "yes"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("`latest` must be a boolean"), "{e}");
+    // Marked `latest` (a partial message): answered once queued; posted by the time this
+    // Lambda's pushes are drained (before an invocation answers), to the same connections.
+    let before = posts.lock().unwrap().len();
+    let answer = ctx
+        .stream_send_latest(
+            "agent::events",
+            "s1",
+            "message_update",
+            json!({"delta": "tok-1"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer, json!({"ok": true, "queued": true}));
+    ctx.bus().flush_pushes().await;
+    let pushed: Vec<(String, Value)> = posts.lock().unwrap()[before..].to_vec();
+    let mut to: Vec<&str> = pushed.iter().map(|(c, _)| c.as_str()).collect();
+    to.sort_unstable();
+    assert_eq!(to, ["c1", "c2"], "{pushed:?}");
+    assert_eq!(pushed[0].1["event"]["data"], json!({"delta": "tok-1"}));
     let bare = harness_sdk::Ctx::root(Arc::new(harness_sdk::aws_bus::AwsBus::new(clients, names)));
     let e = bare
         .stream_send("agent::events", "s1", "message_update", json!({}))

@@ -61,6 +61,12 @@ pub trait StepQueue: Send + Sync {
 pub trait EventStream: Send + Sync {
     async fn store(&self, items: Vec<EventItem>) -> Result<(), String>;
     async fn push(&self, sid: &str, event_type: &str, data: Value);
+    /// [`Self::push`] of an event that supersedes the one before it of its type (a partial
+    /// message). A bus that posts from one ordered queue answers once it is queued, so a
+    /// step waits for its place in that order, not for the post.
+    async fn push_latest(&self, sid: &str, event_type: &str, data: Value) {
+        self.push(sid, event_type, data).await
+    }
 }
 
 /// Calls to other functions.
@@ -260,6 +266,9 @@ impl EventStream for Ctx {
     }
     async fn push(&self, sid: &str, event_type: &str, data: Value) {
         let _ = self.stream_send(EVENTS, sid, event_type, data).await;
+    }
+    async fn push_latest(&self, sid: &str, event_type: &str, data: Value) {
+        let _ = self.stream_send_latest(EVENTS, sid, event_type, data).await;
     }
 }
 

@@ -214,10 +214,30 @@ pub(crate) async fn push_transient<E: EventStream + ?Sized>(
     events: &E,
     session_id: &str,
     event_type: &str,
-    mut data: Value,
+    data: Value,
 ) {
+    events
+        .push(session_id, event_type, typed(event_type, data))
+        .await;
+}
+
+/// A pushed event's data carries its type, as a stored one does.
+fn typed(event_type: &str, mut data: Value) -> Value {
     data["type"] = json!(event_type);
-    events.push(session_id, event_type, data).await;
+    data
+}
+
+/// [`push_transient`] of an event that supersedes the one before it of its type
+/// ([`EventStream::push_latest`]).
+pub(crate) async fn push_latest<E: EventStream + ?Sized>(
+    events: &E,
+    session_id: &str,
+    event_type: &str,
+    data: Value,
+) {
+    events
+        .push_latest(session_id, event_type, typed(event_type, data))
+        .await;
 }
 
 pub(crate) fn emit_turn_end(rec: &mut Record, results: Vec<AgentMessage>) {

@@ -444,7 +444,7 @@ async fn call_model(
             let (ctx, sid, saved) = (ctx.clone(), sid.clone(), saved.clone());
             async move {
                 saved.done().await;
-                push_transient(&ctx, &sid, "message_update", update).await
+                push_latest(&ctx, &sid, "message_update", update).await
             }
             .boxed()
         }
@@ -522,7 +522,9 @@ async fn call_model(
     }
     // The updates still going out (in order: the one in flight, then the latest) go on
     // while the step does; whatever writes or pushes the session's events next waits for
-    // them ([`PendingPush`]), so they still go before anything this step records.
+    // them ([`PendingPush`]), so they still go before anything this step records. (A
+    // Lambda's bus answers an update once it is queued behind its pushes, so there the
+    // wait is for its place in that queue, not for the post.)
     let last = next_update.map(push_update);
     if pushing.is_some() || last.is_some() {
         // At this call's position, so a Lambda's posts are traced in the step's trace.
