@@ -211,15 +211,28 @@ impl Connections {
     /// subscribed a moment ago gets every stored event (the read also refreshes what
     /// `stream::send` reuses). A
     /// client that subscribed with `batch` gets a write's events of one group in one
-    /// `streamevents` post (several when they pass [`BATCH_MAX_BYTES`]). → how many posts
-    /// reached a connection. Best effort: a failed post is logged.
-    pub async fn push_stored(&self, events: &[StreamEvent<'_>]) -> Result<usize, String> {
+    /// `streamevents` post (several when they pass [`BATCH_MAX_BYTES`]). `then`, called once
+    /// the subscriptions are read, gives pushed (not stored) events that go after them in the
+    /// same posts: what a Lambda's push queue holds behind the writes by then (a pushed event
+    /// needs no fresher read than one made before it was sent). → how many posts reached a
+    /// connection. Best effort: a failed post is logged.
+    pub async fn push_stored(
+        &self,
+        events: &[StreamEvent<'_>],
+        then: &mut (dyn FnMut() -> Vec<OwnedStreamEvent> + Send),
+    ) -> Result<usize, String> {
         if events.is_empty() {
             return Ok(0);
         }
         let subs = self.subscriptions().await?;
+        let sent_after = then();
+        let events: Vec<StreamEvent<'_>> = events
+            .iter()
+            .copied()
+            .chain(sent_after.iter().map(OwnedStreamEvent::as_event))
+            .collect();
         let mut groups: HashMap<(&str, &str), Vec<Recipient>> = HashMap::new();
-        for event in events {
+        for event in &events {
             let key = (event.stream, event.group);
             if let std::collections::hash_map::Entry::Vacant(slot) = groups.entry(key) {
                 let found = subscribed_with_viewers(&subs, event.stream, event.group);

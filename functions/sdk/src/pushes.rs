@@ -28,16 +28,25 @@ use tokio::sync::{mpsc, oneshot};
 /// order and merging are tested without AWS).
 #[async_trait]
 pub(crate) trait Post: Send + Sync + 'static {
-    /// A committed write's events → how many posts reached a connection.
-    async fn stored(&self, events: &[StreamEvent<'_>]) -> Result<usize, String>;
+    /// A committed write's events, then those `then` gives once the subscriptions are read,
+    /// in the same posts → how many posts reached a connection.
+    async fn stored(
+        &self,
+        events: &[StreamEvent<'_>],
+        then: &mut (dyn FnMut() -> Vec<OwnedStreamEvent> + Send),
+    ) -> Result<usize, String>;
     /// One `stream::send` event → how many connections it reached.
     async fn send(&self, event: StreamEvent<'_>) -> Result<usize, String>;
 }
 
 #[async_trait]
 impl Post for Connections {
-    async fn stored(&self, events: &[StreamEvent<'_>]) -> Result<usize, String> {
-        self.push_stored(events).await
+    async fn stored(
+        &self,
+        events: &[StreamEvent<'_>],
+        then: &mut (dyn FnMut() -> Vec<OwnedStreamEvent> + Send),
+    ) -> Result<usize, String> {
+        self.push_stored(events, then).await
     }
     async fn send(&self, e: StreamEvent<'_>) -> Result<usize, String> {
         self.send_stream_event(e.stream, e.group, e.item, e.event_type, e.data)
@@ -194,6 +203,31 @@ impl Pushes {
     }
 }
 
+/// The `latest` events queued right behind stored writes whose subscriptions were just read:
+/// they go out in the same posts, after them (one post instead of two to a `batch`
+/// subscriber). Stops at any other job, held to go next: a stored write queued after the
+/// read needs a read of its own.
+fn latest_behind(jobs: &mut mpsc::Receiver<Job>, held: &mut Option<Job>) -> Vec<OwnedStreamEvent> {
+    let mut behind = Vec::new();
+    while behind.len() < COALESCE {
+        let job = match held.take() {
+            Some(job) => job,
+            None => match jobs.try_recv() {
+                Ok(job) => job,
+                Err(_) => break,
+            },
+        };
+        match job {
+            Job::Latest(slot) => behind.extend(lock(&slot).take().map(|(event, _)| event)),
+            other => {
+                *held = Some(other);
+                break;
+            }
+        }
+    }
+    behind
+}
+
 /// The queue's one consumer: jobs in order, consecutive stored writes together.
 async fn run(connections: Arc<dyn Post>, mut jobs: mpsc::Receiver<Job>) {
     let mut held: Option<Job> = None;
@@ -222,7 +256,8 @@ async fn run(connections: Arc<dyn Post>, mut jobs: mpsc::Receiver<Job>) {
                     }
                 }
                 let borrowed: Vec<_> = events.iter().map(OwnedStreamEvent::as_event).collect();
-                if let Err(e) = at.run(connections.stored(&borrowed)).await {
+                let mut then = || latest_behind(&mut jobs, &mut held);
+                if let Err(e) = at.run(connections.stored(&borrowed, &mut then)).await {
                     tracing::warn!(error = %e, "stream subscriptions unreadable; stored items not pushed");
                 }
             }
@@ -265,10 +300,23 @@ mod tests {
 
     #[async_trait]
     impl Post for Arc<Recorder> {
-        async fn stored(&self, events: &[StreamEvent<'_>]) -> Result<usize, String> {
+        async fn stored(
+            &self,
+            events: &[StreamEvent<'_>],
+            then: &mut (dyn FnMut() -> Vec<OwnedStreamEvent> + Send),
+        ) -> Result<usize, String> {
             self.begun.fetch_add(1, Ordering::SeqCst);
+            // The subscriptions' read.
             self.permits.acquire().await.unwrap().forget();
-            let names = events.iter().map(|e| format!("stored:{}", e.data["n"]));
+            let behind = then();
+            let names = events
+                .iter()
+                .map(|e| format!("stored:{}", e.data["n"]))
+                .chain(
+                    behind
+                        .iter()
+                        .map(|e| format!("with:{}:{}", e.event_type, e.data["n"])),
+                );
             self.posted.lock().unwrap().extend(names);
             Ok(events.len())
         }
@@ -364,11 +412,41 @@ mod tests {
             [
                 "message_update:1",
                 "message_update:2",
+                // Those queued behind a stored write go out in its posts, still in order.
                 "stored:3",
-                "message_update:5",
-                "turn_step_retry:6",
-                "message_update:7"
+                "with:message_update:5",
+                "with:turn_step_retry:6",
+                "with:message_update:7"
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn latest_events_behind_a_stored_write_share_its_posts_but_a_later_write_reads_again() {
+        let (pushes, r) = queue();
+        pushes.stored(vec![event("create", 1)]).await;
+        // Held in the subscriptions' read.
+        consumer_in_a_post(&r).await;
+        latest(&pushes, "message_update", 2).await;
+        latest(&pushes, "message_update", 3).await;
+        pushes.stored(vec![event("create", 4)]).await;
+        latest(&pushes, "message_update", 5).await;
+        r.permits.add_permits(10);
+        pushes.drained().await;
+        assert_eq!(
+            posted(&r),
+            [
+                "stored:1",
+                "with:message_update:3",
+                "stored:4",
+                "with:message_update:5"
+            ],
+            "the second write's events wait for a read made after it was queued"
+        );
+        assert_eq!(
+            r.begun.load(Ordering::SeqCst),
+            2,
+            "one read per stored write"
         );
     }
 
