@@ -81,20 +81,9 @@ enum Job {
 /// consumer takes it (and leaves `None`).
 type LatestSlot = Arc<Mutex<Option<(OwnedStreamEvent, CallPosition)>>>;
 
-/// The job at the queue's end, when it is a `latest` event: what a next one of the same kind
-/// (stream, group, item, type) may replace.
-struct Tail {
-    kind: (String, String, String, String),
-    slot: LatestSlot,
-}
-
-fn kind_of(e: &OwnedStreamEvent) -> (String, String, String, String) {
-    (
-        e.stream.clone(),
-        e.group.clone(),
-        e.item.clone(),
-        e.event_type.clone(),
-    )
+/// Whether `b` may replace `a`: the same stream, group, item and type.
+fn same_kind(a: &OwnedStreamEvent, b: &OwnedStreamEvent) -> bool {
+    (&a.stream, &a.group, &a.item, &a.event_type) == (&b.stream, &b.group, &b.item, &b.event_type)
 }
 
 fn lock(slot: &LatestSlot) -> std::sync::MutexGuard<'_, Option<(OwnedStreamEvent, CallPosition)>> {
@@ -109,8 +98,9 @@ pub(crate) struct Pushes {
     /// would not have).
     queue: OnceLock<mpsc::Sender<Job>>,
     /// Held while a job is queued (so the queue's order is the order jobs were handed in):
-    /// the `latest` event at the queue's end, if that is what it is.
-    tail: tokio::sync::Mutex<Option<Tail>>,
+    /// the `latest` event at the queue's end, if that is what it is, which a next one of its
+    /// kind may replace while it waits.
+    tail: tokio::sync::Mutex<Option<LatestSlot>>,
 }
 
 impl Pushes {
@@ -133,8 +123,17 @@ impl Pushes {
     /// Queue a job behind every one before it (waiting for room: the queue is bounded).
     async fn queue_job(&self, job: Job) -> Result<(), String> {
         let mut tail = self.tail.lock().await;
+        self.queue_behind(&mut tail, job).await
+    }
+
+    /// [`Self::queue_job`] with the tail's lock held: the job becomes the queue's end.
+    async fn queue_behind(&self, tail: &mut Option<LatestSlot>, job: Job) -> Result<(), String> {
+        let latest = match &job {
+            Job::Latest(slot) => Some(slot.clone()),
+            _ => None,
+        };
         self.queue().send(job).await.map_err(|_| GONE.to_string())?;
-        *tail = None;
+        *tail = latest;
         Ok(())
     }
 
@@ -159,22 +158,19 @@ impl Pushes {
     /// queued (best effort, as a post is: a failed post is logged).
     pub(crate) async fn send_latest(&self, event: OwnedStreamEvent) -> Result<(), String> {
         let at = CallPosition::current();
-        let kind = kind_of(&event);
         let mut tail = self.tail.lock().await;
-        if let Some(t) = tail.as_ref().filter(|t| t.kind == kind) {
-            let mut waiting = lock(&t.slot);
-            if waiting.is_some() {
+        if let Some(slot) = tail.as_ref() {
+            let mut waiting = lock(slot);
+            if waiting
+                .as_ref()
+                .is_some_and(|(queued, _)| same_kind(queued, &event))
+            {
                 *waiting = Some((event, at));
                 return Ok(());
             }
         }
-        let slot: LatestSlot = Arc::new(Mutex::new(Some((event, at))));
-        self.queue()
-            .send(Job::Latest(slot.clone()))
-            .await
-            .map_err(|_| GONE.to_string())?;
-        *tail = Some(Tail { kind, slot });
-        Ok(())
+        let slot = Arc::new(Mutex::new(Some((event, at))));
+        self.queue_behind(&mut tail, Job::Latest(slot)).await
     }
 
     /// `stream::send`'s event, posted after every push queued before it → how many
